@@ -1,0 +1,143 @@
+/*
+ * ctl.c — framing of the control channel (see ctl.h): JSON objects, one per
+ * line, over a unix stream socket.  Reads are buffered per call and bounded
+ * by CTL_MAX_LINE; the reader consumes exactly one line, so a connection can
+ * carry progress lines followed by the answer.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "ctl.h"
+
+static int make_addr(const char *path, struct sockaddr_un *sa)
+{
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	if (strlen(path) >= sizeof(sa->sun_path))
+		return -ENAMETOOLONG;
+	strcpy(sa->sun_path, path);
+	return 0;
+}
+
+int ctl_listen(const char *path)
+{
+	struct sockaddr_un sa;
+	int fd, r = make_addr(path, &sa);
+
+	if (r < 0)
+		return r;
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	unlink(path);
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 64) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+int ctl_connect(const char *path)
+{
+	struct sockaddr_un sa;
+	int fd, r = make_addr(path, &sa);
+
+	if (r < 0)
+		return r;
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+int ctl_send(int fd, json_t *msg)
+{
+	char *s = json_dumps(msg, JSON_COMPACT);
+	size_t len, done = 0;
+	int r = 0;
+
+	if (!s)
+		return -ENOMEM;
+	len = strlen(s);
+	s[len] = '\n'; /* replace the NUL: we write len + 1 bytes */
+	while (done < len + 1) {
+		ssize_t n = send(fd, s + done, len + 1 - done, MSG_NOSIGNAL);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			r = -errno;
+			break;
+		}
+		done += (size_t)n;
+	}
+	free(s);
+	return r;
+}
+
+void ctl_reader_init(struct ctl_reader *rd, int fd)
+{
+	memset(rd, 0, sizeof(*rd));
+	rd->fd = fd;
+}
+
+void ctl_reader_free(struct ctl_reader *rd)
+{
+	free(rd->buf);
+	rd->buf = NULL;
+	rd->len = rd->cap = 0;
+}
+
+int ctl_recv(struct ctl_reader *rd, json_t **msg)
+{
+	size_t scan = 0;
+	json_error_t jerr;
+	char *nl;
+
+	for (;;) {
+		ssize_t n;
+
+		nl = rd->len ? memchr(rd->buf + scan, '\n', rd->len - scan) : NULL;
+		if (nl)
+			break;
+		scan = rd->len;
+		if (rd->len == rd->cap) {
+			size_t ncap = rd->cap ? rd->cap * 2 : 65536;
+			char *nb;
+
+			if (rd->cap >= CTL_MAX_LINE)
+				return -EBADMSG;
+			nb = realloc(rd->buf, ncap);
+			if (!nb)
+				return -ENOMEM;
+			rd->buf = nb;
+			rd->cap = ncap;
+		}
+		n = read(rd->fd, rd->buf + rd->len, rd->cap - rd->len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return rd->len ? -EBADMSG : -EPIPE;
+		rd->len += (size_t)n;
+	}
+	*msg = json_loadb(rd->buf, (size_t)(nl - rd->buf), JSON_REJECT_DUPLICATES, &jerr);
+	rd->len -= (size_t)(nl + 1 - rd->buf);
+	memmove(rd->buf, nl + 1, rd->len);
+	if (*msg && json_is_object(*msg))
+		return 0;
+	if (*msg)
+		json_decref(*msg);
+	return -EBADMSG;
+}

@@ -1,0 +1,921 @@
+/*
+ * index.c — the persistent index of sealed versions, one sqlite database per
+ * store.
+ *
+ * The database runs in WAL mode with synchronous=NORMAL: a commit is durable
+ * once the WAL is synced at checkpoint time, and a crash can lose at most the
+ * last few transactions, never tear one.  Foreign keys are on; every child
+ * table (files, extents, tensors) references its parent with ON DELETE
+ * CASCADE, but the module deletes children explicitly, bottom up, because one
+ * set-based DELETE per table is much cheaper than a cascade trigger per row.
+ *
+ * Schema version 1 (meta key "schema"):
+ *   meta(key, value)
+ *   versions(name PK, seq, state, created_ns, sealed_ns, digest BLOB(16))
+ *   files(version, path, kind, mode, uid, gid, mtime_ns, size, target,
+ *         st_error)                               PK (version, path)
+ *   extents(version, path, off, len, hash BLOB(16)) PK (version, path, off)
+ *   tensors(version, path, name, dtype, shape, off, len, hash BLOB(16))
+ *   shards(hash BLOB(16) PK, arena_off, size)
+ * plus an index on extents(hash) for the shard garbage collection and one on
+ * tensors(version, path, off) for loading.  Unsigned 64-bit quantities are
+ * stored as their two's-complement int64 bit pattern so that every value
+ * round-trips; a tensor shape is compact JSON text ("[4096,4096]", "[]").
+ *
+ * Writing a version is one BEGIN IMMEDIATE transaction: the old rows of that
+ * name go first, then the version, its files, extents and tensors are
+ * inserted with prepared statements reused across the loop, and shard rows
+ * are added with INSERT OR IGNORE (a shard already in the arena keeps its
+ * recorded location).  Any error rolls the whole transaction back.  Deleting a
+ * version drops, in the same transaction, every shard row that no remaining
+ * extent references; replacing a version does not (the caller's @locs may
+ * legitimately mention shards it is about to reuse), so such rows wait for
+ * the next delete.
+ *
+ * Loading reads one version at a time: files ordered by path (sqlite's BINARY
+ * collation is memcmp order, i.e. strcmp order for strings without NUL),
+ * then its extents and tensors ordered by (path, off) and merged into the
+ * files in a single pass.
+ *
+ * Every sqlite failure is logged with sqlite's message and reported as -EIO;
+ * allocation failures are -ENOMEM.  The caller serialises access, so the
+ * connection is opened with SQLITE_OPEN_NOMUTEX.
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sqlite3.h>
+
+#include "index.h"
+
+#define INDEX_SCHEMA "1"
+
+struct index {
+	sqlite3 *db;
+};
+
+static const char schema_sql[] =
+	"CREATE TABLE IF NOT EXISTS meta("
+	" key TEXT PRIMARY KEY NOT NULL,"
+	" value TEXT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS versions("
+	" name TEXT PRIMARY KEY NOT NULL,"
+	" seq INTEGER NOT NULL,"
+	" state INTEGER NOT NULL,"
+	" created_ns INTEGER NOT NULL,"
+	" sealed_ns INTEGER NOT NULL,"
+	" digest BLOB NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS files("
+	" version TEXT NOT NULL REFERENCES versions(name) ON DELETE CASCADE,"
+	" path TEXT NOT NULL,"
+	" kind INTEGER NOT NULL,"
+	" mode INTEGER NOT NULL,"
+	" uid INTEGER NOT NULL,"
+	" gid INTEGER NOT NULL,"
+	" mtime_ns INTEGER NOT NULL,"
+	" size INTEGER NOT NULL,"
+	" target TEXT,"
+	" st_error TEXT,"
+	" PRIMARY KEY(version, path));"
+	"CREATE TABLE IF NOT EXISTS extents("
+	" version TEXT NOT NULL,"
+	" path TEXT NOT NULL,"
+	" off INTEGER NOT NULL,"
+	" len INTEGER NOT NULL,"
+	" hash BLOB NOT NULL,"
+	" PRIMARY KEY(version, path, off),"
+	" FOREIGN KEY(version, path) REFERENCES files(version, path) ON DELETE CASCADE);"
+	"CREATE INDEX IF NOT EXISTS extents_hash ON extents(hash);"
+	"CREATE TABLE IF NOT EXISTS tensors("
+	" version TEXT NOT NULL,"
+	" path TEXT NOT NULL,"
+	" name TEXT NOT NULL,"
+	" dtype TEXT NOT NULL,"
+	" shape TEXT NOT NULL,"
+	" off INTEGER NOT NULL,"
+	" len INTEGER NOT NULL,"
+	" hash BLOB NOT NULL,"
+	" FOREIGN KEY(version, path) REFERENCES files(version, path) ON DELETE CASCADE);"
+	"CREATE INDEX IF NOT EXISTS tensors_vpo ON tensors(version, path, off);"
+	"CREATE TABLE IF NOT EXISTS shards("
+	" hash BLOB PRIMARY KEY NOT NULL,"
+	" arena_off INTEGER NOT NULL,"
+	" size INTEGER NOT NULL);"
+	"INSERT OR IGNORE INTO meta(key, value) VALUES('schema', '" INDEX_SCHEMA "');";
+
+/* Log sqlite's last message for @what and return -EIO. */
+static int sqerr(sqlite3 *db, const char *what)
+{
+	LOG_ERR("index: %s: %s", what, db ? sqlite3_errmsg(db) : "out of memory");
+	return -EIO;
+}
+
+static int exec(sqlite3 *db, const char *sql)
+{
+	char *msg = NULL;
+
+	if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+		LOG_ERR("index: %s: %s", sql, msg ? msg : sqlite3_errmsg(db));
+		sqlite3_free(msg);
+		return -EIO;
+	}
+	return 0;
+}
+
+static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **st)
+{
+	if (sqlite3_prepare_v2(db, sql, -1, st, NULL) != SQLITE_OK) {
+		*st = NULL;
+		return sqerr(db, sql);
+	}
+	return 0;
+}
+
+/* Step a statement that returns no rows, then reset it for reuse. */
+static int step_done(sqlite3 *db, sqlite3_stmt *st, const char *what)
+{
+	int rc = sqlite3_step(st);
+
+	sqlite3_reset(st);
+	if (rc != SQLITE_DONE)
+		return sqerr(db, what);
+	return 0;
+}
+
+static void rollback(sqlite3 *db)
+{
+	/* Fails harmlessly when sqlite already rolled back on its own. */
+	sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+static int bind_hash(sqlite3_stmt *st, int i, const hwfs_hash_t *h)
+{
+	return sqlite3_bind_blob(st, i, h->b, HWFS_HASH_LEN, SQLITE_TRANSIENT);
+}
+
+static int col_hash(sqlite3_stmt *st, int i, hwfs_hash_t *h)
+{
+	const void *p = sqlite3_column_blob(st, i);
+
+	if (sqlite3_column_bytes(st, i) != HWFS_HASH_LEN || !p) {
+		LOG_ERR("index: column %s holds a %d-byte hash", sqlite3_column_name(st, i),
+			sqlite3_column_bytes(st, i));
+		return -EIO;
+	}
+	memcpy(h->b, p, HWFS_HASH_LEN);
+	return 0;
+}
+
+/* A copy of a nullable text column; *out is NULL for SQL NULL. */
+static int col_strdup(sqlite3_stmt *st, int i, char **out)
+{
+	const unsigned char *s;
+
+	*out = NULL;
+	if (sqlite3_column_type(st, i) == SQLITE_NULL)
+		return 0;
+	s = sqlite3_column_text(st, i);
+	if (!s)
+		return -ENOMEM;
+	*out = strdup((const char *)s);
+	return *out ? 0 : -ENOMEM;
+}
+
+static int bind_text_or_null(sqlite3_stmt *st, int i, const char *s)
+{
+	return s ? sqlite3_bind_text(st, i, s, -1, SQLITE_STATIC) : sqlite3_bind_null(st, i);
+}
+
+/* ---- shape <-> "[a,b,c]" ---- */
+
+static char *shape_to_json(const struct hwfs_tensor *t)
+{
+	size_t cap = 3 + (size_t)t->ndim * 21, n = 0;
+	char *s = malloc(cap);
+
+	if (!s)
+		return NULL;
+	s[n++] = '[';
+	for (uint32_t i = 0; i < t->ndim; i++)
+		n += (size_t)snprintf(s + n, cap - n, "%s%" PRIu64, i ? "," : "", t->shape[i]);
+	s[n++] = ']';
+	s[n] = '\0';
+	return s;
+}
+
+/* Parse "[]" or "[1,2,3]" of decimal uint64 values. */
+static int shape_from_json(const char *s, struct hwfs_tensor *t)
+{
+	uint32_t nd = 0;
+	uint64_t *shape = NULL;
+	const char *p;
+	int rc = -EIO;
+
+	if (!s || s[0] != '[')
+		goto out;
+	if (strcmp(s, "[]") == 0) {
+		rc = 0;
+		goto out;
+	}
+	nd = 1;
+	for (p = s; *p; p++)
+		if (*p == ',')
+			nd++;
+	shape = calloc(nd, sizeof(*shape));
+	if (!shape) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	p = s + 1;
+	for (uint32_t i = 0; i < nd; i++) {
+		uint64_t v = 0;
+
+		if (*p < '0' || *p > '9')
+			goto out;
+		while (*p >= '0' && *p <= '9') {
+			unsigned d = (unsigned)(*p++ - '0');
+
+			if (v > (UINT64_MAX - d) / 10)
+				goto out;
+			v = v * 10 + d;
+		}
+		shape[i] = v;
+		if (*p != (i + 1 == nd ? ']' : ','))
+			goto out;
+		p++;
+	}
+	if (*p)
+		goto out;
+	rc = 0;
+out:
+	if (rc == 0) {
+		t->ndim = nd;
+		t->shape = shape;
+	} else {
+		free(shape);
+		if (rc == -EIO)
+			LOG_ERR("index: malformed tensor shape '%s'", s ? s : "(null)");
+	}
+	return rc;
+}
+
+/* ---- open / close ---- */
+
+int index_open(const char *path, struct index **out)
+{
+	struct index *ix = NULL;
+	sqlite3 *db = NULL;
+	sqlite3_stmt *st = NULL;
+	const char *mode;
+	int rc;
+
+	if (sqlite3_open_v2(path, &db,
+			    SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+			    NULL) != SQLITE_OK) {
+		LOG_ERR("index: open %s: %s", path, db ? sqlite3_errmsg(db) : "out of memory");
+		rc = -EIO;
+		goto out;
+	}
+	sqlite3_extended_result_codes(db, 1);
+	sqlite3_busy_timeout(db, 5000);
+
+	/* journal_mode answers with the mode it ended up in. */
+	rc = prepare(db, "PRAGMA journal_mode=WAL", &st);
+	if (rc)
+		goto out;
+	if (sqlite3_step(st) != SQLITE_ROW) {
+		rc = sqerr(db, "PRAGMA journal_mode=WAL");
+		goto out;
+	}
+	mode = (const char *)sqlite3_column_text(st, 0);
+	if (!mode || sqlite3_stricmp(mode, "wal") != 0)
+		LOG_WARN("index: %s: journal mode is %s, not wal", path, mode ? mode : "?");
+	sqlite3_finalize(st);
+	st = NULL;
+
+	rc = exec(db, "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;");
+	if (rc)
+		goto out;
+	rc = exec(db, "BEGIN IMMEDIATE");
+	if (rc)
+		goto out;
+	rc = exec(db, schema_sql);
+	if (rc) {
+		rollback(db);
+		goto out;
+	}
+	rc = exec(db, "COMMIT");
+	if (rc) {
+		rollback(db);
+		goto out;
+	}
+
+	rc = prepare(db, "SELECT value FROM meta WHERE key = 'schema'", &st);
+	if (rc)
+		goto out;
+	if (sqlite3_step(st) != SQLITE_ROW) {
+		rc = sqerr(db, "read schema version");
+		goto out;
+	}
+	if (sqlite3_column_type(st, 0) != SQLITE_TEXT ||
+	    strcmp((const char *)sqlite3_column_text(st, 0), INDEX_SCHEMA) != 0) {
+		LOG_ERR("index: %s: schema version %s is not supported (want " INDEX_SCHEMA ")",
+			path, sqlite3_column_type(st, 0) == SQLITE_TEXT
+				      ? (const char *)sqlite3_column_text(st, 0)
+				      : "?");
+		rc = -EIO;
+		goto out;
+	}
+
+	ix = calloc(1, sizeof(*ix));
+	if (!ix) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	ix->db = db;
+	db = NULL;
+	*out = ix;
+	rc = 0;
+out:
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+	return rc;
+}
+
+void index_close(struct index *ix)
+{
+	if (!ix)
+		return;
+	if (sqlite3_close(ix->db) != SQLITE_OK)
+		LOG_ERR("index: close: %s", sqlite3_errmsg(ix->db));
+	free(ix);
+}
+
+/* ---- meta ---- */
+
+int index_meta_get(struct index *ix, const char *key, char **val)
+{
+	sqlite3_stmt *st = NULL;
+	char *v;
+	int rc, s;
+
+	rc = prepare(ix->db, "SELECT value FROM meta WHERE key = ?1", &st);
+	if (rc)
+		goto out;
+	sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+	s = sqlite3_step(st);
+	if (s == SQLITE_DONE) {
+		rc = -ENOENT;
+		goto out;
+	}
+	if (s != SQLITE_ROW) {
+		rc = sqerr(ix->db, "meta get");
+		goto out;
+	}
+	rc = col_strdup(st, 0, &v);
+	if (rc)
+		goto out;
+	if (!v) {
+		rc = -ENOENT;
+		goto out;
+	}
+	*val = v;
+out:
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int index_meta_set(struct index *ix, const char *key, const char *val)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	rc = prepare(ix->db,
+		     val ? "INSERT INTO meta(key, value) VALUES(?1, ?2)"
+			   " ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+			 : "DELETE FROM meta WHERE key = ?1",
+		     &st);
+	if (rc)
+		goto out;
+	sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+	if (val)
+		sqlite3_bind_text(st, 2, val, -1, SQLITE_STATIC);
+	rc = step_done(ix->db, st, "meta set");
+out:
+	sqlite3_finalize(st);
+	return rc;
+}
+
+/* ---- writing versions ---- */
+
+/* Delete every row of version @name (not the shards). Inside a transaction. */
+static int delete_rows(sqlite3 *db, const char *name, int *existed)
+{
+	static const char *const sql[] = {
+		"DELETE FROM tensors WHERE version = ?1",
+		"DELETE FROM extents WHERE version = ?1",
+		"DELETE FROM files WHERE version = ?1",
+		"DELETE FROM versions WHERE name = ?1",
+	};
+	sqlite3_stmt *st = NULL;
+	int rc = 0;
+
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(sql); i++) {
+		rc = prepare(db, sql[i], &st);
+		if (rc)
+			goto out;
+		sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+		rc = step_done(db, st, sql[i]);
+		if (rc)
+			goto out;
+		sqlite3_finalize(st);
+		st = NULL;
+	}
+	if (existed)
+		*existed = sqlite3_changes(db) > 0;
+out:
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int index_put_version(struct index *ix, const struct hwfs_vrec *v,
+		      const struct hwfs_shardloc *locs, size_t n_locs)
+{
+	sqlite3 *db = ix->db;
+	sqlite3_stmt *sv = NULL, *sf = NULL, *se = NULL, *stn = NULL, *ss = NULL;
+	char *shape = NULL;
+	int in_tx = 0, rc;
+
+	if (!v || !v->name) {
+		rc = -EINVAL;
+		goto out;
+	}
+	rc = exec(db, "BEGIN IMMEDIATE");
+	if (rc)
+		goto out;
+	in_tx = 1;
+	rc = delete_rows(db, v->name, NULL);
+	if (rc)
+		goto out;
+
+	if ((rc = prepare(db,
+			  "INSERT INTO versions(name, seq, state, created_ns, sealed_ns, digest)"
+			  " VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
+			  &sv)) ||
+	    (rc = prepare(db,
+			  "INSERT INTO files(version, path, kind, mode, uid, gid, mtime_ns, size,"
+			  " target, st_error) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+			  &sf)) ||
+	    (rc = prepare(db,
+			  "INSERT INTO extents(version, path, off, len, hash)"
+			  " VALUES(?1, ?2, ?3, ?4, ?5)",
+			  &se)) ||
+	    (rc = prepare(db,
+			  "INSERT INTO tensors(version, path, name, dtype, shape, off, len, hash)"
+			  " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+			  &stn)) ||
+	    (rc = prepare(db,
+			  "INSERT OR IGNORE INTO shards(hash, arena_off, size) VALUES(?1, ?2, ?3)",
+			  &ss)))
+		goto out;
+
+	sqlite3_bind_text(sv, 1, v->name, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(sv, 2, (sqlite3_int64)v->seq);
+	sqlite3_bind_int(sv, 3, (int)v->state);
+	sqlite3_bind_int64(sv, 4, v->created_ns);
+	sqlite3_bind_int64(sv, 5, v->sealed_ns);
+	bind_hash(sv, 6, &v->digest);
+	rc = step_done(db, sv, "insert version");
+	if (rc)
+		goto out;
+
+	/* The version name is bound once; only the other parameters change. */
+	sqlite3_bind_text(sf, 1, v->name, -1, SQLITE_STATIC);
+	sqlite3_bind_text(se, 1, v->name, -1, SQLITE_STATIC);
+	sqlite3_bind_text(stn, 1, v->name, -1, SQLITE_STATIC);
+
+	for (size_t i = 0; i < v->n_files; i++) {
+		const struct hwfs_frec *f = &v->files[i];
+
+		if (!f->path) {
+			LOG_ERR("index: version %s: file %zu has no path", v->name, i);
+			rc = -EINVAL;
+			goto out;
+		}
+		sqlite3_bind_text(sf, 2, f->path, -1, SQLITE_STATIC);
+		sqlite3_bind_int(sf, 3, (int)f->kind);
+		sqlite3_bind_int64(sf, 4, f->mode);
+		sqlite3_bind_int64(sf, 5, f->uid);
+		sqlite3_bind_int64(sf, 6, f->gid);
+		sqlite3_bind_int64(sf, 7, f->mtime_ns);
+		sqlite3_bind_int64(sf, 8, (sqlite3_int64)f->size);
+		bind_text_or_null(sf, 9, f->target);
+		bind_text_or_null(sf, 10, f->st_error);
+		rc = step_done(db, sf, "insert file");
+		if (rc)
+			goto out;
+
+		sqlite3_bind_text(se, 2, f->path, -1, SQLITE_STATIC);
+		for (size_t j = 0; j < f->n_ext; j++) {
+			const struct hwfs_extent *e = &f->ext[j];
+
+			sqlite3_bind_int64(se, 3, (sqlite3_int64)e->off);
+			sqlite3_bind_int64(se, 4, (sqlite3_int64)e->len);
+			bind_hash(se, 5, &e->hash);
+			rc = step_done(db, se, "insert extent");
+			if (rc)
+				goto out;
+		}
+
+		sqlite3_bind_text(stn, 2, f->path, -1, SQLITE_STATIC);
+		for (size_t j = 0; j < f->n_tensors; j++) {
+			const struct hwfs_tensor *t = &f->tensors[j];
+
+			shape = shape_to_json(t);
+			if (!shape) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			sqlite3_bind_text(stn, 3, t->name ? t->name : "", -1, SQLITE_STATIC);
+			sqlite3_bind_text(stn, 4, t->dtype, (int)strnlen(t->dtype, sizeof(t->dtype)),
+					  SQLITE_STATIC);
+			sqlite3_bind_text(stn, 5, shape, -1, SQLITE_TRANSIENT);
+			sqlite3_bind_int64(stn, 6, (sqlite3_int64)t->off);
+			sqlite3_bind_int64(stn, 7, (sqlite3_int64)t->len);
+			bind_hash(stn, 8, &t->hash);
+			free(shape); /* bound as a copy */
+			shape = NULL;
+			rc = step_done(db, stn, "insert tensor");
+			if (rc)
+				goto out;
+		}
+	}
+
+	for (size_t i = 0; i < n_locs; i++) {
+		bind_hash(ss, 1, &locs[i].hash);
+		sqlite3_bind_int64(ss, 2, (sqlite3_int64)locs[i].arena_off);
+		sqlite3_bind_int64(ss, 3, (sqlite3_int64)locs[i].size);
+		rc = step_done(db, ss, "insert shard");
+		if (rc)
+			goto out;
+	}
+
+	rc = exec(db, "COMMIT");
+	if (rc)
+		goto out;
+	in_tx = 0;
+out:
+	free(shape);
+	sqlite3_finalize(sv);
+	sqlite3_finalize(sf);
+	sqlite3_finalize(se);
+	sqlite3_finalize(stn);
+	sqlite3_finalize(ss);
+	if (in_tx)
+		rollback(db);
+	return rc;
+}
+
+int index_set_state(struct index *ix, const char *name, enum hwfs_vstate stv)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	rc = prepare(ix->db, "UPDATE versions SET state = ?2 WHERE name = ?1", &st);
+	if (rc)
+		goto out;
+	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+	sqlite3_bind_int(st, 2, (int)stv);
+	rc = step_done(ix->db, st, "set state");
+	if (rc)
+		goto out;
+	if (sqlite3_changes(ix->db) == 0)
+		rc = -ENOENT;
+out:
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int index_delete_version(struct index *ix, const char *name)
+{
+	sqlite3 *db = ix->db;
+	int in_tx = 0, existed = 0, rc;
+
+	rc = exec(db, "BEGIN IMMEDIATE");
+	if (rc)
+		goto out;
+	in_tx = 1;
+	rc = delete_rows(db, name, &existed);
+	if (rc)
+		goto out;
+	if (!existed) {
+		rc = -ENOENT;
+		goto out;
+	}
+	rc = exec(db, "DELETE FROM shards WHERE NOT EXISTS"
+		      " (SELECT 1 FROM extents e WHERE e.hash = shards.hash)");
+	if (rc)
+		goto out;
+	rc = exec(db, "COMMIT");
+	if (rc)
+		goto out;
+	in_tx = 0;
+out:
+	if (in_tx)
+		rollback(db);
+	return rc;
+}
+
+/* ---- loading ---- */
+
+/* Make room for one more element in *@arr (of @n, capacity *@cap). */
+static int grow(void **arr, size_t *cap, size_t n, size_t elem)
+{
+	size_t nc;
+	void *p;
+
+	if (n < *cap)
+		return 0;
+	nc = n < 8 ? 8 : n * 2;
+	p = reallocarray(*arr, nc, elem);
+	if (!p)
+		return -ENOMEM;
+	memset((char *)p + n * elem, 0, (nc - n) * elem);
+	*arr = p;
+	*cap = nc;
+	return 0;
+}
+
+/*
+ * Advance *@fi through @v->files (sorted by path) to the file named @path.
+ * Rows of extents/tensors arrive sorted by (path, off) too, so the cursor only
+ * moves forward.
+ */
+static struct hwfs_frec *find_file(struct hwfs_vrec *v, size_t *fi, const char *path)
+{
+	while (*fi < v->n_files && strcmp(v->files[*fi].path, path) < 0)
+		(*fi)++;
+	if (*fi < v->n_files && strcmp(v->files[*fi].path, path) == 0)
+		return &v->files[*fi];
+	LOG_ERR("index: version %s: row for unknown file %s", v->name, path);
+	return NULL;
+}
+
+static int load_files(sqlite3 *db, struct hwfs_vrec *v)
+{
+	sqlite3_stmt *st = NULL;
+	size_t cap = 0;
+	int rc, s;
+
+	rc = prepare(db,
+		     "SELECT path, kind, mode, uid, gid, mtime_ns, size, target, st_error"
+		     " FROM files WHERE version = ?1 ORDER BY path",
+		     &st);
+	if (rc)
+		goto out;
+	sqlite3_bind_text(st, 1, v->name, -1, SQLITE_STATIC);
+	while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+		struct hwfs_frec *f;
+
+		rc = grow((void **)&v->files, &cap, v->n_files, sizeof(*v->files));
+		if (rc)
+			goto out;
+		f = &v->files[v->n_files++];
+		if ((rc = col_strdup(st, 0, &f->path)) || (rc = col_strdup(st, 7, &f->target)) ||
+		    (rc = col_strdup(st, 8, &f->st_error)))
+			goto out;
+		if (!f->path) {
+			rc = sqerr(db, "file without path");
+			goto out;
+		}
+		f->kind = (enum hwfs_kind)sqlite3_column_int(st, 1);
+		f->mode = (uint32_t)sqlite3_column_int64(st, 2);
+		f->uid = (uint32_t)sqlite3_column_int64(st, 3);
+		f->gid = (uint32_t)sqlite3_column_int64(st, 4);
+		f->mtime_ns = sqlite3_column_int64(st, 5);
+		f->size = (uint64_t)sqlite3_column_int64(st, 6);
+	}
+	if (s != SQLITE_DONE)
+		rc = sqerr(db, "load files");
+out:
+	sqlite3_finalize(st);
+	return rc;
+}
+
+static int load_extents(sqlite3 *db, struct hwfs_vrec *v)
+{
+	sqlite3_stmt *st = NULL;
+	size_t fi = 0, cap = 0;
+	struct hwfs_frec *cur = NULL;
+	int rc, s;
+
+	rc = prepare(db,
+		     "SELECT path, off, len, hash FROM extents WHERE version = ?1"
+		     " ORDER BY path, off",
+		     &st);
+	if (rc)
+		goto out;
+	sqlite3_bind_text(st, 1, v->name, -1, SQLITE_STATIC);
+	while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+		const char *path = (const char *)sqlite3_column_text(st, 0);
+		struct hwfs_extent *e;
+
+		if (!path) {
+			rc = sqerr(db, "extent without path");
+			goto out;
+		}
+		if (!cur || strcmp(cur->path, path) != 0) {
+			cur = find_file(v, &fi, path);
+			if (!cur) {
+				rc = -EIO;
+				goto out;
+			}
+			cap = 0;
+		}
+		rc = grow((void **)&cur->ext, &cap, cur->n_ext, sizeof(*cur->ext));
+		if (rc)
+			goto out;
+		e = &cur->ext[cur->n_ext];
+		e->off = (uint64_t)sqlite3_column_int64(st, 1);
+		e->len = (uint64_t)sqlite3_column_int64(st, 2);
+		rc = col_hash(st, 3, &e->hash);
+		if (rc)
+			goto out;
+		cur->n_ext++;
+	}
+	if (s != SQLITE_DONE)
+		rc = sqerr(db, "load extents");
+out:
+	sqlite3_finalize(st);
+	return rc;
+}
+
+static int load_tensors(sqlite3 *db, struct hwfs_vrec *v)
+{
+	sqlite3_stmt *st = NULL;
+	size_t fi = 0, cap = 0;
+	struct hwfs_frec *cur = NULL;
+	int rc, s;
+
+	rc = prepare(db,
+		     "SELECT path, name, dtype, shape, off, len, hash FROM tensors"
+		     " WHERE version = ?1 ORDER BY path, off, rowid",
+		     &st);
+	if (rc)
+		goto out;
+	sqlite3_bind_text(st, 1, v->name, -1, SQLITE_STATIC);
+	while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+		const char *path = (const char *)sqlite3_column_text(st, 0);
+		const char *dtype = (const char *)sqlite3_column_text(st, 2);
+		struct hwfs_tensor *t;
+
+		if (!path || !dtype) {
+			rc = sqerr(db, "tensor without path or dtype");
+			goto out;
+		}
+		if (!cur || strcmp(cur->path, path) != 0) {
+			cur = find_file(v, &fi, path);
+			if (!cur) {
+				rc = -EIO;
+				goto out;
+			}
+			cap = 0;
+		}
+		rc = grow((void **)&cur->tensors, &cap, cur->n_tensors, sizeof(*cur->tensors));
+		if (rc)
+			goto out;
+		/* Count it now so that a failure below frees what was filled in. */
+		t = &cur->tensors[cur->n_tensors++];
+		if (strlen(dtype) >= sizeof(t->dtype)) {
+			LOG_ERR("index: version %s: %s: dtype '%s' too long", v->name, path, dtype);
+			rc = -EIO;
+			goto out;
+		}
+		strcpy(t->dtype, dtype);
+		if ((rc = col_strdup(st, 1, &t->name)))
+			goto out;
+		if (!t->name) {
+			rc = sqerr(db, "tensor without name");
+			goto out;
+		}
+		rc = shape_from_json((const char *)sqlite3_column_text(st, 3), t);
+		if (rc)
+			goto out;
+		t->off = (uint64_t)sqlite3_column_int64(st, 4);
+		t->len = (uint64_t)sqlite3_column_int64(st, 5);
+		rc = col_hash(st, 6, &t->hash);
+		if (rc)
+			goto out;
+	}
+	if (s != SQLITE_DONE)
+		rc = sqerr(db, "load tensors");
+out:
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int index_load(struct index *ix, struct hwfs_vrec ***vs, size_t *n)
+{
+	sqlite3 *db = ix->db;
+	sqlite3_stmt *st = NULL;
+	struct hwfs_vrec **arr = NULL;
+	size_t cnt = 0, cap = 0;
+	int in_tx = 0, rc, s;
+
+	/* One read transaction, so the snapshot is consistent. */
+	rc = exec(db, "BEGIN");
+	if (rc)
+		goto out;
+	in_tx = 1;
+	rc = prepare(db,
+		     "SELECT name, seq, state, created_ns, sealed_ns, digest FROM versions"
+		     " ORDER BY seq, name",
+		     &st);
+	if (rc)
+		goto out;
+	while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+		struct hwfs_vrec *v;
+
+		rc = grow((void **)&arr, &cap, cnt, sizeof(*arr));
+		if (rc)
+			goto out;
+		v = calloc(1, sizeof(*v));
+		if (!v) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		arr[cnt++] = v;
+		if ((rc = col_strdup(st, 0, &v->name)))
+			goto out;
+		if (!v->name) {
+			rc = sqerr(db, "version without name");
+			goto out;
+		}
+		v->seq = (uint64_t)sqlite3_column_int64(st, 1);
+		v->state = (enum hwfs_vstate)sqlite3_column_int(st, 2);
+		v->created_ns = sqlite3_column_int64(st, 3);
+		v->sealed_ns = sqlite3_column_int64(st, 4);
+		if ((rc = col_hash(st, 5, &v->digest)))
+			goto out;
+		if ((rc = load_files(db, v)) || (rc = load_extents(db, v)) ||
+		    (rc = load_tensors(db, v)))
+			goto out;
+	}
+	if (s != SQLITE_DONE) {
+		rc = sqerr(db, "load versions");
+		goto out;
+	}
+	sqlite3_finalize(st);
+	st = NULL;
+	rc = exec(db, "COMMIT");
+	if (rc)
+		goto out;
+	in_tx = 0;
+	*vs = arr;
+	*n = cnt;
+	arr = NULL;
+	cnt = 0;
+out:
+	sqlite3_finalize(st);
+	if (in_tx)
+		rollback(db);
+	for (size_t i = 0; i < cnt; i++)
+		hwfs_vrec_free(arr[i]);
+	free(arr);
+	return rc;
+}
+
+int index_load_shards(struct index *ix, struct hwfs_shardloc **locs, size_t *n)
+{
+	sqlite3_stmt *st = NULL;
+	struct hwfs_shardloc *arr = NULL;
+	size_t cnt = 0, cap = 0;
+	int rc, s;
+
+	rc = prepare(ix->db, "SELECT hash, arena_off, size FROM shards ORDER BY hash", &st);
+	if (rc)
+		goto out;
+	while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+		rc = grow((void **)&arr, &cap, cnt, sizeof(*arr));
+		if (rc)
+			goto out;
+		rc = col_hash(st, 0, &arr[cnt].hash);
+		if (rc)
+			goto out;
+		arr[cnt].arena_off = (uint64_t)sqlite3_column_int64(st, 1);
+		arr[cnt].size = (uint64_t)sqlite3_column_int64(st, 2);
+		cnt++;
+	}
+	if (s != SQLITE_DONE) {
+		rc = sqerr(ix->db, "load shards");
+		goto out;
+	}
+	*locs = arr;
+	*n = cnt;
+	arr = NULL;
+out:
+	sqlite3_finalize(st);
+	free(arr);
+	return rc;
+}

@@ -1,0 +1,362 @@
+/*
+ * store.c — the shard store: one directory, one arena, one index, one lock.
+ *
+ * Locking: the shard table (an open hash table with chaining, resized at
+ * load factor 1) has one mutex; it is held for table changes and refcount
+ * updates only, never across I/O.  Freeing a shard's arena range happens
+ * under that mutex too, which keeps "refcount reached zero" and "range given
+ * back" atomic with respect to a concurrent store_intern() of the same hash.
+ *
+ * The store lock file holds the pid of the owning daemon; flock() makes a
+ * second daemon on the same store fail with -EBUSY, and a daemon killed with
+ * SIGKILL releases it automatically.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "store.h"
+
+struct store {
+	char *dir;
+	int lock_fd;
+	struct arena *arena;
+	struct index *index;
+	pthread_mutex_t ix_lock;
+
+	pthread_mutex_t tab_lock;
+	struct shard **tab;
+	size_t tab_size; /* power of two */
+	size_t n_shards;
+	uint64_t bytes;
+};
+
+static size_t slot_of(const struct store *s, const hwfs_hash_t *h)
+{
+	uint64_t v;
+
+	memcpy(&v, h->b, sizeof(v));
+	return (size_t)(v & (s->tab_size - 1));
+}
+
+static int tab_grow(struct store *s)
+{
+	size_t nsize = s->tab_size ? s->tab_size * 2 : 1024;
+	struct shard **nt = calloc(nsize, sizeof(*nt));
+
+	if (!nt)
+		return -ENOMEM;
+	for (size_t i = 0; i < s->tab_size; i++) {
+		struct shard *sh = s->tab[i], *next;
+
+		for (; sh; sh = next) {
+			uint64_t v;
+
+			next = sh->next;
+			memcpy(&v, sh->hash.b, sizeof(v));
+			sh->next = nt[v & (nsize - 1)];
+			nt[v & (nsize - 1)] = sh;
+		}
+	}
+	free(s->tab);
+	s->tab = nt;
+	s->tab_size = nsize;
+	return 0;
+}
+
+static struct shard *tab_find(struct store *s, const hwfs_hash_t *h)
+{
+	struct shard *sh = s->tab[slot_of(s, h)];
+
+	while (sh && hwfs_hash_cmp(&sh->hash, h))
+		sh = sh->next;
+	return sh;
+}
+
+/* Insert a new shard (the caller checked it is absent). Table lock held. */
+static struct shard *tab_insert(struct store *s, const hwfs_hash_t *h, uint64_t off,
+				uint64_t size)
+{
+	struct shard *sh;
+	size_t slot;
+
+	if (s->n_shards + 1 > s->tab_size && tab_grow(s) < 0)
+		return NULL;
+	sh = calloc(1, sizeof(*sh));
+	if (!sh)
+		return NULL;
+	sh->hash = *h;
+	sh->off = off;
+	sh->size = size;
+	slot = slot_of(s, h);
+	sh->next = s->tab[slot];
+	s->tab[slot] = sh;
+	s->n_shards++;
+	s->bytes += size;
+	return sh;
+}
+
+/* Unlink @sh from the table, free its range and the struct. Table lock held. */
+static void tab_remove(struct store *s, struct shard *sh)
+{
+	struct shard **pp = &s->tab[slot_of(s, &sh->hash)];
+
+	while (*pp && *pp != sh)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = sh->next;
+	s->n_shards--;
+	s->bytes -= sh->size;
+	if (sh->size)
+		arena_free(s->arena, sh->off, sh->size);
+	free(sh);
+}
+
+static uint64_t default_capacity(const char *dir)
+{
+	struct statvfs vfs;
+
+	if (statvfs(dir, &vfs) < 0)
+		return 4ull << 30;
+	return (uint64_t)vfs.f_blocks * vfs.f_frsize / 4 * 3;
+}
+
+static int take_lock(struct store *s)
+{
+	char path[4096], buf[32];
+	int fd, n;
+
+	snprintf(path, sizeof(path), "%s/lock", s->dir);
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		n = (int)pread(fd, buf, sizeof(buf) - 1, 0);
+		buf[n > 0 ? n : 0] = '\0';
+		LOG_ERR("store %s is in use by pid %s", s->dir, n > 0 ? buf : "?");
+		close(fd);
+		return -EBUSY;
+	}
+	n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, (size_t)n, 0) != n)
+		LOG_WARN("cannot record pid in %s", path);
+	s->lock_fd = fd;
+	return 0;
+}
+
+int store_open(const char *dir, uint64_t capacity, struct store **out)
+{
+	struct store *s = calloc(1, sizeof(*s));
+	struct hwfs_shardloc *locs = NULL;
+	size_t n_locs = 0;
+	char path[4096];
+	struct stat st;
+	int r;
+
+	if (!s)
+		return -ENOMEM;
+	s->lock_fd = -1;
+	pthread_mutex_init(&s->ix_lock, NULL);
+	pthread_mutex_init(&s->tab_lock, NULL);
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		r = -errno;
+		goto fail;
+	}
+	s->dir = realpath(dir, NULL);
+	if (!s->dir) {
+		r = -errno;
+		goto fail;
+	}
+	r = take_lock(s);
+	if (r < 0)
+		goto fail;
+	snprintf(path, sizeof(path), "%s/arena", s->dir);
+	if (capacity == 0)
+		capacity = stat(path, &st) == 0 && st.st_size > 0 ? (uint64_t)st.st_size
+								  : default_capacity(s->dir);
+	r = arena_open(path, capacity, &s->arena);
+	if (r < 0) {
+		LOG_ERR("cannot open arena %s: %s", path, strerror(-r));
+		goto fail;
+	}
+	snprintf(path, sizeof(path), "%s/index.db", s->dir);
+	r = index_open(path, &s->index);
+	if (r < 0)
+		goto fail;
+	r = tab_grow(s);
+	if (r < 0)
+		goto fail;
+	r = index_load_shards(s->index, &locs, &n_locs);
+	if (r < 0)
+		goto fail;
+	for (size_t i = 0; i < n_locs; i++) {
+		if (!store_add_loaded(s, &locs[i])) {
+			char hex[HWFS_HASH_HEX];
+
+			hwfs_hash_hex(&locs[i].hash, hex);
+			LOG_WARN("shard %s: range %llu+%llu unusable, ignored", hex,
+				 (unsigned long long)locs[i].arena_off,
+				 (unsigned long long)locs[i].size);
+		}
+	}
+	free(locs);
+	*out = s;
+	return 0;
+fail:
+	free(locs);
+	store_close(s);
+	return r;
+}
+
+void store_close(struct store *s)
+{
+	if (!s)
+		return;
+	if (s->tab) {
+		for (size_t i = 0; i < s->tab_size; i++) {
+			struct shard *sh = s->tab[i], *next;
+
+			for (; sh; sh = next) {
+				next = sh->next;
+				free(sh);
+			}
+		}
+		free(s->tab);
+	}
+	index_close(s->index);
+	arena_close(s->arena);
+	if (s->lock_fd >= 0)
+		close(s->lock_fd);
+	pthread_mutex_destroy(&s->ix_lock);
+	pthread_mutex_destroy(&s->tab_lock);
+	free(s->dir);
+	free(s);
+}
+
+struct arena *store_arena(struct store *s)
+{
+	return s->arena;
+}
+
+struct index *store_index(struct store *s)
+{
+	return s->index;
+}
+
+pthread_mutex_t *store_index_lock(struct store *s)
+{
+	return &s->ix_lock;
+}
+
+const char *store_dir(const struct store *s)
+{
+	return s->dir;
+}
+
+struct shard *store_lookup(struct store *s, const hwfs_hash_t *h)
+{
+	struct shard *sh;
+
+	pthread_mutex_lock(&s->tab_lock);
+	sh = tab_find(s, h);
+	pthread_mutex_unlock(&s->tab_lock);
+	return sh;
+}
+
+struct shard *store_intern(struct store *s, const hwfs_hash_t *h, uint64_t off, uint64_t len,
+			   int *adopted)
+{
+	struct shard *sh;
+
+	pthread_mutex_lock(&s->tab_lock);
+	sh = tab_find(s, h);
+	if (sh) {
+		sh->refs++;
+		*adopted = 0;
+	} else {
+		sh = tab_insert(s, h, off, len);
+		if (sh) {
+			sh->refs = 1;
+			*adopted = 1;
+		}
+	}
+	pthread_mutex_unlock(&s->tab_lock);
+	return sh;
+}
+
+struct shard *store_add_loaded(struct store *s, const struct hwfs_shardloc *loc)
+{
+	struct shard *sh = NULL;
+
+	pthread_mutex_lock(&s->tab_lock);
+	if (tab_find(s, &loc->hash))
+		goto out;
+	if (loc->size && arena_reserve(s->arena, loc->arena_off, loc->size) < 0)
+		goto out;
+	sh = tab_insert(s, &loc->hash, loc->arena_off, loc->size);
+	if (!sh && loc->size)
+		arena_free(s->arena, loc->arena_off, loc->size);
+out:
+	pthread_mutex_unlock(&s->tab_lock);
+	return sh;
+}
+
+struct shard *store_get(struct store *s, const hwfs_hash_t *h)
+{
+	struct shard *sh;
+
+	pthread_mutex_lock(&s->tab_lock);
+	sh = tab_find(s, h);
+	if (sh)
+		sh->refs++;
+	pthread_mutex_unlock(&s->tab_lock);
+	return sh;
+}
+
+void store_ref(struct store *s, struct shard *sh)
+{
+	pthread_mutex_lock(&s->tab_lock);
+	sh->refs++;
+	pthread_mutex_unlock(&s->tab_lock);
+}
+
+void store_unref(struct store *s, struct shard *sh)
+{
+	pthread_mutex_lock(&s->tab_lock);
+	if (--sh->refs == 0)
+		tab_remove(s, sh);
+	pthread_mutex_unlock(&s->tab_lock);
+}
+
+size_t store_drop_unreferenced(struct store *s)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(&s->tab_lock);
+	for (size_t i = 0; i < s->tab_size; i++) {
+		struct shard *sh = s->tab[i], *next;
+
+		for (; sh; sh = next) {
+			next = sh->next;
+			if (sh->refs == 0) {
+				tab_remove(s, sh);
+				n++;
+			}
+		}
+	}
+	pthread_mutex_unlock(&s->tab_lock);
+	return n;
+}
+
+void store_usage(struct store *s, uint64_t *bytes, uint64_t *count)
+{
+	pthread_mutex_lock(&s->tab_lock);
+	*bytes = s->bytes;
+	*count = s->n_shards;
+	pthread_mutex_unlock(&s->tab_lock);
+}

@@ -1,0 +1,108 @@
+/*
+ * tunables.c — the table behind tunables.h.  Adding a tunable means one field
+ * in struct hwfs_tunables and one row below; parsing, environment lookup and
+ * the --help listing follow from the row.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tunables.h"
+
+struct hwfs_tunables hwfs_tun = {
+	.max_shard = 64ull << 20,
+	.fixed_chunk = 4ull << 20,
+	.staging_min = 256ull << 10,
+	.staging_step = 256ull << 20,
+	.read_ahead_kb = 8192,
+	.max_threads = 8,
+	.max_background = 64,
+	.publish_io = 8ull << 20,
+};
+
+struct row {
+	const char *name;
+	size_t field; /* offsetof into struct hwfs_tunables */
+	uint64_t min, max;
+	const char *help;
+};
+
+#define ROW(n, lo, hi, h) {#n, offsetof(struct hwfs_tunables, n), lo, hi, h}
+static const struct row rows[] = {
+	ROW(max_shard, 4096, 1ull << 30, "largest shard; tensors above it are cut in pieces"),
+	ROW(fixed_chunk, 4096, 1ull << 30, "shard size for files that are not safetensors"),
+	ROW(staging_min, 4096, 1ull << 30, "first staging allocation of a file being written"),
+	ROW(staging_step, 1ull << 20, 1ull << 34, "largest staging growth step"),
+	ROW(read_ahead_kb, 128, 1u << 20, "read-ahead of the mount (bdi read_ahead_kb)"),
+	ROW(max_threads, 1, 256, "FUSE worker threads"),
+	ROW(max_background, 1, 65535, "async FUSE requests in flight (read-ahead)"),
+	ROW(publish_io, 4096, 1ull << 30, "read size of hwfs publish"),
+};
+static const struct hwfs_tunables defaults = {
+	64ull << 20, 4ull << 20, 256ull << 10, 256ull << 20, 8192, 8, 64, 8ull << 20,
+};
+
+static uint64_t *field(struct hwfs_tunables *t, const struct row *r)
+{
+	return (uint64_t *)((char *)t + r->field);
+}
+
+static int set_row(const struct row *r, const char *val)
+{
+	uint64_t v;
+
+	if (hwfs_parse_size(val, &v) < 0 || v < r->min || v > r->max)
+		return -EINVAL;
+	*field(&hwfs_tun, r) = v;
+	return 0;
+}
+
+int hwfs_tunables_set(const char *opt)
+{
+	const char *eq = strchr(opt, '=');
+
+	if (!eq)
+		return -ENOENT;
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++)
+		if (strlen(rows[i].name) == (size_t)(eq - opt) &&
+		    !strncmp(rows[i].name, opt, (size_t)(eq - opt)))
+			return set_row(&rows[i], eq + 1);
+	return -ENOENT;
+}
+
+int hwfs_tunables_load(const char *const *opts, size_t n_opts)
+{
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++) {
+		char env[64];
+		const char *v;
+		size_t j;
+
+		snprintf(env, sizeof(env), "HWFS_%s", rows[i].name);
+		for (j = 5; env[j]; j++)
+			env[j] = (char)toupper((unsigned char)env[j]);
+		v = getenv(env);
+		if (v && set_row(&rows[i], v) < 0) {
+			LOG_ERR("bad value for %s: %s", env, v);
+			return -EINVAL;
+		}
+	}
+	for (size_t i = 0; i < n_opts; i++) {
+		int r = hwfs_tunables_set(opts[i]);
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+void hwfs_tunables_print(FILE *f)
+{
+	fprintf(f, "Tunables (-o NAME=VALUE, or environment HWFS_NAME):\n");
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++) {
+		uint64_t d = *field((struct hwfs_tunables *)&defaults, &rows[i]);
+
+		fprintf(f, "  %-16s default %-12llu %s\n", rows[i].name, (unsigned long long)d,
+			rows[i].help);
+	}
+}

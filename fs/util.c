@@ -1,0 +1,207 @@
+/*
+ * util.c — the small things every module needs: the content hash (XXH3-128
+ * in canonical byte order), freeing version records, logging, sizes, clocks.
+ * Nothing here keeps state.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "hwfs_common.h"
+
+void hwfs_hash_buf(const void *p, size_t n, hwfs_hash_t *out)
+{
+	XXH128_hash_t h = XXH3_128bits(p, n);
+	XXH128_canonical_t c;
+
+	XXH128_canonicalFromHash(&c, h);
+	memcpy(out->b, c.digest, HWFS_HASH_LEN);
+}
+
+void hwfs_hash_hex(const hwfs_hash_t *h, char out[HWFS_HASH_HEX])
+{
+	static const char dig[] = "0123456789abcdef";
+
+	for (int i = 0; i < HWFS_HASH_LEN; i++) {
+		out[2 * i] = dig[h->b[i] >> 4];
+		out[2 * i + 1] = dig[h->b[i] & 15];
+	}
+	out[2 * HWFS_HASH_LEN] = '\0';
+}
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+int hwfs_hash_parse(const char *hex, hwfs_hash_t *out)
+{
+	hwfs_hash_t h;
+
+	if (!hex || strlen(hex) != 2 * HWFS_HASH_LEN)
+		return -EINVAL;
+	for (int i = 0; i < HWFS_HASH_LEN; i++) {
+		int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+
+		if (hi < 0 || lo < 0)
+			return -EINVAL;
+		h.b[i] = (uint8_t)(hi << 4 | lo);
+	}
+	*out = h;
+	return 0;
+}
+
+int hwfs_hash_cmp(const hwfs_hash_t *a, const hwfs_hash_t *b)
+{
+	return memcmp(a->b, b->b, HWFS_HASH_LEN);
+}
+
+int hwfs_hash_is_zero(const hwfs_hash_t *h)
+{
+	for (int i = 0; i < HWFS_HASH_LEN; i++)
+		if (h->b[i])
+			return 0;
+	return 1;
+}
+
+const char *hwfs_vstate_name(enum hwfs_vstate s)
+{
+	switch (s) {
+	case HWFS_V_OPEN:
+		return "open";
+	case HWFS_V_SEALED:
+		return "sealed";
+	case HWFS_V_DAMAGED:
+		return "damaged";
+	}
+	return "unknown";
+}
+
+void hwfs_frec_clear(struct hwfs_frec *f)
+{
+	free(f->path);
+	free(f->target);
+	free(f->ext);
+	for (size_t i = 0; i < f->n_tensors; i++) {
+		free(f->tensors[i].name);
+		free(f->tensors[i].shape);
+	}
+	free(f->tensors);
+	free(f->st_error);
+	memset(f, 0, sizeof(*f));
+}
+
+void hwfs_vrec_free(struct hwfs_vrec *v)
+{
+	if (!v)
+		return;
+	for (size_t i = 0; i < v->n_files; i++)
+		hwfs_frec_clear(&v->files[i]);
+	free(v->files);
+	free(v->name);
+	free(v);
+}
+
+void hwfs_log(const char *level, const char *fmt, ...)
+{
+	va_list ap;
+	char buf[1024];
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "hwfs[%s]: %s\n", level, buf);
+}
+
+int hwfs_parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+	uint64_t mul = 1;
+
+	if (!s || !isdigit((unsigned char)*s))
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno)
+		return -EINVAL;
+	switch (toupper((unsigned char)*end)) {
+	case '\0':
+		break;
+	case 'K':
+		mul = 1ull << 10;
+		break;
+	case 'M':
+		mul = 1ull << 20;
+		break;
+	case 'G':
+		mul = 1ull << 30;
+		break;
+	case 'T':
+		mul = 1ull << 40;
+		break;
+	default:
+		return -EINVAL;
+	}
+	if (*end) {
+		end++;
+		if (*end == 'i' || *end == 'I')
+			end++;
+		if (*end == 'B' || *end == 'b')
+			end++;
+		if (*end)
+			return -EINVAL;
+	}
+	if (v > UINT64_MAX / mul)
+		return -EINVAL;
+	*out = v * mul;
+	return 0;
+}
+
+char *hwfs_fmt_size(uint64_t bytes, char *buf, size_t len)
+{
+	static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+	double v = (double)bytes;
+	unsigned u = 0;
+
+	while (v >= 1024 && u + 1 < HWFS_ARRAY_SIZE(unit)) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+	else
+		snprintf(buf, len, "%.2f %s", v, unit[u]);
+	return buf;
+}
+
+int64_t hwfs_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+double hwfs_mono_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+char *hwfs_strdup(const char *s)
+{
+	return s ? strdup(s) : NULL;
+}

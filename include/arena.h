@@ -1,0 +1,80 @@
+/*
+ * arena.h — the shard arena: one file mapped MAP_SHARED, carved into extents.
+ *
+ * All shard bytes live in one file in the store directory (normally on tmpfs),
+ * mapped once at its full capacity, so a shard is addressed by its offset and
+ * the read path is a pointer add.  The mapping survives nothing but the bytes
+ * do: the file outlives the daemon, and the index records which ranges hold
+ * which shard, so after a restart the daemon re-reserves those ranges.
+ *
+ * The allocator is byte-granular (ingest splits staging runs at tensor
+ * boundaries, which fall anywhere) and first-fit over a sorted free list,
+ * coalescing on free.  New allocations start page-aligned.  Backing pages are
+ * fallocate()d when a range is handed out, so a full tmpfs gives -ENOSPC at
+ * allocation instead of SIGBUS at first touch; whole pages inside a freed run
+ * are punched out so freed memory really returns to the system.
+ * All functions are thread-safe.
+ */
+#ifndef HWFS_ARENA_H
+#define HWFS_ARENA_H
+
+#include "hwfs_common.h"
+
+struct arena;
+
+/**
+ * arena_open() - open or create the arena file @path of @capacity bytes.
+ * The file is grown (ftruncate) to @capacity if smaller; a file larger than
+ * @capacity keeps its size and the arena's capacity becomes that size (data
+ * beyond @capacity may hold shards).  The whole file is mapped read-write
+ * MAP_SHARED.  Initially every byte is free; call arena_reserve() for ranges
+ * known to hold data.
+ * Returns 0 or -errno.
+ */
+int arena_open(const char *path, uint64_t capacity, struct arena **out);
+
+/** Unmap and close. NULL is a no-op. */
+void arena_close(struct arena *a);
+
+/** Start of the mapping; valid until arena_close(). */
+uint8_t *arena_base(const struct arena *a);
+
+/** Size of the mapping in bytes. */
+uint64_t arena_capacity(const struct arena *a);
+
+/** Bytes currently allocated or reserved. */
+uint64_t arena_used(const struct arena *a);
+
+/** File descriptor of the arena file (for pread/pwrite/splice). */
+int arena_fd(const struct arena *a);
+
+/**
+ * arena_reserve() - mark [off, off+len) as in use (start-up, from the index).
+ * Returns 0, -ERANGE if it lies outside the arena, -EEXIST if any byte of it
+ * is already in use.
+ */
+int arena_reserve(struct arena *a, uint64_t off, uint64_t len);
+
+/**
+ * arena_alloc() - allocate @len (> 0) bytes, page-aligned start, first fit.
+ * Backing memory is fallocate()d. Returns 0, -ENOSPC (no free run large enough
+ * or the backing filesystem is full), -EINVAL for len 0.
+ */
+int arena_alloc(struct arena *a, uint64_t len, uint64_t *off);
+
+/**
+ * arena_extend() - grow the allocation [off, off+len) in place to @newlen.
+ * Succeeds only if [off+len, off+newlen) is entirely free; the new part is
+ * fallocate()d. Returns 0 or -ENOSPC (nothing changes then).
+ */
+int arena_extend(struct arena *a, uint64_t off, uint64_t len, uint64_t newlen);
+
+/**
+ * arena_free() - give back [off, off+len) (any sub-range of earlier
+ * allocations). Coalesces with neighbours and punches the whole pages inside
+ * the merged free run. Freeing a range that is (partly) free already is a
+ * bug: it is logged and ignored.
+ */
+void arena_free(struct arena *a, uint64_t off, uint64_t len);
+
+#endif /* HWFS_ARENA_H */

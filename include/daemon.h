@@ -1,0 +1,25 @@
+/*
+ * daemon.h — one hwfs node: the store, the namespace, the FUSE session and
+ * the control socket, from mount to unmount.
+ */
+#ifndef HWFS_DAEMON_H
+#define HWFS_DAEMON_H
+
+#include "hwfs_common.h"
+
+struct daemon_opts {
+	const char *mountpoint; /* absolute path */
+	const char *store;      /* store directory */
+	uint64_t capacity;      /* 0: keep / default */
+	int notify_fd;          /* >= 0: write "ok\n" or "error: ...\n" once mounted, then close */
+	int debug;              /* FUSE debug output */
+};
+
+/**
+ * daemon_run() - open the store, mount, serve until unmounted or signalled.
+ * Returns 0 after a clean unmount, or -errno if start-up failed (then the
+ * reason has been written to notify_fd and logged).
+ */
+int daemon_run(const struct daemon_opts *o);
+
+#endif /* HWFS_DAEMON_H */

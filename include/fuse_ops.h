@@ -1,0 +1,32 @@
+/*
+ * fuse_ops.h — the FUSE low-level operations of the hwfs mount.
+ *
+ * The operations translate kernel requests into namespace calls (ns.h) and
+ * answer with one reply each.  Inode numbers handed to the kernel are node
+ * pointers (root excepted), kept valid by the lookup counts in ns.c; the
+ * generation is the node's unique st_ino, so a reused pointer is never
+ * mistaken for an old inode.
+ */
+#ifndef HWFS_FUSE_OPS_H
+#define HWFS_FUSE_OPS_H
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include "ns.h"
+
+/** Userdata of the FUSE session. */
+struct fsctx {
+	struct ns *ns;
+	const char *ctl_path;           /* control socket, shown as xattr user.hwfs.control */
+	void (*on_init)(void *arg);     /* called once the kernel handshake is done */
+	void *arg;
+};
+
+/** The operation table. */
+const struct fuse_lowlevel_ops *hwfs_fuse_ops(void);
+
+/** The FUSE inode number of @n. */
+fuse_ino_t hwfs_fuse_ino(struct ns *ns, struct node *n);
+
+#endif /* HWFS_FUSE_OPS_H */

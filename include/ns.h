@@ -1,0 +1,222 @@
+/*
+ * ns.h — the in-memory namespace: versions, their trees, `current`.
+ *
+ *   root
+ *    |- versions/              NT_VERSIONS
+ *    |   |- <v>/               NT_VROOT (one struct version)
+ *    |   |   |- a/b.bin        NT_DIR / NT_REG / NT_LNK as written
+ *    |   |   '- tensors/NAME   NT_TDIR / NT_TENSOR (sealed versions only)
+ *    |- current -> versions/v  NT_RLNK (also any temporary symlink made in root)
+ *
+ * The namespace is the source of truth for reads: everything the FUSE read
+ * path needs (extents, sizes, modes) is in these nodes, so no request ever
+ * waits on sqlite.  The index is written only at the transitions: seal,
+ * state change, removal, commit.
+ *
+ * Locking: ns->lock (rwlock) guards the tree shape, names, version states and
+ * node lifetimes; lookups take it shared, changes exclusive.  Nodes are freed
+ * only under the exclusive lock, once detached and forgotten by the kernel
+ * (nlookup == 0) and closed (nopen == 0); a detached node's shards are given
+ * back as soon as it is closed.  A regular file of an open version also has
+ * its own mutex (node->mu) for its writer.  A sealed file's extents never
+ * change, so reads of sealed data take no lock at all.
+ *
+ * Fields marked (ro) may be read by other modules while they hold a reference
+ * (lookup or open); only ns.c changes them.
+ */
+#ifndef HWFS_NS_H
+#define HWFS_NS_H
+
+#include <pthread.h>
+#include <sys/stat.h>
+
+#include "ingest.h"
+#include "store.h"
+
+enum ntype {
+	NT_ROOT,
+	NT_VERSIONS,
+	NT_VROOT,
+	NT_DIR,
+	NT_REG,
+	NT_LNK,
+	NT_TDIR,
+	NT_TENSOR,
+	NT_RLNK,
+};
+
+struct version;
+
+struct node {
+	uint64_t ino;      /* (ro) st_ino, unique for the life of the daemon */
+	enum ntype type;   /* (ro) */
+	struct node *parent;
+	char *name;
+	struct version *ver; /* (ro) owning version, NT_VROOT and below */
+	uint64_t nlookup;  /* kernel references (atomic) */
+	uint32_t nopen;    /* open file handles (atomic) */
+	int detached;
+	uint32_t mode; /* full st_mode */
+	uint32_t uid, gid;
+	int64_t mtime_ns, ctime_ns;
+
+	struct node **kids; /* directories: sorted by name */
+	size_t nkids, capkids;
+
+	pthread_mutex_t mu;        /* NT_REG: guards w and data while the version is open */
+	struct writer *w;          /* NT_REG of an open version, while written */
+	struct ingest_result data; /* NT_REG when not being written; NT_TENSOR: its bytes */
+
+	char *target;                 /* NT_LNK, NT_RLNK */
+	const struct hwfs_tensor *tensor; /* NT_TENSOR: metadata (owned by the file node) */
+	struct node *tfile;           /* NT_TENSOR: the file it comes from (pinned) */
+	uint32_t pins;                /* NT_REG: tensor nodes pointing at it */
+};
+
+struct version_error {
+	char *file;
+	char *error;
+};
+
+struct version {
+	char *name;
+	enum hwfs_vstate state;
+	uint64_t seq;
+	int64_t created_ns, sealed_ns;
+	hwfs_hash_t digest;
+	struct node *root;
+	int sealing; /* seal in progress: no more changes */
+	/* figures, valid once sealed */
+	uint64_t bytes, files, tensors;
+	size_t n_errors;
+	struct version_error *errors;
+};
+
+struct ns;
+
+/** Build the namespace of @st from its index (versions, current). */
+int ns_create(struct store *st, struct ns **out);
+/** Free everything (the kernel must be gone). */
+void ns_destroy(struct ns *ns);
+
+struct store *ns_store(struct ns *ns);
+struct node *ns_root(struct ns *ns);
+
+void ns_rdlock(struct ns *ns);
+void ns_wrlock(struct ns *ns);
+void ns_unlock(struct ns *ns);
+
+/** Child @name of @dir or NULL (lock held). Hidden versions are found by name. */
+struct node *ns_child(struct node *dir, const char *name);
+
+/** Kernel reference accounting (lookup count) — take/drop, drop frees. */
+void ns_lookup_ref(struct node *n);
+void ns_forget(struct ns *ns, struct node *n, uint64_t nlookup);
+/** Open-handle accounting; the last close of a detached node frees its data. */
+void ns_open_ref(struct node *n);
+void ns_release(struct ns *ns, struct node *n);
+
+/** Version by name (lock held), or NULL. */
+struct version *ns_version(struct ns *ns, const char *name);
+/** Is @n inside a version that may be modified (open and not sealing)? */
+int ns_writable(const struct node *n);
+
+/*
+ * Tree changes.  Each takes the exclusive lock itself, checks permissions of
+ * the hwfs model (EROFS for sealed versions, EPERM for the fixed parts) and
+ * returns the new node with a kernel reference taken, or -errno.
+ */
+int ns_mkdir(struct ns *ns, struct node *dir, const char *name, uint32_t mode, uint32_t uid,
+	     uint32_t gid, struct node **out);
+int ns_create_file(struct ns *ns, struct node *dir, const char *name, uint32_t mode,
+		   uint32_t uid, uint32_t gid, struct node **out);
+int ns_symlink(struct ns *ns, struct node *dir, const char *name, const char *target,
+	       uint32_t uid, uint32_t gid, struct node **out);
+int ns_unlink(struct ns *ns, struct node *dir, const char *name, int is_dir);
+int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *ddir,
+	      const char *dname, unsigned flags);
+
+/**
+ * ns_seal() - seal open version @name, renaming it to @new_name when given.
+ * Finishes every file, persists the version in one index transaction, builds
+ * tensors/. Returns 0, -ENOENT, -EEXIST (new name taken), -EROFS (not open),
+ * -EBUSY (a seal is running) or an error from the index.
+ */
+int ns_seal(struct ns *ns, const char *name, const char *new_name);
+
+/**
+ * ns_remove_version() - drop version @name (open or sealed) from the index and
+ * the tree. Readers that have its files open keep their bytes until they close.
+ * Refused with -EBUSY for the committed version. *@removed_ino gets the ino of
+ * the versions directory, to invalidate the kernel's entry.
+ */
+int ns_remove_version(struct ns *ns, const char *name);
+
+/** The committed version's name (malloc'd) or NULL. */
+char *ns_current(struct ns *ns);
+
+/**
+ * ns_check_committable() - 0 when @name is sealed and intact, else -ENOENT
+ * (unknown), -EBUSY (open), -EIO (damaged), with a sentence in @err.
+ */
+int ns_check_committable(struct ns *ns, const char *name, char *err, size_t errlen);
+
+/** Mark a version damaged or sealed again (after verify). Returns 0 or -errno. */
+int ns_set_state(struct ns *ns, const char *name, enum hwfs_vstate st);
+
+/**
+ * ns_snapshot() - a plain record of a sealed version (files, extents with
+ * hashes, tensors) for diff/verify/manifest, or of an open one (extents of
+ * finished files only). Free with hwfs_vrec_free(). Returns 0 or -errno.
+ */
+int ns_snapshot(struct ns *ns, const char *name, struct hwfs_vrec **out);
+
+/** Names of all versions in seq order (hidden ones excluded); free each and the array. */
+int ns_list(struct ns *ns, char ***names, size_t *n);
+
+/*
+ * File data.  @n must be held open (ns_open_ref).  Writes and truncation
+ * need a writable version (-EROFS otherwise) and serialise on n->mu; reads of
+ * sealed files take no lock.
+ */
+/** Write @len bytes at @off. Returns 0 or -errno (-ENOSPC when the arena is full). */
+int ns_write(struct ns *ns, struct node *n, uint64_t off, const void *buf, size_t len);
+/** Write @len bytes read from @fd at @off straight into the arena. Returns 0 or -errno. */
+int ns_write_from_fd(struct ns *ns, struct node *n, uint64_t off, int fd, size_t len);
+/** Set the size of a file of an open version. Returns 0 or -errno. */
+int ns_truncate(struct ns *ns, struct node *n, uint64_t size);
+
+/**
+ * ns_read() - the bytes of a regular file or tensor at [@off, @off+@len),
+ * handed to @emit as an iovec pointing into the arena (or a bounce buffer for
+ * files being written).  @emit is called exactly once, also for 0 bytes, with
+ * whatever locks are needed still held; it returns what ns_read returns.
+ */
+int ns_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
+	    int (*emit)(void *arg, const struct iovec *iov, int cnt), void *arg);
+
+/** Which attributes ns_setattr changes. */
+#define NS_SET_MODE 1
+#define NS_SET_UID 2
+#define NS_SET_GID 4
+#define NS_SET_MTIME 8
+/**
+ * ns_setattr() - change mode/owner/mtime of a node of an open version
+ * (-EROFS for sealed data, -EPERM for root, versions/ and current).
+ */
+int ns_setattr(struct ns *ns, struct node *n, int what, uint32_t mode, uint32_t uid,
+	       uint32_t gid, int64_t mtime_ns);
+
+/** Live figures of a version (for open ones: walks the tree). Lock held. */
+void ns_version_usage(struct ns *ns, struct version *v, uint64_t *bytes, uint64_t *files);
+
+/** Fill st from @n (lock held or reference held). */
+void ns_stat(struct ns *ns, struct node *n, struct stat *st);
+
+/** Allocate an inode number. */
+uint64_t ns_next_ino(struct ns *ns);
+
+/** Prefix of hidden versions (staging of `hwfs publish`): not listed by readdir. */
+#define NS_HIDDEN_PREFIX ".hwfs-"
+
+#endif /* HWFS_NS_H */

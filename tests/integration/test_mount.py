@@ -1,0 +1,115 @@
+"""Mounting, unmounting, remounting and `hwfs status --json`."""
+
+import os
+
+from conftest import (HEX32, HWFS, assert_same_file, assert_tree_equal, is_mounted, make_tensors,
+                      random_file, save_model, sh, tensor_bytes, wait_dead)
+
+
+def test_root_lists_versions(mount):
+    out = sh(["ls", mount.mnt]).stdout.split()
+    assert "versions" in out
+    assert os.path.isdir(mount.path("versions"))
+    assert os.listdir(mount.path("versions")) == []
+
+
+def test_current_absent_before_first_commit(mount, src):
+    assert not os.path.lexists(mount.path("current"))
+    assert mount.status()["current"] is None
+    save_model(src / "model.safetensors", make_tensors(1, n=4))
+    mount.run("publish", src, "v1")
+    # Publishing is not committing.
+    assert not os.path.lexists(mount.path("current"))
+    assert "current" not in sh(["ls", mount.mnt]).stdout.split()
+    assert mount.status()["current"] is None
+
+
+def test_remount_restores_sealed_versions_and_current(mount, src, tmp_path):
+    save_model(src / "model.safetensors", make_tensors(1))
+    random_file(src / "blob.bin", 1_234_567, seed=3)
+    src2 = tmp_path / "src2"
+    save_model(src2 / "model.safetensors", make_tensors(2))
+    mount.run("publish", src, "v1")
+    mount.run("publish", src2, "v2")
+    mount.run("commit", "v1")
+    before = {v["name"]: v for v in mount.status()["versions"]}
+    old_pid = mount.pid
+
+    assert mount.umount().returncode == 0
+    assert not is_mounted(mount.mnt)
+    assert wait_dead(old_pid, 2.0), "hwfs umount returned before the daemon exited"
+    mount.mount()
+
+    after = {v["name"]: v for v in mount.status()["versions"]}
+    assert set(after) == {"v1", "v2"}
+    for name in ("v1", "v2"):
+        assert after[name]["state"] == "sealed"
+        for key in ("seq", "bytes", "files", "tensors", "digest"):
+            assert after[name][key] == before[name][key], (name, key)
+    assert_tree_equal(src, mount.vpath("v1"))
+    assert_tree_equal(src2, mount.vpath("v2"))
+    assert os.readlink(mount.path("current")) == "versions/v1"
+    assert mount.status()["current"] == "v1"
+    assert_same_file(src / "model.safetensors", mount.path("current", "model.safetensors"))
+    assert_same_file(src / "blob.bin", mount.path("current", "blob.bin"))
+
+
+def test_umount_after_fusermount(mount, src):
+    random_file(src / "a.bin", 100_000)
+    mount.run("publish", src, "v1")
+    old_pid = mount.pid
+    sh(["fusermount3", "-u", mount.mnt])
+    assert not is_mounted(mount.mnt)
+    cp = sh([HWFS, "umount", mount.mnt], check=False)
+    assert cp.returncode == 0, f"hwfs umount after fusermount3 -u: exit {cp.returncode}: {cp.stderr}"
+    assert wait_dead(old_pid, 10.0), "daemon did not exit after its mount was removed"
+    mount.mounted = False
+    # The store is intact.
+    mount.mount()
+    assert mount.version("v1")["state"] == "sealed"
+    assert_tree_equal(src, mount.vpath("v1"))
+
+
+def test_status_json_fields(mount_factory, src):
+    m = mount_factory(capacity="256M")
+    st = m.status()
+    assert set(st) >= {"pid", "mount", "store", "current", "versions"}
+    assert isinstance(st["pid"], int) and st["pid"] > 0
+    assert os.path.realpath(st["mount"]) == m.mnt
+    store = st["store"]
+    assert set(store) >= {"path", "used_bytes", "capacity_bytes", "arena_bytes", "shards"}
+    assert os.path.realpath(store["path"]) == os.path.realpath(m.store)
+    for k in ("used_bytes", "capacity_bytes", "arena_bytes", "shards"):
+        assert isinstance(store[k], int) and store[k] >= 0, k
+    assert store["capacity_bytes"] == 256 << 20
+    assert store["shards"] == 0
+    assert st["current"] is None
+    assert st["versions"] == []
+    assert os.path.exists(os.path.join(m.store, "arena"))
+    assert os.path.exists(os.path.join(m.store, "index.db"))
+
+    t = make_tensors(1, n=5)
+    save_model(src / "model.safetensors", t)
+    (src / "config.json").write_text('{"a": 1}\n')
+    random_file(src / "blob.bin", 70_000)
+    m.run("publish", src, "v1")
+    st = m.status()
+    assert st["store"]["shards"] > 0
+    assert st["store"]["used_bytes"] >= tensor_bytes(t)
+    [v] = st["versions"]
+    assert set(v) >= {"name", "state", "seq", "bytes", "files", "tensors", "digest", "errors"}
+    assert v["name"] == "v1"
+    assert v["state"] == "sealed"
+    assert isinstance(v["seq"], int) and v["seq"] >= 1
+    assert v["bytes"] == sum(p.stat().st_size for p in src.iterdir())
+    assert v["files"] == 3
+    assert v["tensors"] == 5
+    assert isinstance(v["digest"], str) and HEX32.match(v["digest"])
+    assert v["errors"] == []
+
+    os.mkdir(m.vpath("v2"))
+    st = m.status()
+    v2 = [v for v in st["versions"] if v["name"] == "v2"][0]
+    assert v2["state"] == "open"
+    assert v2["digest"] is None
+    assert v2["seq"] > v["seq"]

@@ -1,0 +1,145 @@
+"""Dedup between versions, `hwfs diff`, `hwfs ls`, `hwfs verify`, `hwfs gc`, `hwfs rm`."""
+
+import json
+import os
+
+import pytest
+
+from conftest import (CHANGED_IDX, assert_error_line, changed_names, make_tensors, poll, random_file,
+                      save_model, tensor_bytes)
+
+
+@pytest.fixture
+def two_versions(mount, tmp_path):
+    """v1 and v2 published; v2 has 2 of its 20 tensors changed."""
+    t1 = make_tensors(100)
+    t2 = make_tensors(100, changed=CHANGED_IDX)
+    s1, s2 = tmp_path / "s1", tmp_path / "s2"
+    save_model(s1 / "model.safetensors", t1)
+    save_model(s2 / "model.safetensors", t2)
+    (s1 / "config.json").write_text('{"v": 1}\n')
+    (s2 / "config.json").write_text('{"v": 1}\n')
+    u0 = mount.used_bytes()
+    mount.run("publish", s1, "v1")
+    u1 = mount.used_bytes()
+    mount.run("publish", s2, "v2")
+    u2 = mount.used_bytes()
+    names = changed_names(t2)
+    return mount, t1, t2, names, (u0, u1, u2)
+
+
+def test_dedup_growth(two_versions):
+    m, t1, t2, names, (u0, u1, u2) = two_versions
+    changed = tensor_bytes(t2, names)
+    assert u1 - u0 >= tensor_bytes(t1), "v1's tensors must all be stored"
+    growth = u2 - u1
+    assert growth >= changed, f"v2 grew the store by {growth} < changed bytes {changed}"
+    assert growth <= 1.02 * changed + 64 * 1024, (
+        f"v2 grew the store by {growth} bytes for {changed} changed tensor bytes "
+        f"(limit {1.02 * changed + 65536:.0f})")
+
+
+def test_identical_republish_costs_nothing(two_versions, tmp_path):
+    m, t1, t2, names, _ = two_versions
+    s3 = tmp_path / "s3"
+    save_model(s3 / "model.safetensors", t1)
+    (s3 / "config.json").write_text('{"v": 1}\n')
+    before = m.used_bytes()
+    m.run("publish", s3, "v3")
+    assert m.used_bytes() - before <= 64 * 1024
+
+
+def test_diff_json(two_versions):
+    m, t1, t2, names, _ = two_versions
+    d = json.loads(m.run("diff", "v1", "v2", "--json").stdout)
+    assert d["a"] == "v1" and d["b"] == "v2"
+    assert d["tensors_changed"] == 2
+    assert d["tensors_same"] == len(t1) - 2
+    assert d["tensors_added"] == 0 and d["tensors_removed"] == 0
+    assert d["bytes_changed"] == tensor_bytes(t2, names)
+    assert len(d["changed"]) == 2
+    for n in names:
+        assert any(c == n or c.endswith(n) for c in d["changed"]), (n, d["changed"])
+    assert d["added"] == [] and d["removed"] == []
+    assert isinstance(d["new_shard_bytes"], int)
+    assert tensor_bytes(t2, names) <= d["new_shard_bytes"] <= tensor_bytes(t2, names) + 64 * 1024
+
+
+def test_diff_added_removed(mount, tmp_path):
+    t1 = make_tensors(200, n=6)
+    t2 = dict(list(t1.items())[:4])
+    t2["new.tensor"] = make_tensors(201, n=1, prefix="new")["new.0.weight"]
+    for name, t in (("a", t1), ("b", t2)):
+        save_model(tmp_path / name / "model.safetensors", t)
+        mount.run("publish", tmp_path / name, name)
+    d = json.loads(mount.run("diff", "a", "b", "--json").stdout)
+    assert d["tensors_same"] == 4
+    assert d["tensors_added"] == 1 and d["tensors_removed"] == 2
+    assert d["tensors_changed"] == 0
+    assert d["bytes_changed"] == t2["new.tensor"].nbytes
+    assert any(x.endswith("new.tensor") for x in d["added"])
+    assert len(d["removed"]) == 2
+
+
+def test_diff_text(two_versions):
+    m, t1, t2, names, _ = two_versions
+    out = m.run("diff", "v1", "v2").stdout
+    assert out.strip(), "hwfs diff printed nothing"
+    assert_error_line(m.run("diff", "v1", "nope", check=False))
+
+
+def test_ls(two_versions):
+    m, *_ = two_versions
+    os.mkdir(m.vpath("v3"))
+    out = m.run("ls").stdout
+    for n in ("v1", "v2", "v3"):
+        assert n in out
+    lst = json.loads(m.run("ls", "--json").stdout)
+    assert isinstance(lst, list)
+    states = {v["name"]: v["state"] for v in lst}
+    assert states == {"v1": "sealed", "v2": "sealed", "v3": "open"}
+    st = {v["name"]: v for v in m.status()["versions"]}
+    for v in lst:
+        assert v["seq"] == st[v["name"]]["seq"]
+        assert v["bytes"] == st[v["name"]]["bytes"]
+    assert sorted(os.listdir(m.path("versions"))) == ["v1", "v2", "v3"]
+
+
+def test_verify_good_version(two_versions):
+    m, *_ = two_versions
+    assert m.run("verify", "v1").returncode == 0
+    assert m.run("verify", "v2", "--json").returncode == 0
+    assert m.version("v1")["state"] == "sealed"
+    assert_error_line(m.run("verify", "nope", check=False))
+
+
+def test_gc_keep(mount, tmp_path):
+    # The open version is made first (lowest seq) so that "the N newest" means
+    # v4 whether or not gc counts open versions when it ranks them.
+    os.mkdir(mount.vpath("open1"))
+    for i in range(1, 5):
+        random_file(tmp_path / f"s{i}" / "blob.bin", 300_000, seed=i)
+        mount.run("publish", tmp_path / f"s{i}", f"v{i}")
+    mount.run("commit", "v1")
+    before = mount.used_bytes()
+    mount.run("gc", "--keep", "1")
+    names = {v["name"]: v["state"] for v in mount.status()["versions"]}
+    # v4 is the newest, v1 is current, open versions are not gc's business.
+    assert names == {"v1": "sealed", "v4": "sealed", "open1": "open"}
+    assert sorted(os.listdir(mount.path("versions"))) == ["open1", "v1", "v4"]
+    assert os.readlink(mount.path("current")) == "versions/v1"
+    assert poll(lambda: mount.used_bytes() < before), "gc freed nothing"
+    assert open(mount.vpath("v4", "blob.bin"), "rb").read() == (tmp_path / "s4" / "blob.bin").read_bytes()
+
+
+def test_rm(mount, tmp_path):
+    random_file(tmp_path / "s1" / "a.bin", 500_000, seed=1)
+    random_file(tmp_path / "s2" / "b.bin", 500_000, seed=2)
+    mount.run("publish", tmp_path / "s1", "v1")
+    before = mount.used_bytes()
+    mount.run("publish", tmp_path / "s2", "v2")
+    mount.run("rm", "v2")
+    assert mount.version("v2") is None
+    assert os.listdir(mount.path("versions")) == ["v1"]
+    assert poll(lambda: mount.used_bytes() == before), (mount.used_bytes(), before)
+    assert_error_line(mount.run("rm", "v2", check=False))

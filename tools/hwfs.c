@@ -1,0 +1,654 @@
+/*
+ * hwfs.c — the `hwfs` command: one binary, one verb per subcommand.
+ *
+ * `hwfs mount` starts a daemon (fs/daemon.c) and returns once the mount
+ * answers; every other verb finds the daemon of a mount through the root
+ * xattr `user.hwfs.control` (the control socket) and speaks the JSON-lines
+ * protocol of ctl.h.  Output is for people by default and the daemon's JSON
+ * with --json.  Exit status: 0 on success, 1 with one `hwfs: error:` line on
+ * stderr otherwise, 2 for usage errors.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "daemon.h"
+#include "tunables.h"
+
+static const char *g_mount;
+static int g_json;
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "hwfs: error: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static void usage_die(const char *usage) __attribute__((noreturn));
+static void usage_die(const char *usage)
+{
+	fprintf(stderr, "usage: %s\n", usage);
+	exit(2);
+}
+
+static const char *default_mount(void)
+{
+	const char *m = getenv("HWFS_MOUNT");
+
+	return m && *m ? m : "/hotweights";
+}
+
+/* ------------------------------------------------------------ the channel */
+
+static int connect_mount(void)
+{
+	char path[4096];
+	ssize_t n = getxattr(g_mount, "user.hwfs.control", path, sizeof(path) - 1);
+	int fd;
+
+	if (n < 0)
+		die("%s is not an hwfs mount (or its daemon is gone): %s", g_mount,
+		    strerror(errno));
+	path[n] = '\0';
+	fd = ctl_connect(path);
+	if (fd < 0)
+		die("cannot reach the daemon of %s at %s: %s", g_mount, path, strerror(-fd));
+	return fd;
+}
+
+static void draw_progress(uint64_t done, uint64_t total, double t0)
+{
+	int width = 40, fill = total ? (int)((double)done / (double)total * width) : width;
+	double dt = hwfs_mono_s() - t0;
+	char a[32], b[32];
+
+	fprintf(stderr, "\r[%.*s%*s] %s / %s  %.2f GB/s ", fill,
+		"########################################", width - fill, "",
+		hwfs_fmt_size(done, a, sizeof(a)), hwfs_fmt_size(total, b, sizeof(b)),
+		dt > 0 ? (double)done / dt / 1e9 : 0.0);
+	fflush(stderr);
+}
+
+/* Send @req (stolen) and return the final answer; dies on {"ok": false}. */
+static json_t *call(json_t *req, int die_on_error)
+{
+	int fd = connect_mount(), tty = isatty(2), drawn = 0;
+	double t0 = hwfs_mono_s();
+	struct ctl_reader rd;
+	json_t *res = NULL;
+	int r;
+
+	r = ctl_send(fd, req);
+	json_decref(req);
+	if (r < 0)
+		die("cannot send to the daemon: %s", strerror(-r));
+	ctl_reader_init(&rd, fd);
+	for (;;) {
+		json_t *prog;
+
+		r = ctl_recv(&rd, &res);
+		if (r < 0)
+			die("no answer from the daemon: %s",
+			    r == -EPIPE ? "connection closed" : strerror(-r));
+		prog = json_object_get(res, "progress");
+		if (!prog)
+			break;
+		if (tty) {
+			draw_progress((uint64_t)json_integer_value(json_object_get(prog, "done")),
+				      (uint64_t)json_integer_value(json_object_get(prog, "total")),
+				      t0);
+			drawn = 1;
+		}
+		json_decref(res);
+	}
+	if (drawn)
+		fputc('\n', stderr);
+	ctl_reader_free(&rd);
+	close(fd);
+	if (die_on_error && !json_is_true(json_object_get(res, "ok"))) {
+		json_t *e = json_object_get(res, "error");
+
+		die("%s", json_is_string(e) ? json_string_value(e) : "request failed");
+	}
+	return res;
+}
+
+static void print_json(json_t *res)
+{
+	json_object_del(res, "ok");
+	json_dumpf(res, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	fputc('\n', stdout);
+}
+
+static int64_t jint(json_t *o, const char *k)
+{
+	return json_integer_value(json_object_get(o, k));
+}
+
+static const char *jstr(json_t *o, const char *k)
+{
+	json_t *v = json_object_get(o, k);
+
+	return json_is_string(v) ? json_string_value(v) : "-";
+}
+
+/* ------------------------------------------------------------ verbs */
+
+/* Common options of client verbs: -m, --json, --help. Returns optind. */
+static int client_opts(int argc, char **argv, const char *usage, int min_args, int max_args,
+		       int *keep)
+{
+	static const struct option lo[] = {
+		{"mount", required_argument, NULL, 'm'}, {"json", no_argument, NULL, 'j'},
+		{"help", no_argument, NULL, 'h'},        {"keep", required_argument, NULL, 'k'},
+		{NULL, 0, NULL, 0},
+	};
+	int c;
+
+	g_mount = default_mount();
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "m:jhk:", lo, NULL)) != -1) {
+		switch (c) {
+		case 'm':
+			g_mount = optarg;
+			break;
+		case 'j':
+			g_json = 1;
+			break;
+		case 'k':
+			if (!keep)
+				usage_die(usage);
+			*keep = atoi(optarg);
+			if (*keep < 0 || !strchr("0123456789", optarg[0]))
+				usage_die(usage);
+			break;
+		case 'h':
+			printf("usage: %s\n", usage);
+			exit(0);
+		default:
+			usage_die(usage);
+		}
+	}
+	if (argc - optind < min_args || argc - optind > max_args)
+		usage_die(usage);
+	return optind;
+}
+
+static void print_versions_table(json_t *vers)
+{
+	size_t i;
+	json_t *v;
+
+	printf("%-24s %-8s %6s %8s %12s  %s\n", "VERSION", "STATE", "FILES", "TENSORS", "BYTES",
+	       "DIGEST");
+	json_array_foreach(vers, i, v) {
+		char sz[32];
+		json_t *errs = json_object_get(v, "errors"), *e;
+		size_t k;
+
+		printf("%-24s %-8s %6lld %8lld %12s  %s\n", jstr(v, "name"), jstr(v, "state"),
+		       (long long)jint(v, "files"), (long long)jint(v, "tensors"),
+		       hwfs_fmt_size((uint64_t)jint(v, "bytes"), sz, sizeof(sz)),
+		       jstr(v, "digest"));
+		json_array_foreach(errs, k, e)
+			printf("    %s: not parsed as safetensors: %s\n", jstr(e, "file"),
+			       jstr(e, "error"));
+	}
+}
+
+static int cmd_status(int argc, char **argv)
+{
+	json_t *res, *st;
+	char a[32], b[32];
+
+	client_opts(argc, argv, "hwfs status [-m MOUNT] [--json]", 0, 0, NULL);
+	res = call(json_pack("{s:s}", "op", "status"), 1);
+	if (g_json) {
+		print_json(res);
+	} else {
+		st = json_object_get(res, "store");
+		printf("hwfs on %s (pid %lld)\n", jstr(res, "mount"), (long long)jint(res, "pid"));
+		printf("store:   %s: %s of shards (%lld) in %s capacity\n", jstr(st, "path"),
+		       hwfs_fmt_size((uint64_t)jint(st, "used_bytes"), a, sizeof(a)),
+		       (long long)jint(st, "shards"),
+		       hwfs_fmt_size((uint64_t)jint(st, "capacity_bytes"), b, sizeof(b)));
+		printf("current: %s\n", json_is_string(json_object_get(res, "current"))
+						? jstr(res, "current")
+						: "(none)");
+		print_versions_table(json_object_get(res, "versions"));
+	}
+	json_decref(res);
+	return 0;
+}
+
+static int cmd_ls(int argc, char **argv)
+{
+	json_t *res;
+
+	client_opts(argc, argv, "hwfs ls [-m MOUNT] [--json]", 0, 0, NULL);
+	res = call(json_pack("{s:s}", "op", "ls"), 1);
+	if (g_json) {
+		json_dumpf(json_object_get(res, "versions"), stdout, JSON_INDENT(2));
+		fputc('\n', stdout);
+	} else {
+		print_versions_table(json_object_get(res, "versions"));
+	}
+	json_decref(res);
+	return 0;
+}
+
+static int cmd_simple(int argc, char **argv, const char *op, const char *usage,
+		      const char *done_fmt)
+{
+	int i = client_opts(argc, argv, usage, 1, 1, NULL);
+	json_t *res = call(json_pack("{s:s, s:s}", "op", op, "version", argv[i]), 1);
+
+	if (g_json)
+		print_json(res);
+	else
+		printf(done_fmt, argv[i]);
+	json_decref(res);
+	return 0;
+}
+
+static int cmd_publish(int argc, char **argv)
+{
+	int i = client_opts(argc, argv, "hwfs publish SRC_DIR VERSION [-m MOUNT] [--json]", 2, 2,
+			    NULL);
+	char *src = realpath(argv[i], NULL);
+	double t0 = hwfs_mono_s(), dt;
+	json_t *res;
+	char sz[32];
+
+	if (!src)
+		die("%s: %s", argv[i], strerror(errno));
+	res = call(json_pack("{s:s, s:s, s:s}", "op", "publish", "src", src, "version",
+			     argv[i + 1]),
+		   1);
+	dt = hwfs_mono_s() - t0;
+	if (g_json) {
+		json_object_set_new(res, "seconds", json_real(dt));
+		print_json(res);
+	} else {
+		printf("published %s: %s in %.2f s (%.2f GB/s)\n", argv[i + 1],
+		       hwfs_fmt_size((uint64_t)jint(res, "bytes"), sz, sizeof(sz)), dt,
+		       dt > 0 ? (double)jint(res, "bytes") / dt / 1e9 : 0.0);
+	}
+	free(src);
+	json_decref(res);
+	return 0;
+}
+
+static int cmd_verify(int argc, char **argv)
+{
+	int i = client_opts(argc, argv, "hwfs verify VERSION [-m MOUNT] [--json]", 1, 1, NULL);
+	json_t *res = call(json_pack("{s:s, s:s}", "op", "verify", "version", argv[i]), 1);
+	int intact = json_is_true(json_object_get(res, "intact"));
+	char sz[32];
+
+	if (g_json)
+		print_json(res);
+	else if (intact)
+		printf("%s: intact (%lld shards, %s re-hashed)\n", argv[i],
+		       (long long)jint(res, "shards"),
+		       hwfs_fmt_size((uint64_t)jint(res, "bytes"), sz, sizeof(sz)));
+	if (!intact)
+		fprintf(stderr, "hwfs: error: %s is damaged: %zu of %lld shards do not match their hash\n",
+			argv[i], json_array_size(json_object_get(res, "bad")),
+			(long long)jint(res, "shards"));
+	json_decref(res);
+	return intact ? 0 : 1;
+}
+
+static int cmd_gc(int argc, char **argv)
+{
+	int keep = -1;
+	json_t *res, *v;
+	size_t k;
+
+	client_opts(argc, argv, "hwfs gc --keep N [-m MOUNT] [--json]", 0, 0, &keep);
+	if (keep < 0)
+		usage_die("hwfs gc --keep N [-m MOUNT] [--json]");
+	res = call(json_pack("{s:s, s:i}", "op", "gc", "keep", keep), 1);
+	if (g_json)
+		print_json(res);
+	else
+		json_array_foreach(json_object_get(res, "removed"), k, v)
+			printf("removed %s\n", json_string_value(v));
+	json_decref(res);
+	return 0;
+}
+
+static int cmd_diff(int argc, char **argv)
+{
+	int i = client_opts(argc, argv, "hwfs diff A B [-m MOUNT] [--json]", 2, 2, NULL);
+	json_t *res = call(json_pack("{s:s, s:s, s:s}", "op", "diff", "a", argv[i], "b",
+				     argv[i + 1]),
+			   1);
+	char a[32], b[32];
+	json_t *v;
+	size_t k;
+
+	if (g_json) {
+		print_json(res);
+	} else {
+		printf("%s -> %s: %lld tensors changed, %lld added, %lld removed, %lld same\n",
+		       argv[i], argv[i + 1], (long long)jint(res, "tensors_changed"),
+		       (long long)jint(res, "tensors_added"), (long long)jint(res, "tensors_removed"),
+		       (long long)jint(res, "tensors_same"));
+		printf("bytes in changed or added tensors: %s; new shard bytes: %s\n",
+		       hwfs_fmt_size((uint64_t)jint(res, "bytes_changed"), a, sizeof(a)),
+		       hwfs_fmt_size((uint64_t)jint(res, "new_shard_bytes"), b, sizeof(b)));
+		json_array_foreach(json_object_get(res, "changed"), k, v)
+			printf("  ~ %s\n", json_string_value(v));
+		json_array_foreach(json_object_get(res, "added"), k, v)
+			printf("  + %s\n", json_string_value(v));
+		json_array_foreach(json_object_get(res, "removed"), k, v)
+			printf("  - %s\n", json_string_value(v));
+	}
+	json_decref(res);
+	return 0;
+}
+
+static int cmd_manifest(int argc, char **argv)
+{
+	int i = client_opts(argc, argv, "hwfs manifest VERSION [-m MOUNT]", 1, 1, NULL);
+	json_t *res = call(json_pack("{s:s, s:s}", "op", "manifest", "version", argv[i]), 1);
+
+	fputs(jstr(res, "manifest"), stdout);
+	fputc('\n', stdout);
+	json_decref(res);
+	return 0;
+}
+
+/* ------------------------------------------------------------ mount, umount */
+
+/* Is @path a mount point in /proc/self/mountinfo? */
+static int is_mounted(const char *path)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "r");
+	char line[8192];
+	int found = 0;
+
+	if (!f)
+		return 0;
+	while (!found && fgets(line, sizeof(line), f)) {
+		char mp[4096];
+
+		if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) == 1) {
+			/* mountinfo escapes spaces as \040; our paths are compared as-is */
+			found = !strcmp(mp, path);
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+static char *abs_path(const char *p)
+{
+	char *r = realpath(p, NULL), cwd[PATH_MAX];
+
+	if (r)
+		return r;
+	if (p[0] == '/' || !getcwd(cwd, sizeof(cwd)))
+		return strdup(p);
+	if (asprintf(&r, "%s/%s", cwd, p) < 0)
+		return NULL;
+	return r;
+}
+
+static int lazy_unmount(const char *mnt)
+{
+	if (umount2(mnt, MNT_DETACH) == 0)
+		return 0;
+	return system("true") == 0 && fork() == 0
+		       ? (execlp("fusermount3", "fusermount3", "-u", "-z", mnt, (char *)NULL), 127)
+		       : (wait(NULL), 0);
+}
+
+static int cmd_mount(int argc, char **argv)
+{
+	static const char usage[] =
+		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [-f] [-o NAME=VALUE,...] [-d]";
+	static const struct option lo[] = {
+		{"store", required_argument, NULL, 's'}, {"capacity", required_argument, NULL, 'c'},
+		{"foreground", no_argument, NULL, 'f'},  {"help", no_argument, NULL, 'h'},
+		{"debug", no_argument, NULL, 'd'},       {NULL, 0, NULL, 0},
+	};
+	struct daemon_opts o = {.notify_fd = -1};
+	const char *store = NULL;
+	char *mnt, *opts[64], buf[4096];
+	size_t n_opts = 0;
+	int c, fg = 0, pfd[2], logfd;
+	struct stat st;
+	pid_t pid;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "s:c:fho:d", lo, NULL)) != -1) {
+		switch (c) {
+		case 's':
+			store = optarg;
+			break;
+		case 'c':
+			if (hwfs_parse_size(optarg, &o.capacity) < 0 || o.capacity < (1u << 20))
+				die("bad --capacity %s (e.g. 512M, 8G; at least 1M)", optarg);
+			break;
+		case 'f':
+			fg = 1;
+			break;
+		case 'd':
+			o.debug = 1;
+			fg = 1;
+			break;
+		case 'o':
+			for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;
+			     t = strtok_r(NULL, ",", &save))
+				if (n_opts < HWFS_ARRAY_SIZE(opts))
+					opts[n_opts++] = t;
+			break;
+		case 'h':
+			printf("usage: %s\n\n", usage);
+			hwfs_tunables_print(stdout);
+			return 0;
+		default:
+			usage_die(usage);
+		}
+	}
+	if (argc - optind != 1 || !store)
+		usage_die(usage);
+	if (hwfs_tunables_load((const char *const *)opts, n_opts) < 0)
+		die("bad tunable in -o (see hwfs mount --help)");
+	if (stat(argv[optind], &st) < 0 && errno == ENOTCONN) {
+		/* a daemon died here: clear the dead mount first */
+		mnt = abs_path(argv[optind]);
+		lazy_unmount(mnt);
+		free(mnt);
+	}
+	mnt = realpath(argv[optind], NULL);
+	if (!mnt || stat(mnt, &st) < 0 || !S_ISDIR(st.st_mode))
+		die("mount point %s: %s", argv[optind], mnt ? "not a directory" : strerror(errno));
+	if (getxattr(mnt, "user.hwfs.pid", buf, sizeof(buf)) > 0)
+		die("%s is already an hwfs mount", mnt);
+	if (mkdir(store, 0700) < 0 && errno != EEXIST)
+		die("store %s: %s", store, strerror(errno));
+	o.mountpoint = mnt;
+	o.store = store;
+	if (fg)
+		return daemon_run(&o) < 0 ? 1 : 0;
+
+	if (pipe2(pfd, O_CLOEXEC) < 0)
+		die("pipe: %s", strerror(errno));
+	snprintf(buf, sizeof(buf), "%s/hwfs.log", store);
+	logfd = open(buf, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (logfd < 0)
+		die("%s: %s", buf, strerror(errno));
+	pid = fork();
+	if (pid < 0)
+		die("fork: %s", strerror(errno));
+	if (pid == 0) {
+		int nullfd = open("/dev/null", O_RDWR);
+
+		close(pfd[0]);
+		setsid();
+		if (chdir("/") < 0 || nullfd < 0 || dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 ||
+		    dup2(logfd, 2) < 0)
+			_exit(1);
+		close(nullfd);
+		close(logfd);
+		o.notify_fd = pfd[1];
+		_exit(daemon_run(&o) < 0 ? 1 : 0);
+	}
+	close(pfd[1]);
+	close(logfd);
+	{
+		ssize_t n, len = 0;
+
+		while ((n = read(pfd[0], buf + len, sizeof(buf) - 1 - (size_t)len)) > 0)
+			len += n;
+		buf[len] = '\0';
+	}
+	close(pfd[0]);
+	if (!strncmp(buf, "ok", 2))
+		return 0;
+	if (!strncmp(buf, "error: ", 7)) {
+		buf[strcspn(buf, "\n")] = '\0';
+		die("%s", buf + 7);
+	}
+	die("the daemon exited during start-up; see %s/hwfs.log", store);
+}
+
+static int cmd_umount(int argc, char **argv)
+{
+	static const char usage[] = "hwfs umount MOUNTPOINT";
+	char *mnt, buf[32];
+	ssize_t n;
+	pid_t pid = 0;
+
+	if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+		printf("usage: %s\n", usage);
+		return 0;
+	}
+	if (argc != 2)
+		usage_die(usage);
+	mnt = abs_path(argv[1]);
+	if (!mnt)
+		die("out of memory");
+	n = getxattr(mnt, "user.hwfs.pid", buf, sizeof(buf) - 1);
+	if (n > 0) {
+		buf[n] = '\0';
+		pid = (pid_t)atoi(buf);
+	}
+	if (!is_mounted(mnt)) {
+		free(mnt);
+		return 0; /* already unmounted (e.g. by fusermount3 -u) */
+	}
+	if (umount2(mnt, 0) < 0) {
+		if (errno == EBUSY)
+			die("%s is busy (files open, or a process is inside it)", mnt);
+		if (errno == EPERM) { /* not root: let fusermount3 do it */
+			pid_t c = fork();
+
+			if (c == 0) {
+				execlp("fusermount3", "fusermount3", "-u", mnt, (char *)NULL);
+				_exit(127);
+			}
+			int status = 0;
+
+			waitpid(c, &status, 0);
+			if (!WIFEXITED(status) || WEXITSTATUS(status))
+				die("fusermount3 -u %s failed", mnt);
+		} else if (errno == ENOTCONN || errno == EINVAL) {
+			lazy_unmount(mnt);
+		} else {
+			die("cannot unmount %s: %s", mnt, strerror(errno));
+		}
+	}
+	/* wait for the daemon to close its store, so a remount can take it */
+	for (int i = 0; pid > 0 && i < 600 && kill(pid, 0) == 0; i++) {
+		struct timespec ts = {0, 50 * 1000 * 1000};
+
+		nanosleep(&ts, NULL);
+	}
+	free(mnt);
+	return 0;
+}
+
+/* ------------------------------------------------------------ main */
+
+static void usage_all(FILE *f)
+{
+	fprintf(f,
+		"usage: hwfs VERB [ARGS] [-m MOUNT] [--json]\n\n"
+		"  mount MOUNTPOINT --store DIR [--capacity SIZE] [-f]   mount a node\n"
+		"  umount MOUNTPOINT                                     unmount cleanly\n"
+		"  status [--json]                                       daemon, store, versions\n"
+		"  ls [--json]                                           versions\n"
+		"  seal V                                                make V immutable\n"
+		"  publish SRC_DIR V                                     import a directory as V\n"
+		"  commit V                                              point current at V\n"
+		"  diff A B [--json]                                     tensors that differ\n"
+		"  verify V [--json]                                     re-hash every shard of V\n"
+		"  rm V                                                  remove V\n"
+		"  gc --keep N                                           keep N newest versions\n"
+		"  manifest V                                            print V's manifest\n\n"
+		"MOUNT defaults to $HWFS_MOUNT, else /hotweights.\n");
+}
+
+int main(int argc, char **argv)
+{
+	const char *verb = argc > 1 ? argv[1] : NULL;
+
+	if (!verb || !strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
+		usage_all(verb ? stdout : stderr);
+		return verb ? 0 : 2;
+	}
+	argc--;
+	argv++;
+	if (!strcmp(verb, "mount"))
+		return cmd_mount(argc, argv);
+	if (!strcmp(verb, "umount") || !strcmp(verb, "unmount"))
+		return cmd_umount(argc, argv);
+	if (!strcmp(verb, "status"))
+		return cmd_status(argc, argv);
+	if (!strcmp(verb, "ls"))
+		return cmd_ls(argc, argv);
+	if (!strcmp(verb, "seal"))
+		return cmd_simple(argc, argv, "seal", "hwfs seal VERSION [-m MOUNT]", "sealed %s\n");
+	if (!strcmp(verb, "commit"))
+		return cmd_simple(argc, argv, "commit", "hwfs commit VERSION [-m MOUNT]",
+				  "current -> versions/%s\n");
+	if (!strcmp(verb, "rm"))
+		return cmd_simple(argc, argv, "rm", "hwfs rm VERSION [-m MOUNT]", "removed %s\n");
+	if (!strcmp(verb, "publish"))
+		return cmd_publish(argc, argv);
+	if (!strcmp(verb, "verify"))
+		return cmd_verify(argc, argv);
+	if (!strcmp(verb, "gc"))
+		return cmd_gc(argc, argv);
+	if (!strcmp(verb, "diff"))
+		return cmd_diff(argc, argv);
+	if (!strcmp(verb, "manifest"))
+		return cmd_manifest(argc, argv);
+	fprintf(stderr, "hwfs: error: unknown verb '%s'\n", verb);
+	usage_all(stderr);
+	return 2;
+}
