@@ -36,7 +36,8 @@
  * Reserve (start-up: ranges the index says hold shards) takes a range out of
  * the free list without fallocate(): those bytes already exist in the file.
  * Free pages that held data from an earlier run of the daemon and are never
- * reserved are not punched here; the arena does not know about them.
+ * reserved are released by arena_trim(), which start-up calls once every
+ * known range has been reserved.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -453,5 +454,14 @@ void arena_free(struct arena *a, uint64_t off, uint64_t len)
 	}
 	pthread_mutex_lock(&a->mu);
 	free_locked(a, off, len);
+	pthread_mutex_unlock(&a->mu);
+}
+
+void arena_trim(struct arena *a)
+{
+	pthread_mutex_lock(&a->mu);
+	for (size_t i = 0; i < a->n; i++)
+		punch_pages(a, a->runs[i].off, a->runs[i].len, a->runs[i].off,
+			    a->runs[i].off + a->runs[i].len);
 	pthread_mutex_unlock(&a->mu);
 }

@@ -27,6 +27,9 @@
 
 enum st_state { ST_UNKNOWN, ST_YES, ST_NO };
 
+/* Staged bytes of the next piece slid to the front after a duplicate (see cut_one). */
+#define STG_REUSE_MAX (4u << 20)
+
 struct writer {
 	struct store *st;
 	struct arena *ar;
@@ -222,11 +225,22 @@ static int cut_one(struct writer *w, uint64_t len)
 	if (!sh)
 		return -ENOMEM;
 	w->ext[w->n_ext++] = (struct fext){w->cut_pos, len, sh};
+	w->cut_pos += len;
+	if (!adopted && w->size - w->cut_pos <= STG_REUSE_MAX) {
+		/*
+		 * A duplicate: keep the staging pages (already allocated and
+		 * cache-warm) and slide the few bytes of the next piece to the
+		 * front, instead of freeing pages only to allocate new ones.
+		 */
+		uint8_t *base = arena_base(w->ar) + w->stg_off;
+
+		memmove(base, base + len, w->size - w->cut_pos);
+		return 0;
+	}
 	if (!adopted)
 		arena_free(w->ar, w->stg_off, len);
 	w->stg_off += len;
 	w->stg_len -= len;
-	w->cut_pos += len;
 	if (w->stg_len == 0)
 		w->stg_off = 0;
 	return 0;

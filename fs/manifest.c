@@ -26,9 +26,11 @@
  * Decoding.  manifest_parse() is fed bytes from other nodes and trusts none
  * of them.  Besides well-formed JSON (no duplicate keys, no NUL in strings)
  * it requires: the exact format tag; no unknown keys anywhere; a version name
- * usable as a directory name; files sorted and unique by path; safe relative
- * paths (no leading '/', no empty, "." or ".." component, components of at
- * most 255 bytes, at most 4095 bytes in all) and no entry below a path that
+ * usable as a directory name (1..255 bytes, no '/', no control character,
+ * not "." or ".."); files sorted and unique by path; safe relative paths (no
+ * leading '/', no empty, "." or ".." component, no control character,
+ * components of at most 255 bytes, at most 4095 bytes in all; the same rules
+ * the namespace applies to names) and no entry below a path that
  * is listed as something other than a directory; modes within 07777;
  * extents of positive length tiling [0, size) exactly; tensors sorted by
  * offset and inside their file, with a dtype of 1..15 characters and at most
@@ -553,6 +555,8 @@ static int check_path(struct pctx *c, const char *where, const char *p, size_t l
 	if (p[0] == '/')
 		return fail(c, "%s: absolute path", where);
 	for (const char *q = p;; q++) {
+		if ((unsigned char)*q < 0x20 && *q)
+			return fail(c, "%s: control character in path", where);
 		if (*q == '/' || *q == '\0') {
 			size_t n = (size_t)(q - comp);
 
@@ -577,6 +581,9 @@ static int check_version_name(struct pctx *c, const char *s, size_t len)
 		return fail(c, "version name must be 1..%d bytes", MF_MAX_NAME);
 	if (strchr(s, '/') || strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
 		return fail(c, "version name is not usable as a directory name");
+	for (const char *p = s; *p; p++)
+		if ((unsigned char)*p < 0x20)
+			return fail(c, "version name has a control character");
 	return 0;
 }
 

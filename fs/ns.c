@@ -857,6 +857,7 @@ int ns_create(struct store *st, struct ns **out)
 	dropped = store_drop_unreferenced(st);
 	if (dropped)
 		LOG_INFO("freed %zu unreferenced shards", dropped);
+	arena_trim(store_arena(st));
 	if (cur && ns_version(ns, cur))
 		set_current_node(ns, cur);
 	else if (cur)
@@ -870,6 +871,12 @@ fail:
 	return r;
 }
 
+/*
+ * Shutdown: free the in-memory tree *without* dropping shard references —
+ * dropping them would give the shards' arena ranges back (and punch them out),
+ * destroying sealed data that the index still points at.  Staging of open
+ * versions is given back: open versions are not persisted.
+ */
 static void free_subtree(struct ns *ns, struct node *n)
 {
 	for (size_t i = 0; i < n->nkids; i++)
@@ -879,10 +886,16 @@ static void free_subtree(struct ns *ns, struct node *n)
 	n->nopen = 0;
 	writer_abort(n->w);
 	n->w = NULL;
-	if (n->type == NT_REG)
-		ingest_result_clear(ns->st, &n->data);
+	n->data.n_ext = 0; /* forget, do not unreference */
+	ingest_result_clear(ns->st, &n->data);
 	n->tfile = NULL;
-	node_free(ns, n);
+	n->detached = 1;
+	free(n->kids);
+	free(n->target);
+	free(n->name);
+	if (n->type == NT_REG)
+		pthread_mutex_destroy(&n->mu);
+	free(n);
 }
 
 void ns_destroy(struct ns *ns)
@@ -911,13 +924,37 @@ void ns_destroy(struct ns *ns)
 
 /* ----------------------------------------------------------- tree changes */
 
+/* Bytes of the UTF-8 sequence at @p, or 0 when it is not valid UTF-8. */
+static int utf8_len(const unsigned char *p)
+{
+	int n = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3
+		: (p[0] & 0xF8) == 0xF0 ? 4 : 0;
+
+	if (n == 2 && p[0] < 0xC2)
+		return 0; /* overlong */
+	for (int i = 1; i < n; i++)
+		if ((p[i] & 0xC0) != 0x80)
+			return 0;
+	return n;
+}
+
+/*
+ * Names must survive the manifest (JSON): UTF-8 without control characters,
+ * 1..255 bytes, no '/', not "." or "..".
+ */
 static int valid_name(const char *name)
 {
+	const unsigned char *p = (const unsigned char *)name;
+
 	if (!*name || !strcmp(name, ".") || !strcmp(name, "..") || strlen(name) > 255)
 		return 0;
-	for (const char *p = name; *p; p++)
-		if (*p == '/' || (unsigned char)*p < 0x20)
+	while (*p) {
+		int n = utf8_len(p);
+
+		if (n == 0 || *p == '/' || *p < 0x20 || *p == 0x7f)
 			return 0;
+		p += n;
+	}
 	return 1;
 }
 

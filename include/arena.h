@@ -77,4 +77,12 @@ int arena_extend(struct arena *a, uint64_t off, uint64_t len, uint64_t newlen);
  */
 void arena_free(struct arena *a, uint64_t off, uint64_t len);
 
+/**
+ * arena_trim() - punch out every whole page of every free run. Start-up calls
+ * it after reserving the ranges the index knows, so memory left behind by an
+ * earlier run (staging of a killed daemon, unpersisted open versions) returns
+ * to the system.
+ */
+void arena_trim(struct arena *a);
+
 #endif /* HWFS_ARENA_H */
