@@ -250,6 +250,13 @@ static int do_open(struct ns *ns, struct node *n, struct fuse_file_info *fi)
 	ns_open_ref(n);
 	fi->fh = (uint64_t)(uintptr_t)n;
 	fi->keep_cache = !ns_writable(n);
+	/*
+	 * A write-only writer (cp, rsync's final pass, safetensors, torch) gains
+	 * nothing from the page cache: direct I/O hands its buffer straight to
+	 * ingest, saving a copy and the page allocations.  Read-write opens keep
+	 * the page cache so that mmap works on them.
+	 */
+	fi->direct_io = (fi->flags & O_ACCMODE) == O_WRONLY && ns_writable(n);
 	return 0;
 }
 

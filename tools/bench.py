@@ -10,9 +10,9 @@ on tmpfs, mounts hwfs with its store on /dev/shm and measures, in one run:
   publish      hwfs publish DIR v1  (informational)   vs  cp -r DIR /dev/shm/dir
   growth       store.used_bytes growth of v3 (10% of tensors changed) / changed bytes
 
-Read and copy baselines are the same operation on the tmpfs source.  Every
-timing is repeated (--reps) and the MEDIAN is reported and judged (best and all
-samples are in the JSON).  GB/s means 10^9 bytes per second.  Results go to
+Read and copy baselines are the same operation on the tmpfs source, timed
+right next to each hwfs repetition.  Every timing is repeated (--reps, default
+3) and the MEDIAN is reported and judged (best and all samples are in the JSON).  GB/s means 10^9 bytes per second.  Results go to
 stdout as a table and to build/bench.json.
 
   python3 tools/bench.py                   full run
@@ -237,70 +237,88 @@ def main():
         log(f"  {size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s; v3 changes "
             f"{len(changed_idx)} tensors ({changed / 2**20:.0f} MiB)")
 
-        # ---- baselines on tmpfs
-        subprocess.run(["cat", F], stdout=subprocess.DEVNULL, timeout=CMD_TIMEOUT)
-        base_read = stats(size, [timed(["cat", F]) for _ in range(a.reps)])
-        log(f"tmpfs read   {base_read['median_gbps']:.2f} GB/s")
-        secs = []
-        for _ in range(a.reps):
-            secs.append(timed(["cp", F, tmpfs_dst]))
+        # Each hwfs repetition is paired with an adjacent repetition of its
+        # tmpfs baseline, so drift of the machine hits both sides alike.
+        only = a.baseline_only
+
+        def paired(label, base_fn, hwfs_fn):
+            bs, hs = [], []
+            for _ in range(a.reps):
+                bs.append(base_fn())
+                if not only:
+                    hs.append(hwfs_fn())
+            b = stats(size, bs)
+            h_ = stats(size, hs) if hs else None
+            log(f"{label:12} tmpfs {b['median_gbps']:.2f} GB/s"
+                + (f", hwfs {h_['median_gbps']:.2f} GB/s" if h_ else ""))
+            return {"hwfs": h_, "baseline": b}
+
+        def tmpfs_read():
+            return timed(["cat", F])
+
+        def tmpfs_cp():
+            t = timed(["cp", F, tmpfs_dst])
             os.unlink(tmpfs_dst / "model.safetensors")
             sync()
-        base_cp = stats(size, secs)
-        log(f"tmpfs cp     {base_cp['median_gbps']:.2f} GB/s")
-        secs = []
-        for _ in range(a.reps):
-            secs.append(timed(["cp", "-r", srcdir, tmpfs_dst / "dir"]))
+            return t
+
+        def tmpfs_cpr():
+            t = timed(["cp", "-r", srcdir, tmpfs_dst / "dir"])
             shutil.rmtree(tmpfs_dst / "dir")
             sync()
-        base_cpr = stats(size, secs)
+            return t
 
-        if a.baseline_only:
-            for k, b in (("read_cold", base_read), ("read_warm", base_read), ("cp_ingest", base_cp),
-                         ("publish", base_cpr)):
-                M[k] = {"hwfs": None, "baseline": b, "ratio": None}
+        subprocess.run(["cat", F], stdout=subprocess.DEVNULL, timeout=CMD_TIMEOUT)
+        if only:
+            M["publish"] = paired("publish", tmpfs_cpr, None)
+            M["read_cold"] = paired("read", tmpfs_read, None)
+            M["read_warm"] = M["read_cold"]
+            M["cp_ingest"] = paired("cp", tmpfs_cp, None)
             M["growth"] = {"hwfs_bytes": None, "changed_bytes": changed, "ratio": None}
             return finish(res, a.json)
 
-        # ---- hwfs
         h.mount()
         log(f"mounted {mnt} (store {h.store}, capacity {capacity})")
         u0 = h.used()
-        secs = []
-        for r in range(a.reps):
+        pubs = iter(range(a.reps))
+
+        def publish():
+            r = next(pubs)
             name = "v1" if r == a.reps - 1 else f"pub{r}"
-            secs.append(timed([HWFS, "publish", srcdir, name, "-m", mnt]))
-            if name != "v1":
+            t = timed([HWFS, "publish", srcdir, name, "-m", mnt])
+            if name != "v1":  # give the shards back so the next publish stores them anew
                 h.cmd("rm", name)
                 if not h.wait_used(lambda u: u <= u0):
                     log(f"warning: used_bytes did not return to {u0} after hwfs rm {name}")
-        M["publish"] = {"hwfs": stats(size, secs), "baseline": base_cpr}
-        log(f"publish      {M['publish']['hwfs']['median_gbps']:.2f} GB/s")
+            return t
+
+        M["publish"] = paired("publish", tmpfs_cpr, publish)
 
         V1F = os.path.join(mnt, "versions", "v1", "model.safetensors")
-        secs, dropped = [], True
-        for _ in range(a.reps):
-            dropped &= drop_caches()
-            secs.append(timed(["cat", V1F]))
-        M["read_cold"] = {"hwfs": stats(size, secs), "baseline": base_read, "caches_dropped": dropped}
-        if not dropped:
+        dropped = []
+
+        def cold_read():
+            dropped.append(drop_caches())
+            return timed(["cat", V1F])
+
+        M["read_cold"] = paired("read cold", tmpfs_read, cold_read)
+        M["read_cold"]["caches_dropped"] = all(dropped)
+        if not all(dropped):
             log("warning: could not write /proc/sys/vm/drop_caches; the cold read is not cold")
-        log(f"read cold    {M['read_cold']['hwfs']['median_gbps']:.2f} GB/s")
 
         subprocess.run(["cat", V1F], stdout=subprocess.DEVNULL, timeout=CMD_TIMEOUT)
-        M["read_warm"] = {"hwfs": stats(size, [timed(["cat", V1F]) for _ in range(a.reps)]),
-                          "baseline": base_read}
-        log(f"read warm    {M['read_warm']['hwfs']['median_gbps']:.2f} GB/s")
+        M["read_warm"] = paired("read warm", tmpfs_read, lambda: timed(["cat", V1F]))
 
         v2 = os.path.join(mnt, "versions", "v2")
         os.mkdir(v2)
-        secs = []
-        for _ in range(a.reps):
-            secs.append(timed(["cp", F, v2 + "/"]))
+
+        def hwfs_cp():
+            t = timed(["cp", F, v2 + "/"])
             os.unlink(os.path.join(v2, "model.safetensors"))
             sync()
-        M["cp_ingest"] = {"hwfs": stats(size, secs), "baseline": base_cp}
-        log(f"cp ingest    {M['cp_ingest']['hwfs']['median_gbps']:.2f} GB/s")
+            return t
+
+        M["cp_ingest"] = paired("cp ingest", tmpfs_cp, hwfs_cp)
 
         before = h.used()
         t = timed([HWFS, "publish", src3dir, "v3", "-m", mnt])

@@ -39,7 +39,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+if [ -t 1 ]; then B=$'\033[1m' N=$'\033[0m'; else B='' N=''; fi
+step() { printf '\n%s== %s%s\n' "$B" "$*" "$N"; }
 
 step "Generating a synthetic model: $N_TENSORS tensors, ~256 MiB (v1), and v2 with a tenth of them changed"
 "$PYTHON" - "$SRC1" "$SRC2" "$N_TENSORS" "$TENSOR_MIB" <<'EOF'

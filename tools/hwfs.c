@@ -403,6 +403,24 @@ static int is_mounted(const char *path)
 	return found;
 }
 
+/* Is process @pid still running (a zombie has exited: its files are closed)? */
+static int alive(pid_t pid)
+{
+	char path[64], buf[512], *p;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return kill(pid, 0) == 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	p = strrchr(buf, ')'); /* "pid (comm) S ..." — comm may hold spaces */
+	return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+}
+
 static char *abs_path(const char *p)
 {
 	char *r = realpath(p, NULL), cwd[PATH_MAX];
@@ -583,8 +601,8 @@ static int cmd_umount(int argc, char **argv)
 		}
 	}
 	/* wait for the daemon to close its store, so a remount can take it */
-	for (int i = 0; pid > 0 && i < 600 && kill(pid, 0) == 0; i++) {
-		struct timespec ts = {0, 50 * 1000 * 1000};
+	for (int i = 0; pid > 0 && i < 600 && alive(pid); i++) {
+		struct timespec ts = {0, 10 * 1000 * 1000};
 
 		nanosleep(&ts, NULL);
 	}

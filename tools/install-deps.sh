@@ -40,12 +40,12 @@ done
 if [ "${#missing_deb[@]}" -gt 0 ]; then
 	echo "install-deps: installing Debian packages: ${missing_deb[*]}"
 	log=$(mktemp)
-	if ! "${SUDO[@]}" apt-get update -q >"$log" 2>&1; then
+	if ! ${SUDO[@]+"${SUDO[@]}"} apt-get update -q >"$log" 2>&1; then
 		cat "$log" >&2
 		rm -f "$log"
 		die "apt-get update failed"
 	fi
-	if ! "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	if ! ${SUDO[@]+"${SUDO[@]}"} env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
 		--no-install-recommends "${missing_deb[@]}" >"$log" 2>&1; then
 		cat "$log" >&2
 		rm -f "$log"

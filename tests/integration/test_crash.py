@@ -84,7 +84,7 @@ def test_kill9_during_seal(committed, tmp_path):
     m, s1 = committed
     sources = {}
     for i, delay in enumerate([0.0, 0.002, 0.01, 0.03, 0.1, 0.3]):
-        name = f"s{i}"
+        name = f"seal{i}"
         d = make_hf_model(tmp_path / name, seed=900 + i)
         random_file(d / "extra.bin", 24 << 20, seed=900 + i)
         sources[name] = d
@@ -107,7 +107,7 @@ def test_kill9_during_publish(committed, tmp_path):
     m, s1 = committed
     sources = {}
     for i, delay in enumerate([0.01, 0.05, 0.2]):
-        name = f"p{i}"
+        name = f"pub{i}"
         d = tmp_path / name
         save_model(d / "model.safetensors", make_tensors(950 + i, n=30))
         random_file(d / "extra.bin", 16 << 20, seed=950 + i)
