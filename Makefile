@@ -29,7 +29,7 @@ TOOL_OBJS := $(TOOL_SRCS:%.c=$(BUILD)/%.o)
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all deps test unit integration demo bench asan clean fuzz format
+.PHONY: all deps test unit integration integration-asan demo bench asan clean fuzz format
 
 all: $(BUILD)/hwfs $(UNIT_BINS)
 
@@ -58,14 +58,27 @@ integration: all
 	python3 -m pytest -q tests/integration
 
 # The README's test command: installs what is missing, builds with
-# -Werror, runs the unit tests under ASan/UBSan and the integration tests
-# against the optimised binary.
+# -Werror, runs the unit tests under ASan/UBSan and optimised, then the
+# integration tests twice: against the optimised daemon, and against the
+# ASan/UBSan daemon (any sanitizer report fails the run).
 test: deps
 	$(MAKE) all
 	$(MAKE) asan
 	@set -e; for t in $(UNIT_BINS:$(BUILD)/%=build-asan/%); do echo "== $$t"; $$t; done
 	$(MAKE) unit
 	python3 -m pytest -q -p no:cacheprovider tests/integration
+	$(MAKE) integration-asan
+
+SAN_LOG := build-asan/sanitizer-logs
+integration-asan: asan
+	rm -rf $(SAN_LOG) && mkdir -p $(SAN_LOG)
+	HWFS_BIN=$(CURDIR)/build-asan/hwfs \
+	ASAN_OPTIONS=detect_leaks=1:log_path=$(CURDIR)/$(SAN_LOG)/asan \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(CURDIR)/$(SAN_LOG)/ubsan \
+		python3 -m pytest -q -p no:cacheprovider tests/integration
+	@if [ -n "$$(ls -A $(SAN_LOG))" ]; then cat $(SAN_LOG)/*; \
+		echo "sanitizer reports above"; exit 1; fi
+	@echo "integration-asan: no sanitizer reports"
 
 demo: deps
 	$(MAKE) all

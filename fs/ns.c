@@ -28,6 +28,8 @@ struct ns {
 	struct node *root, *versions;
 	struct version **vers; /* in seq order */
 	size_t nvers, capvers;
+	struct version *graveyard; /* removed versions, freed at ns_destroy */
+	struct node orphans;       /* list head: detached nodes still referenced */
 	uint64_t next_ino; /* atomic */
 	uint64_t next_seq;
 };
@@ -168,6 +170,11 @@ static int node_freeable(const struct node *n)
 
 static void node_free(struct ns *ns, struct node *n)
 {
+	if (n->orph_next) { /* leave the orphan list */
+		n->orph_prev->orph_next = n->orph_next;
+		n->orph_next->orph_prev = n->orph_prev;
+		n->orph_next = n->orph_prev = NULL;
+	}
 	node_release_data(ns, n);
 	if (n->type == NT_REG) {
 		if (n->pins)
@@ -193,8 +200,14 @@ static void detach_tree(struct ns *ns, struct node *n)
 	n->nkids = 0;
 	if (n->nopen == 0)
 		node_release_data(ns, n);
-	if (node_freeable(n))
+	if (node_freeable(n)) {
 		node_free(ns, n);
+	} else if (!n->orph_next) { /* still open or known to the kernel */
+		n->orph_next = ns->orphans.orph_next;
+		n->orph_prev = &ns->orphans;
+		ns->orphans.orph_next->orph_prev = n;
+		ns->orphans.orph_next = n;
+	}
 }
 
 void ns_lookup_ref(struct node *n)
@@ -351,8 +364,13 @@ static void version_drop(struct ns *ns, struct version *v)
 		ns->nvers--;
 	}
 	detach_tree(ns, v->root);
-	/* nodes that survive (kernel refs) must not reach the freed version */
-	version_free(v);
+	/*
+	 * Nodes that survive (open, or still known to the kernel) point at @v,
+	 * and the lock-free read path looks at v->state: keep the struct until
+	 * shutdown rather than count references to it.
+	 */
+	v->next_dead = ns->graveyard;
+	ns->graveyard = v;
 }
 
 /* Path of @n relative to its version root, malloc'd. */
@@ -832,6 +850,7 @@ int ns_create(struct store *st, struct ns **out)
 	if (!ns)
 		return -ENOMEM;
 	ns->st = st;
+	ns->orphans.orph_next = ns->orphans.orph_prev = &ns->orphans;
 	ns->next_ino = 1;
 	ns->next_seq = 1;
 	pthread_rwlock_init(&ns->lock, NULL);
@@ -915,8 +934,28 @@ void ns_destroy(struct ns *ns)
 		free_subtree(ns, ns->root);
 	else if (ns->versions)
 		free_subtree(ns, ns->versions);
+	/* tensors first again: they pin their files */
+	for (int pass = 0; pass < 2; pass++) {
+		struct node *n = ns->orphans.orph_next, *next;
+
+		for (; n != &ns->orphans; n = next) {
+			next = n->orph_next;
+			if (pass == 0 && n->type != NT_TENSOR)
+				continue;
+			n->orph_prev->orph_next = n->orph_next;
+			n->orph_next->orph_prev = n->orph_prev;
+			n->orph_next = n->orph_prev = NULL;
+			free_subtree(ns, n);
+		}
+	}
 	for (size_t i = 0; i < ns->nvers; i++)
 		version_free(ns->vers[i]);
+	while (ns->graveyard) {
+		struct version *v = ns->graveyard;
+
+		ns->graveyard = v->next_dead;
+		version_free(v);
+	}
 	free(ns->vers);
 	pthread_rwlock_destroy(&ns->lock);
 	free(ns);

@@ -71,6 +71,7 @@ struct node {
 	const struct hwfs_tensor *tensor; /* NT_TENSOR: metadata (owned by the file node) */
 	struct node *tfile;           /* NT_TENSOR: the file it comes from (pinned) */
 	uint32_t pins;                /* NT_REG: tensor nodes pointing at it */
+	struct node *orph_prev, *orph_next; /* detached but alive (see ns.c) */
 };
 
 struct version_error {
@@ -90,6 +91,7 @@ struct version {
 	uint64_t bytes, files, tensors;
 	size_t n_errors;
 	struct version_error *errors;
+	struct version *next_dead; /* removed versions (see version_drop) */
 };
 
 struct ns;

@@ -510,8 +510,11 @@ static int cmd_mount(int argc, char **argv)
 		die("store %s: %s", store, strerror(errno));
 	o.mountpoint = mnt;
 	o.store = store;
-	if (fg)
-		return daemon_run(&o) < 0 ? 1 : 0;
+	if (fg) {
+		c = daemon_run(&o) < 0 ? 1 : 0;
+		free(mnt);
+		return c;
+	}
 
 	if (pipe2(pfd, O_CLOEXEC) < 0)
 		die("pipe: %s", strerror(errno));
@@ -533,7 +536,9 @@ static int cmd_mount(int argc, char **argv)
 		close(nullfd);
 		close(logfd);
 		o.notify_fd = pfd[1];
-		_exit(daemon_run(&o) < 0 ? 1 : 0);
+		c = daemon_run(&o) < 0 ? 1 : 0;
+		free(mnt);
+		exit(c); /* exit, not _exit: sanitizer builds report leaks at exit */
 	}
 	close(pfd[1]);
 	close(logfd);
@@ -545,6 +550,7 @@ static int cmd_mount(int argc, char **argv)
 		buf[len] = '\0';
 	}
 	close(pfd[0]);
+	free(mnt);
 	if (!strncmp(buf, "ok", 2))
 		return 0;
 	if (!strncmp(buf, "error: ", 7)) {
