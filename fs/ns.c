@@ -476,10 +476,11 @@ static void nodelist_free(struct nodelist *l)
 	free(l->v);
 }
 
-static struct nodelist *sort_ctx;
-static int cmp_idx(const void *a, const void *b)
+static int cmp_idx(const void *a, const void *b, void *ctx)
 {
-	return strcmp(sort_ctx->path[*(const size_t *)a], sort_ctx->path[*(const size_t *)b]);
+	const struct nodelist *l = ctx;
+
+	return strcmp(l->path[*(const size_t *)a], l->path[*(const size_t *)b]);
 }
 
 /* Whether the tensors of this file are exposed and listed. */
@@ -509,8 +510,7 @@ static int build_vrec(struct ns *ns, struct version *v, struct hwfs_vrec **out,
 		goto out;
 	for (size_t i = 0; i < l.n; i++)
 		order[i] = i;
-	sort_ctx = &l; /* callers hold ns->lock exclusively or the seal lock */
-	qsort(order, l.n, sizeof(*order), cmp_idx);
+	qsort_r(order, l.n, sizeof(*order), cmp_idx, &l);
 	rec->state = v->state;
 	rec->seq = v->seq;
 	rec->created_ns = v->created_ns;
@@ -623,8 +623,7 @@ static void version_finish_tree(struct ns *ns, struct version *v)
 		goto out;
 	for (size_t i = 0; i < l.n; i++)
 		order[i] = i;
-	sort_ctx = &l;
-	qsort(order, l.n, sizeof(*order), cmp_idx);
+	qsort_r(order, l.n, sizeof(*order), cmp_idx, &l);
 	if (!ns_child(v->root, "tensors")) {
 		tdir = node_new(ns, NT_TDIR, "tensors", S_IFDIR | 0555, v->root->uid, v->root->gid);
 		if (tdir)
@@ -1372,44 +1371,48 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name)
 	if (r < 0)
 		return r;
 
-	/* The version cannot change shape now; finish its files without the lock. */
+	/*
+	 * The version cannot change shape now (sealing refuses every change), so
+	 * its files are finished and its record built under the shared lock, and
+	 * the index transaction runs with no namespace lock at all: lookups in
+	 * other versions never wait on sqlite.
+	 */
 	ns_rdlock(ns);
 	finish_files(ns, v->root);
-	ns_unlock(ns);
-
-	ns_wrlock(ns);
-	if (new_name && ns_child(ns->versions, new_name)) {
-		r = -EEXIST;
-		goto out;
-	}
 	v->sealed_ns = hwfs_now_ns();
 	r = build_vrec(ns, v, &rec, &locs, &n_locs);
+	ns_unlock(ns);
 	if (r < 0)
-		goto out;
+		goto out_unsealing;
 	rec->state = HWFS_V_SEALED;
 	if (new_name) {
 		free(rec->name);
 		rec->name = strdup(new_name);
 		if (!rec->name) {
 			r = -ENOMEM;
-			goto out;
+			goto out_unsealing;
 		}
 	}
 	r = manifest_digest(rec, &rec->digest);
 	if (r < 0)
-		goto out;
+		goto out_unsealing;
 	pthread_mutex_lock(store_index_lock(ns->st));
 	r = index_put_version(store_index(ns->st), rec, locs, n_locs);
 	pthread_mutex_unlock(store_index_lock(ns->st));
 	if (r < 0)
-		goto out;
+		goto out_unsealing;
+
+	ns_wrlock(ns);
 	if (new_name) {
 		char *nn = strdup(new_name), *vn = strdup(new_name);
 
-		if (!nn || !vn) { /* persisted already; the next start shows the new name */
+		r = !nn || !vn ? -ENOMEM : ns_child(ns->versions, new_name) ? -EEXIST : 0;
+		if (r < 0) { /* lost the name (or memory) meanwhile: undo the index */
 			free(nn);
 			free(vn);
-			r = -ENOMEM;
+			pthread_mutex_lock(store_index_lock(ns->st));
+			index_delete_version(store_index(ns->st), new_name);
+			pthread_mutex_unlock(store_index_lock(ns->st));
 			goto out;
 		}
 		kid_remove(ns->versions, v->root);
@@ -1420,12 +1423,17 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name)
 		kid_insert(ns->versions, v->root);
 	}
 	v->digest = rec->digest;
-	v->state = HWFS_V_SEALED;
+	__atomic_store_n(&v->state, HWFS_V_SEALED, __ATOMIC_RELEASE);
 	v->root->mtime_ns = v->root->ctime_ns = v->sealed_ns;
 	version_finish_tree(ns, v);
 out:
 	__atomic_store_n(&v->sealing, 0, __ATOMIC_RELAXED);
 	ns_unlock(ns);
+	hwfs_vrec_free(rec);
+	free(locs);
+	return r;
+out_unsealing:
+	__atomic_store_n(&v->sealing, 0, __ATOMIC_RELAXED);
 	hwfs_vrec_free(rec);
 	free(locs);
 	return r;
@@ -1508,7 +1516,7 @@ int ns_snapshot(struct ns *ns, const char *name, struct hwfs_vrec **out)
 	struct version *v;
 	int r;
 
-	ns_wrlock(ns); /* build_vrec sorts with a shared context */
+	ns_rdlock(ns);
 	v = ns_version(ns, name);
 	r = v ? build_vrec(ns, v, out, NULL, NULL) : -ENOENT;
 	ns_unlock(ns);
