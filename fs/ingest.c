@@ -164,6 +164,16 @@ static void drop_extents(struct writer *w)
 	w->n_ext = 0;
 }
 
+/* The header must be sniffed again (the bytes it came from changed). */
+static void forget_header(struct writer *w)
+{
+	w->st_state = ST_UNKNOWN;
+	st_free(w->hdr);
+	w->hdr = NULL;
+	free(w->st_error);
+	w->st_error = NULL;
+}
+
 /* Copy the whole file back into one staging range; cutting waits for finish. */
 static int thaw(struct writer *w)
 {
@@ -188,11 +198,7 @@ static int thaw(struct writer *w)
 	w->stg_len = len;
 	w->cut_pos = 0;
 	w->random = 1;
-	w->st_state = ST_UNKNOWN;
-	st_free(w->hdr);
-	w->hdr = NULL;
-	free(w->st_error);
-	w->st_error = NULL;
+	forget_header(w);
 	return 0;
 }
 
@@ -373,11 +379,7 @@ int writer_truncate(struct writer *w, uint64_t size)
 		stg_release(w);
 		w->cut_pos = w->size = w->wmax = 0;
 		w->random = 0;
-		w->st_state = ST_UNKNOWN;
-		st_free(w->hdr);
-		w->hdr = NULL;
-		free(w->st_error);
-		w->st_error = NULL;
+		forget_header(w);
 		return 0;
 	}
 	if (size < w->cut_pos) {

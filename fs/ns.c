@@ -1010,6 +1010,30 @@ static int may_add(const struct node *dir)
 	}
 }
 
+/* A new node in a directory of an open version (exclusive lock held). */
+static int add_child(struct ns *ns, struct node *dir, enum ntype type, const char *name,
+		     uint32_t mode, uint32_t uid, uint32_t gid, struct node **out)
+{
+	struct node *n;
+	int r = may_add(dir);
+
+	if (r < 0)
+		return r;
+	if (ns_child(dir, name))
+		return -EEXIST;
+	n = node_new(ns, type, name, mode, uid, gid);
+	if (!n)
+		return -ENOMEM;
+	r = kid_insert(dir, n);
+	if (r < 0) {
+		node_free(ns, n);
+		return r;
+	}
+	dir->mtime_ns = dir->ctime_ns = n->mtime_ns;
+	*out = n;
+	return 0;
+}
+
 int ns_mkdir(struct ns *ns, struct node *dir, const char *name, uint32_t mode, uint32_t uid,
 	     uint32_t gid, struct node **out)
 {
@@ -1030,22 +1054,9 @@ int ns_mkdir(struct ns *ns, struct node *dir, const char *name, uint32_t mode, u
 			goto out;
 		n = v->root;
 	} else {
-		r = may_add(dir);
+		r = add_child(ns, dir, NT_DIR, name, S_IFDIR | (mode & 07777), uid, gid, &n);
 		if (r < 0)
 			goto out;
-		r = -EEXIST;
-		if (ns_child(dir, name))
-			goto out;
-		r = -ENOMEM;
-		n = node_new(ns, NT_DIR, name, S_IFDIR | (mode & 07777), uid, gid);
-		if (!n)
-			goto out;
-		r = kid_insert(dir, n);
-		if (r < 0) {
-			node_free(ns, n);
-			goto out;
-		}
-		dir->mtime_ns = dir->ctime_ns = n->mtime_ns;
 	}
 	ns_lookup_ref(n);
 	*out = n;
@@ -1064,25 +1075,11 @@ int ns_create_file(struct ns *ns, struct node *dir, const char *name, uint32_t m
 	if (!valid_name(name))
 		return -EINVAL;
 	ns_wrlock(ns);
-	r = may_add(dir);
-	if (r < 0)
-		goto out;
-	r = -EEXIST;
-	if (ns_child(dir, name))
-		goto out;
-	r = -ENOMEM;
-	n = node_new(ns, NT_REG, name, S_IFREG | (mode & 07777), uid, gid);
-	if (!n)
-		goto out;
-	r = kid_insert(dir, n);
-	if (r < 0) {
-		node_free(ns, n);
-		goto out;
+	r = add_child(ns, dir, NT_REG, name, S_IFREG | (mode & 07777), uid, gid, &n);
+	if (r == 0) {
+		ns_lookup_ref(n);
+		*out = n;
 	}
-	dir->mtime_ns = dir->ctime_ns = n->mtime_ns;
-	ns_lookup_ref(n);
-	*out = n;
-out:
 	ns_unlock(ns);
 	return r;
 }
