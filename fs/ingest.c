@@ -39,7 +39,9 @@ struct writer {
 	uint64_t stg_off, stg_len; /* stg_len 0: no staging */
 	uint64_t size;
 	uint64_t wmax;
+	uint64_t prefix;   /* [0, prefix) written by writes, not by zero-fill */
 	int random;
+	int thaw_on_change; /* resumed without a valid header: re-examine it all */
 	enum st_state st_state;
 	struct st_header *hdr;
 	char *st_error;
@@ -88,10 +90,17 @@ int writer_resume(struct store *s, struct ingest_result *res, struct writer **ou
 		return r;
 	w->ext = res->ext;
 	w->n_ext = w->cap_ext = res->n_ext;
-	w->size = w->cut_pos = w->wmax = res->size;
+	w->size = w->cut_pos = w->wmax = w->prefix = res->size;
 	w->hdr = res->hdr;
 	w->st_state = res->hdr ? ST_YES : ST_NO;
 	w->st_error = res->st_error;
+	/*
+	 * A file that was not valid safetensors when it was closed may become so
+	 * (a resumed download): its first change thaws it, so the header is
+	 * sniffed again and the cuts follow tensors.  A valid one stays cut as it
+	 * is; bytes appended to it make it invalid ("trailing bytes") at finish.
+	 */
+	w->thaw_on_change = !res->hdr && res->size > 0;
 	for (size_t i = 0; i < res->n_tensors; i++) {
 		free(res->tensors[i].name);
 		free(res->tensors[i].shape);
@@ -198,6 +207,7 @@ static int thaw(struct writer *w)
 	w->stg_len = len;
 	w->cut_pos = 0;
 	w->random = 1;
+	w->thaw_on_change = 0;
 	forget_header(w);
 	return 0;
 }
@@ -255,13 +265,18 @@ static int cut_one(struct writer *w, uint64_t len)
 /* Decide, once enough bytes are there, whether the file is safetensors. */
 static void sniff(struct writer *w, int final)
 {
-	uint64_t total;
+	uint64_t total, avail;
 	char err[256];
 	int r;
 
 	if (w->st_state != ST_UNKNOWN || w->cut_pos != 0)
 		return;
-	r = st_header_size(w->stg_len ? stg_ptr(w, 0) : NULL, w->size, &total);
+	/*
+	 * Until the last close only bytes really written count: zero-fill from
+	 * ftruncate() or from a write past the end is not a header.
+	 */
+	avail = final ? w->size : HWFS_MIN(w->prefix, w->size);
+	r = st_header_size(w->stg_len ? stg_ptr(w, 0) : NULL, avail, &total);
 	if (r == -EAGAIN) {
 		if (final)
 			set_st_error(w, w->size < 8 ? "file shorter than 8 bytes"
@@ -282,7 +297,7 @@ static void sniff(struct writer *w, int final)
 		set_st_error(w, err);
 		return;
 	}
-	if (w->size < total) {
+	if (avail < total) {
 		if (final) {
 			snprintf(err, sizeof(err), "header length %llu exceeds the file size %llu",
 				 (unsigned long long)(total - 8), (unsigned long long)w->size);
@@ -327,7 +342,7 @@ int writer_reserve(struct writer *w, uint64_t off, size_t len, uint8_t **ptr)
 
 	if (__builtin_add_overflow(off, (uint64_t)len, &end) || end > (1ull << 50))
 		return -EFBIG;
-	if (off < w->cut_pos) {
+	if (off < w->cut_pos || w->thaw_on_change) {
 		r = thaw(w);
 		if (r < 0)
 			return r;
@@ -349,6 +364,8 @@ int writer_commit(struct writer *w, uint64_t off, size_t len)
 		w->size = end;
 	if (end > w->wmax)
 		w->wmax = end;
+	if (off <= w->prefix && end > w->prefix)
+		w->prefix = end;
 	if (w->random)
 		return 0;
 	return cut_upto(w, HWFS_MIN(w->wmax, w->size), 0);
@@ -377,12 +394,13 @@ int writer_truncate(struct writer *w, uint64_t size)
 	if (size == 0) {
 		drop_extents(w);
 		stg_release(w);
-		w->cut_pos = w->size = w->wmax = 0;
+		w->cut_pos = w->size = w->wmax = w->prefix = 0;
 		w->random = 0;
+		w->thaw_on_change = 0;
 		forget_header(w);
 		return 0;
 	}
-	if (size < w->cut_pos) {
+	if (size < w->cut_pos || w->thaw_on_change) {
 		r = thaw(w);
 		if (r < 0)
 			return r;
@@ -396,6 +414,8 @@ int writer_truncate(struct writer *w, uint64_t size)
 	w->size = size;
 	if (w->wmax > size)
 		w->wmax = size;
+	if (w->prefix > size)
+		w->prefix = size;
 	return 0;
 }
 

@@ -138,6 +138,7 @@ static int take_lock(struct store *s)
 	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
 		n = (int)pread(fd, buf, sizeof(buf) - 1, 0);
 		buf[n > 0 ? n : 0] = '\0';
+		buf[strcspn(buf, "\n")] = '\0';
 		LOG_ERR("store %s is in use by pid %s", s->dir, n > 0 ? buf : "?");
 		close(fd);
 		return -EBUSY;
