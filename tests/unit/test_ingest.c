@@ -415,7 +415,7 @@ static void check_tensors(const struct ingest_result *r, const struct img *im,
 }
 
 /*
- * For the tests of known bugs: say whether @r is a valid model without
+ * For the regression tests of the header-sniffing fixes: say whether @r is a valid model without
  * aborting the test, so the caller can release everything (no leak report
  * under ASan) before asserting.
  */
