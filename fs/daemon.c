@@ -23,6 +23,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "agent.h"
 #include "ctl.h"
 #include "daemon.h"
 #include "fuse_ops.h"
@@ -41,6 +42,7 @@ struct daemon {
 	pthread_t ctl_thread;
 	int ctl_running;
 	uint64_t counter; /* atomic: unique names for temporary entries */
+	struct agent *agent; /* replication, when joined to a coordinator */
 };
 
 /* ----------------------------------------------------------- helpers */
@@ -132,6 +134,16 @@ static json_t *op_status(struct daemon *d, json_t *req)
 		      "current", cur ? json_string(cur) : json_null(), "versions",
 		      versions_json(d));
 	free(cur);
+	if (d->agent) {
+		uint64_t rx, tx;
+
+		agent_counters(d->agent, &rx, &tx);
+		json_object_set_new(r, "node", json_string(d->o->node));
+		json_object_set_new(r, "coordinator", json_string(d->o->join));
+		json_object_set_new(r, "replication",
+				    json_pack("{s:I, s:I}", "bytes_received", (json_int_t)rx,
+					      "bytes_sent", (json_int_t)tx));
+	}
 	return r;
 }
 
@@ -171,35 +183,96 @@ static json_t *op_seal(struct daemon *d, json_t *req)
 	return ok_reply();
 }
 
-/* Flip `current` through the mount so inotify watchers see IN_MOVED_TO. */
-static json_t *op_commit(struct daemon *d, json_t *req)
+/*
+ * Flip `current` through the mount so inotify watchers see IN_MOVED_TO: a
+ * fresh symlink in the root renamed onto `current`.  Never called from a FUSE
+ * request handler.  Returns 0 or -errno with a sentence in @err.
+ */
+static int flip_current(void *arg, const char *v, char *err, size_t errlen)
 {
-	const char *v = req_str(req, "version");
-	char err[512], tmp[4096], cur[4096], target[1024];
+	struct daemon *d = arg;
+	char tmp[4096], cur[4096], target[1024];
 	int r;
 
-	if (!v)
-		return err_reply("commit: missing version");
 	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, sizeof(err));
+	r = ns_check_committable(d->ns, v, err, errlen);
 	ns_unlock(d->ns);
 	if (r < 0)
-		return err_reply("cannot commit: %s", err);
+		return r;
 	snprintf(target, sizeof(target), "versions/%s", v);
 	snprintf(tmp, sizeof(tmp), "%s/.hwfs-commit-%d-%llu", d->o->mountpoint, (int)getpid(),
 		 (unsigned long long)__atomic_add_fetch(&d->counter, 1, __ATOMIC_RELAXED));
 	snprintf(cur, sizeof(cur), "%s/current", d->o->mountpoint);
-	if (symlink(target, tmp) < 0)
-		return err_reply("cannot commit %s: symlink: %s", v, strerror(errno));
-	if (rename(tmp, cur) < 0) {
-		int e = errno;
-
-		unlink(tmp);
-		return err_reply("cannot commit %s: %s", v,
-				 e == ENOENT ? "no such version" : e == EBUSY ? "version is open"
-				 : e == EIO  ? "version is damaged" : strerror(e));
+	if (symlink(target, tmp) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "symlink: %s", strerror(errno));
+		return r;
 	}
+	if (rename(tmp, cur) < 0) {
+		r = -errno;
+		unlink(tmp);
+		snprintf(err, errlen, "%s", r == -ENOENT ? "no such version"
+					    : r == -EBUSY ? "version is open"
+					    : r == -EIO   ? "version is damaged" : strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+static json_t *op_commit(struct daemon *d, json_t *req)
+{
+	const char *v = req_str(req, "version");
+	int local = json_is_true(json_object_get(req, "local"));
+	char err[512];
+	json_t *res = NULL;
+
+	if (!v)
+		return err_reply("commit: missing version");
+	if (d->agent && !local) {
+		/* two-phase, cluster-wide: the coordinator decides */
+		ns_rdlock(d->ns);
+		int r = ns_check_committable(d->ns, v, err, sizeof(err));
+		ns_unlock(d->ns);
+		if (r < 0)
+			return err_reply("cannot commit: %s", err);
+		json_t *call = json_pack("{s:s, s:s}", "op", "commit", "version", v);
+
+		r = agent_call(d->agent, call, &res, 30000);
+		json_decref(call);
+		if (r < 0)
+			return err_reply("cannot commit %s: the coordinator did not answer", v);
+		if (!json_is_true(json_object_get(res, "ok"))) {
+			const char *why = json_string_value(json_object_get(res, "reason"));
+
+			json_t *e = err_reply("commit of %s aborted: %s", v, why ? why : "refused");
+			json_decref(res);
+			return e;
+		}
+		json_t *ok = json_pack("{s:b, s:s, s:O}", "ok", 1, "current", v, "nodes",
+				       json_object_get(res, "nodes"));
+		json_decref(res);
+		return ok;
+	}
+	if (flip_current(d, v, err, sizeof(err)) < 0)
+		return err_reply("cannot commit %s: %s", v, err);
 	return json_pack("{s:b, s:s}", "ok", 1, "current", v);
+}
+
+static json_t *op_cluster(struct daemon *d, json_t *req)
+{
+	json_t *call, *res = NULL, *r;
+
+	if (!d->agent)
+		return err_reply("this node is not part of a cluster (mounted without --join)");
+	call = json_pack("{s:s}", "op", "cluster");
+	if (agent_call(d->agent, call, &res, 10000) < 0) {
+		json_decref(call);
+		return err_reply("the coordinator did not answer");
+	}
+	json_decref(call);
+	r = json_pack("{s:b, s:O}", "ok", 1, "cluster", json_object_get(res, "cluster"));
+	json_decref(res);
+	return r;
 }
 
 /* -- publish: import a directory tree straight into a hidden open version */
@@ -720,6 +793,8 @@ static void *conn_main(void *arg)
 		res = op_diff(c->d, req);
 	else if (!strcmp(op, "manifest"))
 		res = op_manifest(c->d, req);
+	else if (!strcmp(op, "cluster"))
+		res = op_cluster(c->d, req);
 	else
 		res = err_reply("unknown op: %s", op);
 reply:
@@ -868,6 +943,18 @@ int daemon_run(const struct daemon_opts *o)
 		goto fail;
 	}
 	d.ctl_running = 1;
+	if (o->join) {
+		struct agent_opts ao = {o->node, o->listen, o->join, o->mountpoint, d.ns, d.st,
+					flip_current, &d};
+
+		r = agent_start(&ao, &d.agent);
+		if (r < 0) {
+			snprintf(msg, sizeof(msg), "error: cannot join %s: %s\n", o->join,
+				 r == -EADDRINUSE ? "listen address in use" : strerror(-r));
+			goto fail;
+		}
+		ns_set_seal_hook(d.ns, agent_sealed, d.agent);
+	}
 	LOG_INFO("mounted %s (store %s, pid %d)", o->mountpoint, store_dir(d.st), (int)getpid());
 	cfg = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_clone_fd(cfg, 1);
@@ -882,6 +969,10 @@ fail:
 	LOG_ERR("%.*s", (int)strcspn(msg, "\n"), msg);
 	notify(o, msg);
 out:
+	if (d.agent) {
+		ns_set_seal_hook(d.ns, NULL, NULL);
+		agent_stop(d.agent);
+	}
 	if (d.ctl_running) {
 		shutdown(d.ctl_fd, SHUT_RDWR);
 		pthread_join(d.ctl_thread, NULL);

@@ -30,6 +30,8 @@ struct ns {
 	size_t nvers, capvers;
 	struct version *graveyard; /* removed versions, freed at ns_destroy */
 	struct node orphans;       /* list head: detached nodes still referenced */
+	void (*seal_hook)(void *arg, const char *name);
+	void *seal_hook_arg;
 	uint64_t next_ino; /* atomic */
 	uint64_t next_seq;
 };
@@ -727,18 +729,12 @@ static struct node *mkdir_p(struct ns *ns, struct version *v, const char *path)
 	return dir;
 }
 
-static int load_version(struct ns *ns, struct hwfs_vrec *rec)
+/*
+ * Build the tree of version @v from @rec (exclusive lock held), taking over
+ * rec's strings and tensors.  A shard the store lacks makes *@missing true.
+ */
+static int tree_from_rec(struct ns *ns, struct version *v, struct hwfs_vrec *rec, int *missing)
 {
-	struct version *v;
-	int r, damaged = rec->state == HWFS_V_DAMAGED;
-
-	r = version_new(ns, rec->name, rec->state, rec->seq, 0755, 0, 0, &v);
-	if (r < 0)
-		return r;
-	v->created_ns = rec->created_ns;
-	v->sealed_ns = rec->sealed_ns;
-	v->digest = rec->digest;
-	v->root->mtime_ns = v->root->ctime_ns = rec->sealed_ns;
 	for (size_t i = 0; i < rec->n_files; i++) {
 		struct hwfs_frec *f = &rec->files[i];
 		char *slash = strrchr(f->path, '/');
@@ -782,18 +778,19 @@ static int load_version(struct ns *ns, struct hwfs_vrec *rec)
 				return -ENOMEM;
 			}
 			for (size_t k = 0; k < f->n_ext; k++) {
-				struct shard *sh = store_lookup(ns->st, &f->ext[k].hash);
+				struct shard *sh = store_get(ns->st, &f->ext[k].hash);
 
 				if (!sh || sh->size != f->ext[k].len) {
 					char hex[HWFS_HASH_HEX];
 
+					if (sh)
+						store_unref(ns->st, sh);
 					hwfs_hash_hex(&f->ext[k].hash, hex);
 					LOG_ERR("version %s: %s: shard %s missing from the store",
 						rec->name, f->path, hex);
-					damaged = 1;
+					*missing = 1;
 					break;
 				}
-				store_ref(ns->st, sh);
 				n->data.ext[n->data.n_ext++] =
 					(struct fext){f->ext[k].off, f->ext[k].len, sh};
 			}
@@ -810,10 +807,52 @@ static int load_version(struct ns *ns, struct hwfs_vrec *rec)
 			LOG_WARN("version %s: duplicate path %s ignored", rec->name, f->path);
 		}
 	}
-	if (damaged)
+	return 0;
+}
+
+static int load_version(struct ns *ns, struct hwfs_vrec *rec)
+{
+	struct version *v;
+	int r, missing = 0;
+
+	r = version_new(ns, rec->name, rec->state, rec->seq, 0755, 0, 0, &v);
+	if (r < 0)
+		return r;
+	v->created_ns = rec->created_ns;
+	v->sealed_ns = rec->sealed_ns;
+	v->digest = rec->digest;
+	v->root->mtime_ns = v->root->ctime_ns = rec->sealed_ns;
+	r = tree_from_rec(ns, v, rec, &missing);
+	if (missing)
 		v->state = HWFS_V_DAMAGED;
 	version_finish_tree(ns, v);
-	return 0;
+	return r;
+}
+
+int ns_import(struct ns *ns, const char *name, struct hwfs_vrec *rec)
+{
+	struct version *v;
+	int r, missing = 0;
+
+	ns_wrlock(ns);
+	r = ns_child(ns->versions, name) ? -EEXIST : 0;
+	if (r == 0)
+		r = version_new(ns, name, HWFS_V_OPEN, 0, 0755, 0, 0, &v);
+	if (r == 0) {
+		r = tree_from_rec(ns, v, rec, &missing);
+		if (r == 0 && missing)
+			r = -ENOENT;
+		if (r < 0)
+			version_drop(ns, v);
+	}
+	ns_unlock(ns);
+	return r;
+}
+
+void ns_set_seal_hook(struct ns *ns, void (*hook)(void *arg, const char *name), void *arg)
+{
+	ns->seal_hook = hook;
+	ns->seal_hook_arg = arg;
 }
 
 static int set_current_node(struct ns *ns, const char *name)
@@ -1426,6 +1465,8 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name)
 out:
 	__atomic_store_n(&v->sealing, 0, __ATOMIC_RELAXED);
 	ns_unlock(ns);
+	if (r == 0 && ns->seal_hook)
+		ns->seal_hook(ns->seal_hook_arg, rec->name);
 	hwfs_vrec_free(rec);
 	free(locs);
 	return r;

@@ -13,6 +13,9 @@ struct daemon_opts {
 	uint64_t capacity;      /* 0: keep / default */
 	int notify_fd;          /* >= 0: write "ok\n" or "error: ...\n" once mounted, then close */
 	int debug;              /* FUSE debug output */
+	const char *join;       /* coordinator endpoint to join, or NULL (single node) */
+	const char *node;       /* this node's name (with join) */
+	const char *listen;     /* data-plane endpoint (with join) */
 };
 
 /**

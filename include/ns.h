@@ -215,6 +215,20 @@ void ns_version_usage(struct ns *ns, struct version *v, uint64_t *bytes, uint64_
 /** Fill st from @n (lock held or reference held). */
 void ns_stat(struct ns *ns, struct node *n, struct stat *st);
 
+/**
+ * ns_import() - create open version @name from @rec (a manifest that arrived
+ * from another node) whose shards are all in the store; renaming it then
+ * seals it (see the replicator).  Takes over rec's strings and tensors.
+ * Returns 0, -EEXIST, -ENOENT (a shard is missing), -ENOMEM.
+ */
+int ns_import(struct ns *ns, const char *name, struct hwfs_vrec *rec);
+
+/**
+ * ns_set_seal_hook() - call @hook(@arg, name) after every successful seal,
+ * with no lock held (the replicator announces new versions through it).
+ */
+void ns_set_seal_hook(struct ns *ns, void (*hook)(void *arg, const char *name), void *arg);
+
 /** Allocate an inode number. */
 uint64_t ns_next_ino(struct ns *ns);
 

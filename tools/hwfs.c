@@ -23,12 +23,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "coord.h"
 #include "ctl.h"
 #include "daemon.h"
 #include "tunables.h"
 
 static const char *g_mount;
 static int g_json;
+static int g_local;   /* commit --local */
+static int g_cluster; /* status --cluster */
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...)
@@ -160,6 +163,7 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 	static const struct option lo[] = {
 		{"mount", required_argument, NULL, 'm'}, {"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},        {"keep", required_argument, NULL, 'k'},
+		{"local", no_argument, NULL, 'L'},       {"cluster", no_argument, NULL, 'C'},
 		{NULL, 0, NULL, 0},
 	};
 	int c;
@@ -180,6 +184,12 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 			*keep = atoi(optarg);
 			if (*keep < 0 || !strchr("0123456789", optarg[0]))
 				usage_die(usage);
+			break;
+		case 'L':
+			g_local = 1;
+			break;
+		case 'C':
+			g_cluster = 1;
 			break;
 		case 'h':
 			printf("usage: %s\n", usage);
@@ -215,12 +225,46 @@ static void print_versions_table(json_t *vers)
 	}
 }
 
+/* status --cluster: the coordinator's have-table, through this node. */
+static int status_cluster(void)
+{
+	json_t *res = call(json_pack("{s:s}", "op", "cluster"), 1);
+	json_t *cl = json_object_get(res, "cluster"), *n, *v;
+	size_t i, k;
+
+	if (g_json) {
+		json_dumpf(cl, stdout, JSON_INDENT(2));
+		fputc('\n', stdout);
+		json_decref(res);
+		return 0;
+	}
+	printf("coordinator %s, committed: %s\n", jstr(cl, "coordinator"),
+	       json_is_string(json_object_get(cl, "committed")) ? jstr(cl, "committed") : "(none)");
+	json_array_foreach(json_object_get(cl, "nodes"), i, n) {
+		printf("%-16s %-5s %s\n", jstr(n, "name"),
+		       json_is_true(json_object_get(n, "alive")) ? "up" : "DOWN", jstr(n, "addr"));
+		json_array_foreach(json_object_get(n, "versions"), k, v) {
+			int64_t held = jint(v, "bytes_held"), need = jint(v, "bytes_needed");
+			int complete = json_is_true(json_object_get(v, "complete")), w = 30;
+			int fill = complete ? w : need > 0 ? (int)((double)held / (double)need * w) : 0;
+
+			printf("    %-20s [%.*s%*s] %s\n", jstr(v, "name"), fill,
+			       "##############################", w - fill, "",
+			       complete ? "complete" : "replicating");
+		}
+	}
+	json_decref(res);
+	return 0;
+}
+
 static int cmd_status(int argc, char **argv)
 {
 	json_t *res, *st;
 	char a[32], b[32];
 
-	client_opts(argc, argv, "hwfs status [-m MOUNT] [--json]", 0, 0, NULL);
+	client_opts(argc, argv, "hwfs status [-m MOUNT] [--json] [--cluster]", 0, 0, NULL);
+	if (g_cluster)
+		return status_cluster();
 	res = call(json_pack("{s:s}", "op", "status"), 1);
 	if (g_json) {
 		print_json(res);
@@ -235,6 +279,14 @@ static int cmd_status(int argc, char **argv)
 						? jstr(res, "current")
 						: "(none)");
 		print_versions_table(json_object_get(res, "versions"));
+		if (json_object_get(res, "node")) {
+			json_t *rep = json_object_get(res, "replication");
+
+			printf("node:    %s, coordinator %s; received %s, sent %s\n",
+			       jstr(res, "node"), jstr(res, "coordinator"),
+			       hwfs_fmt_size((uint64_t)jint(rep, "bytes_received"), a, sizeof(a)),
+			       hwfs_fmt_size((uint64_t)jint(rep, "bytes_sent"), b, sizeof(b)));
+		}
 	}
 	json_decref(res);
 	return 0;
@@ -260,7 +312,9 @@ static int cmd_simple(int argc, char **argv, const char *op, const char *usage,
 		      const char *done_fmt)
 {
 	int i = client_opts(argc, argv, usage, 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s}", "op", op, "version", argv[i]), 1);
+	json_t *res = call(json_pack("{s:s, s:s, s:b}", "op", op, "version", argv[i], "local",
+				     g_local),
+			   1);
 
 	if (g_json)
 		print_json(res);
@@ -382,6 +436,119 @@ static int cmd_manifest(int argc, char **argv)
 
 /* ------------------------------------------------------------ mount, umount */
 
+/* Is @ep (tcp://HOST:PORT, ipc://, inproc://) reachable only from this machine? */
+static int loopback_endpoint(const char *ep)
+{
+	const char *h;
+
+	if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9))
+		return 1;
+	if (strncmp(ep, "tcp://", 6))
+		return 0;
+	h = ep + 6;
+	return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) || !strncmp(h, "[::1]:", 6);
+}
+
+static int cmd_coord(int argc, char **argv)
+{
+	static const char usage[] = "hwfs coord --listen tcp://HOST:PORT [--state DIR] "
+				    "[--topology chain|star] [-f] [--insecure]";
+	static const struct option lo[] = {
+		{"listen", required_argument, NULL, 'l'}, {"state", required_argument, NULL, 's'},
+		{"topology", required_argument, NULL, 't'}, {"foreground", no_argument, NULL, 'f'},
+		{"insecure", no_argument, NULL, 'I'},     {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	struct coord_opts o = {.notify_fd = -1, .topology = TOPO_CHAIN};
+	int c, fg = 0, insecure = 0, pfd[2];
+	char buf[512];
+	pid_t pid;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "l:s:t:fh", lo, NULL)) != -1) {
+		switch (c) {
+		case 'l':
+			o.listen = optarg;
+			break;
+		case 's':
+			o.state = optarg;
+			break;
+		case 't':
+			if (!strcmp(optarg, "chain"))
+				o.topology = TOPO_CHAIN;
+			else if (!strcmp(optarg, "star"))
+				o.topology = TOPO_STAR;
+			else
+				die("unknown topology %s (chain or star; tree:K is not built yet)",
+				    optarg);
+			break;
+		case 'f':
+			fg = 1;
+			break;
+		case 'I':
+			insecure = 1;
+			break;
+		case 'h':
+			printf("usage: %s\n", usage);
+			return 0;
+		default:
+			usage_die(usage);
+		}
+	}
+	if (!o.listen || optind != argc)
+		usage_die(usage);
+	if (!insecure && !loopback_endpoint(o.listen))
+		die("refusing to listen on %s without keys (use a loopback address, or --insecure)",
+		    o.listen);
+	if (fg)
+		return coord_run(&o) < 0 ? 1 : 0;
+	if (pipe2(pfd, O_CLOEXEC) < 0)
+		die("pipe: %s", strerror(errno));
+	pid = fork();
+	if (pid < 0)
+		die("fork: %s", strerror(errno));
+	if (pid == 0) {
+		int nullfd = open("/dev/null", O_RDWR);
+
+		close(pfd[0]);
+		setsid();
+		if (nullfd < 0 || dup2(nullfd, 0) < 0)
+			_exit(1);
+		if (o.state) {
+			snprintf(buf, sizeof(buf), "%s/coord.log", o.state);
+			mkdir(o.state, 0700);
+			int logfd = open(buf, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+
+			if (logfd >= 0) {
+				dup2(logfd, 1);
+				dup2(logfd, 2);
+				close(logfd);
+			}
+		} else {
+			dup2(nullfd, 1);
+			dup2(nullfd, 2);
+		}
+		close(nullfd);
+		o.notify_fd = pfd[1];
+		exit(coord_run(&o) < 0 ? 1 : 0);
+	}
+	close(pfd[1]);
+	{
+		ssize_t n, len = 0;
+
+		while ((n = read(pfd[0], buf + len, sizeof(buf) - 1 - (size_t)len)) > 0)
+			len += n;
+		buf[len] = '\0';
+	}
+	close(pfd[0]);
+	if (!strncmp(buf, "ok", 2)) {
+		printf("%d\n", (int)pid);
+		return 0;
+	}
+	buf[strcspn(buf, "\n")] = '\0';
+	die("%s", !strncmp(buf, "error: ", 7) ? buf + 7 : "the coordinator exited during start-up");
+}
+
 /* Is @path a mount point in /proc/self/mountinfo? */
 static int is_mounted(const char *path)
 {
@@ -446,13 +613,17 @@ static int lazy_unmount(const char *mnt)
 static int cmd_mount(int argc, char **argv)
 {
 	static const char usage[] =
-		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [-f] [-o NAME=VALUE,...] [-d]";
+		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [-f] [-o NAME=VALUE,...] [-d]\n"
+		"       [--join tcp://COORD:PORT --node NAME --listen tcp://HOST:PORT [--insecure]]";
 	static const struct option lo[] = {
 		{"store", required_argument, NULL, 's'}, {"capacity", required_argument, NULL, 'c'},
 		{"foreground", no_argument, NULL, 'f'},  {"help", no_argument, NULL, 'h'},
-		{"debug", no_argument, NULL, 'd'},       {NULL, 0, NULL, 0},
+		{"debug", no_argument, NULL, 'd'},       {"join", required_argument, NULL, 'J'},
+		{"node", required_argument, NULL, 'N'},  {"listen", required_argument, NULL, 'l'},
+		{"insecure", no_argument, NULL, 'I'},    {NULL, 0, NULL, 0},
 	};
 	struct daemon_opts o = {.notify_fd = -1};
+	int insecure = 0;
 	const char *store = NULL;
 	char *mnt, *opts[64], buf[4096];
 	size_t n_opts = 0;
@@ -477,6 +648,18 @@ static int cmd_mount(int argc, char **argv)
 			o.debug = 1;
 			fg = 1;
 			break;
+		case 'J':
+			o.join = optarg;
+			break;
+		case 'N':
+			o.node = optarg;
+			break;
+		case 'l':
+			o.listen = optarg;
+			break;
+		case 'I':
+			insecure = 1;
+			break;
 		case 'o':
 			for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;
 			     t = strtok_r(NULL, ",", &save))
@@ -493,6 +676,13 @@ static int cmd_mount(int argc, char **argv)
 	}
 	if (argc - optind != 1 || !store)
 		usage_die(usage);
+	if (o.join && (!o.node || !o.listen))
+		die("--join needs --node NAME and --listen tcp://HOST:PORT");
+	if (!o.join && (o.node || o.listen))
+		die("--node and --listen only make sense with --join");
+	if (o.listen && !insecure && !loopback_endpoint(o.listen))
+		die("refusing to listen on %s without keys: traffic would be unauthenticated "
+		    "(use a loopback address, or --insecure)", o.listen);
 	if (hwfs_tunables_load((const char *const *)opts, n_opts) < 0)
 		die("bad tunable in -o (see hwfs mount --help)");
 	if (stat(argv[optind], &st) < 0 && errno == ENOTCONN) {
@@ -633,7 +823,11 @@ static void usage_all(FILE *f)
 		"  verify V [--json]                                     re-hash every shard of V\n"
 		"  rm V                                                  remove V\n"
 		"  gc --keep N                                           keep N newest versions\n"
-		"  manifest V                                            print V's manifest\n\n"
+		"  manifest V                                            print V's manifest\n"
+		"  coord --listen tcp://HOST:PORT [--state DIR]          run a coordinator\n\n"
+		"A node joins a cluster with: hwfs mount ... --join tcp://COORD:PORT --node NAME\n"
+		"--listen tcp://HOST:PORT; then commit is cluster-wide (--local: this node only)\n"
+		"and status --cluster shows every node.\n\n"
 		"MOUNT defaults to $HWFS_MOUNT, else /hotweights.\n");
 }
 
@@ -649,6 +843,8 @@ int main(int argc, char **argv)
 	argv++;
 	if (!strcmp(verb, "mount"))
 		return cmd_mount(argc, argv);
+	if (!strcmp(verb, "coord"))
+		return cmd_coord(argc, argv);
 	if (!strcmp(verb, "umount") || !strcmp(verb, "unmount"))
 		return cmd_umount(argc, argv);
 	if (!strcmp(verb, "status"))
@@ -658,7 +854,7 @@ int main(int argc, char **argv)
 	if (!strcmp(verb, "seal"))
 		return cmd_simple(argc, argv, "seal", "hwfs seal VERSION [-m MOUNT]", "sealed %s\n");
 	if (!strcmp(verb, "commit"))
-		return cmd_simple(argc, argv, "commit", "hwfs commit VERSION [-m MOUNT]",
+		return cmd_simple(argc, argv, "commit", "hwfs commit VERSION [--local] [-m MOUNT]",
 				  "current -> versions/%s\n");
 	if (!strcmp(verb, "rm"))
 		return cmd_simple(argc, argv, "rm", "hwfs rm VERSION [-m MOUNT]", "removed %s\n");

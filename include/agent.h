@@ -1,0 +1,60 @@
+/*
+ * agent.h — the replication agent inside a node's daemon.
+ *
+ * One thread owns every ZeroMQ socket of the node: a DEALER to the
+ * coordinator (routing id = node name), a ROUTER on the node's --listen
+ * address that serves shards to other nodes, and a DEALER per donor it pulls
+ * from.  Other threads talk to it only through agent_sealed() and
+ * agent_call(), which queue work and wake it through a pipe.
+ *
+ * Pulling: for a planned version the agent requests, in manifest order, the
+ * shards the store lacks (the delta) from its first donor, keeping a bounded
+ * window in flight; every shard is hash-checked before it is interned; a
+ * MISSING answer, a bad shard or a silent donor moves the request to the next
+ * donor.  A donor asked for a shard it is itself still receiving answers when
+ * the shard arrives, which makes a chain of nodes a pipeline.  When every shard
+ * is present the version is built as a hidden open version and renamed into
+ * versions/ through the mount — that rename seals it, and inotify watchers see
+ * it arrive — then its digest is checked against the manifest.
+ */
+#ifndef HWFS_AGENT_H
+#define HWFS_AGENT_H
+
+#include <jansson.h>
+
+#include "ns.h"
+
+struct agent;
+
+struct agent_opts {
+	const char *node;        /* this node's name (routing id) */
+	const char *listen;      /* data-plane endpoint, tcp://HOST:PORT */
+	const char *coordinator; /* coordinator endpoint */
+	const char *mountpoint;
+	struct ns *ns;
+	struct store *st;
+	/* Flip MOUNT/current to versions/@version through the mount (daemon.c). */
+	int (*flip_current)(void *arg, const char *version, char *err, size_t errlen);
+	void *arg;
+};
+
+/** Start the agent thread. Returns 0 or -errno (e.g. the listen address is taken). */
+int agent_start(const struct agent_opts *o, struct agent **out);
+/** Stop the thread and close everything. NULL is a no-op. */
+void agent_stop(struct agent *a);
+
+/** Seal hook (any thread): announce version @name to the coordinator. */
+void agent_sealed(void *agent, const char *name);
+
+/**
+ * agent_call() - ask the coordinator (any thread, blocking up to @timeout_ms):
+ * {"op":"commit","version":V} (two-phase commit) or {"op":"cluster"} (cluster
+ * status). *@res gets the coordinator's answer fields, or an {"ok":false,
+ * "error":...} object. Returns 0 or -ETIMEDOUT / -ENOMEM.
+ */
+int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms);
+
+/** Replication counters: payload bytes received and sent. */
+void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent);
+
+#endif /* HWFS_AGENT_H */

@@ -1,0 +1,27 @@
+/*
+ * coord.h — the replication coordinator (`hwfs coord`).
+ *
+ * One ROUTER socket; every node's DEALER connects with its node name as
+ * routing id.  The coordinator keeps the have-table (which node holds which
+ * version), the manifests of the versions it has been told about, and the
+ * committed version; it plans who pulls from whom and runs the two-phase
+ * commit.  It moves no shard bytes itself.
+ */
+#ifndef HWFS_COORD_H
+#define HWFS_COORD_H
+
+#include "hwfs_common.h"
+
+enum coord_topology { TOPO_CHAIN, TOPO_STAR };
+
+struct coord_opts {
+	const char *listen;   /* tcp://HOST:PORT */
+	const char *state;    /* directory for the committed version and manifests, or NULL */
+	enum coord_topology topology;
+	int notify_fd;        /* >= 0: "ok\n" or "error: ...\n" once listening, then closed */
+};
+
+/** Serve until SIGINT/SIGTERM. Returns 0, or -errno when it could not start. */
+int coord_run(const struct coord_opts *o);
+
+#endif /* HWFS_COORD_H */

@@ -1,0 +1,145 @@
+/*
+ * proto.h — the replicator's wire codec (protocol version 1).
+ *
+ * Every message between a node agent, the coordinator and other nodes is a
+ * ZeroMQ multipart message of one or two frames (a ROUTER's routing-identity
+ * frame comes before them and is the caller's business):
+ *   frame 0  header: a UTF-8 JSON object {"v":1,"t":"TYPE", ...fields},
+ *            at most PROTO_MAX_HEADER bytes, no duplicate keys;
+ *   frame 1  payload, only for ANNOUNCE, PLAN (a manifest) and SHARD (the
+ *            shard's bytes), at most PROTO_MAX_PAYLOAD bytes.
+ * The fields each type requires, and their types, are in docs/protocol.md.
+ * Unknown fields are ignored (forward compatibility); an unknown type, another
+ * protocol version, a missing or ill-typed field, a payload frame where none
+ * belongs (or none where one is needed) are -EBADMSG with a one-line reason.
+ *
+ * The decoder is the only place the replicator looks at untrusted bytes: once
+ * proto_decode_frames()/proto_recv() returned 0, every required field is
+ * present with its type, so the typed accessors below need no error path.
+ * The encoder runs what it built through the same decoder, so whatever it
+ * produces the other side accepts; a message that would not pass is -EINVAL.
+ */
+#ifndef HWFS_PROTO_H
+#define HWFS_PROTO_H
+
+#include <jansson.h>
+
+#include "hwfs_common.h"
+
+#define PROTO_VERSION 1
+#define PROTO_MAX_HEADER (1u << 20)
+#define PROTO_MAX_PAYLOAD (1ull << 30)
+#define PROTO_MAX_GET 1024
+/* Further limits of the field types (docs/protocol.md, "Field types"). */
+#define PROTO_MAX_STR 4096     /* bytes in a str field */
+#define PROTO_MAX_ARRAY 65536  /* entries in an array field other than "hashes" */
+#define PROTO_MAX_INT (1ull << 53) /* largest int field (exact in a double) */
+
+enum proto_type {
+	P_HELLO = 1,
+	P_ANNOUNCE,
+	P_HAVE,
+	P_READY,
+	P_ACK,
+	P_COMMIT_REQ,
+	P_STATUS_REQ,
+	P_PING,
+	P_WELCOME,
+	P_PLAN,
+	P_PREPARE,
+	P_COMMIT,
+	P_ABORT,
+	P_COMMIT_RES,
+	P_STATUS_RES,
+	P_PONG,
+	P_GET,
+	P_SHARD,
+	P_MISSING
+};
+
+/**
+ * A decoded, validated message. @h is the header object (owned, it includes
+ * "v" and "t"); @payload points into the caller's frame (not owned) or is NULL
+ * when the type takes no payload (an empty payload frame gives a non-NULL
+ * pointer and @payload_len 0).
+ * @priv is private to proto.c: after proto_recv() it holds the zmq_msg_t of
+ * the payload frame, so @payload stays valid until proto_msg_clear(); after
+ * proto_decode_frames() it is NULL.  Do not touch it.
+ */
+struct proto_msg {
+	enum proto_type type;
+	json_t *h;
+	const void *payload;
+	size_t payload_len;
+	void *priv;
+};
+
+/** Name of a type ("HELLO"), or "?" */
+const char *proto_type_name(enum proto_type t);
+
+/**
+ * proto_decode_frames() - decode @nframes frames (pointers/lengths): header,
+ * then the payload if any.  Returns 0 (*@out filled; free with
+ * proto_msg_clear()) or -EBADMSG with a one-line reason in @err (*@out is not
+ * touched).  -EINVAL only for a caller bug (NULL arrays, a NULL frame of
+ * non-zero length).  @out->payload points into @frames[1].
+ */
+int proto_decode_frames(const void *const *frames, const size_t *lens, size_t nframes,
+			struct proto_msg *out, char *err, size_t errlen);
+
+/** Free what @m owns and zero it. NULL, a zeroed or an already cleared message are no-ops. */
+void proto_msg_clear(struct proto_msg *m);
+
+/**
+ * proto_encode() - build the header {"v":1,"t":name} merged with @fields (not
+ * stolen; may be NULL; it may hold "v"/"t" only with those same values, so a
+ * decoded header can be sent on) and validate it with the decoder's rules,
+ * together with a payload of @payload_len bytes: a type that takes a payload
+ * always gets one (frame 1, possibly empty where allowed), a type that takes
+ * none needs @payload_len 0.  *@hdr is malloc'd compact JSON, NUL-terminated,
+ * *@hdr_len bytes not counting the NUL.  Payload bytes are not copied: the
+ * caller sends them as frame 1.  Returns 0, -EINVAL (an invalid message; the
+ * reason is logged with LOG_WARN) or -ENOMEM.
+ */
+int proto_encode(enum proto_type t, json_t *fields, size_t payload_len, char **hdr,
+		 size_t *hdr_len);
+
+/* Typed accessors on a decoded header (valid because decode validated them). */
+/** String field @key, or NULL if absent, null or not a string. Owned by @m. */
+const char *proto_str(const struct proto_msg *m, const char *key);
+/** Integer field @key (0 if absent). */
+uint64_t proto_int(const struct proto_msg *m, const char *key);
+/** 1 if field @key is true, else 0. */
+int proto_bool(const struct proto_msg *m, const char *key);
+/** Parse hex field @key into *@out. Returns 0 or -EINVAL (absent, not 32 lowercase hex). */
+int proto_hash(const struct proto_msg *m, const char *key, hwfs_hash_t *out);
+
+/* zmq helpers: */
+
+/**
+ * proto_send() - send a message on zmq socket @sock: the @ident frame first
+ * when @ident is non-NULL (ROUTER), then the header, then @payload (copied;
+ * it must be given, possibly empty, iff the type takes one: a non-NULL
+ * @payload on a type without payload is -EINVAL).  Blocking (flags 0), EINTR
+ * is retried; a socket ZMQ_SNDTIMEO gives -EAGAIN.  Returns 0, -EINVAL (see
+ * proto_encode()), -ENOMEM or -errno of zmq_send().
+ */
+int proto_send(void *sock, const void *ident, size_t ident_len, enum proto_type t, json_t *fields,
+	       const void *payload, size_t payload_len);
+
+/**
+ * proto_recv() - receive one multipart message (non-blocking with
+ * ZMQ_DONTWAIT if @dontwait).  If @ident is non-NULL the first frame is the
+ * routing identity, copied into @ident (at most *@ident_len bytes; *@ident_len
+ * is set to its length); it is also copied when the rest of the message is
+ * rejected with -EBADMSG, so the caller can tell who sent it.  Returns 0
+ * (*@out filled; its payload stays valid until proto_msg_clear()), -EAGAIN
+ * (nothing there, or ZMQ_RCVTIMEO passed), -EBADMSG (the whole message was
+ * read and dropped, reason in @err: too many frames, an identity longer than
+ * the buffer, anything proto_decode_frames() rejects), or -errno (-EINTR when
+ * a signal interrupted the wait, -ETERM, ...).  Never reads past one message.
+ */
+int proto_recv(void *sock, void *ident, size_t *ident_len, int dontwait, struct proto_msg *out,
+	       char *err, size_t errlen);
+
+#endif /* HWFS_PROTO_H */

@@ -1,0 +1,1105 @@
+/*
+ * agent.c — the node side of replication (see agent.h for the model).
+ *
+ * Everything below runs on the agent thread, except agent_sealed(),
+ * agent_call() and agent_counters(), which only touch the queues under
+ * a->mu and the atomic counters.  The loop polls the coordinator socket, the
+ * serving ROUTER, one DEALER per donor and the wake-up pipe; each pass also
+ * refills the request windows, sends the heartbeat (HELLO, once a second) and
+ * fails over from silent donors.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "agent.h"
+#include "manifest.h"
+#include "proto.h"
+
+#define WINDOW_BYTES (256ull << 20) /* bytes in flight per version being pulled */
+#define BATCH_BYTES (64ull << 20)   /* bytes asked for in one GET */
+#define DONOR_SILENCE_S 10.0        /* no shard for this long: next donor */
+#define MISSING_RETRY_S 0.2         /* a donor that lacks a shard may not have its plan yet */
+#define MISSING_TRIES 5
+#define HELLO_EVERY_S 1.0
+
+enum want_state { W_QUEUED, W_INFLIGHT, W_HELD };
+
+struct want {
+	hwfs_hash_t hash;
+	uint64_t size;
+	enum want_state state;
+	size_t donor;     /* index into the fetch's donors */
+	int misses;       /* MISSING answers from the current donor */
+	double not_before;
+	struct shard *sh; /* held: one reference, dropped after import */
+};
+
+struct fetch {
+	char *name;
+	hwfs_hash_t digest;
+	struct hwfs_vrec *rec;
+	struct want *w;
+	size_t n;
+	char **donors; /* endpoints, in preference order */
+	char **donor_names;
+	size_t n_donors;
+	uint64_t bytes_needed, bytes_held, inflight;
+	double last_rx;
+	struct fetch *next;
+};
+
+struct deferred {
+	uint8_t ident[256];
+	size_t ident_len;
+	uint64_t req;
+	hwfs_hash_t hash;
+	struct deferred *next;
+};
+
+struct peer {
+	char *addr;
+	void *sock;
+	struct peer *next;
+};
+
+struct call {
+	uint64_t id;
+	json_t *req;
+	json_t *res;
+	int done;
+	pthread_cond_t cv;
+	struct call *next;
+};
+
+struct agent {
+	char *node, *listen, *coordinator, *mountpoint;
+	struct ns *ns;
+	struct store *st;
+	int (*flip_current)(void *arg, const char *version, char *err, size_t errlen);
+	void *arg;
+
+	void *ctx, *coord, *serve;
+	struct peer *peers;
+	pthread_t thread;
+	int running, stop;
+	int pipe[2];
+
+	pthread_mutex_t mu; /* guards sealed_q, calls */
+	char **sealed_q;
+	size_t n_sealed;
+	struct call *calls_new, *calls_wait;
+	uint64_t next_req;
+
+	struct fetch *fetches;
+	struct deferred *deferred;
+	char *pending_commit; /* committed version to flip to once it is here */
+	double last_hello;
+	uint64_t rx, tx; /* atomic */
+	uint64_t import_seq;
+};
+
+static double now_s(void)
+{
+	return hwfs_mono_s();
+}
+
+static void wake(struct agent *a)
+{
+	char c = 1;
+
+	if (write(a->pipe[1], &c, 1) < 0 && errno != EAGAIN)
+		LOG_WARN("agent: wake-up pipe: %s", strerror(errno));
+}
+
+/* ------------------------------------------------------------- sending */
+
+static void send_coord(struct agent *a, enum proto_type t, json_t *fields, const void *payload,
+		       size_t len)
+{
+	int r = proto_send(a->coord, NULL, 0, t, fields, payload, len);
+
+	if (r < 0)
+		LOG_WARN("agent: sending %s to the coordinator: %s", proto_type_name(t), strerror(-r));
+	json_decref(fields);
+}
+
+static struct peer *peer_get(struct agent *a, const char *addr)
+{
+	struct peer *p;
+
+	for (p = a->peers; p; p = p->next)
+		if (!strcmp(p->addr, addr))
+			return p;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->addr = strdup(addr);
+	p->sock = zmq_socket(a->ctx, ZMQ_DEALER);
+	if (!p->addr || !p->sock ||
+	    zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, a->node, strlen(a->node)) < 0 ||
+	    zmq_connect(p->sock, addr) < 0) {
+		LOG_ERR("agent: cannot connect to donor %s: %s", addr, zmq_strerror(errno));
+		if (p->sock)
+			zmq_close(p->sock);
+		free(p->addr);
+		free(p);
+		return NULL;
+	}
+	p->next = a->peers;
+	a->peers = p;
+	return p;
+}
+
+static json_t *hex_json(const hwfs_hash_t *h)
+{
+	char hex[HWFS_HASH_HEX];
+
+	hwfs_hash_hex(h, hex);
+	return json_string(hex);
+}
+
+struct sent_ref {
+	struct store *st;
+	struct shard *sh;
+};
+
+static void sent_free(void *data, void *hint)
+{
+	struct sent_ref *r = hint;
+
+	store_unref(r->st, r->sh);
+	free(r);
+}
+
+/* Send shard @sh (one reference, given away) to @ident on the serving socket. */
+static void send_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+		       struct shard *sh)
+{
+	json_t *f = json_pack("{s:I, s:o, s:I}", "req", (json_int_t)req, "hash",
+			      hex_json(&sh->hash), "size", (json_int_t)sh->size);
+	struct sent_ref *ref = malloc(sizeof(*ref));
+	char *hdr = NULL;
+	size_t hlen;
+	zmq_msg_t m;
+
+	if (!ref || proto_encode(P_SHARD, f, sh->size, &hdr, &hlen) < 0) {
+		free(ref);
+		store_unref(a->st, sh);
+		goto out;
+	}
+	ref->st = a->st;
+	ref->sh = sh;
+	/* zero copy: the arena bytes go to the socket; the reference keeps them alive */
+	if (zmq_send(a->serve, ident, ident_len, ZMQ_SNDMORE) < 0 ||
+	    zmq_send(a->serve, hdr, hlen, ZMQ_SNDMORE) < 0 ||
+	    zmq_msg_init_data(&m, (void *)store_shard_data(a->st, sh), sh->size, sent_free, ref) < 0) {
+		sent_free(NULL, ref);
+		goto out;
+	}
+	if (zmq_msg_send(&m, a->serve, 0) < 0) {
+		zmq_msg_close(&m);
+		goto out;
+	}
+	__atomic_add_fetch(&a->tx, sh->size, __ATOMIC_RELAXED);
+out:
+	free(hdr);
+	json_decref(f);
+}
+
+/* ------------------------------------------------------------- fetches */
+
+static struct want *find_want(struct agent *a, const hwfs_hash_t *h, struct fetch **fp)
+{
+	for (struct fetch *f = a->fetches; f; f = f->next)
+		for (size_t i = 0; i < f->n; i++)
+			if (!hwfs_hash_cmp(&f->w[i].hash, h)) {
+				if (fp)
+					*fp = f;
+				return &f->w[i];
+			}
+	return NULL;
+}
+
+static void fetch_free(struct agent *a, struct fetch *f)
+{
+	for (size_t i = 0; i < f->n; i++)
+		if (f->w[i].sh)
+			store_unref(a->st, f->w[i].sh);
+	for (size_t i = 0; i < f->n_donors; i++) {
+		free(f->donors[i]);
+		free(f->donor_names[i]);
+	}
+	free(f->donors);
+	free(f->donor_names);
+	free(f->w);
+	hwfs_vrec_free(f->rec);
+	free(f->name);
+	free(f);
+}
+
+static void fetch_unlink(struct agent *a, struct fetch *f)
+{
+	struct fetch **pp = &a->fetches;
+
+	while (*pp && *pp != f)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = f->next;
+}
+
+static void send_have(struct agent *a, const char *name, const hwfs_hash_t *digest, int complete,
+		      uint64_t held, uint64_t needed)
+{
+	send_coord(a, P_HAVE,
+		   json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", name, "digest",
+			     hex_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
+			     "bytes_needed", (json_int_t)needed),
+		   NULL, 0);
+}
+
+static void flip_to(struct agent *a, const char *version)
+{
+	char err[256];
+	char *cur = ns_current(a->ns);
+	int same = cur && !strcmp(cur, version);
+
+	free(cur);
+	if (same)
+		return;
+	if (a->flip_current(a->arg, version, err, sizeof(err)) < 0)
+		LOG_ERR("agent: cannot flip current to %s: %s", version, err);
+	else
+		LOG_INFO("agent: current -> %s (committed by the cluster)", version);
+}
+
+/* Every shard is here: build the version and rename it in through the mount. */
+static void materialize(struct agent *a, struct fetch *f)
+{
+	char hidden[128], from[4096], to[4096];
+	struct version *v;
+	int r, ok = 0;
+
+	snprintf(hidden, sizeof(hidden), NS_HIDDEN_PREFIX "repl-%d-%llu", (int)getpid(),
+		 (unsigned long long)++a->import_seq);
+	r = ns_import(a->ns, hidden, f->rec);
+	if (r < 0) {
+		LOG_ERR("agent: cannot build %s: %s", f->name, strerror(-r));
+		goto out;
+	}
+	snprintf(from, sizeof(from), "%s/versions/%s", a->mountpoint, hidden);
+	snprintf(to, sizeof(to), "%s/versions/%s", a->mountpoint, f->name);
+	if (rename(from, to) < 0) {
+		LOG_ERR("agent: cannot seal %s: %s", f->name, strerror(errno));
+		ns_remove_version(a->ns, hidden);
+		goto out;
+	}
+	ns_rdlock(a->ns);
+	v = ns_version(a->ns, f->name);
+	ok = v && !hwfs_hash_cmp(&v->digest, &f->digest);
+	ns_unlock(a->ns);
+	if (!ok) {
+		LOG_ERR("agent: %s arrived with a digest that does not match its manifest; removed",
+			f->name);
+		ns_remove_version(a->ns, f->name);
+		goto out;
+	}
+	LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
+		 (unsigned long long)f->bytes_held);
+out:
+	send_have(a, f->name, &f->digest, ok, f->bytes_held, f->bytes_needed);
+	if (ok && a->pending_commit && !strcmp(a->pending_commit, f->name)) {
+		flip_to(a, f->name);
+		free(a->pending_commit);
+		a->pending_commit = NULL;
+	}
+	fetch_unlink(a, f);
+	fetch_free(a, f);
+}
+
+static void fetch_fail(struct agent *a, struct fetch *f, const char *why)
+{
+	LOG_ERR("agent: giving up on %s: %s", f->name, why);
+	send_have(a, f->name, &f->digest, 0, f->bytes_held, f->bytes_needed);
+	fetch_unlink(a, f);
+	fetch_free(a, f);
+}
+
+static int fetch_complete(const struct fetch *f)
+{
+	for (size_t i = 0; i < f->n; i++)
+		if (f->w[i].state != W_HELD)
+			return 0;
+	return 1;
+}
+
+static int set_donors(struct fetch *f, json_t *donors)
+{
+	size_t i, n = json_array_size(donors);
+	json_t *d;
+
+	for (i = 0; i < f->n_donors; i++) {
+		free(f->donors[i]);
+		free(f->donor_names[i]);
+	}
+	free(f->donors);
+	free(f->donor_names);
+	f->donors = calloc(n ? n : 1, sizeof(char *));
+	f->donor_names = calloc(n ? n : 1, sizeof(char *));
+	f->n_donors = 0;
+	if (!f->donors || !f->donor_names)
+		return -ENOMEM;
+	json_array_foreach(donors, i, d) {
+		f->donors[i] = strdup(json_string_value(json_object_get(d, "addr")));
+		f->donor_names[i] = strdup(json_string_value(json_object_get(d, "node")));
+		f->n_donors++;
+	}
+	for (size_t k = 0; k < f->n; k++) {
+		f->w[k].donor = 0;
+		f->w[k].misses = 0;
+	}
+	return 0;
+}
+
+static void on_plan(struct agent *a, struct proto_msg *m)
+{
+	const char *name = proto_str(m, "version");
+	struct hwfs_vrec *rec = NULL;
+	struct fetch *f;
+	struct version *v;
+	hwfs_hash_t digest, *hs = NULL;
+	char err[256];
+	size_t total = 0, n = 0;
+	int have;
+
+	if (proto_hash(m, "digest", &digest) < 0)
+		return;
+	ns_rdlock(a->ns);
+	v = ns_version(a->ns, name);
+	have = v && v->state == HWFS_V_SEALED && !hwfs_hash_cmp(&v->digest, &digest);
+	ns_unlock(a->ns);
+	if (have) {
+		send_have(a, name, &digest, 1, 0, 0);
+		return;
+	}
+	if (v) {
+		LOG_ERR("agent: plan for %s, but a different %s exists here; ignored", name, name);
+		return;
+	}
+	for (f = a->fetches; f; f = f->next)
+		if (!strcmp(f->name, name)) { /* a new plan: new donors */
+			set_donors(f, json_object_get(m->h, "donors"));
+			return;
+		}
+	if (manifest_parse(m->payload, m->payload_len, &rec, err, sizeof(err)) < 0) {
+		LOG_ERR("agent: bad manifest for %s: %s", name, err);
+		return;
+	}
+	if (hwfs_hash_cmp(&rec->digest, &digest) || strcmp(rec->name, name)) {
+		LOG_ERR("agent: manifest for %s does not match its digest or name", name);
+		hwfs_vrec_free(rec);
+		return;
+	}
+	f = calloc(1, sizeof(*f));
+	for (size_t i = 0; i < rec->n_files; i++)
+		total += rec->files[i].n_ext;
+	hs = malloc((total ? total : 1) * sizeof(*hs));
+	if (!f || !hs)
+		goto oom;
+	f->name = strdup(name);
+	f->digest = digest;
+	f->rec = rec;
+	rec = NULL;
+	/* distinct shards, in manifest order of first use */
+	f->w = calloc(total ? total : 1, sizeof(*f->w));
+	if (!f->name || !f->w)
+		goto oom;
+	for (size_t i = 0; i < f->rec->n_files; i++)
+		for (size_t j = 0; j < f->rec->files[i].n_ext; j++) {
+			const struct hwfs_extent *e = &f->rec->files[i].ext[j];
+
+			size_t lo = 0, hi = n;
+
+			while (lo < hi) { /* sorted insert into the set of seen hashes */
+				size_t mid = lo + (hi - lo) / 2;
+				int c = hwfs_hash_cmp(&hs[mid], &e->hash);
+
+				if (c == 0)
+					break;
+				if (c < 0)
+					lo = mid + 1;
+				else
+					hi = mid;
+			}
+			if (lo < hi)
+				continue; /* seen */
+			memmove(hs + lo + 1, hs + lo, (n - lo) * sizeof(*hs));
+			hs[lo] = e->hash;
+			n++;
+			f->w[f->n].hash = e->hash;
+			f->w[f->n].size = e->len;
+			f->w[f->n].sh = store_get(a->st, &e->hash);
+			if (f->w[f->n].sh) {
+				f->w[f->n].state = W_HELD;
+			} else {
+				f->w[f->n].state = W_QUEUED;
+				f->bytes_needed += e->len;
+			}
+			f->n++;
+		}
+	free(hs);
+	hs = NULL;
+	if (set_donors(f, json_object_get(m->h, "donors")) < 0)
+		goto oom;
+	f->last_rx = now_s();
+	f->next = a->fetches;
+	a->fetches = f;
+	LOG_INFO("agent: pulling %s: %llu bytes missing of %zu shards, from %s", name,
+		 (unsigned long long)f->bytes_needed, f->n, f->n_donors ? f->donors[0] : "nobody");
+	if (fetch_complete(f))
+		materialize(a, f);
+	return;
+oom:
+	free(hs);
+	hwfs_vrec_free(rec);
+	if (f)
+		fetch_free(a, f);
+	LOG_ERR("agent: out of memory planning %s", name);
+}
+
+/* Keep each fetch's window full: GET batches from each want's donor. */
+static void pump(struct agent *a)
+{
+	double now = now_s();
+
+	for (struct fetch *f = a->fetches, *next; f; f = next) {
+		next = f->next;
+		if (f->inflight && now - f->last_rx > DONOR_SILENCE_S) {
+			for (size_t i = 0; i < f->n; i++)
+				if (f->w[i].state == W_INFLIGHT) {
+					f->w[i].state = W_QUEUED;
+					f->w[i].donor++;
+					f->w[i].misses = 0;
+				}
+			f->inflight = 0;
+			f->last_rx = now;
+			LOG_WARN("agent: donor silent for %s; trying the next one", f->name);
+		}
+		for (size_t d = 0; d < f->n_donors && f->inflight < WINDOW_BYTES; d++) {
+			json_t *hashes = json_array();
+			uint64_t batch = 0;
+			struct peer *p;
+
+			for (size_t i = 0; i < f->n && f->inflight + batch < WINDOW_BYTES &&
+					   batch < BATCH_BYTES && json_array_size(hashes) < PROTO_MAX_GET;
+			     i++) {
+				struct want *w = &f->w[i];
+
+				if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
+					continue;
+				json_array_append_new(hashes, hex_json(&w->hash));
+				w->state = W_INFLIGHT;
+				batch += w->size;
+			}
+			if (json_array_size(hashes) && (p = peer_get(a, f->donors[d]))) {
+				json_t *g = json_pack("{s:I, s:O}", "req", (json_int_t)++a->next_req,
+						      "hashes", hashes);
+				int r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
+
+				json_decref(g);
+
+				if (r < 0)
+					LOG_WARN("agent: GET to %s: %s", f->donors[d], strerror(-r));
+				f->inflight += batch;
+				if (f->inflight == batch)
+					f->last_rx = now;
+			}
+			json_decref(hashes);
+		}
+		/* a want whose donors are all exhausted: the fetch cannot finish */
+		for (size_t i = 0; i < f->n; i++)
+			if (f->w[i].state == W_QUEUED && f->w[i].donor >= f->n_donors) {
+				fetch_fail(a, f, "no donor has every shard");
+				break;
+			}
+	}
+}
+
+/* Answer requests that waited for @sh to arrive here. */
+static void serve_deferred(struct agent *a, struct shard *sh)
+{
+	for (struct deferred **pp = &a->deferred; *pp;) {
+		struct deferred *d = *pp;
+
+		if (hwfs_hash_cmp(&d->hash, &sh->hash)) {
+			pp = &d->next;
+			continue;
+		}
+		store_ref(a->st, sh);
+		send_shard(a, d->ident, d->ident_len, d->req, sh);
+		*pp = d->next;
+		free(d);
+	}
+}
+
+static void on_shard(struct agent *a, struct proto_msg *m, const char *from)
+{
+	struct fetch *f = NULL;
+	struct want *w;
+	hwfs_hash_t h, got;
+	uint64_t off;
+	struct shard *sh;
+	int adopted;
+
+	if (proto_hash(m, "hash", &h) < 0)
+		return;
+	w = find_want(a, &h, &f);
+	if (!w || w->state == W_HELD)
+		return; /* late duplicate */
+	if (w->state == W_INFLIGHT)
+		f->inflight -= HWFS_MIN(f->inflight, w->size);
+	f->last_rx = now_s();
+	hwfs_hash_buf(m->payload, m->payload_len, &got);
+	if (m->payload_len != w->size || hwfs_hash_cmp(&got, &h)) {
+		LOG_ERR("agent: bad shard from %s for %s (hash or size mismatch); asking another donor",
+			from, f->name);
+		w->state = W_QUEUED;
+		w->donor++;
+		w->misses = 0;
+		return;
+	}
+	if (arena_alloc(store_arena(a->st), w->size, &off) < 0) {
+		fetch_fail(a, f, "the store is full");
+		return;
+	}
+	memcpy(arena_base(store_arena(a->st)) + off, m->payload, w->size);
+	sh = store_intern(a->st, &h, off, w->size, &adopted);
+	if (!adopted)
+		arena_free(store_arena(a->st), off, w->size);
+	if (!sh) {
+		fetch_fail(a, f, "out of memory");
+		return;
+	}
+	w->sh = sh;
+	w->state = W_HELD;
+	f->bytes_held += w->size;
+	__atomic_add_fetch(&a->rx, w->size, __ATOMIC_RELAXED);
+	serve_deferred(a, sh);
+	if (fetch_complete(f))
+		materialize(a, f);
+}
+
+static void on_missing(struct agent *a, struct proto_msg *m)
+{
+	struct fetch *f = NULL;
+	struct want *w;
+	hwfs_hash_t h;
+
+	if (proto_hash(m, "hash", &h) < 0 || !(w = find_want(a, &h, &f)) || w->state != W_INFLIGHT)
+		return;
+	f->inflight -= HWFS_MIN(f->inflight, w->size);
+	w->state = W_QUEUED;
+	if (++w->misses >= MISSING_TRIES) {
+		w->donor++;
+		w->misses = 0;
+	} else {
+		w->not_before = now_s() + MISSING_RETRY_S;
+	}
+}
+
+/* A GET on the serving socket. */
+static void on_get(struct agent *a, const void *ident, size_t ident_len, struct proto_msg *m)
+{
+	json_t *hashes = json_object_get(m->h, "hashes"), *hj;
+	uint64_t req = proto_int(m, "req");
+	size_t i;
+
+	json_array_foreach(hashes, i, hj) {
+		hwfs_hash_t h;
+		struct shard *sh;
+		struct want *w;
+
+		if (hwfs_hash_parse(json_string_value(hj), &h) < 0)
+			continue;
+		sh = store_get(a->st, &h);
+		if (sh) {
+			send_shard(a, ident, ident_len, req, sh);
+			continue;
+		}
+		w = find_want(a, &h, NULL);
+		if (w && ident_len <= sizeof(((struct deferred *)0)->ident)) {
+			struct deferred *d = calloc(1, sizeof(*d));
+
+			if (d) {
+				memcpy(d->ident, ident, ident_len);
+				d->ident_len = ident_len;
+				d->req = req;
+				d->hash = h;
+				d->next = a->deferred;
+				a->deferred = d;
+				continue;
+			}
+		}
+		json_t *mf = json_pack("{s:I, s:O}", "req", (json_int_t)req, "hash", hj);
+
+		proto_send(a->serve, ident, ident_len, P_MISSING, mf, NULL, 0);
+		json_decref(mf);
+	}
+}
+
+/* ------------------------------------------------------------- coordinator */
+
+static void announce(struct agent *a, const char *name)
+{
+	struct hwfs_vrec *rec = NULL;
+	char *js = NULL;
+	size_t len;
+
+	if (!strncmp(name, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
+		return;
+	if (ns_snapshot(a->ns, name, &rec) < 0 || rec->state != HWFS_V_SEALED ||
+	    manifest_build(rec, &js, &len) < 0)
+		goto out;
+	send_coord(a, P_ANNOUNCE, json_pack("{s:s, s:o}", "version", name, "digest",
+					    hex_json(&rec->digest)),
+		   js, len);
+out:
+	free(js);
+	hwfs_vrec_free(rec);
+}
+
+static void hello(struct agent *a)
+{
+	json_t *vers = json_array();
+	char **names = NULL, *cur = ns_current(a->ns);
+	size_t n = 0;
+
+	ns_list(a->ns, &names, &n);
+	ns_rdlock(a->ns);
+	for (size_t i = 0; i < n; i++) {
+		struct version *v = ns_version(a->ns, names[i]);
+
+		if (v && v->state == HWFS_V_SEALED)
+			json_array_append_new(vers, json_pack("{s:s, s:o, s:b}", "name", v->name,
+							      "digest", hex_json(&v->digest),
+							      "complete", 1));
+		free(names[i]);
+	}
+	ns_unlock(a->ns);
+	free(names);
+	send_coord(a, P_HELLO,
+		   json_pack("{s:s, s:s, s:o, s:o}", "node", a->node, "listen", a->listen,
+			     "versions", vers, "current", cur ? json_string(cur) : json_null()),
+		   NULL, 0);
+	free(cur);
+	a->last_hello = now_s();
+}
+
+static void on_welcome(struct agent *a, struct proto_msg *m)
+{
+	const char *committed = proto_str(m, "committed");
+	char **names = NULL;
+	size_t n = 0;
+	struct version *v;
+	int have;
+
+	LOG_INFO("agent: joined %s as %s", a->coordinator, a->node);
+	/* a (re)started coordinator learns our versions from their manifests */
+	ns_list(a->ns, &names, &n);
+	for (size_t i = 0; i < n; i++) {
+		announce(a, names[i]);
+		free(names[i]);
+	}
+	free(names);
+	if (!committed)
+		return;
+	ns_rdlock(a->ns);
+	v = ns_version(a->ns, committed);
+	have = v && v->state == HWFS_V_SEALED;
+	ns_unlock(a->ns);
+	if (have) {
+		flip_to(a, committed);
+	} else {
+		free(a->pending_commit);
+		a->pending_commit = strdup(committed);
+	}
+}
+
+static void on_prepare(struct agent *a, struct proto_msg *m)
+{
+	const char *name = proto_str(m, "version");
+	hwfs_hash_t digest;
+	char err[256] = "";
+	struct version *v;
+	int r;
+
+	ns_rdlock(a->ns);
+	r = ns_check_committable(a->ns, name, err, sizeof(err));
+	v = ns_version(a->ns, name);
+	if (r == 0 && (proto_hash(m, "digest", &digest) < 0 || hwfs_hash_cmp(&v->digest, &digest))) {
+		r = -EINVAL;
+		snprintf(err, sizeof(err), "%s here differs from the cluster's", name);
+	}
+	ns_unlock(a->ns);
+	send_coord(a, P_READY,
+		   json_pack("{s:I, s:s, s:b, s:s}", "txid", (json_int_t)proto_int(m, "txid"),
+			     "version", name, "ok", r == 0, "reason", r == 0 ? "ready" : err),
+		   NULL, 0);
+}
+
+static void on_commit(struct agent *a, struct proto_msg *m)
+{
+	const char *name = proto_str(m, "version");
+	char err[256] = "flipped";
+	int r = a->flip_current(a->arg, name, err, sizeof(err));
+
+	if (r == 0) {
+		free(a->pending_commit);
+		a->pending_commit = NULL;
+	}
+	send_coord(a, P_ACK,
+		   json_pack("{s:I, s:s, s:b, s:s}", "txid", (json_int_t)proto_int(m, "txid"),
+			     "version", name, "ok", r == 0, "reason", err),
+		   NULL, 0);
+}
+
+static void on_result(struct agent *a, struct proto_msg *m)
+{
+	uint64_t id = proto_int(m, "req");
+
+	pthread_mutex_lock(&a->mu);
+	for (struct call **pp = &a->calls_wait; *pp; pp = &(*pp)->next) {
+		struct call *c = *pp;
+
+		if (c->id != id)
+			continue;
+		c->res = json_deep_copy(m->h);
+		json_object_del(c->res, "v");
+		json_object_del(c->res, "t");
+		json_object_del(c->res, "req");
+		c->done = 1;
+		*pp = c->next;
+		pthread_cond_signal(&c->cv);
+		break;
+	}
+	pthread_mutex_unlock(&a->mu);
+}
+
+/* Queued work from other threads: seal announcements and calls. */
+static void drain_queues(struct agent *a)
+{
+	char buf[64];
+	char **sealed;
+	size_t n;
+	struct call *calls;
+
+	while (read(a->pipe[0], buf, sizeof(buf)) > 0)
+		;
+	pthread_mutex_lock(&a->mu);
+	sealed = a->sealed_q;
+	n = a->n_sealed;
+	a->sealed_q = NULL;
+	a->n_sealed = 0;
+	calls = a->calls_new;
+	a->calls_new = NULL;
+	for (struct call *c = calls; c; c = c->next) {
+		const char *op = json_string_value(json_object_get(c->req, "op"));
+
+		c->id = ++a->next_req;
+		if (op && !strcmp(op, "commit"))
+			send_coord(a, P_COMMIT_REQ,
+				   json_pack("{s:I, s:O, s:i}", "req", (json_int_t)c->id, "version",
+					     json_object_get(c->req, "version"), "deadline_ms", 10000),
+				   NULL, 0);
+		else
+			send_coord(a, P_STATUS_REQ, json_pack("{s:I}", "req", (json_int_t)c->id), NULL,
+				   0);
+	}
+	while (calls) {
+		struct call *c = calls;
+
+		calls = c->next;
+		c->next = a->calls_wait;
+		a->calls_wait = c;
+	}
+	pthread_mutex_unlock(&a->mu);
+	for (size_t i = 0; i < n; i++) {
+		announce(a, sealed[i]);
+		free(sealed[i]);
+	}
+	free(sealed);
+}
+
+/* ------------------------------------------------------------- the loop */
+
+static void handle(struct agent *a, void *sock, int is_router, const char *what)
+{
+	for (int k = 0; k < 256; k++) {
+		uint8_t ident[256];
+		size_t ident_len = sizeof(ident);
+		struct proto_msg m;
+		char err[256];
+		int r = proto_recv(sock, is_router ? ident : NULL, is_router ? &ident_len : NULL, 1,
+				   &m, err, sizeof(err));
+
+		if (r == -EAGAIN)
+			return;
+		if (r < 0) {
+			if (r == -EBADMSG)
+				LOG_WARN("agent: malformed message from %s dropped: %s", what, err);
+			else
+				return;
+			continue;
+		}
+		switch (m.type) {
+		case P_WELCOME:
+			on_welcome(a, &m);
+			break;
+		case P_PLAN:
+			on_plan(a, &m);
+			break;
+		case P_PREPARE:
+			on_prepare(a, &m);
+			break;
+		case P_COMMIT:
+			on_commit(a, &m);
+			break;
+		case P_ABORT:
+			LOG_INFO("agent: commit of %s aborted: %s", proto_str(&m, "version"),
+				 proto_str(&m, "reason"));
+			break;
+		case P_COMMIT_RES:
+		case P_STATUS_RES:
+			on_result(a, &m);
+			break;
+		case P_GET:
+			if (is_router)
+				on_get(a, ident, ident_len, &m);
+			break;
+		case P_SHARD:
+			on_shard(a, &m, what);
+			break;
+		case P_MISSING:
+			on_missing(a, &m);
+			break;
+		default:
+			LOG_WARN("agent: unexpected %s from %s", proto_type_name(m.type), what);
+		}
+		proto_msg_clear(&m);
+	}
+}
+
+static void *agent_main(void *arg)
+{
+	struct agent *a = arg;
+
+	hello(a);
+	while (!__atomic_load_n(&a->stop, __ATOMIC_RELAXED)) {
+		size_t np = 0, i = 0;
+		struct peer *p;
+		zmq_pollitem_t *items;
+
+		for (p = a->peers; p; p = p->next)
+			np++;
+		items = calloc(3 + np, sizeof(*items));
+		if (!items)
+			break;
+		items[0] = (zmq_pollitem_t){a->coord, 0, ZMQ_POLLIN, 0};
+		items[1] = (zmq_pollitem_t){a->serve, 0, ZMQ_POLLIN, 0};
+		items[2] = (zmq_pollitem_t){NULL, a->pipe[0], ZMQ_POLLIN, 0};
+		for (p = a->peers, i = 3; p; p = p->next, i++)
+			items[i] = (zmq_pollitem_t){p->sock, 0, ZMQ_POLLIN, 0};
+		if (zmq_poll(items, (int)(3 + np), 100) < 0 && errno != EINTR) {
+			free(items);
+			break;
+		}
+		free(items);
+		drain_queues(a);
+		handle(a, a->coord, 0, "the coordinator");
+		handle(a, a->serve, 1, "a puller");
+		for (p = a->peers; p; p = p->next)
+			handle(a, p->sock, 0, p->addr);
+		pump(a);
+		if (now_s() - a->last_hello >= HELLO_EVERY_S)
+			hello(a);
+	}
+	return NULL;
+}
+
+int agent_start(const struct agent_opts *o, struct agent **out)
+{
+	struct agent *a = calloc(1, sizeof(*a));
+	int linger = 0, r = -ENOMEM;
+
+	if (!a)
+		return -ENOMEM;
+	a->pipe[0] = a->pipe[1] = -1;
+	pthread_mutex_init(&a->mu, NULL);
+	a->node = strdup(o->node);
+	a->listen = strdup(o->listen);
+	a->coordinator = strdup(o->coordinator);
+	a->mountpoint = strdup(o->mountpoint);
+	a->ns = o->ns;
+	a->st = o->st;
+	a->flip_current = o->flip_current;
+	a->arg = o->arg;
+	if (!a->node || !a->listen || !a->coordinator || !a->mountpoint)
+		goto fail;
+	if (pipe2(a->pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	a->ctx = zmq_ctx_new();
+	a->coord = a->ctx ? zmq_socket(a->ctx, ZMQ_DEALER) : NULL;
+	a->serve = a->ctx ? zmq_socket(a->ctx, ZMQ_ROUTER) : NULL;
+	if (!a->coord || !a->serve) {
+		r = -EIO;
+		goto fail;
+	}
+	zmq_setsockopt(a->coord, ZMQ_LINGER, &linger, sizeof(linger));
+	zmq_setsockopt(a->serve, ZMQ_LINGER, &linger, sizeof(linger));
+	if (zmq_setsockopt(a->coord, ZMQ_ROUTING_ID, a->node, strlen(a->node)) < 0 ||
+	    zmq_connect(a->coord, a->coordinator) < 0) {
+		r = -errno;
+		LOG_ERR("agent: coordinator %s: %s", a->coordinator, zmq_strerror(errno));
+		goto fail;
+	}
+	if (zmq_bind(a->serve, a->listen) < 0) {
+		r = -errno;
+		LOG_ERR("agent: cannot listen on %s: %s", a->listen, zmq_strerror(errno));
+		goto fail;
+	}
+	if (pthread_create(&a->thread, NULL, agent_main, a) != 0) {
+		r = -EAGAIN;
+		goto fail;
+	}
+	a->running = 1;
+	*out = a;
+	return 0;
+fail:
+	agent_stop(a);
+	return r;
+}
+
+void agent_stop(struct agent *a)
+{
+	if (!a)
+		return;
+	if (a->running) {
+		__atomic_store_n(&a->stop, 1, __ATOMIC_RELAXED);
+		wake(a);
+		pthread_join(a->thread, NULL);
+	}
+	while (a->fetches) {
+		struct fetch *f = a->fetches;
+
+		a->fetches = f->next;
+		fetch_free(a, f);
+	}
+	while (a->deferred) {
+		struct deferred *d = a->deferred;
+
+		a->deferred = d->next;
+		free(d);
+	}
+	while (a->peers) {
+		struct peer *p = a->peers;
+
+		a->peers = p->next;
+		zmq_setsockopt(p->sock, ZMQ_LINGER, &(int){0}, sizeof(int));
+		zmq_close(p->sock);
+		free(p->addr);
+		free(p);
+	}
+	if (a->coord)
+		zmq_close(a->coord);
+	if (a->serve)
+		zmq_close(a->serve);
+	if (a->ctx)
+		zmq_ctx_term(a->ctx);
+	pthread_mutex_lock(&a->mu);
+	for (size_t i = 0; i < a->n_sealed; i++)
+		free(a->sealed_q[i]);
+	free(a->sealed_q);
+	/* callers still waiting time out on their own */
+	pthread_mutex_unlock(&a->mu);
+	if (a->pipe[0] >= 0)
+		close(a->pipe[0]);
+	if (a->pipe[1] >= 0)
+		close(a->pipe[1]);
+	free(a->pending_commit);
+	free(a->node);
+	free(a->listen);
+	free(a->coordinator);
+	free(a->mountpoint);
+	pthread_mutex_destroy(&a->mu);
+	free(a);
+}
+
+void agent_sealed(void *agent, const char *name)
+{
+	struct agent *a = agent;
+	char **q;
+
+	pthread_mutex_lock(&a->mu);
+	q = realloc(a->sealed_q, (a->n_sealed + 1) * sizeof(*q));
+	if (q) {
+		a->sealed_q = q;
+		q[a->n_sealed] = strdup(name);
+		if (q[a->n_sealed])
+			a->n_sealed++;
+	}
+	pthread_mutex_unlock(&a->mu);
+	wake(a);
+}
+
+int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
+{
+	struct call c = {.req = req};
+	struct timespec dl;
+	int r = 0;
+
+	pthread_cond_init(&c.cv, NULL);
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += timeout_ms / 1000;
+	dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+	if (dl.tv_nsec >= 1000000000) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&a->mu);
+	c.next = a->calls_new;
+	a->calls_new = &c;
+	pthread_mutex_unlock(&a->mu);
+	wake(a);
+	pthread_mutex_lock(&a->mu);
+	while (!c.done && r == 0)
+		r = pthread_cond_timedwait(&c.cv, &a->mu, &dl) == ETIMEDOUT ? -ETIMEDOUT : 0;
+	if (!c.done) { /* take it back from whichever list holds it */
+		for (struct call **lists[] = {&a->calls_new, &a->calls_wait}, ***l = lists;
+		     l < lists + 2; l++)
+			for (struct call **pp = *l; *pp; pp = &(*pp)->next)
+				if (*pp == &c) {
+					*pp = c.next;
+					break;
+				}
+	}
+	pthread_mutex_unlock(&a->mu);
+	pthread_cond_destroy(&c.cv);
+	if (!c.done)
+		return -ETIMEDOUT;
+	*res = c.res;
+	return c.res ? 0 : -ENOMEM;
+}
+
+void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent)
+{
+	*received = __atomic_load_n(&a->rx, __ATOMIC_RELAXED);
+	*sent = __atomic_load_n(&a->tx, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,638 @@
+/*
+ * coord.c — the coordinator: have-table, planner, two-phase commit.
+ *
+ * Nodes send HELLO once a second (it doubles as the heartbeat); a node not
+ * heard from for NODE_DEAD_S is not alive.  The first HELLO of a node (also
+ * after a coordinator restart) is answered with WELCOME, upon which the node
+ * announces every version it holds with its manifest, so a restarted
+ * coordinator relearns the cluster from the nodes themselves; only the
+ * committed version is kept on disk (--state), which is what prevents a
+ * restart from forgetting a commit.
+ *
+ * Planning is deterministic: when a version is announced, the alive nodes
+ * that lack it, in join order, are its receivers.  chain: receiver i pulls
+ * from receiver i-1 (the first from the announcer), with the announcer as
+ * fallback; star: everyone pulls from the announcer.  A node that asks later
+ * (late join) gets every complete holder as donor.
+ *
+ * Commit: PREPARE to every alive node; all READY within the deadline ->
+ * COMMIT to all, committed recorded once every node ACKed; any refusal or the
+ * deadline -> ABORT to all, nobody flips.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "coord.h"
+#include "proto.h"
+
+#define NODE_DEAD_S 3.0
+#define MAX_NODES 1024
+
+struct cnode {
+	char *name;
+	char *addr;
+	double last_seen;
+	uint64_t join_seq;
+	json_t *versions; /* name -> {digest, complete, bytes_held, bytes_needed} */
+};
+
+struct cversion {
+	char *name;
+	char digest[HWFS_HASH_HEX];
+	void *manifest;
+	size_t mlen;
+	char *origin;
+};
+
+struct tx {
+	int active;
+	uint64_t txid;
+	char *version;
+	char requester[256];
+	uint64_t req;
+	int phase; /* 1 prepare, 2 commit */
+	json_t *pending; /* node names still to answer */
+	json_t *nodes;   /* the participants */
+	double deadline;
+};
+
+struct coord {
+	const struct coord_opts *o;
+	void *ctx, *sock;
+	struct cnode *nodes;
+	size_t n_nodes;
+	uint64_t join_seq;
+	struct cversion *vers;
+	size_t n_vers;
+	char *committed;
+	struct tx tx;
+	uint64_t next_txid;
+};
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop_flag = 1;
+}
+
+static void send_to(struct coord *c, const char *node, enum proto_type t, json_t *fields,
+		    const void *payload, size_t len)
+{
+	int r = proto_send(c->sock, node, strlen(node), t, fields, payload, len);
+
+	if (r < 0)
+		LOG_WARN("coord: sending %s to %s: %s", proto_type_name(t), node, strerror(-r));
+	json_decref(fields);
+}
+
+static int alive(const struct cnode *n)
+{
+	return hwfs_mono_s() - n->last_seen < NODE_DEAD_S;
+}
+
+static struct cnode *node_find(struct coord *c, const char *name)
+{
+	for (size_t i = 0; i < c->n_nodes; i++)
+		if (!strcmp(c->nodes[i].name, name))
+			return &c->nodes[i];
+	return NULL;
+}
+
+static struct cversion *version_find(struct coord *c, const char *name)
+{
+	for (size_t i = 0; i < c->n_vers; i++)
+		if (!strcmp(c->vers[i].name, name))
+			return &c->vers[i];
+	return NULL;
+}
+
+static int node_has(const struct cnode *n, const struct cversion *v)
+{
+	json_t *e = json_object_get(n->versions, v->name);
+
+	return e && json_is_true(json_object_get(e, "complete")) &&
+	       !strcmp(json_string_value(json_object_get(e, "digest")) ?: "", v->digest);
+}
+
+static void set_have(struct cnode *n, const char *version, const char *digest, int complete,
+		     json_int_t held, json_int_t needed)
+{
+	json_object_set_new(n->versions, version,
+			    json_pack("{s:s, s:b, s:I, s:I}", "digest", digest, "complete", complete,
+				      "bytes_held", held, "bytes_needed", needed));
+}
+
+/* --------------------------------------------------------------- state dir */
+
+static void save_committed(struct coord *c)
+{
+	char path[4096], tmp[4200];
+	FILE *f;
+
+	if (!c->o->state)
+		return;
+	snprintf(path, sizeof(path), "%s/committed", c->o->state);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	f = fopen(tmp, "w");
+	if (!f || fprintf(f, "%s\n", c->committed ? c->committed : "") < 0 || fflush(f) ||
+	    fsync(fileno(f)) || fclose(f) || rename(tmp, path)) {
+		LOG_ERR("coord: cannot record the committed version in %s: %s", path,
+			strerror(errno));
+		return;
+	}
+}
+
+static void load_committed(struct coord *c)
+{
+	char path[4096], buf[512];
+	FILE *f;
+
+	if (!c->o->state)
+		return;
+	snprintf(path, sizeof(path), "%s/committed", c->o->state);
+	f = fopen(path, "r");
+	if (!f)
+		return;
+	if (fgets(buf, sizeof(buf), f)) {
+		buf[strcspn(buf, "\n")] = '\0';
+		if (*buf)
+			c->committed = strdup(buf);
+	}
+	fclose(f);
+}
+
+/* --------------------------------------------------------------- planning */
+
+static json_t *donor(const struct cnode *n)
+{
+	return json_pack("{s:s, s:s}", "node", n->name, "addr", n->addr);
+}
+
+static int cmp_join(const void *x, const void *y)
+{
+	const struct cnode *a = *(struct cnode *const *)x, *b = *(struct cnode *const *)y;
+
+	return a->join_seq < b->join_seq ? -1 : a->join_seq > b->join_seq;
+}
+
+static void send_plan(struct coord *c, struct cnode *to, struct cversion *v, json_t *donors)
+{
+	send_to(c, to->name, P_PLAN,
+		json_pack("{s:s, s:s, s:o}", "version", v->name, "digest", v->digest, "donors",
+			  donors),
+		v->manifest, v->mlen);
+}
+
+/* Plan @v for every alive node that lacks it. */
+static void plan_all(struct coord *c, struct cversion *v)
+{
+	struct cnode *recv[MAX_NODES], *origin = node_find(c, v->origin), *prev = NULL;
+	size_t n = 0;
+
+	for (size_t i = 0; i < c->n_nodes && n < MAX_NODES; i++)
+		if (alive(&c->nodes[i]) && !node_has(&c->nodes[i], v))
+			recv[n++] = &c->nodes[i];
+	qsort(recv, n, sizeof(*recv), cmp_join);
+	if (!origin || !node_has(origin, v)) { /* announcer gone: any holder leads */
+		origin = NULL;
+		for (size_t i = 0; i < c->n_nodes && !origin; i++)
+			if (alive(&c->nodes[i]) && node_has(&c->nodes[i], v))
+				origin = &c->nodes[i];
+	}
+	if (!origin)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		json_t *donors = json_array();
+
+		if (c->o->topology == TOPO_CHAIN && prev)
+			json_array_append_new(donors, donor(prev));
+		json_array_append_new(donors, donor(origin));
+		send_plan(c, recv[i], v, donors);
+		set_have(recv[i], v->name, v->digest, 0, 0, 0);
+		prev = recv[i];
+	}
+	if (n)
+		LOG_INFO("coord: %s planned for %zu node(s), %s from %s", v->name, n,
+			 c->o->topology == TOPO_CHAIN ? "chain" : "star", origin->name);
+}
+
+/* A node that (re)joined: plan every version it lacks, donors = all holders. */
+static void plan_for(struct coord *c, struct cnode *to)
+{
+	for (size_t k = 0; k < c->n_vers; k++) {
+		struct cversion *v = &c->vers[k];
+		json_t *donors;
+
+		if (node_has(to, v))
+			continue;
+		donors = json_array();
+		for (size_t i = 0; i < c->n_nodes; i++)
+			if (&c->nodes[i] != to && alive(&c->nodes[i]) && node_has(&c->nodes[i], v))
+				json_array_append_new(donors, donor(&c->nodes[i]));
+		if (json_array_size(donors) == 0) {
+			json_decref(donors);
+			continue;
+		}
+		send_plan(c, to, v, donors);
+		set_have(to, v->name, v->digest, 0, 0, 0);
+	}
+}
+
+/* --------------------------------------------------------------- messages */
+
+static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
+{
+	struct cnode *n = node_find(c, from);
+	json_t *vers = json_object_get(m->h, "versions"), *e;
+	int fresh = !n || !alive(n);
+	size_t i;
+
+	if (strcmp(from, proto_str(m, "node"))) {
+		LOG_WARN("coord: HELLO from %s claims to be %s; ignored", from, proto_str(m, "node"));
+		return;
+	}
+	if (!n) {
+		struct cnode *nn = c->n_nodes < MAX_NODES
+					   ? realloc(c->nodes, (c->n_nodes + 1) * sizeof(*nn))
+					   : NULL;
+
+		if (!nn)
+			return;
+		c->nodes = nn;
+		n = &c->nodes[c->n_nodes++];
+		memset(n, 0, sizeof(*n));
+		n->name = strdup(from);
+		n->versions = json_object();
+		n->join_seq = ++c->join_seq;
+		LOG_INFO("coord: node %s joined (%s)", from, proto_str(m, "listen"));
+	}
+	free(n->addr);
+	n->addr = strdup(proto_str(m, "listen"));
+	n->last_seen = hwfs_mono_s();
+	json_array_foreach(vers, i, e)
+		set_have(n, json_string_value(json_object_get(e, "name")),
+			 json_string_value(json_object_get(e, "digest")),
+			 json_is_true(json_object_get(e, "complete")), 0, 0);
+	if (fresh) {
+		send_to(c, from, P_WELCOME,
+			json_pack("{s:s, s:o}", "coordinator", c->o->listen, "committed",
+				  c->committed ? json_string(c->committed) : json_null()),
+			NULL, 0);
+		plan_for(c, n);
+	}
+}
+
+static void on_announce(struct coord *c, const char *from, struct proto_msg *m)
+{
+	const char *name = proto_str(m, "version"), *digest = proto_str(m, "digest");
+	struct cnode *n = node_find(c, from);
+	struct cversion *v = version_find(c, name);
+
+	if (!n)
+		return;
+	if (v && strcmp(v->digest, digest)) {
+		LOG_ERR("coord: %s announced %s with digest %s, but the cluster has %s; ignored", from,
+			name, digest, v->digest);
+		return;
+	}
+	set_have(n, name, digest, 1, 0, 0);
+	if (!v) {
+		struct cversion *nv = realloc(c->vers, (c->n_vers + 1) * sizeof(*nv));
+
+		if (!nv)
+			return;
+		c->vers = nv;
+		v = &c->vers[c->n_vers++];
+		memset(v, 0, sizeof(*v));
+		v->name = strdup(name);
+		snprintf(v->digest, sizeof(v->digest), "%s", digest);
+		v->manifest = malloc(m->payload_len ? m->payload_len : 1);
+		if (v->manifest)
+			memcpy(v->manifest, m->payload, m->payload_len);
+		v->mlen = m->payload_len;
+		v->origin = strdup(from);
+		LOG_INFO("coord: %s announced %s", from, name);
+		plan_all(c, v);
+	}
+	/* a known version announced again: a receiver finished, or a node rejoined */
+}
+
+static void on_have(struct coord *c, const char *from, struct proto_msg *m)
+{
+	struct cnode *n = node_find(c, from);
+
+	if (n)
+		set_have(n, proto_str(m, "version"), proto_str(m, "digest"),
+			 proto_bool(m, "complete"), (json_int_t)proto_int(m, "bytes_held"),
+			 (json_int_t)proto_int(m, "bytes_needed"));
+}
+
+static void tx_finish(struct coord *c, int ok, const char *reason)
+{
+	send_to(c, c->tx.requester, P_COMMIT_RES,
+		json_pack("{s:I, s:b, s:s, s:O}", "req", (json_int_t)c->tx.req, "ok", ok, "reason",
+			  reason, "nodes", c->tx.nodes),
+		NULL, 0);
+	free(c->tx.version);
+	json_decref(c->tx.pending);
+	json_decref(c->tx.nodes);
+	memset(&c->tx, 0, sizeof(c->tx));
+}
+
+static void tx_abort(struct coord *c, const char *reason)
+{
+	size_t i;
+	json_t *nm;
+
+	LOG_WARN("coord: commit of %s aborted: %s", c->tx.version, reason);
+	json_array_foreach(c->tx.nodes, i, nm)
+		send_to(c, json_string_value(nm), P_ABORT,
+			json_pack("{s:I, s:s, s:s}", "txid", (json_int_t)c->tx.txid, "version",
+				  c->tx.version, "reason", reason),
+			NULL, 0);
+	tx_finish(c, 0, reason);
+}
+
+static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m)
+{
+	const char *name = proto_str(m, "version");
+	struct cversion *v = version_find(c, name);
+	uint64_t req = proto_int(m, "req");
+	json_t *nodes;
+
+	if (c->tx.active || !v) {
+		send_to(c, from, P_COMMIT_RES,
+			json_pack("{s:I, s:b, s:s, s:[]}", "req", (json_int_t)req, "ok", 0, "reason",
+				  c->tx.active ? "another commit is in progress"
+					       : "no node has announced that version"),
+			NULL, 0);
+		return;
+	}
+	nodes = json_array();
+	for (size_t i = 0; i < c->n_nodes; i++)
+		if (alive(&c->nodes[i]))
+			json_array_append_new(nodes, json_string(c->nodes[i].name));
+	c->tx = (struct tx){.active = 1, .txid = ++c->next_txid, .version = strdup(name),
+			    .req = req, .phase = 1, .pending = json_deep_copy(nodes), .nodes = nodes,
+			    .deadline = hwfs_mono_s() +
+					HWFS_MAX(proto_int(m, "deadline_ms"), 100) / 1000.0};
+	snprintf(c->tx.requester, sizeof(c->tx.requester), "%s", from);
+	LOG_INFO("coord: commit %s: prepare on %zu node(s)", name, json_array_size(nodes));
+	{
+		size_t i;
+		json_t *nm;
+
+		json_array_foreach(nodes, i, nm)
+			send_to(c, json_string_value(nm), P_PREPARE,
+				json_pack("{s:I, s:s, s:s}", "txid", (json_int_t)c->tx.txid,
+					  "version", name, "digest", v->digest),
+				NULL, 0);
+	}
+}
+
+/* Remove @node from the pending list; 1 if it was pending. */
+static int tx_answered(struct coord *c, const char *node)
+{
+	size_t i;
+	json_t *nm;
+
+	json_array_foreach(c->tx.pending, i, nm)
+		if (!strcmp(json_string_value(nm), node)) {
+			json_array_remove(c->tx.pending, i);
+			return 1;
+		}
+	return 0;
+}
+
+static void on_ready(struct coord *c, const char *from, struct proto_msg *m)
+{
+	char reason[600];
+	size_t i;
+	json_t *nm;
+
+	if (!c->tx.active || c->tx.phase != 1 || proto_int(m, "txid") != c->tx.txid ||
+	    !tx_answered(c, from))
+		return;
+	if (!proto_bool(m, "ok")) {
+		snprintf(reason, sizeof(reason), "node %s is not ready: %s", from,
+			 proto_str(m, "reason") ?: "refused");
+		tx_abort(c, reason);
+		return;
+	}
+	if (json_array_size(c->tx.pending))
+		return;
+	/* everyone is ready: the decision is made, and recorded before it is sent */
+	free(c->committed);
+	c->committed = strdup(c->tx.version);
+	save_committed(c);
+	c->tx.phase = 2;
+	json_decref(c->tx.pending);
+	c->tx.pending = json_deep_copy(c->tx.nodes);
+	json_array_foreach(c->tx.nodes, i, nm)
+		send_to(c, json_string_value(nm), P_COMMIT,
+			json_pack("{s:I, s:s}", "txid", (json_int_t)c->tx.txid, "version",
+				  c->tx.version),
+			NULL, 0);
+}
+
+static void on_ack(struct coord *c, const char *from, struct proto_msg *m)
+{
+	if (!c->tx.active || c->tx.phase != 2 || proto_int(m, "txid") != c->tx.txid ||
+	    !tx_answered(c, from))
+		return;
+	if (!proto_bool(m, "ok"))
+		LOG_ERR("coord: %s could not flip to %s: %s", from, c->tx.version,
+			proto_str(m, "reason") ?: "?");
+	if (json_array_size(c->tx.pending) == 0) {
+		LOG_INFO("coord: %s committed on %zu node(s)", c->tx.version,
+			 json_array_size(c->tx.nodes));
+		tx_finish(c, 1, "committed");
+	}
+}
+
+static void tx_tick(struct coord *c)
+{
+	char reason[600];
+
+	if (!c->tx.active || hwfs_mono_s() < c->tx.deadline)
+		return;
+	snprintf(reason, sizeof(reason), "deadline passed waiting for %s",
+		 json_string_value(json_array_get(c->tx.pending, 0)) ?: "?");
+	if (c->tx.phase == 1) {
+		tx_abort(c, reason);
+	} else { /* decided already: report, the laggards catch up on rejoin */
+		LOG_ERR("coord: commit of %s: %s", c->tx.version, reason);
+		tx_finish(c, 0, reason);
+	}
+}
+
+static void on_status(struct coord *c, const char *from, struct proto_msg *m)
+{
+	json_t *nodes = json_array();
+
+	for (size_t i = 0; i < c->n_nodes; i++) {
+		struct cnode *n = &c->nodes[i];
+		json_t *vers = json_array(), *e;
+		const char *k;
+
+		json_object_foreach(n->versions, k, e)
+			json_array_append_new(vers, json_pack("{s:s, s:O, s:O, s:O, s:O}", "name", k,
+							      "digest", json_object_get(e, "digest"),
+							      "complete", json_object_get(e, "complete"),
+							      "bytes_held", json_object_get(e, "bytes_held"),
+							      "bytes_needed",
+							      json_object_get(e, "bytes_needed")));
+		json_array_append_new(nodes, json_pack("{s:s, s:s, s:b, s:o}", "name", n->name,
+						       "addr", n->addr ?: "", "alive", alive(n),
+						       "versions", vers));
+	}
+	send_to(c, from, P_STATUS_RES,
+		json_pack("{s:I, s:{s:s, s:o, s:o}}", "req", (json_int_t)proto_int(m, "req"),
+			  "cluster", "coordinator", c->o->listen, "committed",
+			  c->committed ? json_string(c->committed) : json_null(), "nodes", nodes),
+		NULL, 0);
+}
+
+static void handle(struct coord *c)
+{
+	for (int k = 0; k < 1024; k++) {
+		char ident[256], err[256];
+		size_t ident_len = sizeof(ident) - 1;
+		struct proto_msg m;
+		int r = proto_recv(c->sock, ident, &ident_len, 1, &m, err, sizeof(err));
+
+		if (r == -EAGAIN)
+			return;
+		if (r < 0) {
+			if (r == -EBADMSG) {
+				LOG_WARN("coord: malformed message dropped: %s", err);
+				continue;
+			}
+			return;
+		}
+		ident[ident_len] = '\0';
+		if (strlen(ident) != ident_len || !*ident) {
+			proto_msg_clear(&m);
+			continue; /* not a named node */
+		}
+		if (node_find(c, ident))
+			node_find(c, ident)->last_seen = hwfs_mono_s();
+		switch (m.type) {
+		case P_HELLO:
+			on_hello(c, ident, &m);
+			break;
+		case P_ANNOUNCE:
+			on_announce(c, ident, &m);
+			break;
+		case P_HAVE:
+			on_have(c, ident, &m);
+			break;
+		case P_COMMIT_REQ:
+			on_commit_req(c, ident, &m);
+			break;
+		case P_READY:
+			on_ready(c, ident, &m);
+			break;
+		case P_ACK:
+			on_ack(c, ident, &m);
+			break;
+		case P_STATUS_REQ:
+			on_status(c, ident, &m);
+			break;
+		case P_PING:
+			break;
+		default:
+			LOG_WARN("coord: unexpected %s from %s", proto_type_name(m.type), ident);
+		}
+		proto_msg_clear(&m);
+	}
+}
+
+int coord_run(const struct coord_opts *o)
+{
+	struct coord c = {.o = o};
+	struct sigaction sa = {.sa_handler = on_signal};
+	int linger = 0, r = 0, mandatory = 0;
+	char msg[512];
+
+	if (o->state && mkdir(o->state, 0700) < 0 && errno != EEXIST) {
+		r = -errno;
+		snprintf(msg, sizeof(msg), "error: state dir %s: %s\n", o->state, strerror(errno));
+		goto fail;
+	}
+	load_committed(&c);
+	c.ctx = zmq_ctx_new();
+	c.sock = c.ctx ? zmq_socket(c.ctx, ZMQ_ROUTER) : NULL;
+	if (!c.sock) {
+		r = -EIO;
+		snprintf(msg, sizeof(msg), "error: cannot create a socket\n");
+		goto fail;
+	}
+	zmq_setsockopt(c.sock, ZMQ_LINGER, &linger, sizeof(linger));
+	zmq_setsockopt(c.sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
+	if (zmq_bind(c.sock, o->listen) < 0) {
+		r = -errno;
+		snprintf(msg, sizeof(msg), "error: cannot listen on %s: %s\n", o->listen,
+			 zmq_strerror(errno));
+		goto fail;
+	}
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	LOG_INFO("coord: listening on %s (committed: %s)", o->listen,
+		 c.committed ? c.committed : "none");
+	if (o->notify_fd >= 0) {
+		if (write(o->notify_fd, "ok\n", 3) < 0)
+			LOG_WARN("coord: cannot notify the starting process");
+		close(o->notify_fd);
+	}
+	while (!stop_flag) {
+		zmq_pollitem_t it = {c.sock, 0, ZMQ_POLLIN, 0};
+
+		if (zmq_poll(&it, 1, 100) < 0 && errno != EINTR)
+			break;
+		handle(&c);
+		tx_tick(&c);
+	}
+	LOG_INFO("coord: stopped");
+	goto out;
+fail:
+	LOG_ERR("%.*s", (int)strcspn(msg, "\n"), msg);
+	if (o->notify_fd >= 0) {
+		if (write(o->notify_fd, msg, strlen(msg)) < 0)
+			LOG_WARN("coord: cannot notify the starting process");
+		close(o->notify_fd);
+	}
+out:
+	if (c.sock)
+		zmq_close(c.sock);
+	if (c.ctx)
+		zmq_ctx_term(c.ctx);
+	for (size_t i = 0; i < c.n_nodes; i++) {
+		free(c.nodes[i].name);
+		free(c.nodes[i].addr);
+		json_decref(c.nodes[i].versions);
+	}
+	free(c.nodes);
+	for (size_t i = 0; i < c.n_vers; i++) {
+		free(c.vers[i].name);
+		free(c.vers[i].manifest);
+		free(c.vers[i].origin);
+	}
+	free(c.vers);
+	free(c.committed);
+	if (c.tx.active) {
+		free(c.tx.version);
+		json_decref(c.tx.pending);
+		json_decref(c.tx.nodes);
+	}
+	return r;
+}

@@ -1,0 +1,610 @@
+"""Fixtures and helpers for the multi-node (replication) integration tests.
+
+A test asks for ``cluster``: a coordinator (``hwfs coord ... -f``, started with
+Popen, log in the cluster's temp dir) and three nodes A, B, C (``hwfs mount
+MNT --store STORE --join COORD --node NAME --listen URL``), each with its own
+store under /dev/shm and mountpoint under /tmp.  Starting a cluster costs three
+mounts and a join, so one cluster serves every test of the module: the
+``cluster`` fixture hands out the module's cluster and starts a fresh one only
+when there is none yet or the last one is no longer healthy (the watchdog
+killed it, a daemon died).  Tests therefore do not rely on what earlier tests
+left behind; they state what they need with idempotent helpers
+(``cluster.ensure_version("v1")`` publishes v1 on A unless it is there and waits
+until every node holds it; ``cluster.ensure_committed("v1")``), so each test
+also runs on its own (``-k``).
+
+Teardown always runs, in this order: every node is unmounted (``hwfs umount``,
+then ``fusermount3 -u -z``; the daemon pid from ``hwfs status --json`` is
+killed if still alive — the parent suite's ``HwfsMount.cleanup``), then the
+coordinator gets SIGTERM, SIGKILL after 5 s, and the temp dirs are removed.
+The nodes and the coordinator are registered with the parent suite's watchdog
+(``_ACTIVE``): a test that runs past its ``@pytest.mark.limit`` gets them all
+killed, and the next test starts a fresh cluster.
+
+When a test fails, the coordinator's log and every node's daemon log are added
+to its report.
+
+This directory is a package (``__init__.py``) on purpose: a second top-level
+``conftest`` module would replace the parent's in ``sys.modules`` and break
+the parent tests' ``from conftest import ...``.  As a package, this file is
+``cluster.conftest`` and ``import conftest`` below is the parent's module,
+already imported by pytest — the same ``_ACTIVE`` list its watchdog reads.
+"""
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import conftest as base  # tests/integration/conftest.py
+
+if Path(base.__file__).resolve() != Path(__file__).resolve().parents[1] / "conftest.py":
+    raise ImportError(f"`conftest` is {base.__file__}, expected the parent tests/integration/conftest.py")
+
+from conftest import (HWFS, TIMEOUT, HwfsMount, assert_tree_equal, is_mounted, pid_alive,  # noqa: E402
+                      poll, sh)
+
+NODE_NAMES = ("A", "B", "C")
+NODE_CAPACITY = "1G"
+CONVERGE_TIMEOUT = 60.0   # seconds for a version to reach every node
+JOIN_TIMEOUT = 30.0       # seconds for all nodes to show up alive in status --cluster
+COORD_READY_TIMEOUT = 10.0
+TOPOLOGY = os.environ.get("HWFS_TOPOLOGY")  # chain|star; unset: the coordinator's default
+
+
+# --------------------------------------------------------------------------
+# small helpers
+
+
+def free_port():
+    """A TCP port nobody listens on right now (bind to port 0, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path, n=60):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+def readlink(path):
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def find_all(path, needle):
+    """Offsets of every occurrence of @needle in the (sparse) file @path
+    (as tests/integration/test_damage.py does it)."""
+    import mmap
+
+    hits = []
+    if os.path.getsize(path) == 0:
+        return hits
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        pos = 0
+        while True:
+            try:
+                data = os.lseek(f.fileno(), pos, os.SEEK_DATA)
+            except OSError:
+                break
+            i = mm.find(needle, data)
+            if i < 0:
+                break
+            hits.append(i)
+            pos = i + 1
+    return hits
+
+
+def flip_byte(path, off):
+    fd = os.open(path, os.O_RDWR)
+    try:
+        b = os.pread(fd, 1, off)
+        os.pwrite(fd, bytes([b[0] ^ 0xFF]), off)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------
+# synthetic models: 20 float32 tensors of 1..2 MiB (about 30 MiB) in two
+# safetensors files plus a config.json.  Every version is the base model with
+# a few tensors replaced by values unique to that version, so versions share
+# most shards (cheap to replicate) and each one's changed tensors occur in no
+# other version (the damage test can find them in an arena).
+
+N_TENSORS = 20
+MODEL_SEED = 4242
+VERSIONS = {
+    # name: indices of the tensors that differ from v1 (2 of 20 = 10%)
+    "v1": (),
+    "v2": (3, 11),
+    "v3": (5, 15),
+    "v4": (7, 17),
+    "v5": (9, 19),
+}
+
+
+class Model:
+    def __init__(self, name, path, tensors, changed):
+        self.name = name
+        self.path = path            # the source directory
+        self.tensors = tensors      # name -> numpy array
+        self.changed = changed      # names of the tensors that differ from v1
+
+    @property
+    def changed_bytes(self):
+        return sum(self.tensors[n].nbytes for n in self.changed)
+
+    @property
+    def files(self):
+        return sorted(str(p) for p in Path(self.path).iterdir())
+
+
+def build_model(root, name, changed_idx):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    variant = list(VERSIONS).index(name)
+    rows = np.random.default_rng([MODEL_SEED, 0xA11]).integers(16, 33, size=N_TENSORS) * 64
+    tensors = {}
+    for i in range(N_TENSORS):
+        v = variant if i in changed_idx else 0
+        rng = np.random.default_rng([MODEL_SEED, i, v])
+        tensors[f"model.layers.{i}.weight"] = rng.standard_normal((int(rows[i]), 256), dtype=np.float32)
+    names = list(tensors)
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    half = N_TENSORS // 2
+    save_file({k: tensors[k] for k in names[:half]}, str(root / "model-00001-of-00002.safetensors"),
+              metadata={"format": "np"})
+    save_file({k: tensors[k] for k in names[half:]}, str(root / "model-00002-of-00002.safetensors"),
+              metadata={"format": "np"})
+    (root / "config.json").write_text(json.dumps(
+        {"architectures": ["TestForCausalLM"], "hidden_size": 256, "num_hidden_layers": N_TENSORS}, indent=2))
+    return Model(name, root, tensors, [names[i] for i in changed_idx])
+
+
+class Models:
+    """Source directories of v1..v5, built on first use, kept for the session."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self._made = {}
+
+    def __getitem__(self, name):
+        if name not in self._made:
+            self._made[name] = build_model(self.root / name, name, VERSIONS[name])
+        return self._made[name]
+
+
+# --------------------------------------------------------------------------
+# processes
+
+
+class Coordinator:
+    """`hwfs coord --listen URL --state DIR -f`, run in the foreground by Popen."""
+
+    def __init__(self, workdir):
+        self.port = free_port()
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.state = os.path.join(workdir, "coord-state")
+        os.makedirs(self.state, exist_ok=True)
+        self.logpath = os.path.join(workdir, "coord.log")
+        self.proc = None
+        self._log = None
+
+    def log_tail(self, n=60):
+        return tail(self.logpath, n)
+
+    def start(self):
+        args = [HWFS, "coord", "--listen", self.url, "--state", self.state]
+        if TOPOLOGY:
+            args += ["--topology", TOPOLOGY]
+        args.append("-f")
+        self._log = open(self.logpath, "ab")
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        end = time.monotonic() + COORD_READY_TIMEOUT
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                pytest.fail(f"`{' '.join(args)}` exited with {rc} before accepting connections\n"
+                            f"log:\n{self.log_tail()}", pytrace=False)
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                pass
+            if time.monotonic() >= end:
+                pytest.fail(f"coordinator did not accept connections on {self.url} within "
+                            f"{COORD_READY_TIMEOUT:.0f}s\nlog:\n{self.log_tail()}", pytrace=False)
+            time.sleep(0.05)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill_daemons(self):
+        """Watchdog: SIGKILL the coordinator."""
+        if self.alive():
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def stop(self):
+        """SIGTERM, SIGKILL after 5 s; always reaps and closes the log."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                try:
+                    os.kill(self.proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    try:
+                        os.kill(self.proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    self.proc.wait(timeout=10)
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+
+class ClusterNode(HwfsMount):
+    """A node: an HwfsMount whose `hwfs mount` joins the coordinator."""
+
+    def __init__(self, name, coord_url, capacity=NODE_CAPACITY):
+        super().__init__(capacity)
+        self.name = name
+        self.coord_url = coord_url
+        self.port = free_port()
+        self.url = f"tcp://127.0.0.1:{self.port}"
+
+    def __repr__(self):
+        return f"<node {self.name} {self.mnt}>"
+
+    def mount(self):
+        args = [HWFS, "mount", self.mnt, "--store", self.store, "--join", self.coord_url,
+                "--node", self.name, "--listen", self.url]
+        if self.capacity:
+            args += ["--capacity", str(self.capacity)]
+        with tempfile.TemporaryFile("w+") as out:  # files, not pipes (see the parent)
+            try:
+                rc = subprocess.run(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                                    timeout=TIMEOUT).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+            out.seek(0)
+            text = out.read()
+        if rc != 0:
+            pytest.fail(f"`{' '.join(args)}` failed ({rc}): {text}\ndaemon log:\n{self.log_tail()}",
+                        pytrace=False)
+        self.mounted = True
+        assert is_mounted(self.mnt), f"hwfs mount returned 0 but {self.mnt} is not in /proc/mounts"
+        st = self.status()
+        self.pid = int(st["pid"])
+        self.pids.append(self.pid)
+        return st
+
+    def healthy(self):
+        return self.pid is not None and pid_alive(self.pid) and is_mounted(self.mnt)
+
+    # -- what the tests look at
+    def cluster_status(self):
+        cp = self.run("status", "--cluster", "--json")
+        try:
+            return json.loads(cp.stdout)
+        except ValueError as e:
+            pytest.fail(f"hwfs status --cluster --json on {self.name} printed invalid JSON ({e}): {cp.stdout!r}")
+
+    def bytes_received(self):
+        return int(self.status()["replication"]["bytes_received"])
+
+    def current(self):
+        """(readlink of MNT/current, status current)."""
+        return readlink(self.path("current")), self.status().get("current")
+
+    def visible(self, version):
+        return version in os.listdir(self.path("versions"))
+
+
+class Cluster:
+    def __init__(self, names=NODE_NAMES):
+        self.names = list(names)
+        self.dir = tempfile.mkdtemp(prefix="hwfs-cluster-")
+        self.coord = Coordinator(self.dir)
+        self.nodes = {}
+        self.digests = {}      # version -> digest, once converged
+        self.unconverged = {}  # version -> why it never reached every node (fail fast later)
+
+    def __getitem__(self, name):
+        return self.nodes[name]
+
+    def __iter__(self):
+        return iter(self.nodes.values())
+
+    def others(self, *names):
+        return [n for n in self if n.name not in names]
+
+    # -- life cycle
+    def start(self):
+        base._ACTIVE.append(self.coord)
+        self.coord.start()
+        for name in self.names:
+            node = ClusterNode(name, self.coord.url)
+            self.nodes[name] = node
+            base._ACTIVE.append(node)
+            node.mount()
+        self.wait_members()
+
+    def wait_members(self, timeout=JOIN_TIMEOUT):
+        """Until A's `status --cluster` lists every node alive and every node
+        reports its own name and the coordinator."""
+        want = set(self.names)
+        last = {}
+
+        def joined():
+            nonlocal last
+            for node in self:
+                st = node.status()
+                if st.get("node") != node.name or st.get("coordinator") != self.coord.url:
+                    last = {"node": node.name, "status": st}
+                    return False
+            cs = self.nodes[self.names[0]].cluster_status()
+            last = cs
+            alive = {n.get("name") for n in cs.get("nodes", []) if n.get("alive")}
+            return alive == want
+
+        if not poll(joined, timeout=timeout, interval=0.2):
+            pytest.fail(f"the cluster did not form within {timeout:.0f}s (want {sorted(want)} alive); "
+                        f"last seen: {json.dumps(last)}\n{self.logs()}", pytrace=False)
+
+    def healthy(self):
+        return self.coord.alive() and len(self.nodes) == len(self.names) and all(n.healthy() for n in self)
+
+    def stop(self):
+        """Unmount every node, then stop the coordinator, remove the temp dirs.
+        Always runs to the end."""
+        try:
+            for node in reversed(list(self.nodes.values())):
+                try:
+                    node.cleanup()
+                except Exception:
+                    pass
+                finally:
+                    if node in base._ACTIVE:
+                        base._ACTIVE.remove(node)
+        finally:
+            try:
+                self.coord.stop()
+            finally:
+                if self.coord in base._ACTIVE:
+                    base._ACTIVE.remove(self.coord)
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+    def logs(self, n=40):
+        parts = [f"--- coordinator {self.coord.url} (pid {self.coord.proc.pid if self.coord.proc else None}) "
+                 f"log:\n{self.coord.log_tail(n)}"]
+        for node in self:
+            parts.append(f"--- node {node.name} {node.url} mnt {node.mnt} (pid {node.pid}) log:\n{node.log_tail(n)}")
+        return "\n".join(parts)
+
+    # -- versions
+    def publish(self, node_name, model, version=None):
+        version = version or model.name
+        node = self.nodes[node_name]
+        node.run("publish", model.path, version)
+        v = node.version(version)
+        assert v and v["state"] == "sealed", f"{version} after publish on {node_name}: {v}"
+        return v["digest"]
+
+    def wait_version(self, version, digest, nodes=None, timeout=CONVERGE_TIMEOUT):
+        """Poll until every one of @nodes (default: all) shows @version in
+        MNT/versions/ and status says sealed with @digest.  Fails at once if a
+        node shows it in MNT/versions/ before it is sealed with that digest
+        (half-visible) or with another digest.  Returns the seconds it took."""
+        nodes = list(self) if nodes is None else list(nodes)
+        t0 = time.monotonic()
+        end = t0 + timeout
+        pending = {n.name: n for n in nodes}
+        seen = {}
+        while True:
+            for name, node in list(pending.items()):
+                vis = node.visible(version)
+                rec = node.version(version)
+                seen[name] = {"visible": vis, "status": rec}
+                if vis:
+                    if rec is None or rec["state"] != "sealed":
+                        pytest.fail(f"{version} is visible in {name}'s MNT/versions/ but its status is {rec} "
+                                    f"(a version must appear only when complete)")
+                    if rec["digest"] != digest:
+                        pytest.fail(f"{version} on {name} has digest {rec['digest']}, the publisher's is {digest}")
+                    del pending[name]
+            if not pending:
+                return time.monotonic() - t0
+            if time.monotonic() >= end:
+                why = (f"{version} did not reach {sorted(pending)} within {timeout:.0f}s; "
+                       f"last seen: {json.dumps(seen)}")
+                self.unconverged[version] = why
+                pytest.fail(f"{why}\n{self.status_dump()}", pytrace=False)
+            time.sleep(0.1)
+
+    def ensure_version(self, version, models, origin="A"):
+        """@version (from @models) on every node, published on @origin unless
+        some earlier test already did.  Returns its digest."""
+        if version in self.unconverged:
+            pytest.fail(f"precondition: {self.unconverged[version]} (in an earlier test)", pytrace=False)
+        if version in self.digests:
+            return self.digests[version]
+        node = self.nodes[origin]
+        rec = node.version(version)
+        digest = rec["digest"] if rec else self.publish(origin, models[version], version)
+        self.wait_version(version, digest)
+        self.digests[version] = digest
+        return digest
+
+    def ensure_committed(self, version):
+        """Every node's current is @version (commits on B if not)."""
+        if all(n.current() == (f"versions/{version}", version) for n in self):
+            return
+        self.nodes["B"].run("commit", version)
+        for n in self:
+            assert n.current() == (f"versions/{version}", version), f"{n.name} after commit {version}: {n.current()}"
+
+    def status_dump(self):
+        out = []
+        for node in self:
+            try:
+                st = node.run("status", "--json", check=False, timeout=10).stdout
+                cs = node.run("status", "--cluster", "--json", check=False, timeout=10)
+                out.append(f"--- {node.name} status: {st.strip()}\n--- {node.name} status --cluster: "
+                           f"{cs.stdout.strip()} {cs.stderr.strip()}")
+            except BaseException as e:  # the dump must not hide the real failure
+                out.append(f"--- {node.name}: status failed: {e!r}")
+        return "\n".join(out)
+
+
+class Inotify:
+    """`inotifywait -m PATH` in the background; `wait_for(event, name)`."""
+
+    def __init__(self, path):
+        self.path = path
+        self.lines = []
+        self._q = queue.Queue()
+        self.proc = None
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(["inotifywait", "-m", self.path], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def reader(p=self.proc, q=self._q):
+            for line in p.stdout:
+                q.put(line.rstrip("\n"))
+
+        threading.Thread(target=reader, daemon=True).start()
+        try:
+            self._until(lambda s: "Watches established" in s, 10, "inotifywait did not start")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc.stdout.close()
+            self.proc = None
+
+    def _until(self, pred, timeout, what):
+        end = time.monotonic() + timeout
+        while True:
+            for s in self.lines:
+                if pred(s):
+                    return s
+            left = end - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"{what} within {timeout}s; inotifywait -m {self.path} printed {self.lines}",
+                            pytrace=False)
+            try:
+                self.lines.append(self._q.get(timeout=min(left, 0.5)))
+            except queue.Empty:
+                pass
+
+    def wait_for(self, events, name, timeout=10):
+        """The first line reporting one of @events (e.g. ("MOVED_TO", "CREATE"))
+        for entry @name.  Lines look like `DIR/ EV1,EV2 NAME`."""
+        def match(line):
+            parts = line.split(" ")
+            if len(parts) < 3 or parts[-1] != name:
+                return False
+            return bool(set(parts[-2].split(",")) & set(events))
+
+        return self._until(match, timeout, f"no {'/'.join(events)} {name} event")
+
+
+# --------------------------------------------------------------------------
+# fixtures
+
+
+class _Holder:
+    def __init__(self):
+        self.cluster = None
+        self.start_error = None
+
+    def get(self):
+        if self.start_error:
+            pytest.fail(f"the cluster could not be started (earlier in this module):\n{self.start_error}",
+                        pytrace=False)
+        if self.cluster is not None and not self.cluster.healthy():
+            # Killed by the watchdog or a daemon died: start over.
+            self.close()
+        if self.cluster is None:
+            cl = Cluster()
+            try:
+                cl.start()
+            except BaseException as e:
+                self.start_error = str(e)
+                cl.stop()
+                raise
+            self.cluster = cl
+        return self.cluster
+
+    def close(self):
+        if self.cluster is not None:
+            cl, self.cluster = self.cluster, None
+            cl.stop()
+
+
+@pytest.fixture(scope="module")
+def _cluster_holder():
+    h = _Holder()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.fixture
+def cluster(_cluster_holder, request):
+    """The module's running cluster (A, B, C joined to one coordinator)."""
+    cl = _cluster_holder.get()
+    request.node._hwfs_cluster = cl
+    return cl
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    return Models(tmp_path_factory.mktemp("cluster-models"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    cl = getattr(item, "_hwfs_cluster", None)
+    if cl is not None and rep.failed and rep.when in ("setup", "call"):
+        try:
+            rep.sections.append(("hwfs cluster logs", cl.logs()))
+        except Exception as e:  # never let log collection hide the failure
+            rep.sections.append(("hwfs cluster logs", f"(could not read logs: {e!r})"))
+    return rep
+

@@ -1,0 +1,1285 @@
+/*
+ * test_proto.c — the replicator's wire codec: every message type survives
+ * encode -> decode with its fields intact; every required field, when
+ * missing or of the wrong type, is rejected by the decoder (-EBADMSG with a
+ * reason) and by the encoder (-EINVAL); the payload rules, the limits and
+ * the hostile cases (duplicate keys, other versions, oversize or extra
+ * frames) are refused; and proto_send()/proto_recv() carry messages over
+ * real PAIR (inproc://) and ROUTER/DEALER (ipc://) sockets, dropping a
+ * hostile multipart message whole so the next good one still arrives.
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "proto.h"
+
+#define HA "0123456789abcdef0123456789abcdef"
+#define HB "fedcba9876543210fedcba9876543210"
+#define MANIFEST "{\"format\":\"hwfs-manifest/1\",\"name\":\"v2\"}"
+#define SHARD_BYTES "hello world"
+
+/* ---- helpers ---- */
+
+/* A valid set of fields for each type (a new reference). */
+static json_t *valid_fields(enum proto_type t)
+{
+	json_t *f = NULL;
+
+	switch (t) {
+	case P_HELLO:
+		f = json_pack("{s:s, s:s, s:[{s:s, s:s, s:b}, {s:s, s:s, s:b}], s:s}", "node", "n1",
+			      "listen", "tcp://10.0.0.1:7100", "versions", "name", "v1", "digest",
+			      HA, "complete", 1, "name", "v2", "digest", HB, "complete", 0,
+			      "current", "v1");
+		break;
+	case P_ANNOUNCE:
+		f = json_pack("{s:s, s:s}", "version", "v2", "digest", HB);
+		break;
+	case P_HAVE:
+		f = json_pack("{s:s, s:s, s:b, s:I, s:I}", "version", "v2", "digest", HB,
+			      "complete", 0, "bytes_held", (json_int_t)123,
+			      "bytes_needed", (json_int_t)1 << 40);
+		break;
+	case P_READY:
+		f = json_pack("{s:I, s:s, s:b, s:s}", "txid", (json_int_t)7, "version", "v2", "ok",
+			      1, "reason", "shadow-loaded");
+		break;
+	case P_ACK:
+		f = json_pack("{s:I, s:s, s:b, s:s}", "txid", (json_int_t)7, "version", "v2", "ok",
+			      0, "reason", "disk full");
+		break;
+	case P_COMMIT_REQ:
+		f = json_pack("{s:I, s:s, s:I}", "req", (json_int_t)1, "version", "v2",
+			      "deadline_ms", (json_int_t)30000);
+		break;
+	case P_STATUS_REQ:
+		f = json_pack("{s:I}", "req", (json_int_t)2);
+		break;
+	case P_PING:
+	case P_PONG:
+		f = json_object();
+		break;
+	case P_WELCOME:
+		f = json_pack("{s:s, s:n}", "coordinator", "c0", "committed");
+		break;
+	case P_PLAN:
+		f = json_pack("{s:s, s:s, s:[{s:s, s:s}, {s:s, s:s}]}", "version", "v2", "digest",
+			      HB, "donors", "node", "n1", "addr", "tcp://10.0.0.1:7101", "node",
+			      "n2", "addr", "tcp://10.0.0.2:7101");
+		break;
+	case P_PREPARE:
+		f = json_pack("{s:I, s:s, s:s}", "txid", (json_int_t)8, "version", "v2", "digest",
+			      HB);
+		break;
+	case P_COMMIT:
+		f = json_pack("{s:I, s:s}", "txid", (json_int_t)8, "version", "v2");
+		break;
+	case P_ABORT:
+		f = json_pack("{s:I, s:s, s:s}", "txid", (json_int_t)8, "version", "v2", "reason",
+			      "n2 not ready");
+		break;
+	case P_COMMIT_RES:
+		f = json_pack("{s:I, s:b, s:[s, s]}", "req", (json_int_t)1, "ok", 1, "nodes", "n1",
+			      "n2");
+		break;
+	case P_STATUS_RES:
+		f = json_pack("{s:I, s:{s:{s:s}, s:n}}", "req", (json_int_t)2, "cluster", "nodes",
+			      "n1", "state", "ready", "committed");
+		break;
+	case P_GET:
+		f = json_pack("{s:I, s:[s, s]}", "req", (json_int_t)9, "hashes", HA, HB);
+		break;
+	case P_SHARD:
+		f = json_pack("{s:I, s:s, s:I}", "req", (json_int_t)9, "hash", HA, "size",
+			      (json_int_t)strlen(SHARD_BYTES));
+		break;
+	case P_MISSING:
+		f = json_pack("{s:I, s:s}", "req", (json_int_t)9, "hash", HB);
+		break;
+	}
+	assert_non_null(f);
+	return f;
+}
+
+static int takes_payload(enum proto_type t)
+{
+	return t == P_ANNOUNCE || t == P_PLAN || t == P_SHARD;
+}
+
+/* The payload that goes with valid_fields(@t), or NULL. */
+static const char *valid_payload(enum proto_type t, size_t *len)
+{
+	const char *p = NULL;
+
+	if (t == P_ANNOUNCE || t == P_PLAN)
+		p = MANIFEST;
+	else if (t == P_SHARD)
+		p = SHARD_BYTES;
+	*len = p ? strlen(p) : 0;
+	return p;
+}
+
+static int is_optional(enum proto_type t, const char *key)
+{
+	return !strcmp(key, "reason") && (t == P_READY || t == P_ACK || t == P_COMMIT_RES);
+}
+
+/* Header text of type name @tname (may be NULL: no "t") + @fields, with "v" = @v. */
+static char *raw_header(int v, const char *tname, json_t *fields)
+{
+	json_t *h = json_object();
+	char *s;
+
+	assert_non_null(h);
+	assert_int_equal(json_object_set_new(h, "v", json_integer(v)), 0);
+	if (tname)
+		assert_int_equal(json_object_set_new(h, "t", json_string(tname)), 0);
+	if (fields)
+		assert_int_equal(json_object_update(h, fields), 0);
+	s = json_dumps(h, JSON_COMPACT);
+	assert_non_null(s);
+	json_decref(h);
+	return s;
+}
+
+/* Decode @hdr (NUL-terminated) with an optional payload frame. */
+static int dec(const char *hdr, const void *pl, size_t plen, int with_payload,
+	       struct proto_msg *m, char *err, size_t errlen)
+{
+	const void *fr[2] = {hdr, pl};
+	size_t fl[2] = {strlen(hdr), plen};
+
+	return proto_decode_frames(fr, fl, with_payload ? 2 : 1, m, err, errlen);
+}
+
+/* Decode type @t with @fields (raw, not through proto_encode) and the valid payload. */
+static int dec_fields(enum proto_type t, json_t *fields, char *err, size_t errlen)
+{
+	struct proto_msg m = {0};
+	size_t plen;
+	const char *pl = valid_payload(t, &plen);
+	char *hdr = raw_header(PROTO_VERSION, proto_type_name(t), fields);
+	int r = dec(hdr, pl, plen, takes_payload(t), &m, err, errlen);
+
+	free(hdr);
+	if (r == 0) {
+		assert_int_equal(m.type, t);
+		proto_msg_clear(&m);
+	}
+	return r;
+}
+
+/* The rejected message must come with a one-line reason. */
+static void assert_bad(int r, const char *err)
+{
+	assert_int_equal(r, -EBADMSG);
+	assert_true(err[0] != '\0');
+	assert_null(strchr(err, '\n'));
+}
+
+/* proto_encode() logs why it refused; keep expected refusals off the test output. */
+static int enc_quiet(enum proto_type t, json_t *fields, size_t plen, char **hdr, size_t *len)
+{
+	int saved = dup(2), devnull = open("/dev/null", O_WRONLY), r;
+
+	assert_true(saved >= 0 && devnull >= 0);
+	fflush(stderr);
+	dup2(devnull, 2);
+	r = proto_encode(t, fields, plen, hdr, len);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	close(devnull);
+	return r;
+}
+
+static void assert_enc_invalid(enum proto_type t, json_t *fields, size_t plen)
+{
+	char *hdr = NULL;
+	size_t len = 0;
+
+	assert_int_equal(enc_quiet(t, fields, plen, &hdr, &len), -EINVAL);
+	assert_null(hdr);
+}
+
+/* Every key of @fields is in @m with an equal value; "v" and "t" are right. */
+static void assert_fields_equal(const struct proto_msg *m, enum proto_type t, json_t *fields)
+{
+	const char *key;
+	json_t *val;
+
+	assert_int_equal(m->type, t);
+	assert_int_equal(json_integer_value(json_object_get(m->h, "v")), PROTO_VERSION);
+	assert_string_equal(json_string_value(json_object_get(m->h, "t")), proto_type_name(t));
+	assert_int_equal(json_object_size(m->h), json_object_size(fields) + 2);
+	json_object_foreach(fields, key, val)
+	{
+		assert_true(json_equal(json_object_get(m->h, key), val));
+	}
+}
+
+/* ---- round trips ---- */
+
+static void test_type_names(void **state)
+{
+	assert_string_equal(proto_type_name(P_HELLO), "HELLO");
+	assert_string_equal(proto_type_name(P_COMMIT_REQ), "COMMIT_REQ");
+	assert_string_equal(proto_type_name(P_MISSING), "MISSING");
+	assert_string_equal(proto_type_name((enum proto_type)0), "?");
+	assert_string_equal(proto_type_name((enum proto_type)20), "?");
+	assert_string_equal(proto_type_name((enum proto_type)-1), "?");
+}
+
+static void test_roundtrip_every_type(void **state)
+{
+	for (int t = P_HELLO; t <= P_MISSING; t++) {
+		json_t *f = valid_fields(t);
+		struct proto_msg m = {0};
+		size_t plen, hlen;
+		const char *pl = valid_payload(t, &plen);
+		char *hdr = NULL, err[256];
+		const void *fr[2];
+		size_t fl[2];
+
+		assert_int_equal(proto_encode(t, f, plen, &hdr, &hlen), 0);
+		assert_int_equal(strlen(hdr), hlen);
+		assert_int_equal(strncmp(hdr, "{\"v\":1,\"t\":\"", 12), 0);
+		fr[0] = hdr;
+		fl[0] = hlen;
+		fr[1] = pl;
+		fl[1] = plen;
+		assert_int_equal(proto_decode_frames(fr, fl, takes_payload(t) ? 2 : 1, &m, err,
+						     sizeof(err)),
+				 0);
+		assert_string_equal(err, "");
+		assert_fields_equal(&m, t, f);
+		{
+			char *again = json_dumps(m.h, JSON_COMPACT); /* compact, as sent */
+
+			assert_string_equal(again, hdr);
+			free(again);
+		}
+		if (takes_payload(t)) {
+			assert_ptr_equal(m.payload, pl);
+			assert_int_equal(m.payload_len, plen);
+		} else {
+			assert_null(m.payload);
+			assert_int_equal(m.payload_len, 0);
+		}
+		assert_null(m.priv);
+		proto_msg_clear(&m);
+		assert_null(m.h);
+		proto_msg_clear(&m); /* twice is harmless */
+		free(hdr);
+		json_decref(f);
+	}
+}
+
+static void test_encode_null_fields(void **state)
+{
+	struct proto_msg m = {0};
+	char *hdr, err[256];
+	size_t len;
+
+	assert_int_equal(proto_encode(P_PING, NULL, 0, &hdr, &len), 0);
+	assert_string_equal(hdr, "{\"v\":1,\"t\":\"PING\"}");
+	assert_int_equal(len, strlen(hdr));
+	assert_int_equal(dec(hdr, NULL, 0, 0, &m, err, sizeof(err)), 0);
+	assert_int_equal(m.type, P_PING);
+	proto_msg_clear(&m);
+	free(hdr);
+	assert_int_equal(proto_encode(P_PONG, NULL, 0, &hdr, &len), 0);
+	assert_string_equal(hdr, "{\"v\":1,\"t\":\"PONG\"}");
+	free(hdr);
+	/* NULL fields for a type with required fields is an invalid message. */
+	assert_enc_invalid(P_HELLO, NULL, 0);
+}
+
+static void test_encode_rules(void **state)
+{
+	json_t *f = valid_fields(P_COMMIT), *g;
+	char *hdr;
+	size_t len;
+
+	/* Unknown type. */
+	assert_enc_invalid((enum proto_type)0, f, 0);
+	assert_enc_invalid((enum proto_type)20, f, 0);
+	/* Fields must be an object. */
+	g = json_array();
+	assert_enc_invalid(P_PING, g, 0);
+	json_decref(g);
+	/* "v"/"t" may repeat the right values (re-sending a decoded header) ... */
+	g = json_deep_copy(f);
+	json_object_set_new(g, "v", json_integer(1));
+	json_object_set_new(g, "t", json_string("COMMIT"));
+	assert_int_equal(proto_encode(P_COMMIT, g, 0, &hdr, &len), 0);
+	free(hdr);
+	/* ... but not override them. */
+	json_object_set_new(g, "t", json_string("ABORT"));
+	assert_enc_invalid(P_COMMIT, g, 0);
+	json_object_set_new(g, "t", json_string("COMMIT"));
+	json_object_set_new(g, "v", json_integer(2));
+	assert_enc_invalid(P_COMMIT, g, 0);
+	json_object_set_new(g, "v", json_string("1"));
+	assert_enc_invalid(P_COMMIT, g, 0);
+	json_decref(g);
+	/* The fields are not stolen. */
+	assert_int_equal(f->refcount, 1);
+	json_decref(f);
+	/* Bad arguments. */
+	assert_int_equal(proto_encode(P_PING, NULL, 0, NULL, &len), -EINVAL);
+	assert_int_equal(proto_encode(P_PING, NULL, 0, &hdr, NULL), -EINVAL);
+}
+
+static void test_unknown_fields_ignored(void **state)
+{
+	char err[256];
+	json_t *f = valid_fields(P_HELLO);
+
+	/* Top level, and inside an entry of "versions". */
+	json_object_set_new(f, "future", json_pack("{s:[i, f, n]}", "x", 1, 2.5));
+	json_object_set_new(json_array_get(json_object_get(f, "versions"), 0), "shadow",
+			    json_true());
+	assert_int_equal(dec_fields(P_HELLO, f, err, sizeof(err)), 0);
+	json_decref(f);
+	f = valid_fields(P_PLAN);
+	json_object_set_new(json_array_get(json_object_get(f, "donors"), 1), "rate",
+			    json_integer(-5));
+	assert_int_equal(dec_fields(P_PLAN, f, err, sizeof(err)), 0);
+	json_decref(f);
+}
+
+static void test_optional_and_nullable(void **state)
+{
+	char err[256], *hdr;
+	size_t len;
+	json_t *f;
+
+	/* reason is optional in READY/ACK/COMMIT_RES: absent or null is fine. */
+	for (enum proto_type t = P_READY; t <= P_ACK; t++) {
+		f = valid_fields(t);
+		json_object_del(f, "reason");
+		assert_int_equal(dec_fields(t, f, err, sizeof(err)), 0);
+		json_object_set_new(f, "reason", json_null());
+		assert_int_equal(dec_fields(t, f, err, sizeof(err)), 0);
+		assert_int_equal(proto_encode(t, f, 0, &hdr, &len), 0);
+		free(hdr);
+		/* but when given it is a str. */
+		json_object_set_new(f, "reason", json_string(""));
+		assert_bad(dec_fields(t, f, err, sizeof(err)), err);
+		json_decref(f);
+	}
+	f = valid_fields(P_COMMIT_RES);
+	json_object_set_new(f, "reason", json_string("n3 timed out"));
+	assert_int_equal(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), 0);
+	json_object_set_new(f, "reason", json_integer(3));
+	assert_bad(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), err);
+	json_decref(f);
+	/* ABORT's reason is required. */
+	f = valid_fields(P_ABORT);
+	json_object_set_new(f, "reason", json_null());
+	assert_bad(dec_fields(P_ABORT, f, err, sizeof(err)), err);
+	json_decref(f);
+	/* current/committed: str or null, but present. */
+	f = valid_fields(P_HELLO);
+	json_object_set_new(f, "current", json_null());
+	assert_int_equal(dec_fields(P_HELLO, f, err, sizeof(err)), 0);
+	json_object_set_new(f, "current", json_string(""));
+	assert_bad(dec_fields(P_HELLO, f, err, sizeof(err)), err);
+	json_decref(f);
+	f = valid_fields(P_WELCOME);
+	json_object_set_new(f, "committed", json_string("v7"));
+	assert_int_equal(dec_fields(P_WELCOME, f, err, sizeof(err)), 0);
+	json_object_del(f, "committed");
+	assert_bad(dec_fields(P_WELCOME, f, err, sizeof(err)), err);
+	assert_non_null(strstr(err, "committed"));
+	json_decref(f);
+	/* Empty arrays are fine where no minimum is set. */
+	f = json_pack("{s:s, s:s, s:[], s:n}", "node", "n1", "listen", "x", "versions", "current");
+	assert_int_equal(dec_fields(P_HELLO, f, err, sizeof(err)), 0);
+	json_decref(f);
+	f = json_pack("{s:i, s:b, s:[]}", "req", 1, "ok", 0, "nodes");
+	assert_int_equal(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), 0);
+	json_decref(f);
+}
+
+/* ---- rejections, field by field ---- */
+
+static void test_missing_field_every_type(void **state)
+{
+	int rejected[P_MISSING + 1] = {0};
+
+	for (int t = P_HELLO; t <= P_MISSING; t++) {
+		json_t *f = valid_fields(t);
+		const char *key;
+		json_t *val;
+
+		json_object_foreach(f, key, val)
+		{
+			json_t *g = json_deep_copy(f);
+			char err[256];
+
+			json_object_del(g, key);
+			if (is_optional(t, key)) {
+				assert_int_equal(dec_fields(t, g, err, sizeof(err)), 0);
+			} else {
+				assert_bad(dec_fields(t, g, err, sizeof(err)), err);
+				assert_non_null(strstr(err, key));
+				assert_non_null(strstr(err, proto_type_name(t)));
+				assert_enc_invalid(t, g, takes_payload(t) ? 11 : 0);
+				rejected[t]++;
+			}
+			json_decref(g);
+		}
+		json_decref(f);
+	}
+	for (int t = P_HELLO; t <= P_MISSING; t++)
+		if (t != P_PING && t != P_PONG) /* no fields to miss */
+			assert_true(rejected[t] > 0);
+}
+
+/* A value of another JSON type than @v. */
+static json_t *wrong_value(const json_t *v, int variant)
+{
+	switch (json_typeof(v)) {
+	case JSON_STRING:
+		return variant ? json_integer(5) : json_true();
+	case JSON_INTEGER:
+		return variant ? json_string("5") : json_real(5.0);
+	case JSON_TRUE:
+	case JSON_FALSE:
+		return variant ? json_integer(1) : json_string("true");
+	case JSON_ARRAY:
+		return variant ? json_object() : json_string("[]");
+	case JSON_OBJECT:
+		return variant ? json_array() : json_true();
+	case JSON_NULL:
+		return variant ? json_integer(0) : json_false();
+	default:
+		return json_null();
+	}
+}
+
+static void test_wrong_type_every_type(void **state)
+{
+	int rejected[P_MISSING + 1] = {0};
+
+	for (int t = P_HELLO; t <= P_MISSING; t++) {
+		json_t *f = valid_fields(t);
+		const char *key;
+		json_t *val;
+
+		json_object_foreach(f, key, val)
+		{
+			for (int variant = 0; variant < 2; variant++) {
+				json_t *g = json_deep_copy(f);
+				char err[256];
+
+				json_object_set_new(g, key, wrong_value(val, variant));
+				assert_bad(dec_fields(t, g, err, sizeof(err)), err);
+				assert_non_null(strstr(err, key));
+				assert_enc_invalid(t, g, takes_payload(t) ? 11 : 0);
+				rejected[t]++;
+				json_decref(g);
+			}
+		}
+		json_decref(f);
+	}
+	for (int t = P_HELLO; t <= P_MISSING; t++)
+		if (t != P_PING && t != P_PONG)
+			assert_true(rejected[t] >= 2);
+}
+
+static void test_nested_entries(void **state)
+{
+	static const struct {
+		enum proto_type t;
+		const char *arr, *key;
+		int idx;
+		const char *json; /* new value of entry[idx].key; NULL: delete it */
+	} bad[] = {
+		{P_HELLO, "versions", "digest", 1, NULL},
+		{P_HELLO, "versions", "name", 0, NULL},
+		{P_HELLO, "versions", "complete", 0, NULL},
+		{P_HELLO, "versions", "digest", 1, "\"0123456789ABCDEF0123456789ABCDEF\""},
+		{P_HELLO, "versions", "digest", 0, "\"0123456789abcdef\""},
+		{P_HELLO, "versions", "name", 1, "\"\""},
+		{P_HELLO, "versions", "complete", 1, "\"yes\""},
+		{P_PLAN, "donors", "addr", 1, NULL},
+		{P_PLAN, "donors", "node", 0, "7"},
+		{P_PLAN, "donors", "addr", 0, "null"},
+	};
+
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(bad); i++) {
+		json_t *f = valid_fields(bad[i].t);
+		json_t *e = json_array_get(json_object_get(f, bad[i].arr), bad[i].idx);
+		char err[256], want[64];
+
+		if (bad[i].json)
+			json_object_set_new(e, bad[i].key,
+					    json_loads(bad[i].json, JSON_DECODE_ANY, NULL));
+		else
+			json_object_del(e, bad[i].key);
+		assert_bad(dec_fields(bad[i].t, f, err, sizeof(err)), err);
+		snprintf(want, sizeof(want), "%s[%d].%s", bad[i].arr, bad[i].idx, bad[i].key);
+		assert_non_null(strstr(err, want));
+		json_decref(f);
+	}
+
+	/* Entries that are not objects; arrays of the wrong element type. */
+	{
+		json_t *f = valid_fields(P_HELLO);
+		char err[256];
+
+		json_array_append_new(json_object_get(f, "versions"), json_string("v3"));
+		assert_bad(dec_fields(P_HELLO, f, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "versions[2]"));
+		json_decref(f);
+		f = valid_fields(P_COMMIT_RES);
+		json_array_append_new(json_object_get(f, "nodes"), json_integer(3));
+		assert_bad(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "nodes[2]"));
+		json_decref(f);
+		f = valid_fields(P_GET);
+		json_array_append_new(json_object_get(f, "hashes"), json_string("xyz"));
+		assert_bad(dec_fields(P_GET, f, err, sizeof(err)), err);
+		json_decref(f);
+	}
+}
+
+/* ---- values and limits ---- */
+
+static void test_hex(void **state)
+{
+	static const char *const bad[] = {
+		"0123456789ABCDEF0123456789ABCDEF", /* uppercase */
+		"0123456789abcdef0123456789abcdeF", /* one uppercase digit */
+		"0123456789abcdef0123456789abcdeg", /* not hex */
+		"0123456789abcdef0123456789abcde",  /* 31 */
+		"0123456789abcdef0123456789abcdef0", /* 33 */
+		" 123456789abcdef0123456789abcdef", "",
+	};
+	char err[256];
+
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(bad); i++) {
+		json_t *f = valid_fields(P_MISSING);
+
+		json_object_set_new(f, "hash", json_string(bad[i]));
+		assert_bad(dec_fields(P_MISSING, f, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "hash"));
+		assert_enc_invalid(P_MISSING, f, 0);
+		json_decref(f);
+	}
+}
+
+static void test_ints(void **state)
+{
+	static const struct {
+		const char *text;
+		int ok;
+	} cases[] = {
+		{"0", 1},
+		{"9007199254740992", 1},  /* 2^53 */
+		{"9007199254740993", 0},  /* 2^53 + 1 */
+		{"9223372036854775807", 0},
+		{"99999999999999999999", 0}, /* not even an int64: invalid JSON for jansson */
+		{"-1", 0},
+		{"-9223372036854775808", 0},
+		{"1.0", 0},
+		{"1e3", 0},
+		{"\"1\"", 0},
+		{"true", 0},
+		{"null", 0},
+	};
+	char hdr[256], err[256];
+
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(cases); i++) {
+		struct proto_msg m = {0};
+		int r;
+
+		snprintf(hdr, sizeof(hdr), "{\"v\":1,\"t\":\"STATUS_REQ\",\"req\":%s}",
+			 cases[i].text);
+		r = dec(hdr, NULL, 0, 0, &m, err, sizeof(err));
+		if (cases[i].ok) {
+			assert_int_equal(r, 0);
+			assert_int_equal(proto_int(&m, "req"), strtoull(cases[i].text, NULL, 10));
+			proto_msg_clear(&m);
+		} else {
+			assert_bad(r, err);
+		}
+	}
+	/* The encoder applies the same bounds. */
+	{
+		json_t *f = json_pack("{s:I}", "req", (json_int_t)(1ll << 53) + 1);
+
+		assert_enc_invalid(P_STATUS_REQ, f, 0);
+		json_object_set_new(f, "req", json_integer(-1));
+		assert_enc_invalid(P_STATUS_REQ, f, 0);
+		json_decref(f);
+	}
+}
+
+static void test_strings(void **state)
+{
+	char err[256], *s = malloc(PROTO_MAX_STR + 2);
+	json_t *f = valid_fields(P_COMMIT);
+
+	assert_non_null(s);
+	memset(s, 'x', PROTO_MAX_STR + 1);
+	s[PROTO_MAX_STR] = '\0';
+	json_object_set_new(f, "version", json_string(s)); /* exactly the limit */
+	assert_int_equal(dec_fields(P_COMMIT, f, err, sizeof(err)), 0);
+	s[PROTO_MAX_STR] = 'x';
+	s[PROTO_MAX_STR + 1] = '\0';
+	json_object_set_new(f, "version", json_string(s)); /* one over */
+	assert_bad(dec_fields(P_COMMIT, f, err, sizeof(err)), err);
+	assert_enc_invalid(P_COMMIT, f, 0);
+	json_object_set_new(f, "version", json_string(""));
+	assert_bad(dec_fields(P_COMMIT, f, err, sizeof(err)), err);
+	assert_enc_invalid(P_COMMIT, f, 0);
+	json_object_set_new(f, "version", json_stringn("a\0b", 3)); /* embedded NUL */
+	assert_enc_invalid(P_COMMIT, f, 0);
+	json_decref(f);
+	free(s);
+
+	/* NUL escapes and invalid UTF-8 never get through the parser. */
+	{
+		struct proto_msg m;
+		static const char nul[] = "{\"v\":1,\"t\":\"COMMIT\",\"txid\":1,\"version\":\"a\\u0000b\"}";
+		static const char bad_utf8[] = "{\"v\":1,\"t\":\"COMMIT\",\"txid\":1,\"version\":\"\xff\xfe\"}";
+		static const char utf8[] = "{\"v\":1,\"t\":\"COMMIT\",\"txid\":1,\"version\":\"v\xc3\xa9\"}";
+
+		assert_bad(dec(nul, NULL, 0, 0, &m, err, sizeof(err)), err);
+		assert_bad(dec(bad_utf8, NULL, 0, 0, &m, err, sizeof(err)), err);
+		assert_int_equal(dec(utf8, NULL, 0, 0, &m, err, sizeof(err)), 0);
+		assert_string_equal(proto_str(&m, "version"), "v\xc3\xa9");
+		proto_msg_clear(&m);
+	}
+}
+
+static void test_get_limits(void **state)
+{
+	json_t *f = json_pack("{s:i, s:[]}", "req", 1, "hashes");
+	json_t *a = json_object_get(f, "hashes");
+	char err[256], *hdr;
+	size_t len;
+
+	/* 0 hashes: rejected. */
+	assert_bad(dec_fields(P_GET, f, err, sizeof(err)), err);
+	for (int i = 0; i < PROTO_MAX_GET; i++)
+		json_array_append_new(a, json_string(i & 1 ? HA : HB));
+	assert_int_equal(dec_fields(P_GET, f, err, sizeof(err)), 0);
+	assert_int_equal(proto_encode(P_GET, f, 0, &hdr, &len), 0);
+	free(hdr);
+	json_array_append_new(a, json_string(HA)); /* 1025 */
+	assert_bad(dec_fields(P_GET, f, err, sizeof(err)), err);
+	assert_non_null(strstr(err, "hashes"));
+	assert_enc_invalid(P_GET, f, 0);
+	json_decref(f);
+}
+
+static void test_array_limit(void **state)
+{
+	json_t *f = json_pack("{s:i, s:b, s:[]}", "req", 1, "ok", 1, "nodes");
+	json_t *a = json_object_get(f, "nodes");
+	char err[256];
+
+	for (int i = 0; i < PROTO_MAX_ARRAY; i++)
+		json_array_append_new(a, json_string("n"));
+	assert_int_equal(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), 0);
+	json_array_append_new(a, json_string("n"));
+	assert_bad(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), err);
+	assert_non_null(strstr(err, "nodes"));
+	json_decref(f);
+}
+
+static void test_header_size_limit(void **state)
+{
+	/* {"v":1,"t":"PING","pad":"xxx..."}: unknown fields are not checked, the size is. */
+	static const char pre[] = "{\"v\":1,\"t\":\"PING\",\"pad\":\"";
+	const size_t n = PROTO_MAX_HEADER, plen = sizeof(pre) - 1;
+	char *h = calloc(1, n + 3), err[256];
+	struct proto_msg m;
+	json_t *f;
+
+	if (!h) { /* cmocka's fail() is not noreturn: tell the compiler */
+		fail();
+		return;
+	}
+	memcpy(h, pre, plen);
+	memset(h + plen, 'x', n - plen);
+	memcpy(h + n - 2, "\"}", 2); /* exactly PROTO_MAX_HEADER bytes */
+	assert_int_equal(strlen(h), n);
+	assert_int_equal(dec(h, NULL, 0, 0, &m, err, sizeof(err)), 0);
+	proto_msg_clear(&m);
+	memcpy(h + n - 2, "x\"}", 3); /* one byte over */
+	assert_int_equal(strlen(h), n + 1);
+	assert_bad(dec(h, NULL, 0, 0, &m, err, sizeof(err)), err);
+	assert_non_null(strstr(err, "header is"));
+	/* The encoder refuses to build one. */
+	h[n - 1] = '\0';
+	f = json_pack("{s:s}", "pad", h + plen);
+	assert_non_null(f);
+	assert_enc_invalid(P_PING, f, 0);
+	json_decref(f);
+	free(h);
+}
+
+/* ---- whole-header rejections ---- */
+
+static void test_bad_headers(void **state)
+{
+	static const char *const bad[] = {
+		"",
+		"{",
+		"{}x",
+		"[]",
+		"\"PING\"",
+		"1",
+		"null",
+		"{}",
+		"{\"t\":\"PING\"}",                         /* no v */
+		"{\"v\":2,\"t\":\"PING\"}",                 /* other version */
+		"{\"v\":0,\"t\":\"PING\"}",
+		"{\"v\":\"1\",\"t\":\"PING\"}",
+		"{\"v\":1.0,\"t\":\"PING\"}",
+		"{\"v\":1}",                                /* no t */
+		"{\"v\":1,\"t\":5}",
+		"{\"v\":1,\"t\":\"NOPE\"}",                 /* unknown type */
+		"{\"v\":1,\"t\":\"ping\"}",
+		"{\"v\":1,\"t\":\"\"}",
+		"{\"v\":1,\"t\":\"PING\\u0000\"}",
+		"{\"v\":1,\"t\":\"PING\",\"v\":1}",         /* duplicate keys */
+		"{\"v\":1,\"t\":\"PING\",\"t\":\"PING\"}",
+		"{\"v\":1,\"t\":\"PING\",\"x\":{\"a\":1,\"a\":2}}",
+		"{\"v\":1,\"t\":\"STATUS_REQ\",\"req\":1,\"req\":2}",
+		"{\"v\":1,\"t\":\"HELLO\",\"node\":\"n\",\"listen\":\"l\",\"current\":null,"
+		"\"versions\":[{\"name\":\"a\",\"name\":\"b\",\"digest\":\"" HA "\",\"complete\":true}]}",
+	};
+	char err[256];
+
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(bad); i++) {
+		struct proto_msg m = {0};
+
+		assert_bad(dec(bad[i], NULL, 0, 0, &m, err, sizeof(err)), err);
+		assert_null(m.h); /* not touched */
+	}
+	/* Reasons that say what is wrong. */
+	{
+		struct proto_msg m;
+
+		assert_bad(dec("{\"v\":2,\"t\":\"PING\"}", NULL, 0, 0, &m, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "version 2"));
+		assert_bad(dec("{\"v\":1,\"t\":\"NOPE\"}", NULL, 0, 0, &m, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "unknown message type \"NOPE\""));
+		/* A hostile type name is not quoted back. */
+		assert_bad(dec("{\"v\":1,\"t\":\"a\\nb\"}", NULL, 0, 0, &m, err, sizeof(err)), err);
+		assert_string_equal(err, "unknown message type");
+		/* A small err buffer truncates; no err buffer at all is fine. */
+		assert_int_equal(dec("[]", NULL, 0, 0, &m, err, 4), -EBADMSG);
+		assert_int_equal(strlen(err), 3);
+		assert_int_equal(dec("[]", NULL, 0, 0, &m, NULL, 0), -EBADMSG);
+	}
+	/* A header with NUL bytes inside the frame. */
+	{
+		static const char h[] = "{\"v\":1,\"t\":\"PING\"}\0garbage";
+		const void *fr[1] = {h};
+		size_t fl[1] = {sizeof(h) - 1};
+		struct proto_msg m;
+
+		assert_bad(proto_decode_frames(fr, fl, 1, &m, err, sizeof(err)), err);
+	}
+}
+
+/* ---- frames and payloads ---- */
+
+static void test_frames(void **state)
+{
+	static const char ping[] = "{\"v\":1,\"t\":\"PING\"}";
+	const void *fr[4] = {ping, "x", "y", "z"};
+	size_t fl[4] = {strlen(ping), 1, 1, 1};
+	struct proto_msg m = {0};
+	char err[256];
+
+	assert_int_equal(proto_decode_frames(fr, fl, 1, &m, err, sizeof(err)), 0);
+	proto_msg_clear(&m);
+	assert_bad(proto_decode_frames(fr, fl, 0, &m, err, sizeof(err)), err);
+	assert_bad(proto_decode_frames(fr, fl, 3, &m, err, sizeof(err)), err);
+	assert_non_null(strstr(err, "3 frames"));
+	assert_bad(proto_decode_frames(fr, fl, 4, &m, err, sizeof(err)), err);
+	/* A payload frame on a type that takes none, even an empty one. */
+	assert_bad(proto_decode_frames(fr, fl, 2, &m, err, sizeof(err)), err);
+	assert_non_null(strstr(err, "PING"));
+	fl[1] = 0;
+	assert_bad(proto_decode_frames(fr, fl, 2, &m, err, sizeof(err)), err);
+	/* Caller bugs. */
+	assert_int_equal(proto_decode_frames(NULL, fl, 1, &m, err, sizeof(err)), -EINVAL);
+	assert_int_equal(proto_decode_frames(fr, NULL, 1, &m, err, sizeof(err)), -EINVAL);
+	assert_int_equal(proto_decode_frames(fr, fl, 1, NULL, err, sizeof(err)), -EINVAL);
+	fr[0] = NULL;
+	assert_int_equal(proto_decode_frames(fr, fl, 1, &m, err, sizeof(err)), -EINVAL);
+	/* A NULL empty frame is an empty header: invalid JSON. */
+	fl[0] = 0;
+	assert_bad(proto_decode_frames(fr, fl, 1, &m, err, sizeof(err)), err);
+}
+
+static void test_payload_rules(void **state)
+{
+	char err[256], *hdr;
+	size_t len;
+
+	for (int t = P_HELLO; t <= P_MISSING; t++) {
+		json_t *f = valid_fields(t);
+		struct proto_msg m = {0};
+		char *h = raw_header(1, proto_type_name(t), f);
+
+		if (takes_payload(t)) {
+			/* Without its payload frame. */
+			assert_bad(dec(h, NULL, 0, 0, &m, err, sizeof(err)), err);
+			assert_non_null(strstr(err, "payload"));
+		} else {
+			/* With one it does not take. */
+			assert_bad(dec(h, "abc", 3, 1, &m, err, sizeof(err)), err);
+			assert_non_null(strstr(err, "payload"));
+			assert_enc_invalid(t, f, 3);
+		}
+		free(h);
+		json_decref(f);
+	}
+
+	/* Manifests are never empty. */
+	{
+		json_t *f = valid_fields(P_ANNOUNCE);
+		char *h = raw_header(1, "ANNOUNCE", f);
+		struct proto_msg m;
+
+		assert_bad(dec(h, "", 0, 1, &m, err, sizeof(err)), err);
+		assert_enc_invalid(P_ANNOUNCE, f, 0);
+		free(h);
+		json_decref(f);
+	}
+
+	/* SHARD: payload exactly `size` bytes; size 0 means an empty frame. */
+	{
+		json_t *f = valid_fields(P_SHARD);
+		char *h = raw_header(1, "SHARD", f);
+		struct proto_msg m;
+
+		assert_bad(dec(h, SHARD_BYTES, 10, 1, &m, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "size"));
+		assert_bad(dec(h, SHARD_BYTES "!", 12, 1, &m, err, sizeof(err)), err);
+		assert_enc_invalid(P_SHARD, f, 10);
+		free(h);
+		json_object_set_new(f, "size", json_integer(0));
+		h = raw_header(1, "SHARD", f);
+		assert_int_equal(dec(h, NULL, 0, 1, &m, err, sizeof(err)), 0);
+		assert_non_null(m.payload); /* present, empty */
+		assert_int_equal(m.payload_len, 0);
+		proto_msg_clear(&m);
+		assert_int_equal(proto_encode(P_SHARD, f, 0, &hdr, &len), 0);
+		free(hdr);
+		free(h);
+		json_decref(f);
+	}
+
+	/* Over PROTO_MAX_PAYLOAD: refused on the length alone (the bytes are not read). */
+	{
+		json_t *f = valid_fields(P_SHARD);
+		char *h;
+		struct proto_msg m;
+
+		json_object_set_new(f, "size", json_integer((json_int_t)PROTO_MAX_PAYLOAD + 1));
+		h = raw_header(1, "SHARD", f);
+		assert_bad(dec(h, "x", (size_t)PROTO_MAX_PAYLOAD + 1, 1, &m, err, sizeof(err)),
+			   err);
+		assert_non_null(strstr(err, "limit"));
+		assert_enc_invalid(P_SHARD, f, (size_t)PROTO_MAX_PAYLOAD + 1);
+		/* Exactly the limit passes. */
+		json_object_set_new(f, "size", json_integer((json_int_t)PROTO_MAX_PAYLOAD));
+		assert_int_equal(proto_encode(P_SHARD, f, (size_t)PROTO_MAX_PAYLOAD, &hdr, &len),
+				 0);
+		free(hdr);
+		free(h);
+		json_decref(f);
+	}
+}
+
+/* ---- accessors ---- */
+
+static void test_accessors(void **state)
+{
+	json_t *f = valid_fields(P_HELLO);
+	struct proto_msg m = {0};
+	char *h, err[256];
+	hwfs_hash_t x, want;
+
+	h = raw_header(1, "HELLO", f);
+	assert_int_equal(dec(h, NULL, 0, 0, &m, err, sizeof(err)), 0);
+	assert_string_equal(proto_str(&m, "node"), "n1");
+	assert_string_equal(proto_str(&m, "current"), "v1");
+	assert_null(proto_str(&m, "nope"));
+	assert_null(proto_str(&m, "versions"));
+	assert_string_equal(proto_str(&m, "t"), "HELLO");
+	assert_int_equal(proto_int(&m, "v"), 1);
+	assert_int_equal(proto_int(&m, "nope"), 0);
+	assert_int_equal(proto_hash(&m, "node", &x), -EINVAL);
+	assert_int_equal(proto_hash(&m, "nope", &x), -EINVAL);
+	proto_msg_clear(&m);
+	free(h);
+	json_decref(f);
+
+	f = valid_fields(P_HAVE);
+	h = raw_header(1, "HAVE", f);
+	assert_int_equal(dec(h, NULL, 0, 0, &m, err, sizeof(err)), 0);
+	assert_int_equal(proto_int(&m, "bytes_held"), 123);
+	assert_int_equal(proto_int(&m, "bytes_needed"), 1ull << 40);
+	assert_int_equal(proto_bool(&m, "complete"), 0);
+	assert_int_equal(proto_hash(&m, "digest", &x), 0);
+	assert_int_equal(hwfs_hash_parse(HB, &want), 0);
+	assert_int_equal(hwfs_hash_cmp(&x, &want), 0);
+	proto_msg_clear(&m);
+	free(h);
+	json_decref(f);
+
+	f = valid_fields(P_WELCOME);
+	h = raw_header(1, "WELCOME", f);
+	assert_int_equal(dec(h, NULL, 0, 0, &m, err, sizeof(err)), 0);
+	assert_null(proto_str(&m, "committed")); /* null */
+	assert_int_equal(proto_bool(&m, "committed"), 0);
+	proto_msg_clear(&m);
+	free(h);
+	json_decref(f);
+
+	f = valid_fields(P_READY);
+	h = raw_header(1, "READY", f);
+	assert_int_equal(dec(h, NULL, 0, 0, &m, err, sizeof(err)), 0);
+	assert_int_equal(proto_bool(&m, "ok"), 1);
+	assert_int_equal(proto_int(&m, "txid"), 7);
+	assert_string_equal(proto_str(&m, "reason"), "shadow-loaded");
+	proto_msg_clear(&m);
+	free(h);
+	json_decref(f);
+
+	/* On an empty message. */
+	assert_null(proto_str(&m, "x"));
+	assert_int_equal(proto_int(&m, "x"), 0);
+	assert_int_equal(proto_bool(&m, "x"), 0);
+	assert_int_equal(proto_hash(&m, "x", &x), -EINVAL);
+	proto_msg_clear(NULL);
+}
+
+/* ---- over zmq ---- */
+
+static void set_timeouts(void *s)
+{
+	int ms = 5000, zero = 0;
+
+	assert_int_equal(zmq_setsockopt(s, ZMQ_RCVTIMEO, &ms, sizeof(ms)), 0);
+	assert_int_equal(zmq_setsockopt(s, ZMQ_SNDTIMEO, &ms, sizeof(ms)), 0);
+	assert_int_equal(zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero)), 0);
+}
+
+static void send_raw(void *s, const char *const *frames, const size_t *lens, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		assert_true(zmq_send(s, frames[i], lens[i], i + 1 < n ? ZMQ_SNDMORE : 0) >= 0);
+}
+
+/* Receive on @s and check it is type @t with valid_fields(t) and the valid payload. */
+static void recv_valid(void *s, void *ident, size_t *ident_len, enum proto_type t)
+{
+	struct proto_msg m = {0};
+	json_t *f = valid_fields(t);
+	size_t plen;
+	const char *pl = valid_payload(t, &plen);
+	char err[256];
+
+	assert_int_equal(proto_recv(s, ident, ident_len, 0, &m, err, sizeof(err)), 0);
+	assert_fields_equal(&m, t, f);
+	if (pl) {
+		assert_int_equal(m.payload_len, plen);
+		assert_memory_equal(m.payload, pl, plen);
+		assert_non_null(m.priv);
+	} else {
+		assert_null(m.payload);
+		assert_null(m.priv);
+	}
+	proto_msg_clear(&m);
+	json_decref(f);
+}
+
+static void send_valid(void *s, const void *ident, size_t ident_len, enum proto_type t)
+{
+	json_t *f = valid_fields(t);
+	size_t plen;
+	const char *pl = valid_payload(t, &plen);
+
+	assert_int_equal(proto_send(s, ident, ident_len, t, f, pl, plen), 0);
+	json_decref(f);
+}
+
+static void test_zmq_pair(void **state)
+{
+	void *ctx = zmq_ctx_new(), *a, *b;
+	struct proto_msg m = {0}, big = {0}, small = {0};
+	char err[256];
+
+	assert_non_null(ctx);
+	a = zmq_socket(ctx, ZMQ_PAIR);
+	b = zmq_socket(ctx, ZMQ_PAIR);
+	set_timeouts(a);
+	set_timeouts(b);
+	assert_int_equal(zmq_bind(a, "inproc://test-proto-pair"), 0);
+	assert_int_equal(zmq_connect(b, "inproc://test-proto-pair"), 0);
+
+	/* Nothing there yet. */
+	assert_int_equal(proto_recv(a, NULL, NULL, 1, &m, err, sizeof(err)), -EAGAIN);
+
+	/* Every type, in both directions. */
+	for (int t = P_HELLO; t <= P_MISSING; t++) {
+		send_valid(b, NULL, 0, t);
+		recv_valid(a, NULL, NULL, t);
+		send_valid(a, NULL, 0, t);
+		recv_valid(b, NULL, NULL, t);
+	}
+
+	/* A hostile 3-frame message is read whole and dropped; the next one arrives. */
+	{
+		static const char ping[] = "{\"v\":1,\"t\":\"PING\"}";
+		const char *fr[3] = {ping, "junk", "more junk"};
+		size_t fl[3] = {strlen(ping), 4, 9};
+
+		send_raw(b, fr, fl, 3);
+		send_valid(b, NULL, 0, P_PING);
+		assert_bad(proto_recv(a, NULL, NULL, 0, &m, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "3 frames"));
+		recv_valid(a, NULL, NULL, P_PING);
+		assert_int_equal(proto_recv(a, NULL, NULL, 1, &m, err, sizeof(err)), -EAGAIN);
+	}
+	/* Many frames. */
+	{
+		const char *fr[100];
+		size_t fl[100];
+
+		for (int i = 0; i < 100; i++) {
+			fr[i] = "{}";
+			fl[i] = 2;
+		}
+		send_raw(b, fr, fl, 100);
+		send_valid(b, NULL, 0, P_GET);
+		assert_bad(proto_recv(a, NULL, NULL, 0, &m, err, sizeof(err)), err);
+		recv_valid(a, NULL, NULL, P_GET);
+	}
+	/* A bad header, an oversize header, a payload on PING, an empty message. */
+	{
+		size_t n = PROTO_MAX_HEADER + 1;
+		char *huge = malloc(n);
+		static const char ping[] = "{\"v\":1,\"t\":\"PING\"}";
+		const char *fr[2] = {ping, "payload"};
+		size_t fl[2] = {strlen(ping), 7};
+
+		assert_non_null(huge);
+		memset(huge, '[', n);
+		assert_true(zmq_send(b, "not json", 8, 0) == 8);
+		assert_true(zmq_send(b, huge, n, 0) == (int)n);
+		send_raw(b, fr, fl, 2);
+		assert_true(zmq_send(b, "", 0, 0) == 0);
+		send_valid(b, NULL, 0, P_SHARD);
+		assert_bad(proto_recv(a, NULL, NULL, 0, &m, err, sizeof(err)), err);
+		assert_bad(proto_recv(a, NULL, NULL, 0, &m, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "limit"));
+		assert_bad(proto_recv(a, NULL, NULL, 0, &m, err, sizeof(err)), err);
+		assert_bad(proto_recv(a, NULL, NULL, 1, &m, err, sizeof(err)), err);
+		recv_valid(a, NULL, NULL, P_SHARD);
+		free(huge);
+	}
+	/* Payloads stay valid until proto_msg_clear, small (inside the zmq_msg_t) and large. */
+	{
+		size_t n = 3u << 20;
+		char *bytes = malloc(n);
+		json_t *f;
+
+		assert_non_null(bytes);
+		for (size_t i = 0; i < n; i++)
+			bytes[i] = (char)(i * 7 + 3);
+		f = json_pack("{s:i, s:s, s:I}", "req", 1, "hash", HA, "size", (json_int_t)n);
+		assert_int_equal(proto_send(b, NULL, 0, P_SHARD, f, bytes, n), 0);
+		json_object_set_new(f, "size", json_integer(5));
+		assert_int_equal(proto_send(b, NULL, 0, P_SHARD, f, "abcde", 5), 0);
+		json_decref(f);
+		send_valid(b, NULL, 0, P_ANNOUNCE);
+		assert_int_equal(proto_recv(a, NULL, NULL, 0, &big, err, sizeof(err)), 0);
+		assert_int_equal(proto_recv(a, NULL, NULL, 0, &small, err, sizeof(err)), 0);
+		recv_valid(a, NULL, NULL, P_ANNOUNCE);
+		assert_int_equal(big.payload_len, n);
+		assert_memory_equal(big.payload, bytes, n);
+		assert_int_equal(small.payload_len, 5);
+		assert_memory_equal(small.payload, "abcde", 5);
+		assert_int_equal(proto_int(&big, "size"), n);
+		proto_msg_clear(&big);
+		proto_msg_clear(&small);
+		free(bytes);
+	}
+	/* An empty SHARD. */
+	{
+		json_t *f = json_pack("{s:i, s:s, s:i}", "req", 1, "hash", HA, "size", 0);
+
+		assert_int_equal(proto_send(b, NULL, 0, P_SHARD, f, NULL, 0), 0);
+		assert_int_equal(proto_recv(a, NULL, NULL, 0, &m, err, sizeof(err)), 0);
+		assert_int_equal(m.type, P_SHARD);
+		assert_non_null(m.payload);
+		assert_int_equal(m.payload_len, 0);
+		proto_msg_clear(&m);
+		json_decref(f);
+	}
+	/* Invalid messages are not sent at all. */
+	{
+		json_t *f = valid_fields(P_COMMIT);
+		int saved = dup(2), devnull = open("/dev/null", O_WRONLY);
+
+		dup2(devnull, 2);
+		json_object_del(f, "txid");
+		assert_int_equal(proto_send(b, NULL, 0, P_COMMIT, f, NULL, 0), -EINVAL);
+		dup2(saved, 2);
+		close(saved);
+		close(devnull);
+		json_decref(f);
+		f = valid_fields(P_PING);
+		assert_int_equal(proto_send(b, NULL, 0, P_PING, f, "x", 1), -EINVAL);
+		assert_int_equal(proto_send(b, NULL, 0, P_PING, f, "x", 0), -EINVAL);
+		json_decref(f);
+		f = valid_fields(P_SHARD);
+		assert_int_equal(proto_send(b, NULL, 0, P_SHARD, f, NULL, 11), -EINVAL);
+		json_decref(f);
+		assert_int_equal(proto_recv(a, NULL, NULL, 1, &m, err, sizeof(err)), -EAGAIN);
+	}
+
+	zmq_close(a);
+	zmq_close(b);
+	assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+static void test_zmq_router_dealer(void **state)
+{
+	void *ctx = zmq_ctx_new(), *router, *dealer;
+	char ep[128], err[256], ident[256];
+	size_t ident_len;
+	struct proto_msg m = {0};
+
+	assert_non_null(ctx);
+	snprintf(ep, sizeof(ep), "ipc:///tmp/hwfs-test-proto-%d.sock", (int)getpid());
+	router = zmq_socket(ctx, ZMQ_ROUTER);
+	dealer = zmq_socket(ctx, ZMQ_DEALER);
+	set_timeouts(router);
+	set_timeouts(dealer);
+	assert_int_equal(zmq_setsockopt(dealer, ZMQ_ROUTING_ID, "node-1", 6), 0);
+	assert_int_equal(zmq_bind(router, ep), 0);
+	assert_int_equal(zmq_connect(dealer, ep), 0);
+
+	/* node -> coordinator, with the identity; coordinator -> node, routed by it. */
+	send_valid(dealer, NULL, 0, P_HELLO);
+	ident_len = sizeof(ident);
+	recv_valid(router, ident, &ident_len, P_HELLO);
+	assert_int_equal(ident_len, 6);
+	assert_memory_equal(ident, "node-1", 6);
+	send_valid(router, ident, ident_len, P_WELCOME);
+	recv_valid(dealer, NULL, NULL, P_WELCOME);
+	send_valid(router, ident, ident_len, P_PLAN);
+	recv_valid(dealer, NULL, NULL, P_PLAN);
+	send_valid(dealer, NULL, 0, P_SHARD);
+	ident_len = sizeof(ident);
+	recv_valid(router, ident, &ident_len, P_SHARD);
+
+	/* A hostile 3-frame message (4 with the identity), then a good one. */
+	{
+		static const char ping[] = "{\"v\":1,\"t\":\"PING\"}";
+		const char *fr[3] = {ping, "a", "b"};
+		size_t fl[3] = {strlen(ping), 1, 1};
+
+		send_raw(dealer, fr, fl, 3);
+		send_valid(dealer, NULL, 0, P_HAVE);
+		ident_len = sizeof(ident);
+		memset(ident, 0, sizeof(ident));
+		assert_bad(proto_recv(router, ident, &ident_len, 0, &m, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "3 frames"));
+		assert_int_equal(ident_len, 6); /* who sent it is still known */
+		assert_memory_equal(ident, "node-1", 6);
+		ident_len = sizeof(ident);
+		recv_valid(router, ident, &ident_len, P_HAVE);
+	}
+	/* An identity longer than the buffer: dropped whole. */
+	{
+		send_valid(dealer, NULL, 0, P_PING);
+		send_valid(dealer, NULL, 0, P_STATUS_REQ);
+		ident_len = 3;
+		assert_bad(proto_recv(router, ident, &ident_len, 0, &m, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "identity"));
+		ident_len = sizeof(ident);
+		recv_valid(router, ident, &ident_len, P_STATUS_REQ);
+	}
+	/* An empty message from the dealer: identity + empty header. */
+	{
+		assert_true(zmq_send(dealer, "", 0, 0) == 0);
+		send_valid(dealer, NULL, 0, P_READY);
+		ident_len = sizeof(ident);
+		assert_bad(proto_recv(router, ident, &ident_len, 0, &m, err, sizeof(err)), err);
+		ident_len = sizeof(ident);
+		recv_valid(router, ident, &ident_len, P_READY);
+	}
+	/* Without an identity buffer, a ROUTER's identity frame is taken for the header. */
+	{
+		send_valid(dealer, NULL, 0, P_PING);
+		assert_bad(proto_recv(router, NULL, NULL, 0, &m, err, sizeof(err)), err);
+	}
+	/* Bad arguments. */
+	assert_int_equal(proto_recv(router, ident, NULL, 1, &m, err, sizeof(err)), -EINVAL);
+	assert_int_equal(proto_recv(NULL, NULL, NULL, 1, &m, err, sizeof(err)), -EINVAL);
+	assert_int_equal(proto_recv(router, NULL, NULL, 1, NULL, err, sizeof(err)), -EINVAL);
+	ident_len = sizeof(ident);
+	assert_int_equal(proto_recv(router, ident, &ident_len, 1, &m, err, sizeof(err)), -EAGAIN);
+
+	zmq_close(router);
+	zmq_close(dealer);
+	assert_int_equal(zmq_ctx_term(ctx), 0);
+	unlink(ep + strlen("ipc://"));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_type_names),
+		cmocka_unit_test(test_roundtrip_every_type),
+		cmocka_unit_test(test_encode_null_fields),
+		cmocka_unit_test(test_encode_rules),
+		cmocka_unit_test(test_unknown_fields_ignored),
+		cmocka_unit_test(test_optional_and_nullable),
+		cmocka_unit_test(test_missing_field_every_type),
+		cmocka_unit_test(test_wrong_type_every_type),
+		cmocka_unit_test(test_nested_entries),
+		cmocka_unit_test(test_hex),
+		cmocka_unit_test(test_ints),
+		cmocka_unit_test(test_strings),
+		cmocka_unit_test(test_get_limits),
+		cmocka_unit_test(test_array_limit),
+		cmocka_unit_test(test_header_size_limit),
+		cmocka_unit_test(test_bad_headers),
+		cmocka_unit_test(test_frames),
+		cmocka_unit_test(test_payload_rules),
+		cmocka_unit_test(test_accessors),
+		cmocka_unit_test(test_zmq_pair),
+		cmocka_unit_test(test_zmq_router_dealer),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
