@@ -36,6 +36,7 @@ struct want {
 	uint64_t size;
 	enum want_state state;
 	size_t donor;     /* index into the fetch's donors */
+	size_t tries;     /* donors given up on for this shard */
 	int misses;       /* MISSING answers from the current donor */
 	double not_before;
 	struct shard *sh; /* held: one reference, dropped after import */
@@ -50,6 +51,7 @@ struct fetch {
 	char **donors; /* endpoints, in preference order */
 	char **donor_names;
 	size_t n_donors;
+	int stripe;
 	uint64_t bytes_needed, bytes_held, inflight;
 	double last_rx;
 	struct fetch *next;
@@ -339,7 +341,16 @@ static int fetch_complete(const struct fetch *f)
 	return 1;
 }
 
-static int set_donors(struct fetch *f, json_t *donors)
+/* Give up on @w's current donor: the next one round the ring. */
+static void next_donor(struct fetch *f, struct want *w)
+{
+	w->tries++;
+	w->donor = f->n_donors ? (w->donor + 1) % f->n_donors : 0;
+	w->misses = 0;
+	w->state = W_QUEUED;
+}
+
+static int set_donors(struct fetch *f, json_t *donors, int stripe)
 {
 	size_t i, n = json_array_size(donors);
 	json_t *d;
@@ -360,8 +371,11 @@ static int set_donors(struct fetch *f, json_t *donors)
 		f->donor_names[i] = strdup(json_string_value(json_object_get(d, "node")));
 		f->n_donors++;
 	}
+	/* striped: shard k from donor k mod n; a failure moves on round the ring */
+	f->stripe = stripe && f->n_donors > 1;
 	for (size_t k = 0; k < f->n; k++) {
-		f->w[k].donor = 0;
+		f->w[k].donor = f->stripe ? k % f->n_donors : 0;
+		f->w[k].tries = 0;
 		f->w[k].misses = 0;
 	}
 	return 0;
@@ -394,7 +408,7 @@ static void on_plan(struct agent *a, struct proto_msg *m)
 	}
 	for (f = a->fetches; f; f = f->next)
 		if (!strcmp(f->name, name)) { /* a new plan: new donors */
-			set_donors(f, json_object_get(m->h, "donors"));
+			set_donors(f, json_object_get(m->h, "donors"), proto_bool(m, "stripe"));
 			return;
 		}
 	if (manifest_parse(m->payload, m->payload_len, &rec, err, sizeof(err)) < 0) {
@@ -455,7 +469,7 @@ static void on_plan(struct agent *a, struct proto_msg *m)
 		}
 	free(hs);
 	hs = NULL;
-	if (set_donors(f, json_object_get(m->h, "donors")) < 0)
+	if (set_donors(f, json_object_get(m->h, "donors"), proto_bool(m, "stripe")) < 0)
 		goto oom;
 	f->last_rx = now_s();
 	f->next = a->fetches;
@@ -482,11 +496,8 @@ static void pump(struct agent *a)
 		next = f->next;
 		if (f->inflight && now - f->last_rx > DONOR_SILENCE_S) {
 			for (size_t i = 0; i < f->n; i++)
-				if (f->w[i].state == W_INFLIGHT) {
-					f->w[i].state = W_QUEUED;
-					f->w[i].donor++;
-					f->w[i].misses = 0;
-				}
+				if (f->w[i].state == W_INFLIGHT)
+					next_donor(f, &f->w[i]);
 			f->inflight = 0;
 			f->last_rx = now;
 			LOG_WARN("agent: donor silent for %s; trying the next one", f->name);
@@ -524,7 +535,7 @@ static void pump(struct agent *a)
 		}
 		/* a want whose donors are all exhausted: the fetch cannot finish */
 		for (size_t i = 0; i < f->n; i++)
-			if (f->w[i].state == W_QUEUED && f->w[i].donor >= f->n_donors) {
+			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
 				fetch_fail(a, f, "no donor has every shard");
 				break;
 			}
@@ -569,9 +580,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from)
 	if (m->payload_len != w->size || hwfs_hash_cmp(&got, &h)) {
 		LOG_ERR("agent: bad shard from %s for %s (hash or size mismatch); asking another donor",
 			from, f->name);
-		w->state = W_QUEUED;
-		w->donor++;
-		w->misses = 0;
+		next_donor(f, w);
 		return;
 	}
 	if (arena_alloc(store_arena(a->st), w->size, &off) < 0) {
@@ -605,12 +614,10 @@ static void on_missing(struct agent *a, struct proto_msg *m)
 		return;
 	f->inflight -= HWFS_MIN(f->inflight, w->size);
 	w->state = W_QUEUED;
-	if (++w->misses >= MISSING_TRIES) {
-		w->donor++;
-		w->misses = 0;
-	} else {
+	if (++w->misses >= MISSING_TRIES)
+		next_donor(f, w);
+	else
 		w->not_before = now_s() + MISSING_RETRY_S;
-	}
 }
 
 /* A GET on the serving socket. */

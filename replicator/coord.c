@@ -183,11 +183,16 @@ static int cmp_join(const void *x, const void *y)
 	return a->join_seq < b->join_seq ? -1 : a->join_seq > b->join_seq;
 }
 
-static void send_plan(struct coord *c, struct cnode *to, struct cversion *v, json_t *donors)
+/*
+ * @stripe: every donor is complete, so the receiver spreads its requests over
+ * all of them (late join); otherwise it asks the first and falls back in order.
+ */
+static void send_plan(struct coord *c, struct cnode *to, struct cversion *v, json_t *donors,
+		      int stripe)
 {
 	send_to(c, to->name, P_PLAN,
-		json_pack("{s:s, s:s, s:o}", "version", v->name, "digest", v->digest, "donors",
-			  donors),
+		json_pack("{s:s, s:s, s:o, s:b}", "version", v->name, "digest", v->digest,
+			  "donors", donors, "stripe", stripe),
 		v->manifest, v->mlen);
 }
 
@@ -215,7 +220,7 @@ static void plan_all(struct coord *c, struct cversion *v)
 		if (c->o->topology == TOPO_CHAIN && prev)
 			json_array_append_new(donors, donor(prev));
 		json_array_append_new(donors, donor(origin));
-		send_plan(c, recv[i], v, donors);
+		send_plan(c, recv[i], v, donors, 0);
 		set_have(recv[i], v->name, v->digest, 0, 0, 0);
 		prev = recv[i];
 	}
@@ -241,7 +246,7 @@ static void plan_for(struct coord *c, struct cnode *to)
 			json_decref(donors);
 			continue;
 		}
-		send_plan(c, to, v, donors);
+		send_plan(c, to, v, donors, 1);
 		set_have(to, v->name, v->digest, 0, 0, 0);
 	}
 }

@@ -57,7 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			die("rejected without a one-line reason", err);
 		return 0;
 	}
-	if (m.type < P_HELLO || m.type > P_MISSING || !m.h)
+	if ((int)m.type < P_HELLO || (int)m.type > P_MISSING || !m.h)
 		die("accepted an impossible message", NULL);
 	if ((n == 2) != (m.payload != NULL) || (n == 2 && m.payload_len != fl[1]))
 		die("payload does not match the frames", NULL);
