@@ -956,3 +956,31 @@ out:
 	json_decref(root);
 	return rc;
 }
+
+static int cmp_ext_hash(const void *a, const void *b)
+{
+	return hwfs_hash_cmp(&((const struct hwfs_extent *)a)->hash,
+			     &((const struct hwfs_extent *)b)->hash);
+}
+
+uint64_t manifest_shard_bytes(const struct hwfs_vrec *v)
+{
+	struct hwfs_extent *all;
+	size_t n = 0, k = 0;
+	uint64_t sum = 0;
+
+	for (size_t i = 0; i < v->n_files; i++)
+		n += v->files[i].n_ext;
+	all = malloc((n ? n : 1) * sizeof(*all));
+	if (!all)
+		return 0;
+	for (size_t i = 0; i < v->n_files; i++)
+		for (size_t j = 0; j < v->files[i].n_ext; j++)
+			all[k++] = v->files[i].ext[j];
+	qsort(all, n, sizeof(*all), cmp_ext_hash);
+	for (size_t i = 0; i < n; i++)
+		if (i == 0 || hwfs_hash_cmp(&all[i].hash, &all[i - 1].hash))
+			sum += all[i].len;
+	free(all);
+	return sum;
+}

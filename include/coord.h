@@ -12,12 +12,15 @@
 
 #include "hwfs_common.h"
 
-enum coord_topology { TOPO_CHAIN, TOPO_STAR };
-
 struct coord_opts {
 	const char *listen;   /* tcp://HOST:PORT */
-	const char *state;    /* directory for the committed version and manifests, or NULL */
-	enum coord_topology topology;
+	const char *state;    /* directory for the committed version, or NULL */
+	/*
+	 * Broadcast fan-out: receivers sit in a tree rooted at the announcer in
+	 * join order, each pulling from its parent.  1 = chain (the default),
+	 * K = tree:K, 0 = star (everyone pulls from the announcer).
+	 */
+	unsigned fanout;
 	int notify_fd;        /* >= 0: "ok\n" or "error: ...\n" once listening, then closed */
 };
 

@@ -37,4 +37,7 @@ int manifest_digest(const struct hwfs_vrec *v, hwfs_hash_t *out);
 int manifest_parse(const char *json, size_t len, struct hwfs_vrec **out, char *err,
 		   size_t errlen);
 
+/** Sum of the sizes of the distinct shards of @v. */
+uint64_t manifest_shard_bytes(const struct hwfs_vrec *v);
+
 #endif /* HWFS_MANIFEST_H */

@@ -53,7 +53,8 @@ struct fetch {
 	size_t n_donors;
 	int stripe;
 	uint64_t bytes_needed, bytes_held, inflight;
-	double last_rx;
+	uint64_t total;   /* distinct shard bytes of the version */
+	double last_rx, last_report;
 	struct fetch *next;
 };
 
@@ -315,7 +316,8 @@ static void materialize(struct agent *a, struct fetch *f)
 	LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
 		 (unsigned long long)f->bytes_held);
 out:
-	send_have(a, f->name, &f->digest, ok, f->bytes_held, f->bytes_needed);
+	send_have(a, f->name, &f->digest, ok, ok ? f->total : f->total - f->bytes_needed + f->bytes_held,
+		  ok ? 0 : f->bytes_needed - f->bytes_held);
 	if (ok && a->pending_commit && !strcmp(a->pending_commit, f->name)) {
 		flip_to(a, f->name);
 		free(a->pending_commit);
@@ -328,7 +330,8 @@ out:
 static void fetch_fail(struct agent *a, struct fetch *f, const char *why)
 {
 	LOG_ERR("agent: giving up on %s: %s", f->name, why);
-	send_have(a, f->name, &f->digest, 0, f->bytes_held, f->bytes_needed);
+	send_have(a, f->name, &f->digest, 0, f->total - f->bytes_needed + f->bytes_held,
+		  f->bytes_needed - f->bytes_held);
 	fetch_unlink(a, f);
 	fetch_free(a, f);
 }
@@ -458,6 +461,7 @@ static void on_plan(struct agent *a, struct proto_msg *m)
 			n++;
 			f->w[f->n].hash = e->hash;
 			f->w[f->n].size = e->len;
+			f->total += e->len;
 			f->w[f->n].sh = store_get(a->st, &e->hash);
 			if (f->w[f->n].sh) {
 				f->w[f->n].state = W_HELD;
@@ -532,6 +536,11 @@ static void pump(struct agent *a)
 					f->last_rx = now;
 			}
 			json_decref(hashes);
+		}
+		if (now - f->last_report >= 0.5) { /* progress for status --cluster */
+			send_have(a, f->name, &f->digest, 0, f->total - f->bytes_needed + f->bytes_held,
+				  f->bytes_needed - f->bytes_held);
+			f->last_report = now;
 		}
 		/* a want whose donors are all exhausted: the fetch cannot finish */
 		for (size_t i = 0; i < f->n; i++)

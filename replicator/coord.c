@@ -29,6 +29,7 @@
 #include <zmq.h>
 
 #include "coord.h"
+#include "manifest.h"
 #include "proto.h"
 
 #define NODE_DEAD_S 3.0
@@ -48,6 +49,7 @@ struct cversion {
 	void *manifest;
 	size_t mlen;
 	char *origin;
+	uint64_t bytes; /* distinct shard bytes: what a complete holder holds */
 };
 
 struct tx {
@@ -196,16 +198,17 @@ static void send_plan(struct coord *c, struct cnode *to, struct cversion *v, jso
 		v->manifest, v->mlen);
 }
 
-/* Plan @v for every alive node that lacks it. */
+/*
+ * Plan @v for every alive node that lacks it: receivers in join order form a
+ * tree of the configured fan-out under the announcer (position 0); position p
+ * pulls from position (p-1)/K, with the announcer as fallback.
+ */
 static void plan_all(struct coord *c, struct cversion *v)
 {
-	struct cnode *recv[MAX_NODES], *origin = node_find(c, v->origin), *prev = NULL;
+	struct cnode *pos[MAX_NODES + 1], *origin = node_find(c, v->origin);
+	unsigned k = c->o->fanout;
 	size_t n = 0;
 
-	for (size_t i = 0; i < c->n_nodes && n < MAX_NODES; i++)
-		if (alive(&c->nodes[i]) && !node_has(&c->nodes[i], v))
-			recv[n++] = &c->nodes[i];
-	qsort(recv, n, sizeof(*recv), cmp_join);
 	if (!origin || !node_has(origin, v)) { /* announcer gone: any holder leads */
 		origin = NULL;
 		for (size_t i = 0; i < c->n_nodes && !origin; i++)
@@ -214,19 +217,24 @@ static void plan_all(struct coord *c, struct cversion *v)
 	}
 	if (!origin)
 		return;
-	for (size_t i = 0; i < n; i++) {
+	pos[0] = origin;
+	for (size_t i = 0; i < c->n_nodes && n < MAX_NODES; i++)
+		if (alive(&c->nodes[i]) && !node_has(&c->nodes[i], v))
+			pos[1 + n++] = &c->nodes[i];
+	qsort(pos + 1, n, sizeof(*pos), cmp_join);
+	for (size_t p = 1; p <= n; p++) {
+		struct cnode *parent = k ? pos[(p - 1) / k] : origin;
 		json_t *donors = json_array();
 
-		if (c->o->topology == TOPO_CHAIN && prev)
-			json_array_append_new(donors, donor(prev));
-		json_array_append_new(donors, donor(origin));
-		send_plan(c, recv[i], v, donors, 0);
-		set_have(recv[i], v->name, v->digest, 0, 0, 0);
-		prev = recv[i];
+		json_array_append_new(donors, donor(parent));
+		if (parent != origin)
+			json_array_append_new(donors, donor(origin));
+		send_plan(c, pos[p], v, donors, 0);
+		set_have(pos[p], v->name, v->digest, 0, 0, 0);
 	}
 	if (n)
-		LOG_INFO("coord: %s planned for %zu node(s), %s from %s", v->name, n,
-			 c->o->topology == TOPO_CHAIN ? "chain" : "star", origin->name);
+		LOG_INFO("coord: %s planned for %zu node(s), fan-out %u from %s", v->name, n, k,
+			 origin->name);
 }
 
 /* A node that (re)joined: plan every version it lacks, donors = all holders. */
@@ -282,10 +290,17 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	free(n->addr);
 	n->addr = strdup(proto_str(m, "listen"));
 	n->last_seen = hwfs_mono_s();
-	json_array_foreach(vers, i, e)
-		set_have(n, json_string_value(json_object_get(e, "name")),
-			 json_string_value(json_object_get(e, "digest")),
-			 json_is_true(json_object_get(e, "complete")), 0, 0);
+	json_array_foreach(vers, i, e) {
+		const char *vn = json_string_value(json_object_get(e, "name"));
+		struct cversion *v = version_find(c, vn);
+		json_t *old = json_object_get(n->versions, vn);
+
+		if (old && !json_is_true(json_object_get(old, "complete")))
+			continue; /* being pulled: HAVE reports progress */
+		set_have(n, vn, json_string_value(json_object_get(e, "digest")),
+			 json_is_true(json_object_get(e, "complete")),
+			 v ? (json_int_t)v->bytes : 0, 0);
+	}
 	if (fresh) {
 		send_to(c, from, P_WELCOME,
 			json_pack("{s:s, s:o}", "coordinator", c->o->listen, "committed",
@@ -308,7 +323,7 @@ static void on_announce(struct coord *c, const char *from, struct proto_msg *m)
 			name, digest, v->digest);
 		return;
 	}
-	set_have(n, name, digest, 1, 0, 0);
+	set_have(n, name, digest, 1, v ? (json_int_t)v->bytes : 0, 0);
 	if (!v) {
 		struct cversion *nv = realloc(c->vers, (c->n_vers + 1) * sizeof(*nv));
 
@@ -324,6 +339,23 @@ static void on_announce(struct coord *c, const char *from, struct proto_msg *m)
 			memcpy(v->manifest, m->payload, m->payload_len);
 		v->mlen = m->payload_len;
 		v->origin = strdup(from);
+		{
+			struct hwfs_vrec *rec = NULL;
+			char err[256];
+
+			if (manifest_parse(m->payload, m->payload_len, &rec, err, sizeof(err)) < 0) {
+				LOG_ERR("coord: %s announced %s with a bad manifest: %s", from, name,
+					err);
+				free(v->name);
+				free(v->manifest);
+				free(v->origin);
+				c->n_vers--;
+				return;
+			}
+			v->bytes = manifest_shard_bytes(rec);
+			hwfs_vrec_free(rec);
+		}
+		set_have(n, name, digest, 1, (json_int_t)v->bytes, 0);
 		LOG_INFO("coord: %s announced %s", from, name);
 		plan_all(c, v);
 	}

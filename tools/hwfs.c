@@ -449,17 +449,40 @@ static int loopback_endpoint(const char *ep)
 	return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) || !strncmp(h, "[::1]:", 6);
 }
 
+/* "chain" -> 1, "tree:K" -> K, "star" -> 0 (unbounded fan-out). */
+static int parse_topology(const char *s, unsigned *fanout)
+{
+	char *end;
+	unsigned long k;
+
+	if (!strcmp(s, "chain")) {
+		*fanout = 1;
+		return 0;
+	}
+	if (!strcmp(s, "star")) {
+		*fanout = 0;
+		return 0;
+	}
+	if (strncmp(s, "tree:", 5))
+		return -EINVAL;
+	k = strtoul(s + 5, &end, 10);
+	if (*end || k < 1 || k > 1024)
+		return -EINVAL;
+	*fanout = (unsigned)k;
+	return 0;
+}
+
 static int cmd_coord(int argc, char **argv)
 {
 	static const char usage[] = "hwfs coord --listen tcp://HOST:PORT [--state DIR] "
-				    "[--topology chain|star] [-f] [--insecure]";
+				    "[--topology chain|tree:K|star] [-f] [--insecure]";
 	static const struct option lo[] = {
 		{"listen", required_argument, NULL, 'l'}, {"state", required_argument, NULL, 's'},
 		{"topology", required_argument, NULL, 't'}, {"foreground", no_argument, NULL, 'f'},
 		{"insecure", no_argument, NULL, 'I'},     {"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	struct coord_opts o = {.notify_fd = -1, .topology = TOPO_CHAIN};
+	struct coord_opts o = {.notify_fd = -1, .fanout = 1};
 	int c, fg = 0, insecure = 0, pfd[2];
 	char buf[512];
 	pid_t pid;
@@ -474,13 +497,8 @@ static int cmd_coord(int argc, char **argv)
 			o.state = optarg;
 			break;
 		case 't':
-			if (!strcmp(optarg, "chain"))
-				o.topology = TOPO_CHAIN;
-			else if (!strcmp(optarg, "star"))
-				o.topology = TOPO_STAR;
-			else
-				die("unknown topology %s (chain or star; tree:K is not built yet)",
-				    optarg);
+			if (parse_topology(optarg, &o.fanout) < 0)
+				die("unknown topology %s (chain, tree:K with K >= 1, or star)", optarg);
 			break;
 		case 'f':
 			fg = 1;
