@@ -944,8 +944,8 @@ int daemon_run(const struct daemon_opts *o)
 	}
 	d.ctl_running = 1;
 	if (o->join) {
-		struct agent_opts ao = {o->node, o->listen, o->join, o->mountpoint, d.ns, d.st,
-					flip_current, &d};
+		struct agent_opts ao = {o->node, o->listen, o->join, o->mountpoint, o->keys, d.ns,
+					d.st, flip_current, &d};
 
 		r = agent_start(&ao, &d.agent);
 		if (r < 0) {

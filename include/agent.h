@@ -31,6 +31,7 @@ struct agent_opts {
 	const char *listen;      /* data-plane endpoint, tcp://HOST:PORT */
 	const char *coordinator; /* coordinator endpoint */
 	const char *mountpoint;
+	const char *keys;        /* key directory (keys.h), or NULL: no CURVE */
 	struct ns *ns;
 	struct store *st;
 	/* Flip MOUNT/current to versions/@version through the mount (daemon.c). */

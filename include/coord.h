@@ -15,6 +15,7 @@
 struct coord_opts {
 	const char *listen;   /* tcp://HOST:PORT */
 	const char *state;    /* directory for the committed version, or NULL */
+	const char *keys;     /* key directory (keys.h): CURVE on, unknown keys refused */
 	/*
 	 * Broadcast fan-out: receivers sit in a tree rooted at the announcer in
 	 * join order, each pulling from its parent.  1 = chain (the default),

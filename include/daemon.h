@@ -16,6 +16,7 @@ struct daemon_opts {
 	const char *join;       /* coordinator endpoint to join, or NULL (single node) */
 	const char *node;       /* this node's name (with join) */
 	const char *listen;     /* data-plane endpoint (with join) */
+	const char *keys;       /* CURVE key directory, or NULL */
 };
 
 /**

@@ -31,8 +31,8 @@
 #define PROTO_MAX_PAYLOAD (1ull << 30)
 #define PROTO_MAX_GET 1024
 /* Further limits of the field types (docs/protocol.md, "Field types"). */
-#define PROTO_MAX_STR 4096     /* bytes in a str field */
-#define PROTO_MAX_ARRAY 65536  /* entries in an array field other than "hashes" */
+#define PROTO_MAX_STR 4096         /* bytes in a str field */
+#define PROTO_MAX_ARRAY 65536      /* entries in an array field other than "hashes" */
 #define PROTO_MAX_INT (1ull << 53) /* largest int field (exact in a double) */
 
 enum proto_type {

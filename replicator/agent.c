@@ -19,6 +19,7 @@
 #include <zmq.h>
 
 #include "agent.h"
+#include "keys.h"
 #include "manifest.h"
 #include "proto.h"
 
@@ -50,6 +51,7 @@ struct fetch {
 	size_t n;
 	char **donors; /* endpoints, in preference order */
 	char **donor_names;
+	char **donor_keys; /* CURVE public keys, or NULL entries */
 	size_t n_donors;
 	int stripe;
 	uint64_t bytes_needed, bytes_held, inflight;
@@ -89,6 +91,7 @@ struct agent {
 	void *arg;
 
 	void *ctx, *coord, *serve;
+	struct keys *keys;
 	struct peer *peers;
 	pthread_t thread;
 	int running, stop;
@@ -133,7 +136,17 @@ static void send_coord(struct agent *a, enum proto_type t, json_t *fields, const
 	json_decref(fields);
 }
 
-static struct peer *peer_get(struct agent *a, const char *addr)
+/* Back off reconnects (a refused or dead peer is not hammered). */
+static void set_backoff(void *sock)
+{
+	int ivl = 100, max = 2000, linger = 0;
+
+	zmq_setsockopt(sock, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
+	zmq_setsockopt(sock, ZMQ_RECONNECT_IVL_MAX, &max, sizeof(max));
+	zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+}
+
+static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
 {
 	struct peer *p;
 
@@ -145,9 +158,11 @@ static struct peer *peer_get(struct agent *a, const char *addr)
 		return NULL;
 	p->addr = strdup(addr);
 	p->sock = zmq_socket(a->ctx, ZMQ_DEALER);
+	if (p->sock)
+		set_backoff(p->sock);
 	if (!p->addr || !p->sock ||
 	    zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, a->node, strlen(a->node)) < 0 ||
-	    zmq_connect(p->sock, addr) < 0) {
+	    (a->keys && keys_client(a->keys, p->sock, key) < 0) || zmq_connect(p->sock, addr) < 0) {
 		LOG_ERR("agent: cannot connect to donor %s: %s", addr, zmq_strerror(errno));
 		if (p->sock)
 			zmq_close(p->sock);
@@ -238,9 +253,11 @@ static void fetch_free(struct agent *a, struct fetch *f)
 	for (size_t i = 0; i < f->n_donors; i++) {
 		free(f->donors[i]);
 		free(f->donor_names[i]);
+		free(f->donor_keys[i]);
 	}
 	free(f->donors);
 	free(f->donor_names);
+	free(f->donor_keys);
 	free(f->w);
 	hwfs_vrec_free(f->rec);
 	free(f->name);
@@ -361,17 +378,23 @@ static int set_donors(struct fetch *f, json_t *donors, int stripe)
 	for (i = 0; i < f->n_donors; i++) {
 		free(f->donors[i]);
 		free(f->donor_names[i]);
+		free(f->donor_keys[i]);
 	}
 	free(f->donors);
 	free(f->donor_names);
+	free(f->donor_keys);
 	f->donors = calloc(n ? n : 1, sizeof(char *));
 	f->donor_names = calloc(n ? n : 1, sizeof(char *));
+	f->donor_keys = calloc(n ? n : 1, sizeof(char *));
 	f->n_donors = 0;
-	if (!f->donors || !f->donor_names)
+	if (!f->donors || !f->donor_names || !f->donor_keys)
 		return -ENOMEM;
 	json_array_foreach(donors, i, d) {
+		const char *key = json_string_value(json_object_get(d, "key"));
+
 		f->donors[i] = strdup(json_string_value(json_object_get(d, "addr")));
 		f->donor_names[i] = strdup(json_string_value(json_object_get(d, "node")));
+		f->donor_keys[i] = key ? strdup(key) : NULL;
 		f->n_donors++;
 	}
 	/* striped: shard k from donor k mod n; a failure moves on round the ring */
@@ -522,7 +545,8 @@ static void pump(struct agent *a)
 				w->state = W_INFLIGHT;
 				batch += w->size;
 			}
-			if (json_array_size(hashes) && (p = peer_get(a, f->donors[d]))) {
+			if (json_array_size(hashes) &&
+			    (p = peer_get(a, f->donors[d], f->donor_keys[d]))) {
 				json_t *g = json_pack("{s:I, s:O}", "req", (json_int_t)++a->next_req,
 						      "hashes", hashes);
 				int r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
@@ -709,10 +733,12 @@ static void hello(struct agent *a)
 	}
 	ns_unlock(a->ns);
 	free(names);
-	send_coord(a, P_HELLO,
-		   json_pack("{s:s, s:s, s:o, s:o}", "node", a->node, "listen", a->listen,
-			     "versions", vers, "current", cur ? json_string(cur) : json_null()),
-		   NULL, 0);
+	json_t *h = json_pack("{s:s, s:s, s:o, s:o}", "node", a->node, "listen", a->listen,
+			      "versions", vers, "current", cur ? json_string(cur) : json_null());
+
+	if (a->keys) /* pullers reach our data socket with it */
+		json_object_set_new(h, "key", json_string(keys_public(a->keys)));
+	send_coord(a, P_HELLO, h, NULL, 0);
 	free(cur);
 	a->last_hello = now_s();
 }
@@ -978,8 +1004,23 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		r = -EIO;
 		goto fail;
 	}
-	zmq_setsockopt(a->coord, ZMQ_LINGER, &linger, sizeof(linger));
+	set_backoff(a->coord);
 	zmq_setsockopt(a->serve, ZMQ_LINGER, &linger, sizeof(linger));
+	if (o->keys) {
+		r = keys_load(o->keys, &a->keys);
+		if (r == 0 && !keys_coordinator(a->keys)) {
+			LOG_ERR("agent: %s/coordinator.pub is missing", o->keys);
+			r = -ENOENT;
+		}
+		if (r == 0)
+			r = keys_start_zap(a->keys, a->ctx);
+		if (r == 0)
+			r = keys_server(a->keys, a->serve);
+		if (r == 0)
+			r = keys_client(a->keys, a->coord, keys_coordinator(a->keys));
+		if (r < 0)
+			goto fail;
+	}
 	if (zmq_setsockopt(a->coord, ZMQ_ROUTING_ID, a->node, strlen(a->node)) < 0 ||
 	    zmq_connect(a->coord, a->coordinator) < 0) {
 		r = -errno;
@@ -1037,6 +1078,7 @@ void agent_stop(struct agent *a)
 		zmq_close(a->coord);
 	if (a->serve)
 		zmq_close(a->serve);
+	keys_free(a->keys);
 	if (a->ctx)
 		zmq_ctx_term(a->ctx);
 	pthread_mutex_lock(&a->mu);

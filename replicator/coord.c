@@ -29,6 +29,7 @@
 #include <zmq.h>
 
 #include "coord.h"
+#include "keys.h"
 #include "manifest.h"
 #include "proto.h"
 
@@ -38,6 +39,7 @@
 struct cnode {
 	char *name;
 	char *addr;
+	char *key; /* its public key, with CURVE */
 	double last_seen;
 	uint64_t join_seq;
 	json_t *versions; /* name -> {digest, complete, bytes_held, bytes_needed} */
@@ -67,6 +69,7 @@ struct tx {
 struct coord {
 	const struct coord_opts *o;
 	void *ctx, *sock;
+	struct keys *keys;
 	struct cnode *nodes;
 	size_t n_nodes;
 	uint64_t join_seq;
@@ -175,7 +178,11 @@ static void load_committed(struct coord *c)
 
 static json_t *donor(const struct cnode *n)
 {
-	return json_pack("{s:s, s:s}", "node", n->name, "addr", n->addr);
+	json_t *d = json_pack("{s:s, s:s}", "node", n->name, "addr", n->addr);
+
+	if (n->key) /* the puller needs it to reach the donor over CURVE */
+		json_object_set_new(d, "key", json_string(n->key));
+	return d;
 }
 
 static int cmp_join(const void *x, const void *y)
@@ -289,6 +296,8 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	}
 	free(n->addr);
 	n->addr = strdup(proto_str(m, "listen"));
+	free(n->key);
+	n->key = proto_str(m, "key") ? strdup(proto_str(m, "key")) : NULL;
 	n->last_seen = hwfs_mono_s();
 	json_array_foreach(vers, i, e) {
 		const char *vn = json_string_value(json_object_get(e, "name"));
@@ -615,6 +624,17 @@ int coord_run(const struct coord_opts *o)
 	}
 	zmq_setsockopt(c.sock, ZMQ_LINGER, &linger, sizeof(linger));
 	zmq_setsockopt(c.sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
+	if (o->keys) {
+		r = keys_load(o->keys, &c.keys);
+		if (r == 0)
+			r = keys_start_zap(c.keys, c.ctx);
+		if (r == 0)
+			r = keys_server(c.keys, c.sock);
+		if (r < 0) {
+			snprintf(msg, sizeof(msg), "error: keys %s: %s\n", o->keys, strerror(-r));
+			goto fail;
+		}
+	}
 	if (zmq_bind(c.sock, o->listen) < 0) {
 		r = -errno;
 		snprintf(msg, sizeof(msg), "error: cannot listen on %s: %s\n", o->listen,
@@ -651,11 +671,13 @@ fail:
 out:
 	if (c.sock)
 		zmq_close(c.sock);
+	keys_free(c.keys);
 	if (c.ctx)
 		zmq_ctx_term(c.ctx);
 	for (size_t i = 0; i < c.n_nodes; i++) {
 		free(c.nodes[i].name);
 		free(c.nodes[i].addr);
+		free(c.nodes[i].key);
 		json_decref(c.nodes[i].versions);
 	}
 	free(c.nodes);

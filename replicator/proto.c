@@ -51,10 +51,11 @@ struct field {
 
 struct schema {
 	const char *name;
-	int payload; /* 1: frame 1 required, 0: forbidden */
+	int payload;                    /* 1: frame 1 required, 0: forbidden */
 	struct field f[MAX_FIELDS + 1]; /* ends at key == NULL */
 };
 
+/* clang-format off */
 static const struct schema schemas[] = {
 	/* node -> coordinator */
 	[P_HELLO] = {"HELLO",
@@ -112,6 +113,7 @@ static const struct schema schemas[] = {
 static const struct field version_entry[] = {
 	{"name", F_STR, 0}, {"digest", F_HEX, 0}, {"complete", F_BOOL, 0}, {NULL, F_STR, 0}};
 static const struct field donor_entry[] = {{"node", F_STR, 0}, {"addr", F_STR, 0}, {NULL, F_STR, 0}};
+/* clang-format on */
 
 static const struct schema *schema_of(enum proto_type t)
 {
@@ -157,10 +159,14 @@ static int fail(struct ectx *e, const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(e->err, e->errlen, fmt, ap);
 		va_end(ap);
-		/* One printable line, whatever the input held. */
+		/*
+		 * One line of printable ASCII whatever the input held (jansson
+		 * quotes the bytes near a syntax error), so the reason can be
+		 * logged or put in a JSON string as it is.
+		 */
 		for (char *p = e->err; *p; p++)
-			if ((unsigned char)*p < 0x20 || *p == 0x7f)
-				*p = ' ';
+			if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f)
+				*p = '?';
 	}
 	return -EBADMSG;
 }

@@ -26,6 +26,7 @@
 #include "coord.h"
 #include "ctl.h"
 #include "daemon.h"
+#include "keys.h"
 #include "tunables.h"
 
 static const char *g_mount;
@@ -472,15 +473,37 @@ static int parse_topology(const char *s, unsigned *fanout)
 	return 0;
 }
 
+static int cmd_keygen(int argc, char **argv)
+{
+	char pub[KEY_Z85];
+	int r;
+
+	if (argc != 2 || argv[1][0] == '-') {
+		if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+			printf("usage: hwfs keygen DIR\n");
+			return 0;
+		}
+		usage_die("hwfs keygen DIR");
+	}
+	r = keys_generate(argv[1], pub);
+	if (r == -EEXIST)
+		die("%s/key exists already; not overwritten", argv[1]);
+	if (r < 0)
+		die("keygen %s: %s", argv[1], r == -ENOTSUP ? "libzmq has no CURVE support"
+							   : strerror(-r));
+	printf("%s\n", pub);
+	return 0;
+}
+
 static int cmd_coord(int argc, char **argv)
 {
 	static const char usage[] = "hwfs coord --listen tcp://HOST:PORT [--state DIR] "
-				    "[--topology chain|tree:K|star] [-f] [--insecure]";
+				    "[--topology chain|tree:K|star] [--keys DIR] [-f] [--insecure]";
 	static const struct option lo[] = {
 		{"listen", required_argument, NULL, 'l'}, {"state", required_argument, NULL, 's'},
 		{"topology", required_argument, NULL, 't'}, {"foreground", no_argument, NULL, 'f'},
 		{"insecure", no_argument, NULL, 'I'},     {"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+		{"keys", required_argument, NULL, 'K'},   {NULL, 0, NULL, 0},
 	};
 	struct coord_opts o = {.notify_fd = -1, .fanout = 1};
 	int c, fg = 0, insecure = 0, pfd[2];
@@ -506,6 +529,9 @@ static int cmd_coord(int argc, char **argv)
 		case 'I':
 			insecure = 1;
 			break;
+		case 'K':
+			o.keys = optarg;
+			break;
 		case 'h':
 			printf("usage: %s\n", usage);
 			return 0;
@@ -515,7 +541,7 @@ static int cmd_coord(int argc, char **argv)
 	}
 	if (!o.listen || optind != argc)
 		usage_die(usage);
-	if (!insecure && !loopback_endpoint(o.listen))
+	if (!o.keys && !insecure && !loopback_endpoint(o.listen))
 		die("refusing to listen on %s without keys (use a loopback address, or --insecure)",
 		    o.listen);
 	if (fg)
@@ -632,13 +658,14 @@ static int cmd_mount(int argc, char **argv)
 {
 	static const char usage[] =
 		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [-f] [-o NAME=VALUE,...] [-d]\n"
-		"       [--join tcp://COORD:PORT --node NAME --listen tcp://HOST:PORT [--insecure]]";
+		"       [--join tcp://COORD:PORT --node NAME --listen tcp://HOST:PORT [--keys DIR] [--insecure]]";
 	static const struct option lo[] = {
 		{"store", required_argument, NULL, 's'}, {"capacity", required_argument, NULL, 'c'},
 		{"foreground", no_argument, NULL, 'f'},  {"help", no_argument, NULL, 'h'},
 		{"debug", no_argument, NULL, 'd'},       {"join", required_argument, NULL, 'J'},
 		{"node", required_argument, NULL, 'N'},  {"listen", required_argument, NULL, 'l'},
-		{"insecure", no_argument, NULL, 'I'},    {NULL, 0, NULL, 0},
+		{"insecure", no_argument, NULL, 'I'},    {"keys", required_argument, NULL, 'K'},
+		{NULL, 0, NULL, 0},
 	};
 	struct daemon_opts o = {.notify_fd = -1};
 	int insecure = 0;
@@ -678,6 +705,9 @@ static int cmd_mount(int argc, char **argv)
 		case 'I':
 			insecure = 1;
 			break;
+		case 'K':
+			o.keys = optarg;
+			break;
 		case 'o':
 			for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;
 			     t = strtok_r(NULL, ",", &save))
@@ -698,9 +728,9 @@ static int cmd_mount(int argc, char **argv)
 		die("--join needs --node NAME and --listen tcp://HOST:PORT");
 	if (!o.join && (o.node || o.listen))
 		die("--node and --listen only make sense with --join");
-	if (o.listen && !insecure && !loopback_endpoint(o.listen))
+	if (o.listen && !o.keys && !insecure && !loopback_endpoint(o.listen))
 		die("refusing to listen on %s without keys: traffic would be unauthenticated "
-		    "(use a loopback address, or --insecure)", o.listen);
+		    "(use --keys DIR, a loopback address, or --insecure)", o.listen);
 	if (hwfs_tunables_load((const char *const *)opts, n_opts) < 0)
 		die("bad tunable in -o (see hwfs mount --help)");
 	if (stat(argv[optind], &st) < 0 && errno == ENOTCONN) {
@@ -842,7 +872,8 @@ static void usage_all(FILE *f)
 		"  rm V                                                  remove V\n"
 		"  gc --keep N                                           keep N newest versions\n"
 		"  manifest V                                            print V's manifest\n"
-		"  coord --listen tcp://HOST:PORT [--state DIR]          run a coordinator\n\n"
+		"  coord --listen tcp://HOST:PORT [--state DIR]          run a coordinator\n"
+		"  keygen DIR                                            make a CURVE key pair\n\n"
 		"A node joins a cluster with: hwfs mount ... --join tcp://COORD:PORT --node NAME\n"
 		"--listen tcp://HOST:PORT; then commit is cluster-wide (--local: this node only)\n"
 		"and status --cluster shows every node.\n\n"
@@ -863,6 +894,8 @@ int main(int argc, char **argv)
 		return cmd_mount(argc, argv);
 	if (!strcmp(verb, "coord"))
 		return cmd_coord(argc, argv);
+	if (!strcmp(verb, "keygen"))
+		return cmd_keygen(argc, argv);
 	if (!strcmp(verb, "umount") || !strcmp(verb, "unmount"))
 		return cmd_umount(argc, argv);
 	if (!strcmp(verb, "status"))

@@ -5,7 +5,7 @@
  * number of frames (1..4); every frame but the last is preceded by its
  * length (2 bytes, little-endian, clipped to what is left) and the last one
  * takes the rest.  proto_decode_frames() must reject them cleanly (-EBADMSG
- * with a one-line reason) or accept them.  Whatever it accepts must
+ * with a reason: one line of printable ASCII) or accept them.  Whatever it accepts must
  * re-encode with proto_encode(), decode again to the same type and header,
  * and re-encode to the same bytes (the encoding is a fixed point).  A
  * violation aborts, which libFuzzer reports as a crash.
@@ -21,6 +21,17 @@ static void die(const char *what, const char *err)
 {
 	fprintf(stderr, "fuzz_proto: %s%s%s\n", what, err ? ": " : "", err ? err : "");
 	abort();
+}
+
+/* A reason is one non-empty line of printable ASCII. */
+static int one_line(const char *s)
+{
+	if (!*s)
+		return 0;
+	for (; *s; s++)
+		if (*s < 0x20 || *s >= 0x7f)
+			return 0;
+	return 1;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -53,8 +64,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (rc) {
 		if (rc != -EBADMSG)
 			die("unexpected error code", NULL);
-		if (!err[0] || strchr(err, '\n'))
-			die("rejected without a one-line reason", err);
+		if (!one_line(err))
+			die("rejected without a one-line printable reason", NULL);
 		return 0;
 	}
 	if ((int)m.type < P_HELLO || (int)m.type > P_MISSING || !m.h)
