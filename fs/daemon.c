@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "agent.h"
+#include "coord.h"
 #include "ctl.h"
 #include "daemon.h"
 #include "fuse_ops.h"
@@ -43,7 +44,48 @@ struct daemon {
 	int ctl_running;
 	uint64_t counter; /* atomic: unique names for temporary entries */
 	struct agent *agent; /* replication, when joined to a coordinator */
+	pthread_t coord_thread; /* embedded coordinator (--coordinator) */
+	struct coord_opts copts;
+	int coord_running;
+	volatile int coord_stop;
+	char coord_state[4096];
 };
+
+static void *coord_main(void *arg)
+{
+	struct daemon *d = arg;
+
+	coord_run(&d->copts);
+	return NULL;
+}
+
+/* Start the embedded coordinator; returns once it listens (or failed). */
+static int start_coord(struct daemon *d, char *msg, size_t len)
+{
+	char buf[512];
+	ssize_t n;
+	int pfd[2];
+
+	if (pipe2(pfd, O_CLOEXEC) < 0)
+		return -errno;
+	snprintf(d->coord_state, sizeof(d->coord_state), "%s/coord", store_dir(d->st));
+	d->copts = (struct coord_opts){.listen = d->o->coordinator, .state = d->coord_state,
+				       .keys = d->o->keys, .fanout = 1, .notify_fd = pfd[1],
+				       .stop = &d->coord_stop};
+	if (pthread_create(&d->coord_thread, NULL, coord_main, d) != 0) {
+		close(pfd[0]);
+		close(pfd[1]);
+		return -EAGAIN;
+	}
+	d->coord_running = 1;
+	n = read(pfd[0], buf, sizeof(buf) - 1);
+	close(pfd[0]);
+	buf[n > 0 ? n : 0] = '\0';
+	if (!strncmp(buf, "ok", 2))
+		return 0;
+	snprintf(msg, len, "error: embedded coordinator: %s", n > 7 ? buf + 7 : "did not start\n");
+	return -EIO;
+}
 
 /* ----------------------------------------------------------- helpers */
 
@@ -943,6 +985,11 @@ int daemon_run(const struct daemon_opts *o)
 		goto fail;
 	}
 	d.ctl_running = 1;
+	if (o->coordinator) {
+		r = start_coord(&d, msg, sizeof(msg));
+		if (r < 0)
+			goto fail;
+	}
 	if (o->join) {
 		struct agent_opts ao = {o->node, o->listen, o->join, o->mountpoint, o->keys, d.ns,
 					d.st, flip_current, &d};
@@ -972,6 +1019,10 @@ out:
 	if (d.agent) {
 		ns_set_seal_hook(d.ns, NULL, NULL);
 		agent_stop(d.agent);
+	}
+	if (d.coord_running) {
+		d.coord_stop = 1;
+		pthread_join(d.coord_thread, NULL);
 	}
 	if (d.ctl_running) {
 		shutdown(d.ctl_fd, SHUT_RDWR);

@@ -23,9 +23,15 @@ struct coord_opts {
 	 */
 	unsigned fanout;
 	int notify_fd;        /* >= 0: "ok\n" or "error: ...\n" once listening, then closed */
+	/*
+	 * Embedded in a node's daemon: stop when *stop becomes non-zero, and
+	 * leave signals to the host.  NULL: a process of its own, stopped by
+	 * SIGINT/SIGTERM.
+	 */
+	volatile int *stop;
 };
 
-/** Serve until SIGINT/SIGTERM. Returns 0, or -errno when it could not start. */
+/** Serve until stopped. Returns 0, or -errno when it could not start. */
 int coord_run(const struct coord_opts *o);
 
 #endif /* HWFS_COORD_H */

@@ -17,6 +17,7 @@ struct daemon_opts {
 	const char *node;       /* this node's name (with join) */
 	const char *listen;     /* data-plane endpoint (with join) */
 	const char *keys;       /* CURVE key directory, or NULL */
+	const char *coordinator; /* run a coordinator on this endpoint inside the daemon */
 };
 
 /**

@@ -25,7 +25,7 @@
 
 #define WINDOW_BYTES (256ull << 20) /* bytes in flight per version being pulled */
 #define BATCH_BYTES (64ull << 20)   /* bytes asked for in one GET */
-#define DONOR_SILENCE_S 10.0        /* no shard for this long: next donor */
+#define DONOR_SILENCE_S 5.0         /* no shard for this long: next donor */
 #define MISSING_RETRY_S 0.2         /* a donor that lacks a shard may not have its plan yet */
 #define MISSING_TRIES 5
 #define HELLO_EVERY_S 1.0
@@ -397,13 +397,20 @@ static int set_donors(struct fetch *f, json_t *donors, int stripe)
 		f->donor_keys[i] = key ? strdup(key) : NULL;
 		f->n_donors++;
 	}
-	/* striped: shard k from donor k mod n; a failure moves on round the ring */
+	/*
+	 * striped: shard k from donor k mod n; a failure moves on round the
+	 * ring.  Requests in flight to the old donors are asked again (a late
+	 * answer to them is ignored).
+	 */
 	f->stripe = stripe && f->n_donors > 1;
 	for (size_t k = 0; k < f->n; k++) {
+		if (f->w[k].state == W_INFLIGHT)
+			f->w[k].state = W_QUEUED;
 		f->w[k].donor = f->stripe ? k % f->n_donors : 0;
 		f->w[k].tries = 0;
 		f->w[k].misses = 0;
 	}
+	f->inflight = 0;
 	return 0;
 }
 
@@ -613,6 +620,13 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from)
 	if (m->payload_len != w->size || hwfs_hash_cmp(&got, &h)) {
 		LOG_ERR("agent: bad shard from %s for %s (hash or size mismatch); asking another donor",
 			from, f->name);
+		send_coord(a, P_HAVE,
+			   json_pack("{s:s, s:o, s:b, s:I, s:I, s:s}", "version", f->name, "digest",
+				     hex_json(&f->digest), "complete", 0, "bytes_held",
+				     (json_int_t)(f->total - f->bytes_needed + f->bytes_held),
+				     "bytes_needed", (json_int_t)(f->bytes_needed - f->bytes_held),
+				     "bad_donor", f->donor_names[w->donor]),
+			   NULL, 0);
 		next_donor(f, w);
 		return;
 	}

@@ -41,6 +41,8 @@ struct cnode {
 	char *addr;
 	char *key; /* its public key, with CURVE */
 	double last_seen;
+	int was_alive;      /* for noticing deaths */
+	uint64_t bad_shards; /* reported by its pullers */
 	uint64_t join_seq;
 	json_t *versions; /* name -> {digest, complete, bytes_held, bytes_needed} */
 };
@@ -266,6 +268,41 @@ static void plan_for(struct coord *c, struct cnode *to)
 	}
 }
 
+/*
+ * A node that stopped answering: every node still pulling a version gets a
+ * new plan from the complete holders that are alive, so nobody waits on a
+ * dead donor.  (A puller also gives up on a silent donor by itself.)
+ */
+static void deaths(struct coord *c)
+{
+	int died = 0;
+
+	for (size_t i = 0; i < c->n_nodes; i++) {
+		int a = alive(&c->nodes[i]);
+
+		if (c->nodes[i].was_alive && !a) {
+			LOG_WARN("coord: node %s stopped answering", c->nodes[i].name);
+			died = 1;
+		}
+		c->nodes[i].was_alive = a;
+	}
+	if (!died)
+		return;
+	for (size_t i = 0; i < c->n_nodes; i++) {
+		struct cnode *n = &c->nodes[i];
+
+		if (!alive(n))
+			continue;
+		for (size_t k = 0; k < c->n_vers; k++) {
+			json_t *e = json_object_get(n->versions, c->vers[k].name);
+
+			if (e && !json_is_true(json_object_get(e, "complete")))
+				json_object_del(n->versions, c->vers[k].name);
+		}
+		plan_for(c, n); /* donors: the alive complete holders, striped */
+	}
+}
+
 /* --------------------------------------------------------------- messages */
 
 static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
@@ -373,7 +410,14 @@ static void on_announce(struct coord *c, const char *from, struct proto_msg *m)
 
 static void on_have(struct coord *c, const char *from, struct proto_msg *m)
 {
-	struct cnode *n = node_find(c, from);
+	struct cnode *n = node_find(c, from), *bad;
+	const char *bad_donor = proto_str(m, "bad_donor");
+
+	if (bad_donor && (bad = node_find(c, bad_donor))) {
+		bad->bad_shards++;
+		LOG_ERR("coord: %s received a corrupt shard of %s from %s", from,
+			proto_str(m, "version"), bad_donor);
+	}
 
 	if (n)
 		set_have(n, proto_str(m, "version"), proto_str(m, "digest"),
@@ -536,8 +580,9 @@ static void on_status(struct coord *c, const char *from, struct proto_msg *m)
 							      "bytes_held", json_object_get(e, "bytes_held"),
 							      "bytes_needed",
 							      json_object_get(e, "bytes_needed")));
-		json_array_append_new(nodes, json_pack("{s:s, s:s, s:b, s:o}", "name", n->name,
+		json_array_append_new(nodes, json_pack("{s:s, s:s, s:b, s:I, s:o}", "name", n->name,
 						       "addr", n->addr ?: "", "alive", alive(n),
+						       "bad_shards", (json_int_t)n->bad_shards,
 						       "versions", vers));
 	}
 	send_to(c, from, P_STATUS_RES,
@@ -641,9 +686,11 @@ int coord_run(const struct coord_opts *o)
 			 zmq_strerror(errno));
 		goto fail;
 	}
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	signal(SIGPIPE, SIG_IGN);
+	if (!o->stop) {
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
+		signal(SIGPIPE, SIG_IGN);
+	}
 	LOG_INFO("coord: listening on %s (committed: %s)", o->listen,
 		 c.committed ? c.committed : "none");
 	if (o->notify_fd >= 0) {
@@ -651,13 +698,14 @@ int coord_run(const struct coord_opts *o)
 			LOG_WARN("coord: cannot notify the starting process");
 		close(o->notify_fd);
 	}
-	while (!stop_flag) {
+	while (!(o->stop ? *o->stop : stop_flag)) {
 		zmq_pollitem_t it = {c.sock, 0, ZMQ_POLLIN, 0};
 
 		if (zmq_poll(&it, 1, 100) < 0 && errno != EINTR)
 			break;
 		handle(&c);
 		tx_tick(&c);
+		deaths(&c);
 	}
 	LOG_INFO("coord: stopped");
 	goto out;

@@ -33,6 +33,7 @@ static const char *g_mount;
 static int g_json;
 static int g_local;   /* commit --local */
 static int g_cluster; /* status --cluster */
+static int g_watch;   /* status --cluster --watch */
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...)
@@ -165,6 +166,7 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 		{"mount", required_argument, NULL, 'm'}, {"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},        {"keep", required_argument, NULL, 'k'},
 		{"local", no_argument, NULL, 'L'},       {"cluster", no_argument, NULL, 'C'},
+		{"watch", no_argument, NULL, 'W'},
 		{NULL, 0, NULL, 0},
 	};
 	int c;
@@ -191,6 +193,9 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 			break;
 		case 'C':
 			g_cluster = 1;
+			break;
+		case 'W':
+			g_watch = 1;
 			break;
 		case 'h':
 			printf("usage: %s\n", usage);
@@ -226,19 +231,13 @@ static void print_versions_table(json_t *vers)
 	}
 }
 
-/* status --cluster: the coordinator's have-table, through this node. */
-static int status_cluster(void)
+/* Print the cluster table once; returns how many (node, version) are still replicating. */
+static int print_cluster(json_t *cl)
 {
-	json_t *res = call(json_pack("{s:s}", "op", "cluster"), 1);
-	json_t *cl = json_object_get(res, "cluster"), *n, *v;
+	int busy = 0;
+	json_t *n, *v;
 	size_t i, k;
 
-	if (g_json) {
-		json_dumpf(cl, stdout, JSON_INDENT(2));
-		fputc('\n', stdout);
-		json_decref(res);
-		return 0;
-	}
 	printf("coordinator %s, committed: %s\n", jstr(cl, "coordinator"),
 	       json_is_string(json_object_get(cl, "committed")) ? jstr(cl, "committed") : "(none)");
 	json_array_foreach(json_object_get(cl, "nodes"), i, n) {
@@ -252,10 +251,38 @@ static int status_cluster(void)
 			printf("    %-20s [%.*s%*s] %s\n", jstr(v, "name"), fill,
 			       "##############################", w - fill, "",
 			       complete ? "complete" : "replicating");
+			busy += !complete && json_is_true(json_object_get(n, "alive"));
 		}
 	}
-	json_decref(res);
-	return 0;
+	return busy;
+}
+
+/*
+ * status --cluster: the coordinator's have-table, through this node.  With
+ * --watch, redraw every second until nothing is replicating.
+ */
+static int status_cluster(void)
+{
+	for (;;) {
+		json_t *res = call(json_pack("{s:s}", "op", "cluster"), 1);
+		json_t *cl = json_object_get(res, "cluster");
+		int busy;
+
+		if (g_json) {
+			json_dumpf(cl, stdout, JSON_INDENT(2));
+			fputc('\n', stdout);
+			json_decref(res);
+			return 0;
+		}
+		if (g_watch && isatty(1))
+			printf("\033[H\033[2J");
+		busy = print_cluster(cl);
+		json_decref(res);
+		fflush(stdout);
+		if (!g_watch || !busy)
+			return 0;
+		sleep(1);
+	}
 }
 
 static int cmd_status(int argc, char **argv)
@@ -263,7 +290,8 @@ static int cmd_status(int argc, char **argv)
 	json_t *res, *st;
 	char a[32], b[32];
 
-	client_opts(argc, argv, "hwfs status [-m MOUNT] [--json] [--cluster]", 0, 0, NULL);
+	client_opts(argc, argv, "hwfs status [-m MOUNT] [--json] [--cluster [--watch]]", 0, 0,
+		    NULL);
 	if (g_cluster)
 		return status_cluster();
 	res = call(json_pack("{s:s}", "op", "status"), 1);
@@ -658,14 +686,15 @@ static int cmd_mount(int argc, char **argv)
 {
 	static const char usage[] =
 		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [-f] [-o NAME=VALUE,...] [-d]\n"
-		"       [--join tcp://COORD:PORT --node NAME --listen tcp://HOST:PORT [--keys DIR] [--insecure]]";
+		"       [--join tcp://COORD:PORT | --coordinator tcp://HOST:PORT] --node NAME\n"
+		"       --listen tcp://HOST:PORT [--keys DIR] [--insecure]";
 	static const struct option lo[] = {
 		{"store", required_argument, NULL, 's'}, {"capacity", required_argument, NULL, 'c'},
 		{"foreground", no_argument, NULL, 'f'},  {"help", no_argument, NULL, 'h'},
 		{"debug", no_argument, NULL, 'd'},       {"join", required_argument, NULL, 'J'},
 		{"node", required_argument, NULL, 'N'},  {"listen", required_argument, NULL, 'l'},
 		{"insecure", no_argument, NULL, 'I'},    {"keys", required_argument, NULL, 'K'},
-		{NULL, 0, NULL, 0},
+		{"coordinator", required_argument, NULL, 'O'}, {NULL, 0, NULL, 0},
 	};
 	struct daemon_opts o = {.notify_fd = -1};
 	int insecure = 0;
@@ -708,6 +737,9 @@ static int cmd_mount(int argc, char **argv)
 		case 'K':
 			o.keys = optarg;
 			break;
+		case 'O':
+			o.coordinator = optarg;
+			break;
 		case 'o':
 			for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;
 			     t = strtok_r(NULL, ",", &save))
@@ -724,6 +756,11 @@ static int cmd_mount(int argc, char **argv)
 	}
 	if (argc - optind != 1 || !store)
 		usage_die(usage);
+	if (o.coordinator && !o.join)
+		o.join = o.coordinator; /* a node with the coordinator inside joins it */
+	if (o.coordinator && !o.keys && !insecure && !loopback_endpoint(o.coordinator))
+		die("refusing to run a coordinator on %s without keys (use --keys DIR, a loopback "
+		    "address, or --insecure)", o.coordinator);
 	if (o.join && (!o.node || !o.listen))
 		die("--join needs --node NAME and --listen tcp://HOST:PORT");
 	if (!o.join && (o.node || o.listen))
