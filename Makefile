@@ -29,7 +29,7 @@ TOOL_OBJS := $(TOOL_SRCS:%.c=$(BUILD)/%.o)
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all deps test unit integration integration-asan demo bench asan clean fuzz format
+.PHONY: all deps test unit integration integration-asan demo bench bench-cluster asan clean fuzz format
 
 all: $(BUILD)/hwfs $(UNIT_BINS)
 
@@ -87,6 +87,12 @@ demo: deps
 bench: deps
 	$(MAKE) all
 	python3 tools/bench.py
+
+# Replication across nodes in network namespaces with tc-capped links
+# (needs root, iproute2, rsync; several minutes).
+bench-cluster: deps
+	$(MAKE) all
+	python3 tools/bench_cluster.py
 
 asan:
 	$(MAKE) BUILD=build-asan EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -O1" \

@@ -8,7 +8,7 @@
 # Exits non-zero with a message saying what failed.
 set -uo pipefail
 
-DEB_PKGS=(build-essential pkg-config libfuse3-dev fuse3 libsqlite3-dev libzmq3-dev
+DEB_PKGS=(build-essential pkg-config iproute2 libfuse3-dev fuse3 libsqlite3-dev libzmq3-dev
           libxxhash-dev libjansson-dev libcmocka-dev inotify-tools attr rsync
           python3 python3-pip)
 # Python import name -> pip distribution name (identical for all of ours).
