@@ -282,7 +282,8 @@ static json_t *op_commit(struct daemon *d, json_t *req)
 		r = agent_call(d->agent, call, &res, 30000);
 		json_decref(call);
 		if (r < 0)
-			return err_reply("cannot commit %s: the coordinator did not answer", v);
+			return err_reply("cannot commit %s: the coordinator %s", v,
+					 r == -EHOSTUNREACH ? "is unreachable" : "did not answer");
 		if (!json_is_true(json_object_get(res, "ok"))) {
 			const char *why = json_string_value(json_object_get(res, "reason"));
 
@@ -302,19 +303,22 @@ static json_t *op_commit(struct daemon *d, json_t *req)
 
 static json_t *op_cluster(struct daemon *d, json_t *req)
 {
-	json_t *call, *res = NULL, *r;
+	json_t *call, *res = NULL, *out;
+	int r;
 
 	if (!d->agent)
 		return err_reply("this node is not part of a cluster (mounted without --join)");
 	call = json_pack("{s:s}", "op", "cluster");
-	if (agent_call(d->agent, call, &res, 10000) < 0) {
+	r = agent_call(d->agent, call, &res, 10000);
+	if (r < 0) {
 		json_decref(call);
-		return err_reply("the coordinator did not answer");
+		return err_reply("the coordinator %s", r == -EHOSTUNREACH ? "is unreachable"
+								 : "did not answer");
 	}
 	json_decref(call);
-	r = json_pack("{s:b, s:O}", "ok", 1, "cluster", json_object_get(res, "cluster"));
+	out = json_pack("{s:b, s:O}", "ok", 1, "cluster", json_object_get(res, "cluster"));
 	json_decref(res);
-	return r;
+	return out;
 }
 
 /* -- publish: import a directory tree straight into a hidden open version */

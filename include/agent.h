@@ -51,7 +51,8 @@ void agent_sealed(void *agent, const char *name);
  * agent_call() - ask the coordinator (any thread, blocking up to @timeout_ms):
  * {"op":"commit","version":V} (two-phase commit) or {"op":"cluster"} (cluster
  * status). *@res gets the coordinator's answer fields, or an {"ok":false,
- * "error":...} object. Returns 0 or -ETIMEDOUT / -ENOMEM.
+ * "error":...} object. Returns 0, -EHOSTUNREACH at once when the coordinator
+ * has not answered the heartbeats lately, -ETIMEDOUT, -ENOMEM.
  */
 int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms);
 

@@ -29,6 +29,7 @@
 #define MISSING_RETRY_S 0.2         /* a donor that lacks a shard may not have its plan yet */
 #define MISSING_TRIES 5
 #define HELLO_EVERY_S 1.0
+#define COORD_SILENCE_S 3.5 /* no answer to heartbeats for this long: unreachable */
 
 enum want_state { W_QUEUED, W_INFLIGHT, W_HELD };
 
@@ -107,6 +108,7 @@ struct agent {
 	struct deferred *deferred;
 	char *pending_commit; /* committed version to flip to once it is here */
 	double last_hello;
+	int64_t last_coord_ns; /* atomic: monotonic ns of the last coordinator message */
 	uint64_t rx, tx; /* atomic */
 	uint64_t import_seq;
 };
@@ -264,6 +266,38 @@ static void fetch_free(struct agent *a, struct fetch *f)
 	free(f);
 }
 
+static void send_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+		       struct shard *sh);
+
+/*
+ * A fetch ended: requests that waited on its shards get the shard if it
+ * arrived, else MISSING, so their pullers move on at once.
+ */
+static void flush_deferred(struct agent *a)
+{
+	for (struct deferred **pp = &a->deferred; *pp;) {
+		struct deferred *d = *pp;
+		struct shard *sh;
+
+		if (find_want(a, &d->hash, NULL)) {
+			pp = &d->next;
+			continue;
+		}
+		sh = store_get(a->st, &d->hash);
+		if (sh) {
+			send_shard(a, d->ident, d->ident_len, d->req, sh);
+		} else {
+			json_t *mf = json_pack("{s:I, s:o}", "req", (json_int_t)d->req, "hash",
+					       hex_json(&d->hash));
+
+			proto_send(a->serve, d->ident, d->ident_len, P_MISSING, mf, NULL, 0);
+			json_decref(mf);
+		}
+		*pp = d->next;
+		free(d);
+	}
+}
+
 static void fetch_unlink(struct agent *a, struct fetch *f)
 {
 	struct fetch **pp = &a->fetches;
@@ -342,6 +376,7 @@ out:
 	}
 	fetch_unlink(a, f);
 	fetch_free(a, f);
+	flush_deferred(a);
 }
 
 static void fetch_fail(struct agent *a, struct fetch *f, const char *why)
@@ -351,6 +386,7 @@ static void fetch_fail(struct agent *a, struct fetch *f, const char *why)
 		  f->bytes_needed - f->bytes_held);
 	fetch_unlink(a, f);
 	fetch_free(a, f);
+	flush_deferred(a);
 }
 
 static int fetch_complete(const struct fetch *f)
@@ -913,7 +949,11 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 				return;
 			continue;
 		}
+		if (sock == a->coord)
+			__atomic_store_n(&a->last_coord_ns, (int64_t)(now_s() * 1e9), __ATOMIC_RELAXED);
 		switch (m.type) {
+		case P_PONG:
+			break;
 		case P_WELCOME:
 			on_welcome(a, &m);
 			break;
@@ -1137,6 +1177,9 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 	struct timespec dl;
 	int r = 0;
 
+	/* the coordinator answers every heartbeat: silence means it is unreachable */
+	if (now_s() - __atomic_load_n(&a->last_coord_ns, __ATOMIC_RELAXED) / 1e9 > COORD_SILENCE_S)
+		return -EHOSTUNREACH;
 	pthread_cond_init(&c.cv, NULL);
 	clock_gettime(CLOCK_REALTIME, &dl);
 	dl.tv_sec += timeout_ms / 1000;

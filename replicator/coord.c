@@ -347,13 +347,15 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 			 json_is_true(json_object_get(e, "complete")),
 			 v ? (json_int_t)v->bytes : 0, 0);
 	}
-	if (fresh) {
-		send_to(c, from, P_WELCOME,
-			json_pack("{s:s, s:o}", "coordinator", c->o->listen, "committed",
-				  c->committed ? json_string(c->committed) : json_null()),
-			NULL, 0);
-		plan_for(c, n);
+	if (!fresh) { /* heartbeat answered: the node knows we are here */
+		send_to(c, from, P_PONG, NULL, NULL, 0);
+		return;
 	}
+	send_to(c, from, P_WELCOME,
+		json_pack("{s:s, s:o}", "coordinator", c->o->listen, "committed",
+			  c->committed ? json_string(c->committed) : json_null()),
+		NULL, 0);
+	plan_for(c, n);
 }
 
 static void on_announce(struct coord *c, const char *from, struct proto_msg *m)
