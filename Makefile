@@ -5,6 +5,8 @@
 #   make demo     install missing dependencies, build, run the end-to-end demo
 #   make bench    install missing dependencies, build, run the single-node benchmark
 #   make asan     build with AddressSanitizer/UBSan into build-asan/
+#   make fuzz     libFuzzer targets (clang) for every parser of untrusted bytes
+#   make bench-cluster  replication benchmark in network namespaces
 #
 # Dependencies are found with pkg-config; tools/install-deps.sh installs the
 # Debian and Python packages that are missing.
@@ -106,6 +108,9 @@ fuzz:
 		-o build-fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c build-fuzz/libhwfs.a $(LIBS)
 	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude $(PKG_CFLAGS) \
 		-o build-fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c build-fuzz/libhwfs.a $(LIBS)
+	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude $(PKG_CFLAGS) \
+		-o build-fuzz/fuzz_proto tests/fuzz/fuzz_proto.c build-fuzz/libhwfs.a $(LIBS)
+	@echo "run e.g.: build-fuzz/fuzz_proto -max_total_time=60"
 
 format:
 	clang-format -i fs/*.c tools/*.c include/*.h tests/unit/*.c
