@@ -109,6 +109,7 @@ struct agent {
 	char *pending_commit; /* committed version to flip to once it is here */
 	double last_hello;
 	int64_t last_coord_ns; /* atomic: monotonic ns of the last coordinator message */
+	char session[33];      /* this incarnation, so the coordinator notices a restart */
 	uint64_t rx, tx; /* atomic */
 	uint64_t import_seq;
 };
@@ -786,6 +787,7 @@ static void hello(struct agent *a)
 	json_t *h = json_pack("{s:s, s:s, s:o, s:o}", "node", a->node, "listen", a->listen,
 			      "versions", vers, "current", cur ? json_string(cur) : json_null());
 
+	json_object_set_new(h, "session", json_string(a->session));
 	if (a->keys) /* pullers reach our data socket with it */
 		json_object_set_new(h, "key", json_string(keys_public(a->keys)));
 	send_coord(a, P_HELLO, h, NULL, 0);
@@ -1047,6 +1049,17 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 	a->arg = o->arg;
 	if (!a->node || !a->listen || !a->coordinator || !a->mountpoint)
 		goto fail;
+	{
+		hwfs_hash_t h;
+		struct {
+			pid_t pid;
+			int64_t t;
+			void *p;
+		} seed = {getpid(), hwfs_now_ns(), a};
+
+		hwfs_hash_buf(&seed, sizeof(seed), &h);
+		hwfs_hash_hex(&h, a->session);
+	}
 	if (pipe2(a->pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
 		r = -errno;
 		goto fail;

@@ -42,6 +42,7 @@ struct cnode {
 	char *key; /* its public key, with CURVE */
 	double last_seen;
 	int was_alive;      /* for noticing deaths */
+	char *session;      /* the agent incarnation (HELLO.session): a new one is a rejoin */
 	uint64_t bad_shards; /* reported by its pullers */
 	uint64_t join_seq;
 	json_t *versions; /* name -> {digest, complete, bytes_held, bytes_needed} */
@@ -309,7 +310,9 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 {
 	struct cnode *n = node_find(c, from);
 	json_t *vers = json_object_get(m->h, "versions"), *e;
-	int fresh = !n || !alive(n);
+	const char *session = proto_str(m, "session");
+	/* a new node, one that was dead, or one that restarted (new session): welcome it */
+	int fresh = !n || !alive(n) || (session && (!n->session || strcmp(session, n->session)));
 	size_t i;
 
 	if (strcmp(from, proto_str(m, "node"))) {
@@ -335,6 +338,17 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	n->addr = strdup(proto_str(m, "listen"));
 	free(n->key);
 	n->key = proto_str(m, "key") ? strdup(proto_str(m, "key")) : NULL;
+	if (session && (!n->session || strcmp(session, n->session))) {
+		free(n->session);
+		n->session = strdup(session);
+		/* what it was pulling before is gone with the old incarnation */
+		for (size_t k = 0; k < c->n_vers; k++) {
+			json_t *old = json_object_get(n->versions, c->vers[k].name);
+
+			if (old && !json_is_true(json_object_get(old, "complete")))
+				json_object_del(n->versions, c->vers[k].name);
+		}
+	}
 	n->last_seen = hwfs_mono_s();
 	json_array_foreach(vers, i, e) {
 		const char *vn = json_string_value(json_object_get(e, "name"));
@@ -616,7 +630,8 @@ static void handle(struct coord *c)
 			proto_msg_clear(&m);
 			continue; /* not a named node */
 		}
-		if (node_find(c, ident))
+		/* HELLO refreshes liveness itself, after deciding whether this is a rejoin */
+		if (m.type != P_HELLO && node_find(c, ident))
 			node_find(c, ident)->last_seen = hwfs_mono_s();
 		switch (m.type) {
 		case P_HELLO:
@@ -728,6 +743,7 @@ out:
 		free(c.nodes[i].name);
 		free(c.nodes[i].addr);
 		free(c.nodes[i].key);
+		free(c.nodes[i].session);
 		json_decref(c.nodes[i].versions);
 	}
 	free(c.nodes);
