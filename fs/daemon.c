@@ -281,9 +281,12 @@ static json_t *op_commit(struct daemon *d, json_t *req)
 
 		r = agent_call(d->agent, call, &res, 30000);
 		json_decref(call);
+		if (r == -EHOSTUNREACH)
+			return err_reply("cannot commit %s: the coordinator is unreachable", v);
 		if (r < 0)
-			return err_reply("cannot commit %s: the coordinator %s", v,
-					 r == -EHOSTUNREACH ? "is unreachable" : "did not answer");
+			return err_reply("commit of %s: the coordinator %s; the outcome is unknown "
+					 "until it is back (see hwfs status --cluster)",
+					 v, r == -ECONNRESET ? "went away" : "did not answer");
 		if (!json_is_true(json_object_get(res, "ok"))) {
 			const char *why = json_string_value(json_object_get(res, "reason"));
 

@@ -52,7 +52,8 @@ void agent_sealed(void *agent, const char *name);
  * {"op":"commit","version":V} (two-phase commit) or {"op":"cluster"} (cluster
  * status). *@res gets the coordinator's answer fields, or an {"ok":false,
  * "error":...} object. Returns 0, -EHOSTUNREACH at once when the coordinator
- * has not answered the heartbeats lately, -ETIMEDOUT, -ENOMEM.
+ * has not answered the heartbeats lately, -ECONNRESET when it stops answering
+ * while the call waits (the outcome is then unknown), -ETIMEDOUT, -ENOMEM.
  */
 int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms);
 

@@ -1207,8 +1207,26 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 	pthread_mutex_unlock(&a->mu);
 	wake(a);
 	pthread_mutex_lock(&a->mu);
-	while (!c.done && r == 0)
-		r = pthread_cond_timedwait(&c.cv, &a->mu, &dl) == ETIMEDOUT ? -ETIMEDOUT : 0;
+	while (!c.done && r == 0) {
+		struct timespec slice;
+
+		/* wake twice a second to notice a coordinator that went away */
+		clock_gettime(CLOCK_REALTIME, &slice);
+		slice.tv_nsec += 500000000;
+		if (slice.tv_nsec >= 1000000000) {
+			slice.tv_sec++;
+			slice.tv_nsec -= 1000000000;
+		}
+		if (slice.tv_sec > dl.tv_sec || (slice.tv_sec == dl.tv_sec && slice.tv_nsec > dl.tv_nsec))
+			slice = dl;
+		if (pthread_cond_timedwait(&c.cv, &a->mu, &slice) == ETIMEDOUT && !c.done) {
+			if (slice.tv_sec == dl.tv_sec && slice.tv_nsec == dl.tv_nsec)
+				r = -ETIMEDOUT;
+			else if (now_s() - __atomic_load_n(&a->last_coord_ns, __ATOMIC_RELAXED) / 1e9 >
+				 COORD_SILENCE_S)
+				r = -ECONNRESET;
+		}
+	}
 	if (!c.done) { /* take it back from whichever list holds it */
 		for (struct call **lists[] = {&a->calls_new, &a->calls_wait}, ***l = lists;
 		     l < lists + 2; l++)
@@ -1221,7 +1239,7 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 	pthread_mutex_unlock(&a->mu);
 	pthread_cond_destroy(&c.cv);
 	if (!c.done)
-		return -ETIMEDOUT;
+		return r ? r : -ETIMEDOUT;
 	*res = c.res;
 	return c.res ? 0 : -ENOMEM;
 }
