@@ -379,7 +379,19 @@ out:
 	return ret;
 }
 
+static int arena_alloc_flags(struct arena *a, uint64_t len, int back, uint64_t *off);
+
 int arena_alloc(struct arena *a, uint64_t len, uint64_t *off)
+{
+	return arena_alloc_flags(a, len, 1, off);
+}
+
+int arena_alloc_unbacked(struct arena *a, uint64_t len, uint64_t *off)
+{
+	return arena_alloc_flags(a, len, 0, off);
+}
+
+static int arena_alloc_flags(struct arena *a, uint64_t len, int back, uint64_t *off)
 {
 	uint64_t start = 0;
 	size_t i;
@@ -401,7 +413,7 @@ int arena_alloc(struct arena *a, uint64_t len, uint64_t *off)
 	if (ret)
 		goto out;
 
-	ret = back_range(a, start, len);
+	ret = back ? back_range(a, start, len) : 0;
 	if (ret) {
 		pthread_mutex_lock(&a->mu);
 		free_locked(a, start, len);

@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -948,6 +949,14 @@ int daemon_run(const struct daemon_opts *o)
 	int r, mounted = 0;
 
 	signal(SIGPIPE, SIG_IGN);
+	/*
+	 * Shards arrive as messages of up to max_shard bytes, which libzmq
+	 * mallocs.  Above glibc's mmap threshold every one would be a fresh
+	 * mapping whose pages are faulted in and zeroed, then unmapped.  Keep
+	 * buffers up to glibc's limit (32 MiB) on the heap and reuse them.
+	 */
+	mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's maximum */
+	mallopt(M_TRIM_THRESHOLD, 256 << 20);
 	r = store_open(o->store, o->capacity, &d.st);
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "error: cannot open store %s: %s\n", o->store,

@@ -63,6 +63,15 @@ int arena_reserve(struct arena *a, uint64_t off, uint64_t len);
 int arena_alloc(struct arena *a, uint64_t len, uint64_t *off);
 
 /**
+ * arena_alloc_unbacked() - like arena_alloc(), without fallocate(): for a
+ * caller that fills the whole range with pwrite() on arena_fd() at once
+ * (tmpfs then allocates pages without zeroing them first, and a full
+ * filesystem is an ENOSPC from pwrite, not a SIGBUS).  Never touch such a
+ * range through arena_base() before it has been written.
+ */
+int arena_alloc_unbacked(struct arena *a, uint64_t len, uint64_t *off);
+
+/**
  * arena_extend() - grow the allocation [off, off+len) in place to @newlen.
  * Succeeds only if [off+len, off+newlen) is entirely free; the new part is
  * fallocate()d. Returns 0 or -ENOSPC (nothing changes then).

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 #include <zmq.h>
 
 #include "agent.h"
@@ -25,9 +26,11 @@
 
 #define WINDOW_BYTES (256ull << 20) /* bytes in flight per version being pulled */
 #define BATCH_BYTES (64ull << 20)   /* bytes asked for in one GET */
+#define PIECE_BYTES (4ull << 20)    /* a shard travels in pieces of this size */
 #define DONOR_SILENCE_S 5.0         /* no shard for this long: next donor */
 #define MISSING_RETRY_S 0.2         /* a donor that lacks a shard may not have its plan yet */
 #define MISSING_TRIES 5
+#define DONOR_RETRY_S 1.0           /* pause before going round the donors again */
 #define HELLO_EVERY_S 1.0
 #define COORD_SILENCE_S 3.5 /* no answer to heartbeats for this long: unreachable */
 
@@ -42,6 +45,11 @@ struct want {
 	int misses;       /* MISSING answers from the current donor */
 	double not_before;
 	struct shard *sh; /* held: one reference, dropped after import */
+	/* arriving in pieces, in order, from one donor */
+	uint64_t got;       /* bytes received */
+	uint64_t roff;      /* its arena range (unbacked, filled with pwrite) */
+	XXH3_state_t *xs;   /* running hash, NULL when nothing is arriving */
+	const void *from;   /* the peer the pieces come from */
 };
 
 struct fetch {
@@ -66,6 +74,7 @@ struct deferred {
 	size_t ident_len;
 	uint64_t req;
 	hwfs_hash_t hash;
+	uint64_t sent; /* bytes of it forwarded already while it was arriving */
 	struct deferred *next;
 };
 
@@ -199,39 +208,76 @@ static void sent_free(void *data, void *hint)
 	free(r);
 }
 
-/* Send shard @sh (one reference, given away) to @ident on the serving socket. */
-static void send_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
-		       struct shard *sh)
+/*
+ * Send bytes [@pos, @pos+@len) of a shard of @total bytes as one SHARD piece.
+ * With @sh, zero copy (the piece holds a reference on the shard); else @data
+ * is copied (a shard still arriving here, forwarded before it is complete).
+ */
+static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+		      const hwfs_hash_t *hash, uint64_t pos, uint64_t len, uint64_t total,
+		      struct shard *sh, const void *data)
 {
-	json_t *f = json_pack("{s:I, s:o, s:I}", "req", (json_int_t)req, "hash",
-			      hex_json(&sh->hash), "size", (json_int_t)sh->size);
-	struct sent_ref *ref = malloc(sizeof(*ref));
+	json_t *f = json_pack("{s:I, s:o, s:I, s:I, s:I}", "req", (json_int_t)req, "hash",
+			      hex_json(hash), "size", (json_int_t)len, "offset", (json_int_t)pos,
+			      "total", (json_int_t)total);
+	struct sent_ref *ref = NULL;
 	char *hdr = NULL;
 	size_t hlen;
 	zmq_msg_t m;
+	int r = -ENOMEM;
 
-	if (!ref || proto_encode(P_SHARD, f, sh->size, &hdr, &hlen) < 0) {
-		free(ref);
-		store_unref(a->st, sh);
+	if (!f || proto_encode(P_SHARD, f, len, &hdr, &hlen) < 0)
 		goto out;
-	}
-	ref->st = a->st;
-	ref->sh = sh;
-	/* zero copy: the arena bytes go to the socket; the reference keeps them alive */
 	if (zmq_send(a->serve, ident, ident_len, ZMQ_SNDMORE) < 0 ||
-	    zmq_send(a->serve, hdr, hlen, ZMQ_SNDMORE) < 0 ||
-	    zmq_msg_init_data(&m, (void *)store_shard_data(a->st, sh), sh->size, sent_free, ref) < 0) {
-		sent_free(NULL, ref);
+	    zmq_send(a->serve, hdr, hlen, ZMQ_SNDMORE) < 0) {
+		r = -errno;
 		goto out;
 	}
-	if (zmq_msg_send(&m, a->serve, 0) < 0) {
-		zmq_msg_close(&m);
+	if (sh) {
+		ref = malloc(sizeof(*ref));
+		if (!ref || zmq_msg_init_data(&m, (void *)(store_shard_data(a->st, sh) + pos), len,
+					      sent_free, ref) < 0) {
+			free(ref);
+			zmq_send(a->serve, "", 0, 0); /* end the message: the receiver drops it */
+			goto out;
+		}
+		store_ref(a->st, sh);
+		*ref = (struct sent_ref){a->st, sh};
+		if (zmq_msg_send(&m, a->serve, 0) < 0) {
+			r = -errno;
+			zmq_msg_close(&m);
+			goto out;
+		}
+	} else if (zmq_send(a->serve, data, len, 0) < 0) {
+		r = -errno;
 		goto out;
 	}
-	__atomic_add_fetch(&a->tx, sh->size, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&a->tx, len, __ATOMIC_RELAXED);
+	r = 0;
 out:
 	free(hdr);
 	json_decref(f);
+	return r;
+}
+
+/* Send shard @sh from byte @pos on, in pieces; drops the caller's reference. */
+static void send_shard_from(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+			    struct shard *sh, uint64_t pos)
+{
+	while (pos < sh->size) {
+		uint64_t len = HWFS_MIN(PIECE_BYTES, sh->size - pos);
+
+		if (send_piece(a, ident, ident_len, req, &sh->hash, pos, len, sh->size, sh, NULL) < 0)
+			break;
+		pos += len;
+	}
+	store_unref(a->st, sh);
+}
+
+static void send_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+		       struct shard *sh)
+{
+	send_shard_from(a, ident, ident_len, req, sh, 0);
 }
 
 /* ------------------------------------------------------------- fetches */
@@ -248,11 +294,25 @@ static struct want *find_want(struct agent *a, const hwfs_hash_t *h, struct fetc
 	return NULL;
 }
 
+/* Forget a shard that was arriving in pieces (its range goes back). */
+static void drop_partial(struct agent *a, struct want *w)
+{
+	if (!w->xs)
+		return;
+	XXH3_freeState(w->xs);
+	w->xs = NULL;
+	arena_free(store_arena(a->st), w->roff, w->size);
+	w->got = 0;
+	w->from = NULL;
+}
+
 static void fetch_free(struct agent *a, struct fetch *f)
 {
-	for (size_t i = 0; i < f->n; i++)
+	for (size_t i = 0; i < f->n; i++) {
+		drop_partial(a, &f->w[i]);
 		if (f->w[i].sh)
 			store_unref(a->st, f->w[i].sh);
+	}
 	for (size_t i = 0; i < f->n_donors; i++) {
 		free(f->donors[i]);
 		free(f->donor_names[i]);
@@ -266,9 +326,6 @@ static void fetch_free(struct agent *a, struct fetch *f)
 	free(f->name);
 	free(f);
 }
-
-static void send_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
-		       struct shard *sh);
 
 /*
  * A fetch ended: requests that waited on its shards get the shard if it
@@ -399,15 +456,16 @@ static int fetch_complete(const struct fetch *f)
 }
 
 /* Give up on @w's current donor: the next one round the ring. */
-static void next_donor(struct fetch *f, struct want *w)
+static void next_donor(struct agent *a, struct fetch *f, struct want *w)
 {
+	drop_partial(a, w);
 	w->tries++;
 	w->donor = f->n_donors ? (w->donor + 1) % f->n_donors : 0;
 	w->misses = 0;
 	w->state = W_QUEUED;
 }
 
-static int set_donors(struct fetch *f, json_t *donors, int stripe)
+static int set_donors(struct agent *a, struct fetch *f, json_t *donors, int stripe)
 {
 	size_t i, n = json_array_size(donors);
 	json_t *d;
@@ -443,6 +501,7 @@ static int set_donors(struct fetch *f, json_t *donors, int stripe)
 	for (size_t k = 0; k < f->n; k++) {
 		if (f->w[k].state == W_INFLIGHT)
 			f->w[k].state = W_QUEUED;
+		drop_partial(a, &f->w[k]);
 		f->w[k].donor = f->stripe ? k % f->n_donors : 0;
 		f->w[k].tries = 0;
 		f->w[k].misses = 0;
@@ -478,7 +537,7 @@ static void on_plan(struct agent *a, struct proto_msg *m)
 	}
 	for (f = a->fetches; f; f = f->next)
 		if (!strcmp(f->name, name)) { /* a new plan: new donors */
-			set_donors(f, json_object_get(m->h, "donors"), proto_bool(m, "stripe"));
+			set_donors(a, f, json_object_get(m->h, "donors"), proto_bool(m, "stripe"));
 			return;
 		}
 	if (manifest_parse(m->payload, m->payload_len, &rec, err, sizeof(err)) < 0) {
@@ -540,7 +599,7 @@ static void on_plan(struct agent *a, struct proto_msg *m)
 		}
 	free(hs);
 	hs = NULL;
-	if (set_donors(f, json_object_get(m->h, "donors"), proto_bool(m, "stripe")) < 0)
+	if (set_donors(a, f, json_object_get(m->h, "donors"), proto_bool(m, "stripe")) < 0)
 		goto oom;
 	f->last_rx = now_s();
 	f->next = a->fetches;
@@ -568,7 +627,7 @@ static void pump(struct agent *a)
 		if (f->inflight && now - f->last_rx > DONOR_SILENCE_S) {
 			for (size_t i = 0; i < f->n; i++)
 				if (f->w[i].state == W_INFLIGHT)
-					next_donor(f, &f->w[i]);
+					next_donor(a, f, &f->w[i]);
 			f->inflight = 0;
 			f->last_rx = now;
 			LOG_WARN("agent: donor silent for %s; trying the next one", f->name);
@@ -610,16 +669,23 @@ static void pump(struct agent *a)
 				  f->bytes_needed - f->bytes_held);
 			f->last_report = now;
 		}
-		/* a want whose donors are all exhausted: the fetch cannot finish */
+		/*
+		 * Every donor of a shard failed once: not a reason to give up (a
+		 * busy machine makes donors look silent).  Start round the ring
+		 * again after a pause; the coordinator re-plans if a donor died.
+		 */
 		for (size_t i = 0; i < f->n; i++)
 			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
-				fetch_fail(a, f, "no donor has every shard");
-				break;
+				if (f->w[i].tries == f->n_donors)
+					LOG_WARN("agent: every donor of a shard of %s failed once; "
+						 "retrying", f->name);
+				f->w[i].tries = f->n_donors + 1;
+				f->w[i].not_before = now + DONOR_RETRY_S;
 			}
 	}
 }
 
-/* Answer requests that waited for @sh to arrive here. */
+/* Answer requests that waited for @sh to arrive here (the rest, if forwarded in part). */
 static void serve_deferred(struct agent *a, struct shard *sh)
 {
 	for (struct deferred **pp = &a->deferred; *pp;) {
@@ -630,33 +696,144 @@ static void serve_deferred(struct agent *a, struct shard *sh)
 			continue;
 		}
 		store_ref(a->st, sh);
-		send_shard(a, d->ident, d->ident_len, d->req, sh);
+		send_shard_from(a, d->ident, d->ident_len, d->req, sh, d->sent);
 		*pp = d->next;
 		free(d);
 	}
 }
 
-static void on_shard(struct agent *a, struct proto_msg *m, const char *from)
+/*
+ * Cut-through: a piece of @w just arrived; pass what waiting pullers have not
+ * had yet straight on, before the whole shard is here and verified (they
+ * verify it themselves).  This makes a chain a pipeline of pieces, not of
+ * shards.
+ */
+static void forward_pieces(struct agent *a, struct want *w)
+{
+	const uint8_t *base = arena_base(store_arena(a->st)) + w->roff;
+
+	for (struct deferred *d = a->deferred; d; d = d->next) {
+		if (hwfs_hash_cmp(&d->hash, &w->hash))
+			continue;
+		while (d->sent < w->got) {
+			uint64_t len = HWFS_MIN(PIECE_BYTES, w->got - d->sent);
+
+			if (send_piece(a, d->ident, d->ident_len, d->req, &w->hash, d->sent, len,
+				       w->size, NULL, base + d->sent) < 0)
+				break;
+			d->sent += len;
+		}
+	}
+}
+
+/* A shard that was forwarded in part turned out bad: those pullers must start over. */
+static void abort_forwarded(struct agent *a, const hwfs_hash_t *h)
+{
+	for (struct deferred **pp = &a->deferred; *pp;) {
+		struct deferred *d = *pp;
+		json_t *mf;
+
+		if (hwfs_hash_cmp(&d->hash, h) || d->sent == 0) {
+			pp = &d->next;
+			continue;
+		}
+		mf = json_pack("{s:I, s:o}", "req", (json_int_t)d->req, "hash", hex_json(h));
+		proto_send(a->serve, d->ident, d->ident_len, P_MISSING, mf, NULL, 0);
+		json_decref(mf);
+		*pp = d->next;
+		free(d);
+	}
+}
+
+/*
+ * Put received bytes into their (unbacked) arena range with pwrite: tmpfs
+ * allocates the pages without zeroing them first and nothing faults on our
+ * mapping — a third of a receiver's CPU time otherwise.
+ */
+static int write_arena(struct agent *a, uint64_t off, const void *buf, size_t len)
+{
+	struct arena *ar = store_arena(a->st);
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = pwrite(arena_fd(ar), (const char *)buf + done, len - done,
+				   (off_t)(off + done));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			LOG_ERR("agent: writing a shard into the arena: %s",
+				n < 0 ? strerror(errno) : "short write");
+			return n < 0 ? -errno : -EIO;
+		}
+		done += (size_t)n;
+	}
+	return 0;
+}
+
+/*
+ * A SHARD piece.  Pieces of one shard come in order from one donor; the first
+ * (offset 0) takes an unbacked arena range, each is pwritten there and added
+ * to a running hash, and the last one checks the hash and interns the shard.
+ */
+static void on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer)
 {
 	struct fetch *f = NULL;
 	struct want *w;
-	hwfs_hash_t h, got;
-	uint64_t off;
+	hwfs_hash_t h;
+	uint64_t pos = proto_int(m, "offset"), len = m->payload_len;
+	uint64_t total = json_object_get(m->h, "total") ? proto_int(m, "total") : len;
 	struct shard *sh;
+	XXH128_canonical_t c;
 	int adopted;
 
 	if (proto_hash(m, "hash", &h) < 0)
 		return;
 	w = find_want(a, &h, &f);
-	if (!w || w->state == W_HELD)
-		return; /* late duplicate */
-	if (w->state == W_INFLIGHT)
-		f->inflight -= HWFS_MIN(f->inflight, w->size);
+	if (!w || w->state != W_INFLIGHT)
+		return; /* late duplicate, or a shard we stopped asking for */
 	f->last_rx = now_s();
-	hwfs_hash_buf(m->payload, m->payload_len, &got);
-	if (m->payload_len != w->size || hwfs_hash_cmp(&got, &h)) {
-		LOG_ERR("agent: bad shard from %s for %s (hash or size mismatch); asking another donor",
-			from, f->name);
+	if (total != w->size || pos + len > total || len == 0) {
+		LOG_ERR("agent: malformed piece from %s for %s; asking another donor", from, f->name);
+		f->inflight -= HWFS_MIN(f->inflight, w->size);
+		next_donor(a, f, w);
+		return;
+	}
+	if (pos == 0) { /* (re)start */
+		drop_partial(a, w);
+		w->xs = XXH3_createState();
+		if (!w->xs || arena_alloc_unbacked(store_arena(a->st), w->size, &w->roff) < 0) {
+			if (w->xs)
+				XXH3_freeState(w->xs);
+			w->xs = NULL;
+			fetch_fail(a, f, "the store is full");
+			return;
+		}
+		XXH3_128bits_reset(w->xs);
+		w->from = peer;
+	} else if (!w->xs || w->from != peer || pos != w->got) {
+		return; /* a stray piece (an old donor's, or out of order): ignore */
+	}
+	if (write_arena(a, w->roff + pos, m->payload, len) < 0) {
+		drop_partial(a, w);
+		fetch_fail(a, f, "the store is full");
+		return;
+	}
+	XXH3_128bits_update(w->xs, m->payload, len);
+	w->got += len;
+	__atomic_add_fetch(&a->rx, len, __ATOMIC_RELAXED);
+	if (w->got < w->size) {
+		forward_pieces(a, w);
+		return;
+	}
+	/* the last piece: is it the shard that was asked for? */
+	XXH128_canonicalFromHash(&c, XXH3_128bits_digest(w->xs));
+	XXH3_freeState(w->xs);
+	w->xs = NULL;
+	f->inflight -= HWFS_MIN(f->inflight, w->size);
+	if (memcmp(c.digest, h.b, HWFS_HASH_LEN)) {
+		LOG_ERR("agent: bad shard from %s for %s (hash mismatch); asking another donor", from,
+			f->name);
 		send_coord(a, P_HAVE,
 			   json_pack("{s:s, s:o, s:b, s:I, s:I, s:s}", "version", f->name, "digest",
 				     hex_json(&f->digest), "complete", 0, "bytes_held",
@@ -664,17 +841,16 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from)
 				     "bytes_needed", (json_int_t)(f->bytes_needed - f->bytes_held),
 				     "bad_donor", f->donor_names[w->donor]),
 			   NULL, 0);
-		next_donor(f, w);
+		arena_free(store_arena(a->st), w->roff, w->size);
+		w->got = 0;
+		abort_forwarded(a, &h);
+		next_donor(a, f, w);
 		return;
 	}
-	if (arena_alloc(store_arena(a->st), w->size, &off) < 0) {
-		fetch_fail(a, f, "the store is full");
-		return;
-	}
-	memcpy(arena_base(store_arena(a->st)) + off, m->payload, w->size);
-	sh = store_intern(a->st, &h, off, w->size, &adopted);
+	sh = store_intern(a->st, &h, w->roff, w->size, &adopted);
 	if (!adopted)
-		arena_free(store_arena(a->st), off, w->size);
+		arena_free(store_arena(a->st), w->roff, w->size);
+	w->got = 0;
 	if (!sh) {
 		fetch_fail(a, f, "out of memory");
 		return;
@@ -682,7 +858,6 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from)
 	w->sh = sh;
 	w->state = W_HELD;
 	f->bytes_held += w->size;
-	__atomic_add_fetch(&a->rx, w->size, __ATOMIC_RELAXED);
 	serve_deferred(a, sh);
 	if (fetch_complete(f))
 		materialize(a, f);
@@ -698,8 +873,9 @@ static void on_missing(struct agent *a, struct proto_msg *m)
 		return;
 	f->inflight -= HWFS_MIN(f->inflight, w->size);
 	w->state = W_QUEUED;
+	drop_partial(a, w);
 	if (++w->misses >= MISSING_TRIES)
-		next_donor(f, w);
+		next_donor(a, f, w);
 	else
 		w->not_before = now_s() + MISSING_RETRY_S;
 }
@@ -734,6 +910,8 @@ static void on_get(struct agent *a, const void *ident, size_t ident_len, struct 
 				d->hash = h;
 				d->next = a->deferred;
 				a->deferred = d;
+				if (w->xs && w->got) /* arriving: pass on what is here */
+					forward_pieces(a, w);
 				continue;
 			}
 		}
@@ -981,7 +1159,7 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 				on_get(a, ident, ident_len, &m);
 			break;
 		case P_SHARD:
-			on_shard(a, &m, what);
+			on_shard(a, &m, what, sock);
 			break;
 		case P_MISSING:
 			on_missing(a, &m);

@@ -105,7 +105,9 @@ static const struct schema schemas[] = {
 	[P_PONG] = {"PONG", 0, {{NULL, F_STR, 0}}},
 	/* node <-> node */
 	[P_GET] = {"GET", 0, {{"req", F_INT, 0}, {"hashes", F_HASHES, 0}}},
-	[P_SHARD] = {"SHARD", 1, {{"req", F_INT, 0}, {"hash", F_HEX, 0}, {"size", F_INT, 0}}},
+	/* a piece [offset, offset+size) of a shard of `total` bytes (defaults: 0, size) */
+	[P_SHARD] = {"SHARD", 1, {{"req", F_INT, 0}, {"hash", F_HEX, 0}, {"size", F_INT, 0},
+				  {"offset", F_INT, 1}, {"total", F_INT, 1}}},
 	[P_MISSING] = {"MISSING", 0, {{"req", F_INT, 0}, {"hash", F_HEX, 0}}},
 };
 
