@@ -1168,6 +1168,9 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 			LOG_WARN("agent: unexpected %s from %s", proto_type_name(m.type), what);
 		}
 		proto_msg_clear(&m);
+		/* a long burst of pieces must not starve the heartbeat */
+		if (now_s() - a->last_hello >= HELLO_EVERY_S)
+			hello(a);
 	}
 }
 
