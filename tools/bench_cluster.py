@@ -960,7 +960,7 @@ def finish(res, json_path):
             extra += f"; pub's link carried {pub_out / res['size_bytes']:.1f}x the version (wire bytes)"
         flt = [v for k, v in r.get("minflt_replication", {}).items() if k.startswith("r") and v is not None]
         if flt:
-            extra += f"; {statistics.mean(flt) * 4096 / res['size_bytes']:.1f} page faults per 4 KiB received"
+            extra += f"; {statistics.mean(flt) * 4096 / res['size_bytes']:.2f} page faults per 4 KiB received"
         print(f"  {r['method']:7} N={r['n']} run {r['rep'] + 1}: {cs}{extra}")
     print(f"\ncaveat: all {res['machine']['cores']} cores of this one machine run every node, the kernel's "
           "veth/bridge forwarding and the tmpfs writes; when CPU busy is near 100% the CPU, not the "
