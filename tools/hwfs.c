@@ -478,6 +478,79 @@ static int loopback_endpoint(const char *ep)
 	return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) || !strncmp(h, "[::1]:", 6);
 }
 
+/*
+ * spawn_daemon() - run @run(@arg, notify_fd) in a daemon process (new session,
+ * cwd /, stdin /dev/null, stdout and stderr appended to @log or /dev/null) and
+ * wait until it reports on the notify pipe: "ok" returns its pid, "error: ..."
+ * dies with that error.  Paths in @arg must be absolute.
+ */
+static pid_t spawn_daemon(const char *log, int (*run)(void *arg, int notify_fd), void *arg,
+			  const char *what)
+{
+	char buf[4352];
+	ssize_t n, len = 0;
+	int pfd[2], logfd;
+	pid_t pid;
+
+	if (pipe2(pfd, O_CLOEXEC) < 0)
+		die("pipe: %s", strerror(errno));
+	logfd = open(log ? log : "/dev/null", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (logfd < 0)
+		die("%s: %s", log, strerror(errno));
+	pid = fork();
+	if (pid < 0)
+		die("fork: %s", strerror(errno));
+	if (pid == 0) {
+		int nullfd = open("/dev/null", O_RDWR);
+
+		close(pfd[0]);
+		setsid();
+		if (chdir("/") < 0 || nullfd < 0 || dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 ||
+		    dup2(logfd, 2) < 0)
+			_exit(1);
+		close(nullfd);
+		close(logfd);
+		exit(run(arg, pfd[1])); /* exit, not _exit: sanitizer builds report leaks at exit */
+	}
+	close(pfd[1]);
+	close(logfd);
+	while ((n = read(pfd[0], buf + len, sizeof(buf) - 1 - (size_t)len)) > 0)
+		len += n;
+	buf[len] = '\0';
+	close(pfd[0]);
+	if (!strncmp(buf, "ok", 2))
+		return pid;
+	buf[strcspn(buf, "\n")] = '\0';
+	if (!strncmp(buf, "error: ", 7))
+		die("%s", buf + 7);
+	die("the %s exited during start-up%s%s", what, log ? "; see " : "", log ? log : "");
+}
+
+struct mount_run {
+	struct daemon_opts *o;
+	char *mnt, *store;
+};
+
+static int run_mount(void *arg, int notify_fd)
+{
+	struct mount_run *m = arg;
+	int r;
+
+	m->o->notify_fd = notify_fd;
+	r = daemon_run(m->o) < 0 ? 1 : 0;
+	free(m->mnt);
+	free(m->store);
+	return r;
+}
+
+static int run_coord(void *arg, int notify_fd)
+{
+	struct coord_opts *o = arg;
+
+	o->notify_fd = notify_fd;
+	return coord_run(o) < 0 ? 1 : 0;
+}
+
 /* "chain" -> 1, "tree:K" -> K, "star" -> 0 (unbounded fan-out). */
 static int parse_topology(const char *s, unsigned *fanout)
 {
@@ -534,8 +607,8 @@ static int cmd_coord(int argc, char **argv)
 		{"keys", required_argument, NULL, 'K'},   {NULL, 0, NULL, 0},
 	};
 	struct coord_opts o = {.notify_fd = -1, .fanout = 1};
-	int c, fg = 0, insecure = 0, pfd[2];
-	char buf[512];
+	int c, fg = 0, insecure = 0;
+	char buf[4096], *state = NULL, *keys = NULL;
 	pid_t pid;
 
 	optind = 1;
@@ -574,51 +647,26 @@ static int cmd_coord(int argc, char **argv)
 		    o.listen);
 	if (fg)
 		return coord_run(&o) < 0 ? 1 : 0;
-	if (pipe2(pfd, O_CLOEXEC) < 0)
-		die("pipe: %s", strerror(errno));
-	pid = fork();
-	if (pid < 0)
-		die("fork: %s", strerror(errno));
-	if (pid == 0) {
-		int nullfd = open("/dev/null", O_RDWR);
-
-		close(pfd[0]);
-		setsid();
-		if (nullfd < 0 || dup2(nullfd, 0) < 0)
-			_exit(1);
-		if (o.state) {
-			snprintf(buf, sizeof(buf), "%s/coord.log", o.state);
-			mkdir(o.state, 0700);
-			int logfd = open(buf, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-
-			if (logfd >= 0) {
-				dup2(logfd, 1);
-				dup2(logfd, 2);
-				close(logfd);
-			}
-		} else {
-			dup2(nullfd, 1);
-			dup2(nullfd, 2);
-		}
-		close(nullfd);
-		o.notify_fd = pfd[1];
-		exit(coord_run(&o) < 0 ? 1 : 0);
+	if (o.state) {
+		if (mkdir(o.state, 0700) < 0 && errno != EEXIST)
+			die("state dir %s: %s", o.state, strerror(errno));
+		state = realpath(o.state, NULL);
+		if (!state)
+			die("state dir %s: %s", o.state, strerror(errno));
+		o.state = state;
+		snprintf(buf, sizeof(buf), "%s/coord.log", state);
 	}
-	close(pfd[1]);
-	{
-		ssize_t n, len = 0;
-
-		while ((n = read(pfd[0], buf + len, sizeof(buf) - 1 - (size_t)len)) > 0)
-			len += n;
-		buf[len] = '\0';
+	if (o.keys) {
+		keys = realpath(o.keys, NULL);
+		if (!keys)
+			die("keys %s: %s", o.keys, strerror(errno));
+		o.keys = keys;
 	}
-	close(pfd[0]);
-	if (!strncmp(buf, "ok", 2)) {
-		printf("%d\n", (int)pid);
-		return 0;
-	}
-	buf[strcspn(buf, "\n")] = '\0';
-	die("%s", !strncmp(buf, "error: ", 7) ? buf + 7 : "the coordinator exited during start-up");
+	pid = spawn_daemon(o.state ? buf : NULL, run_coord, &o, "coordinator");
+	printf("%d\n", (int)pid);
+	free(state);
+	free(keys);
+	return 0;
 }
 
 /* Is @path a mount point in /proc/self/mountinfo? */
@@ -699,11 +747,10 @@ static int cmd_mount(int argc, char **argv)
 	struct daemon_opts o = {.notify_fd = -1};
 	int insecure = 0;
 	const char *store = NULL;
-	char *mnt, *opts[64], buf[4096];
+	char *mnt, *opts[64], buf[4096], *keys = NULL;
 	size_t n_opts = 0;
-	int c, fg = 0, pfd[2], logfd;
+	int c, fg = 0;
 	struct stat st;
-	pid_t pid;
 
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "s:c:fho:d", lo, NULL)) != -1) {
@@ -791,48 +838,21 @@ static int cmd_mount(int argc, char **argv)
 		return c;
 	}
 
-	if (pipe2(pfd, O_CLOEXEC) < 0)
-		die("pipe: %s", strerror(errno));
-	snprintf(buf, sizeof(buf), "%s/hwfs.log", store);
-	logfd = open(buf, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-	if (logfd < 0)
-		die("%s: %s", buf, strerror(errno));
-	pid = fork();
-	if (pid < 0)
-		die("fork: %s", strerror(errno));
-	if (pid == 0) {
-		int nullfd = open("/dev/null", O_RDWR);
-
-		close(pfd[0]);
-		setsid();
-		if (chdir("/") < 0 || nullfd < 0 || dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 ||
-		    dup2(logfd, 2) < 0)
-			_exit(1);
-		close(nullfd);
-		close(logfd);
-		o.notify_fd = pfd[1];
-		c = daemon_run(&o) < 0 ? 1 : 0;
-		free(mnt);
-		exit(c); /* exit, not _exit: sanitizer builds report leaks at exit */
-	}
-	close(pfd[1]);
-	close(logfd);
 	{
-		ssize_t n, len = 0;
+		struct mount_run m = {&o, mnt, realpath(store, NULL)};
 
-		while ((n = read(pfd[0], buf + len, sizeof(buf) - 1 - (size_t)len)) > 0)
-			len += n;
-		buf[len] = '\0';
+		if (!m.store)
+			die("store %s: %s", store, strerror(errno));
+		o.store = m.store;
+		if (o.keys && !(o.keys = keys = realpath(o.keys, NULL)))
+			die("keys: %s", strerror(errno));
+		snprintf(buf, sizeof(buf), "%s/hwfs.log", m.store);
+		spawn_daemon(buf, run_mount, &m, "daemon");
+		free(m.store);
 	}
-	close(pfd[0]);
+	free(keys);
 	free(mnt);
-	if (!strncmp(buf, "ok", 2))
-		return 0;
-	if (!strncmp(buf, "error: ", 7)) {
-		buf[strcspn(buf, "\n")] = '\0';
-		die("%s", buf + 7);
-	}
-	die("the daemon exited during start-up; see %s/hwfs.log", store);
+	return 0;
 }
 
 static int cmd_umount(int argc, char **argv)
