@@ -366,14 +366,24 @@ static void fetch_unlink(struct agent *a, struct fetch *f)
 		*pp = f->next;
 }
 
+/* HAVE: progress of @name here; @bad_donor names a node that sent a corrupt shard, or NULL. */
 static void send_have(struct agent *a, const char *name, const hwfs_hash_t *digest, int complete,
-		      uint64_t held, uint64_t needed)
+		      uint64_t held, uint64_t needed, const char *bad_donor)
 {
-	send_coord(a, P_HAVE,
-		   json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", name, "digest",
-			     hex_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
-			     "bytes_needed", (json_int_t)needed),
-		   NULL, 0);
+	json_t *h = json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", name, "digest",
+			      hex_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
+			      "bytes_needed", (json_int_t)needed);
+
+	if (bad_donor)
+		json_object_set_new(h, "bad_donor", json_string(bad_donor));
+	send_coord(a, P_HAVE, h, NULL, 0);
+}
+
+/* HAVE for a fetch in progress. */
+static void report_progress(struct agent *a, struct fetch *f, const char *bad_donor)
+{
+	send_have(a, f->name, &f->digest, 0, f->total - f->bytes_needed + f->bytes_held,
+		  f->bytes_needed - f->bytes_held, bad_donor);
 }
 
 static void flip_to(struct agent *a, const char *version)
@@ -425,8 +435,10 @@ static void materialize(struct agent *a, struct fetch *f)
 	LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
 		 (unsigned long long)f->bytes_held);
 out:
-	send_have(a, f->name, &f->digest, ok, ok ? f->total : f->total - f->bytes_needed + f->bytes_held,
-		  ok ? 0 : f->bytes_needed - f->bytes_held);
+	if (ok)
+		send_have(a, f->name, &f->digest, 1, f->total, 0, NULL);
+	else
+		report_progress(a, f, NULL);
 	if (ok && a->pending_commit && !strcmp(a->pending_commit, f->name)) {
 		flip_to(a, f->name);
 		free(a->pending_commit);
@@ -440,8 +452,7 @@ out:
 static void fetch_fail(struct agent *a, struct fetch *f, const char *why)
 {
 	LOG_ERR("agent: giving up on %s: %s", f->name, why);
-	send_have(a, f->name, &f->digest, 0, f->total - f->bytes_needed + f->bytes_held,
-		  f->bytes_needed - f->bytes_held);
+	report_progress(a, f, NULL);
 	fetch_unlink(a, f);
 	fetch_free(a, f);
 	flush_deferred(a);
@@ -528,7 +539,7 @@ static void on_plan(struct agent *a, struct proto_msg *m)
 	have = v && v->state == HWFS_V_SEALED && !hwfs_hash_cmp(&v->digest, &digest);
 	ns_unlock(a->ns);
 	if (have) {
-		send_have(a, name, &digest, 1, 0, 0);
+		send_have(a, name, &digest, 1, 0, 0, NULL);
 		return;
 	}
 	if (v) {
@@ -665,8 +676,7 @@ static void pump(struct agent *a)
 			json_decref(hashes);
 		}
 		if (now - f->last_report >= 0.5) { /* progress for status --cluster */
-			send_have(a, f->name, &f->digest, 0, f->total - f->bytes_needed + f->bytes_held,
-				  f->bytes_needed - f->bytes_held);
+			report_progress(a, f, NULL);
 			f->last_report = now;
 		}
 		/*
@@ -834,13 +844,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 	if (memcmp(c.digest, h.b, HWFS_HASH_LEN)) {
 		LOG_ERR("agent: bad shard from %s for %s (hash mismatch); asking another donor", from,
 			f->name);
-		send_coord(a, P_HAVE,
-			   json_pack("{s:s, s:o, s:b, s:I, s:I, s:s}", "version", f->name, "digest",
-				     hex_json(&f->digest), "complete", 0, "bytes_held",
-				     (json_int_t)(f->total - f->bytes_needed + f->bytes_held),
-				     "bytes_needed", (json_int_t)(f->bytes_needed - f->bytes_held),
-				     "bad_donor", f->donor_names[w->donor]),
-			   NULL, 0);
+		report_progress(a, f, f->donor_names[w->donor]);
 		arena_free(store_arena(a->st), w->roff, w->size);
 		w->got = 0;
 		abort_forwarded(a, &h);

@@ -17,6 +17,7 @@ that the tests import (``from conftest import ...``) are at the bottom.
 import errno
 import faulthandler
 import json
+import mmap
 import os
 import re
 import shutil
@@ -164,10 +165,15 @@ class HwfsMount:
     def used_bytes(self):
         return self.status()["store"]["used_bytes"]
 
-    def mount(self):
+    def mount_args(self):
+        """The `hwfs mount` command line (cluster nodes add their options)."""
         args = [HWFS, "mount", self.mnt, "--store", self.store]
         if self.capacity:
             args += ["--capacity", str(self.capacity)]
+        return args
+
+    def mount(self):
+        args = self.mount_args()
         # Output goes to files, not pipes: a daemon that kept an inherited
         # pipe open would otherwise make us wait for it.
         with tempfile.TemporaryFile("w+") as out:
@@ -526,3 +532,35 @@ def safetensors_header(path):
 def expect_errno(exc_info, *codes):
     e = exc_info.value
     assert e.errno in codes, f"expected {[errno.errorcode[c] for c in codes]}, got {e!r}"
+
+
+def find_all(path, needle):
+    """Offsets of every occurrence of @needle in the (sparse) file @path."""
+    hits = []
+    size = os.path.getsize(path)
+    if size == 0:
+        return hits
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        pos = 0
+        while True:
+            # Skip holes quickly where the filesystem tells us about them.
+            try:
+                data = os.lseek(f.fileno(), pos, os.SEEK_DATA)
+            except OSError:
+                break
+            i = mm.find(needle, data)
+            if i < 0:
+                break
+            hits.append(i)
+            pos = i + 1
+    return hits
+
+
+def flip_byte(path, off):
+    fd = os.open(path, os.O_RDWR)
+    try:
+        b = os.pread(fd, 1, off)
+        os.pwrite(fd, bytes([b[0] ^ 0xFF]), off)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

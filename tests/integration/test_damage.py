@@ -1,42 +1,9 @@
 """A flipped byte in the shard arena is found by `hwfs verify` and blocks commit."""
 
 import json
-import mmap
 import os
 
-from conftest import assert_error_line, make_tensors, save_model
-
-
-def find_all(path, needle):
-    """Offsets of every occurrence of @needle in the (sparse) file @path."""
-    hits = []
-    size = os.path.getsize(path)
-    if size == 0:
-        return hits
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        pos = 0
-        while True:
-            # Skip holes quickly where the filesystem tells us about them.
-            try:
-                data = os.lseek(f.fileno(), pos, os.SEEK_DATA)
-            except OSError:
-                break
-            i = mm.find(needle, data)
-            if i < 0:
-                break
-            hits.append(i)
-            pos = i + 1
-    return hits
-
-
-def flip_byte(path, off):
-    fd = os.open(path, os.O_RDWR)
-    try:
-        b = os.pread(fd, 1, off)
-        os.pwrite(fd, bytes([b[0] ^ 0xFF]), off)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from conftest import assert_error_line, find_all, flip_byte, make_tensors, save_model
 
 
 def damage_version(mount, src):

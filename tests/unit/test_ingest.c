@@ -35,6 +35,7 @@
 #include "safetensors.h"
 #include "store.h"
 #include "tunables.h"
+#include "tmpdir.h"
 
 #define CAP (64ull << 20)
 #define MAX_SHARD (64u << 10)
@@ -45,25 +46,6 @@ struct fx {
 	struct store *s;
 	struct hwfs_tunables saved;
 };
-
-static void rm_rf(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char p[PATH_MAX];
-
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
-		if (unlink(p) < 0)
-			rm_rf(p);
-	}
-	closedir(d);
-	rmdir(dir);
-}
 
 static int fx_setup(void **state)
 {

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "store.h"
+#include "tmpdir.h"
 
 #define CAP (16ull << 20)
 
@@ -37,25 +38,6 @@ struct fx {
 	char dir[64];
 	struct store *s;
 };
-
-static void rm_rf(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char p[PATH_MAX];
-
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
-		if (unlink(p) < 0)
-			rm_rf(p);
-	}
-	closedir(d);
-	rmdir(dir);
-}
 
 static int fx_setup(void **state)
 {

@@ -34,7 +34,6 @@ already imported by pytest — the same ``_ACTIVE`` list its watchdog reads.
 import json
 import os
 import queue
-import re
 import shutil
 import signal
 import socket
@@ -51,8 +50,8 @@ import conftest as base  # tests/integration/conftest.py
 if Path(base.__file__).resolve() != Path(__file__).resolve().parents[1] / "conftest.py":
     raise ImportError(f"`conftest` is {base.__file__}, expected the parent tests/integration/conftest.py")
 
-from conftest import (HWFS, TIMEOUT, HwfsMount, assert_tree_equal, is_mounted, pid_alive,  # noqa: E402
-                      poll, sh)
+from conftest import (HWFS, HwfsMount, find_all, flip_byte, is_mounted,  # noqa: E402
+                      pid_alive, poll, random_file, sh, wait_dead)
 
 NODE_NAMES = ("A", "B", "C")
 NODE_CAPACITY = "1G"
@@ -86,39 +85,6 @@ def readlink(path):
         return os.readlink(path)
     except OSError:
         return None
-
-
-def find_all(path, needle):
-    """Offsets of every occurrence of @needle in the (sparse) file @path
-    (as tests/integration/test_damage.py does it)."""
-    import mmap
-
-    hits = []
-    if os.path.getsize(path) == 0:
-        return hits
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        pos = 0
-        while True:
-            try:
-                data = os.lseek(f.fileno(), pos, os.SEEK_DATA)
-            except OSError:
-                break
-            i = mm.find(needle, data)
-            if i < 0:
-                break
-            hits.append(i)
-            pos = i + 1
-    return hits
-
-
-def flip_byte(path, off):
-    fd = os.open(path, os.O_RDWR)
-    try:
-        b = os.pread(fd, 1, off)
-        os.pwrite(fd, bytes([b[0] ^ 0xFF]), off)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------
@@ -212,12 +178,18 @@ class Coordinator:
     def log_tail(self, n=60):
         return tail(self.logpath, n)
 
-    def start(self):
+    def args(self):
+        """The `hwfs coord` command line (subclasses add options)."""
         args = [HWFS, "coord", "--listen", self.url, "--state", self.state]
         if TOPOLOGY:
             args += ["--topology", TOPOLOGY]
-        args.append("-f")
+        return args + ["-f"]
+
+    def start(self):
+        args = self.args()
         self._log = open(self.logpath, "ab")
+        self._log.write(f"=== test: starting {' '.join(args)}\n".encode())
+        self._log.flush()
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         end = time.monotonic() + COORD_READY_TIMEOUT
@@ -282,28 +254,9 @@ class ClusterNode(HwfsMount):
     def __repr__(self):
         return f"<node {self.name} {self.mnt}>"
 
-    def mount(self):
-        args = [HWFS, "mount", self.mnt, "--store", self.store, "--join", self.coord_url,
-                "--node", self.name, "--listen", self.url]
-        if self.capacity:
-            args += ["--capacity", str(self.capacity)]
-        with tempfile.TemporaryFile("w+") as out:  # files, not pipes (see the parent)
-            try:
-                rc = subprocess.run(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                    timeout=TIMEOUT).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-            out.seek(0)
-            text = out.read()
-        if rc != 0:
-            pytest.fail(f"`{' '.join(args)}` failed ({rc}): {text}\ndaemon log:\n{self.log_tail()}",
-                        pytrace=False)
-        self.mounted = True
-        assert is_mounted(self.mnt), f"hwfs mount returned 0 but {self.mnt} is not in /proc/mounts"
-        st = self.status()
-        self.pid = int(st["pid"])
-        self.pids.append(self.pid)
-        return st
+    def mount_args(self):
+        return super().mount_args() + ["--join", self.coord_url, "--node", self.name,
+                                       "--listen", self.url]
 
     def healthy(self):
         return self.pid is not None and pid_alive(self.pid) and is_mounted(self.mnt)
@@ -608,3 +561,321 @@ def pytest_runtest_makereport(item, call):
             rep.sections.append(("hwfs cluster logs", f"(could not read logs: {e!r})"))
     return rep
 
+
+# --------------------------------------------------------------------------
+# the ``net`` fixture: clusters built per test, with options (test_chaos.py,
+# test_security.py, test_latejoin.py)
+
+CHUNK = 4 << 20  # fixed_chunk: shard size of files that are not safetensors
+STATUS_TIMEOUT = 25  # status --cluster answers or fails within ~10 s
+
+
+# --------------------------------------------------------------------------
+# processes
+
+
+class Coord(Coordinator):
+    """`hwfs coord` with options; can be killed -9 and restarted on the same
+    port and state dir."""
+
+    def __init__(self, workdir, topology=None, keys=None, state=True, extra=()):
+        super().__init__(workdir)
+        self.topology = topology
+        self.keys = keys
+        self.use_state = state
+        self.extra = list(extra)
+
+    def args(self):
+        args = [HWFS, "coord", "--listen", self.url]
+        if self.use_state:
+            args += ["--state", self.state]
+        if self.topology:
+            args += ["--topology", self.topology]
+        if self.keys:
+            args += ["--keys", self.keys]
+        return args + self.extra + ["-f"]
+
+    def kill9(self):
+        """kill -9, reap, close the log (start() may follow: same port, same state)."""
+        assert self.alive(), "the coordinator is not running"
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_text(self):
+        try:
+            with open(self.logpath, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+class Node(ClusterNode):
+    """A node whose `hwfs mount` may carry --keys or run an embedded coordinator."""
+
+    def __init__(self, name, coord_url, keys=None, embedded=None):
+        super().__init__(name, embedded or coord_url)
+        self.keys = keys
+        self.embedded = embedded  # tcp://... of a --coordinator in this daemon
+
+    def mount_args(self):
+        args = [HWFS, "mount", self.mnt, "--store", self.store]
+        args += ["--coordinator", self.embedded] if self.embedded else ["--join", self.coord_url]
+        args += ["--node", self.name, "--listen", self.url]
+        if self.capacity:
+            args += ["--capacity", str(self.capacity)]
+        if self.keys:
+            args += ["--keys", self.keys]
+        return args
+
+    def try_cluster_status(self, timeout=STATUS_TIMEOUT):
+        """`status --cluster --json`: the dict, or None when it fails."""
+        cp = self.run("status", "--cluster", "--json", check=False, timeout=timeout)
+        if cp.returncode != 0:
+            return None
+        try:
+            return json.loads(cp.stdout)
+        except ValueError:
+            return None
+
+    def sent(self):
+        return int(self.status()["replication"]["bytes_sent"])
+
+    def kill9_daemon(self):
+        """kill -9 the daemon (pid from its status), then `fusermount3 -u -z` the dead mount."""
+        pid = int(self.status()["pid"])
+        if pid not in self.pids:
+            self.pids.append(pid)
+        os.kill(pid, signal.SIGKILL)
+        assert wait_dead(pid, 10), f"{self.name}'s daemon {pid} survived SIGKILL"
+        sh(["fusermount3", "-u", "-z", self.mnt], check=False)
+        assert not is_mounted(self.mnt), f"could not detach {self.name}'s dead mount {self.mnt}"
+        self.mounted = False
+
+
+def node_view(cs, name):
+    """The record of node @name in a status --cluster answer, or None."""
+    for n in (cs or {}).get("nodes", []):
+        if n.get("name") == name:
+            return n
+    return None
+
+
+def version_view(cs, node, version):
+    n = node_view(cs, node)
+    for v in (n or {}).get("versions", []):
+        if v.get("name") == version:
+            return v
+    return None
+
+
+class Net:
+    """A coordinator and nodes started one at a time; all cleaned up at the end."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="hwfs-chaos-")
+        self.coord = None
+        self.nodes = {}
+
+    def __getitem__(self, name):
+        return self.nodes[name]
+
+    def __iter__(self):
+        return iter(list(self.nodes.values()))
+
+    def others(self, *names):
+        return [n for n in self if n.name not in names]
+
+    def start_coord(self, **kw):
+        c = Coord(self.dir, **kw)
+        self.coord = c
+        base._ACTIVE.append(c)
+        c.start()
+        return c
+
+    def add(self, name, wait=True, viewer=None, keys=None, embedded=None, coord_url=None):
+        """Mount node @name joined to the coordinator; with @wait, return once
+        @viewer's (default: the new node's) status --cluster lists it alive."""
+        url = coord_url or (self.coord.url if self.coord else None)
+        node = Node(name, url, keys=keys, embedded=embedded)
+        self.nodes[name] = node
+        base._ACTIVE.append(node)
+        node.mount()
+        if wait:
+            self.wait_alive([name], viewer=viewer or node)
+        return node
+
+    def wait_alive(self, names, viewer=None, timeout=30.0, committed=...):
+        """Until @viewer's status --cluster lists every one of @names alive (and,
+        if given, reports @committed).  Returns the status seen."""
+        viewer = viewer or next(iter(self))
+        last = [None]
+
+        def ok():
+            cs = viewer.try_cluster_status()
+            last[0] = cs
+            if cs is None:
+                return None
+            alive = {n["name"] for n in cs.get("nodes", []) if n.get("alive")}
+            if not set(names) <= alive:
+                return None
+            if committed is not ... and cs.get("committed") != committed:
+                return None
+            return cs
+
+        cs = poll(ok, timeout=timeout, interval=0.2)
+        if not cs:
+            want = f"{sorted(names)} alive" + ("" if committed is ... else f", committed {committed}")
+            pytest.fail(f"{viewer.name}'s status --cluster did not show {want} within {timeout:.0f}s; "
+                        f"last seen: {json.dumps(last[0])}\n{self.logs()}", pytrace=False)
+        return cs
+
+    def wait_dead(self, name, viewer, timeout=15.0):
+        def dead():
+            cs = viewer.try_cluster_status()
+            n = node_view(cs, name)
+            return n is not None and not n.get("alive")
+
+        assert poll(dead, timeout=timeout, interval=0.2), \
+            f"the coordinator still lists {name} alive {timeout:.0f}s after it stopped"
+
+    def wait_version(self, version, digest, nodes=None, timeout=60.0):
+        """Every one of @nodes shows @version in MNT/versions/, sealed with @digest
+        (never visible before that).  Returns the seconds it took."""
+        nodes = list(self) if nodes is None else list(nodes)
+        t0 = time.monotonic()
+        pending = {n.name: n for n in nodes}
+        seen = {}
+        while pending:
+            for name, node in list(pending.items()):
+                vis = node.visible(version)
+                rec = node.version(version)
+                seen[name] = {"visible": vis, "status": rec}
+                if vis:
+                    assert rec is not None and rec["state"] == "sealed", \
+                        f"{version} is visible on {name} but its status is {rec} (must appear only complete)"
+                    assert rec["digest"] == digest, \
+                        f"{version} on {name} has digest {rec['digest']}, the publisher's is {digest}"
+                    del pending[name]
+            if pending and time.monotonic() - t0 >= timeout:
+                pytest.fail(f"{version} did not reach {sorted(pending)} within {timeout:.0f}s; last seen: "
+                            f"{json.dumps(seen)}\n{self.status_dump(pending.values())}", pytrace=False)
+            if pending:
+                time.sleep(0.1)
+        return time.monotonic() - t0
+
+    def publish(self, name, src, version):
+        node = self.nodes[name]
+        node.run("publish", src, version)
+        v = node.version(version)
+        assert v and v["state"] == "sealed", f"{version} after publish on {name}: {v}"
+        return v["digest"]
+
+    def currents(self, nodes=None):
+        return {n.name: n.current() for n in (self if nodes is None else nodes)}
+
+    def stop(self):
+        try:
+            for node in reversed(list(self.nodes.values())):
+                try:
+                    node.cleanup()  # handles a dead (-z detached) mount too
+                except Exception:
+                    pass
+                finally:
+                    if node in base._ACTIVE:
+                        base._ACTIVE.remove(node)
+        finally:
+            try:
+                if self.coord is not None:
+                    self.coord.stop()
+            finally:
+                if self.coord in base._ACTIVE:
+                    base._ACTIVE.remove(self.coord)
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+    def status_dump(self, nodes):
+        """status --json and status --cluster --json of @nodes (the healthy ones), for failures."""
+        out = []
+        for node in nodes:
+            if not node.healthy():
+                out.append(f"--- {node.name}: daemon not running / not mounted")
+                continue
+            try:
+                st = node.run("status", "--json", check=False, timeout=10)
+                cs = node.run("status", "--cluster", "--json", check=False, timeout=15)
+                out.append(f"--- {node.name} status: {st.stdout.strip()}\n--- {node.name} status --cluster: "
+                           f"{cs.stdout.strip()} {cs.stderr.strip()}")
+            except BaseException as e:  # the dump must not hide the real failure
+                out.append(f"--- {node.name}: status failed: {e!r}")
+        return "\n".join(out)
+
+    def logs(self, n=40):
+        parts = []
+        if self.coord is not None:
+            parts.append(f"--- coordinator {self.coord.url} log:\n{self.coord.log_tail(n)}")
+        for node in self:
+            parts.append(f"--- node {node.name} {node.url} mnt {node.mnt} (pids {node.pids}) log:\n"
+                         f"{node.log_tail(n)}")
+        return "\n".join(parts)
+
+
+@pytest.fixture
+def net(request):
+    n = Net()
+    request.node._hwfs_cluster = n  # conftest.py's report hook adds n.logs() on failure
+    try:
+        yield n
+    finally:
+        n.stop()
+
+
+# --------------------------------------------------------------------------
+# data
+
+
+def random_model(root, size, seed):
+    """A model directory of random (non-dedupable) bytes: model.bin (@size
+    bytes, stored in CHUNK-sized shards) and a small config.json."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    random_file(root / "model.bin", size, seed=seed)
+    (root / "config.json").write_text(json.dumps({"seed": seed, "size": size}) + "\n")
+    return root
+
+
+def assert_identical(src, node, version):
+    """MOUNT/versions/VERSION holds exactly @src's files, byte for byte (cmp)."""
+    dst = node.vpath(version)
+    want = sorted(os.listdir(src))
+    got = sorted(e for e in os.listdir(dst) if e != "tensors")
+    assert got == want, f"{node.name}: {version} holds {got}, the source {want}"
+    for name in want:
+        cp = sh(["cmp", os.path.join(src, name), os.path.join(dst, name)], check=False, timeout=120)
+        assert cp.returncode == 0, f"{node.name}: {version}/{name} differs from the source: {cp.stdout}{cp.stderr}"
+
+
+def corrupt_chunk(node, src_file, index):
+    """Flip a byte of shard @index (CHUNK-sized pieces) of @src_file in @node's arena."""
+    with open(src_file, "rb") as f:
+        f.seek(index * CHUNK + CHUNK // 2)
+        needle = f.read(4096)
+    arena = os.path.join(node.store, "arena")
+    hits = find_all(arena, needle)
+    assert hits, f"could not find chunk {index} of {src_file} in {node.name}'s {arena}"
+    for off in hits:
+        flip_byte(arena, off + 1000)
+    return len(hits)
+
+
+def ring(net, names, **coord_kw):
+    """Coordinator plus nodes @names, each started once the previous one is alive."""
+    net.start_coord(**coord_kw)
+    for name in names:
+        net.add(name)
+    return net.wait_alive(names, viewer=net[names[0]])
+
+
+# --------------------------------------------------------------------------
+# tests

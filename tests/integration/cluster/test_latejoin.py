@@ -7,7 +7,7 @@ started one at a time, all cleaned up after the test).
 import pytest
 
 from .conftest import free_port
-from .test_chaos import assert_identical, net, random_model, ring, version_view  # noqa: F401 (net: fixture)
+from .conftest import assert_identical, random_model, ring, version_view
 
 
 @pytest.mark.limit(150)
@@ -46,7 +46,7 @@ def test_embedded_coordinator(net, tmp_path):
     a = net.add("A", embedded=url)
     st = a.status()
     assert st["node"] == "A" and st["coordinator"] == url, st
-    b = net.add("B", coord_url=url, viewer=a)
+    net.add("B", coord_url=url, viewer=a)
     c = net.add("C", coord_url=url, viewer=a)
     net.wait_alive(["A", "B", "C"], viewer=c)
 

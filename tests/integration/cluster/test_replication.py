@@ -11,7 +11,9 @@ import pytest
 
 from conftest import assert_error_line, assert_tree_equal, poll, sh
 
-from .conftest import Inotify, find_all, flip_byte, readlink
+from conftest import find_all, flip_byte
+
+from .conftest import Inotify, readlink
 
 
 @pytest.mark.limit(150)

@@ -16,7 +16,7 @@ import conftest as base  # tests/integration/conftest.py
 from conftest import HWFS, assert_error_line, poll, sh
 
 from .conftest import free_port
-from .test_chaos import Coord, assert_identical, net, node_view, random_model  # noqa: F401 (net: fixture)
+from .conftest import Coord, assert_identical, node_view, random_model
 
 Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
 REFUSAL = "refused a connection with unknown key"
