@@ -91,10 +91,10 @@ bench: deps
 	python3 tools/bench.py
 
 # Replication across nodes in network namespaces with tc-capped links
-# (needs root, iproute2, rsync; several minutes).
+# (needs root, iproute2, rsync; about half an hour: every point 3 times).
 bench-cluster: deps
 	$(MAKE) all
-	python3 tools/bench_cluster.py
+	python3 tools/bench_cluster.py --reps 3
 
 asan:
 	$(MAKE) BUILD=build-asan EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -O1" \

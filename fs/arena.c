@@ -33,6 +33,14 @@
  * under the mutex, so a page cannot be handed out again and written to while
  * its hole is still being punched.
  *
+ * A preallocated arena (arena_preallocate(), `hwfs mount --preallocate`)
+ * owns its whole capacity from then on: every page is allocated and touched
+ * once, optionally locked, and never punched again.  Allocation then never
+ * waits on the page allocator (nor, in a virtual machine, on the host backing
+ * a guest page on first touch), which is what a node that receives a new
+ * version of the weights many times a day wants; the price is the whole
+ * capacity in RAM from the start.
+ *
  * Reserve (start-up: ranges the index says hold shards) takes a range out of
  * the free list without fallocate(): those bytes already exist in the file.
  * Free pages that held data from an earlier run of the daemon and are never
@@ -66,6 +74,7 @@ struct arena {
 	struct run *runs; /* free runs, sorted by off, coalesced */
 	size_t n;
 	size_t nalloc;
+	int resident;     /* preallocated: pages are never punched */
 };
 
 static uint64_t round_up(uint64_t x, uint64_t page)
@@ -187,7 +196,7 @@ static void punch_pages(struct arena *a, uint64_t off, uint64_t len, uint64_t rs
 	ps = round_up(lo, a->page);
 	pe = round_down(hi, a->page);
 
-	if (pe <= ps)
+	if (pe <= ps || a->resident)
 		return;
 	do {
 		ret = fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)ps,
@@ -353,6 +362,16 @@ uint64_t arena_used(const struct arena *a)
 	return used;
 }
 
+int arena_preallocated(struct arena *a)
+{
+	int r;
+
+	pthread_mutex_lock(&a->mu);
+	r = a->resident;
+	pthread_mutex_unlock(&a->mu);
+	return r;
+}
+
 int arena_fd(const struct arena *a)
 {
 	return a->fd;
@@ -413,7 +432,7 @@ static int arena_alloc_flags(struct arena *a, uint64_t len, int back, uint64_t *
 	if (ret)
 		goto out;
 
-	ret = back ? back_range(a, start, len) : 0;
+	ret = back && !a->resident ? back_range(a, start, len) : 0;
 	if (ret) {
 		pthread_mutex_lock(&a->mu);
 		free_locked(a, start, len);
@@ -476,4 +495,30 @@ void arena_trim(struct arena *a)
 		punch_pages(a, a->runs[i].off, a->runs[i].len, a->runs[i].off,
 			    a->runs[i].off + a->runs[i].len);
 	pthread_mutex_unlock(&a->mu);
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+int arena_preallocate(struct arena *a, int lock)
+{
+	int ret = back_range(a, 0, a->cap);
+
+	if (ret)
+		return ret;
+	if (madvise(a->base, (size_t)a->cap, MADV_POPULATE_WRITE) < 0) {
+		if (errno != EINVAL)
+			return errno == ENOMEM ? -ENOSPC : -errno;
+		/* Before Linux 5.14: a read fault allocates and clears the page. */
+		for (uint64_t off = 0; off < a->cap; off += a->page)
+			(void)*(volatile uint8_t *)(a->base + off);
+	}
+	if (lock && mlock(a->base, (size_t)a->cap) < 0)
+		LOG_WARN("arena: mlock of %llu bytes: %s (pages stay allocated, not locked)",
+			 (unsigned long long)a->cap, strerror(errno));
+	pthread_mutex_lock(&a->mu);
+	a->resident = 1;
+	pthread_mutex_unlock(&a->mu);
+	return 0;
 }

@@ -169,11 +169,12 @@ static json_t *op_status(struct daemon *d, json_t *req)
 	json_t *r;
 
 	store_usage(d->st, &used, &count);
-	r = json_pack("{s:b, s:i, s:s, s:{s:s, s:I, s:I, s:I, s:I}, s:o, s:o}", "ok", 1, "pid",
-		      (int)getpid(), "mount", d->o->mountpoint, "store", "path", store_dir(d->st),
-		      "used_bytes", (json_int_t)used, "capacity_bytes",
+	r = json_pack("{s:b, s:i, s:s, s:{s:s, s:I, s:I, s:I, s:I, s:b}, s:o, s:o}", "ok", 1,
+		      "pid", (int)getpid(), "mount", d->o->mountpoint, "store", "path",
+		      store_dir(d->st), "used_bytes", (json_int_t)used, "capacity_bytes",
 		      (json_int_t)arena_capacity(store_arena(d->st)), "arena_bytes",
 		      (json_int_t)arena_used(store_arena(d->st)), "shards", (json_int_t)count,
+		      "preallocated", d->o->preallocate,
 		      "current", cur ? json_string(cur) : json_null(), "versions",
 		      versions_json(d));
 	free(cur);
@@ -967,6 +968,18 @@ int daemon_run(const struct daemon_opts *o)
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "error: cannot load index: %s\n", strerror(-r));
 		goto fail;
+	}
+	if (o->preallocate) {
+		/* After ns_create(): its trim has punched stale pages, these are clean. */
+		r = arena_preallocate(store_arena(d.st), 1);
+		if (r < 0) {
+			snprintf(msg, sizeof(msg), "error: cannot preallocate the %llu-byte arena: %s\n",
+				 (unsigned long long)arena_capacity(store_arena(d.st)),
+				 r == -ENOSPC ? "not enough memory in its filesystem" : strerror(-r));
+			goto fail;
+		}
+		LOG_INFO("arena: %llu bytes preallocated and locked",
+			 (unsigned long long)arena_capacity(store_arena(d.st)));
 	}
 	snprintf(d.ctl_path, sizeof(d.ctl_path), "%s/ctl.sock", store_dir(d.st));
 	if (strlen(d.ctl_path) >= 100)

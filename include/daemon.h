@@ -11,6 +11,7 @@ struct daemon_opts {
 	const char *mountpoint; /* absolute path */
 	const char *store;      /* store directory */
 	uint64_t capacity;      /* 0: keep / default */
+	int preallocate;        /* allocate, touch and lock the whole arena at start-up */
 	int notify_fd;          /* >= 0: write "ok\n" or "error: ...\n" once mounted, then close */
 	int debug;              /* FUSE debug output */
 	const char *join;       /* coordinator endpoint to join, or NULL (single node) */

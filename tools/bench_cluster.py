@@ -6,13 +6,15 @@ node (the publisher "pub" and up to 6 receivers r1..r6), one for the
 coordinator, and a "hub" namespace holding a Linux bridge.  Every namespace is
 joined to the bridge by a veth pair whose two ends are both capped with
 
-    tc qdisc add dev IF root tbf rate 2gbit burst 1mb latency 10ms
+    tc qdisc add dev IF root tbf rate 1gbit burst 1mb latency 10ms
 
-so every node has a 2 Gbit/s link in each direction (the addresses,
-10.201.7.0/24, exist only inside these namespaces; nothing leaves them).
-Daemons run with `nsenter --net=/run/netns/NS hwfs mount ... --join ...`
-(nsenter keeps the host's mount namespace, so the FUSE mounts are visible
-here), stores on /dev/shm.
+so every node has a 1 Gbit/s link in each direction (--rate changes it; the
+addresses, 10.201.7.0/24, exist only inside these namespaces; nothing leaves
+them).  Daemons run with `nsenter --net=/run/netns/NS hwfs mount ... --join
+...` (nsenter keeps the host's mount namespace, so the FUSE mounts are
+visible here), stores on /dev/shm, mounted with --preallocate (the arena's
+pages are allocated when the node mounts, as on a serving node, not while a
+version arrives; --no-preallocate measures the other way).
 
 Measured, each on a fresh cluster (fresh stores, so no shard is deduplicated):
 
@@ -31,7 +33,7 @@ Measured, each on a fresh cluster (fresh stores, so no shard is deduplicated):
                                of the command), p50 / p99.
 
 Every time is also given as a ratio to S/B (size over link rate, 1 Gbit =
-1e9 bit): 1 GiB / 2 Gbit/s = 4.29 s.  Target: chain <= 1.15x S/B and flat in
+1e9 bit): 1 GiB / 1 Gbit/s = 8.59 s.  Target: chain <= 1.15x S/B and flat in
 N; star and rsync are expected to grow with N (the publisher's link carries
 every copy).  Results go to stdout as a table and to build/bench-cluster.json.
 
@@ -75,7 +77,7 @@ COORD_PORT = 7000
 NODE_PORT = 7100
 RSYNC_PORT = 8873
 POLL_S = 0.020
-RATE = "2gbit"
+RATE = "1gbit"
 CHAIN_TARGET = 1.15
 METHODS = ("chain", "tree:2", "star", "rsync")
 
@@ -286,8 +288,9 @@ class Net:
 
 
 class Node:
-    def __init__(self, net, name, root, mntroot, capacity):
+    def __init__(self, net, name, root, mntroot, capacity, preallocate=True):
         self.net, self.name, self.capacity = net, name, capacity
+        self.preallocate = preallocate
         self.mnt = os.path.join(mntroot, name)
         os.makedirs(self.mnt, exist_ok=True)
         self.root = root
@@ -306,7 +309,8 @@ class Node:
         os.makedirs(self.store)
         args = self.net.nsenter(self.name) + [
             HWFS, "mount", self.mnt, "--store", self.store, "--capacity", self.capacity,
-            "--join", coord_url, "--node", self.name, "--listen", self.url, "--insecure"]
+            "--join", coord_url, "--node", self.name, "--listen", self.url, "--insecure"] + (
+            ["--preallocate"] if self.preallocate else [])
         with tempfile.TemporaryFile("w+") as out:   # a file, not a pipe: the daemon inherits it
             rc = subprocess.run(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                                 timeout=CMD_TIMEOUT).returncode
@@ -707,6 +711,8 @@ def main():
     ap.add_argument("--reps", type=int, default=1, help="runs per (method, N); median reported (default 1)")
     ap.add_argument("--commits", type=int, default=50, help="commits timed for the latency (default 50; 0: skip)")
     ap.add_argument("--timeout", type=float, default=120, help="seconds a replication may take (default 120)")
+    ap.add_argument("--no-preallocate", action="store_true",
+                    help="mount the nodes without --preallocate (pages allocated as shards arrive)")
     ap.add_argument("--no-link-check", action="store_true", help="skip the raw TCP check of one link")
     ap.add_argument("--json", default=str(REPO / "build" / "bench-cluster.json"), help="where to write results")
     a = ap.parse_args()
@@ -724,9 +730,11 @@ def main():
     maxn = max(ns_list)
     hosts = max(maxn, 3 if a.commits > 0 else 1)   # the commit latency needs pub + r1..r3
 
-    # /dev/shm must hold the source, maxN+1 stores (or maxN rsync copies) and a margin.
+    # /dev/shm must hold the source, maxN+1 stores (or maxN rsync copies) and a margin;
+    # a preallocated store holds its whole capacity (1.5 x the version + 64 MiB).
     free = shutil.disk_usage("/dev/shm").free
-    need = lambda t: int(t * a.tensor_mib * (1 << 20)) * (maxn + 2) + (512 << 20)  # noqa: E731
+    per_store = 1.5 if not a.no_preallocate else 1.0
+    need = lambda t: int(t * a.tensor_mib * (1 << 20) * (1 + per_store * (maxn + 1))) + (576 << 20)  # noqa: E731
     if free < need(tensors):
         fit = tensors
         while fit > 1 and free < need(fit):
@@ -755,7 +763,8 @@ def main():
            "machine": {"cores": os.cpu_count(), "kernel": platform.release(),
                        "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
            "rate": a.rate, "rate_bps": rate_bps(a.rate), "tensors": tensors, "tensor_mib": a.tensor_mib,
-           "receivers": ns_list, "reps": a.reps, "statistic": "median", "capacity": capacity, "runs": []}
+           "receivers": ns_list, "reps": a.reps, "statistic": "median", "capacity": capacity,
+           "preallocate": not a.no_preallocate, "runs": []}
     interrupted = False
     try:
         # Run a private copy of the binary: a rebuild of build/hwfs during the run changes nothing.
@@ -780,7 +789,7 @@ def main():
             f"both ways")
         net.setup(members)
         for name, _ in members[1:]:
-            ctx["nodes"][name] = Node(net, name, work, mntroot, capacity)
+            ctx["nodes"][name] = Node(net, name, work, mntroot, capacity, not a.no_preallocate)
 
         if not a.no_link_check:
             lc = link_check(ctx)
@@ -908,7 +917,8 @@ def finish(res, json_path):
 
     print(f"\nhwfs replication across nodes: {res['size_bytes'] / 2**30:.2f} GiB version "
           f"({res['tensors']} x {res['tensor_mib']:g} MiB tensors), links tbf {res['rate']} each way, "
-          f"S/B = {sb:.2f} s; {'median of ' + str(res['reps']) + ' runs' if res['reps'] > 1 else '1 run each'}\n")
+          f"S/B = {sb:.2f} s; {'median of ' + str(res['reps']) + ' runs' if res['reps'] > 1 else '1 run each'}; "
+          f"arenas {'preallocated at mount' if res.get('preallocate') else 'allocated on demand'}\n")
     if "link_check" in res:
         lc = res["link_check"]
         print(f"link check: one TCP stream pub -> r1 carries {lc['gbit_s']:.2f} Gbit/s; sender + receiver "

@@ -733,7 +733,8 @@ static int lazy_unmount(const char *mnt)
 static int cmd_mount(int argc, char **argv)
 {
 	static const char usage[] =
-		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [-f] [-o NAME=VALUE,...] [-d]\n"
+		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [--preallocate] [-f]\n"
+		"       [-o NAME=VALUE,...] [-d]\n"
 		"       [--join tcp://COORD:PORT | --coordinator tcp://HOST:PORT] --node NAME\n"
 		"       --listen tcp://HOST:PORT [--keys DIR] [--insecure]";
 	static const struct option lo[] = {
@@ -742,7 +743,8 @@ static int cmd_mount(int argc, char **argv)
 		{"debug", no_argument, NULL, 'd'},       {"join", required_argument, NULL, 'J'},
 		{"node", required_argument, NULL, 'N'},  {"listen", required_argument, NULL, 'l'},
 		{"insecure", no_argument, NULL, 'I'},    {"keys", required_argument, NULL, 'K'},
-		{"coordinator", required_argument, NULL, 'O'}, {NULL, 0, NULL, 0},
+		{"coordinator", required_argument, NULL, 'O'},
+		{"preallocate", no_argument, NULL, 'P'}, {NULL, 0, NULL, 0},
 	};
 	struct daemon_opts o = {.notify_fd = -1};
 	int insecure = 0;
@@ -786,6 +788,9 @@ static int cmd_mount(int argc, char **argv)
 			break;
 		case 'O':
 			o.coordinator = optarg;
+			break;
+		case 'P':
+			o.preallocate = 1;
 			break;
 		case 'o':
 			for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;

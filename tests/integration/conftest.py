@@ -112,8 +112,9 @@ _ACTIVE = []  # HwfsMount objects of the running test (for the watchdog)
 
 
 class HwfsMount:
-    def __init__(self, capacity=None):
+    def __init__(self, capacity=None, extra=()):
         self.capacity = capacity
+        self.extra = list(extra)  # more `hwfs mount` options
         self.store = tempfile.mkdtemp(dir="/dev/shm", prefix="hwfs-test-")
         self.mnt = os.path.realpath(tempfile.mkdtemp(prefix="hwfs-mnt-"))
         self.pid = None
@@ -170,7 +171,7 @@ class HwfsMount:
         args = [HWFS, "mount", self.mnt, "--store", self.store]
         if self.capacity:
             args += ["--capacity", str(self.capacity)]
-        return args
+        return args + self.extra
 
     def mount(self):
         args = self.mount_args()
@@ -309,11 +310,11 @@ def _watchdog(request):
 
 @pytest.fixture
 def mount_factory():
-    """mount_factory(capacity=None) -> a mounted HwfsMount; all cleaned up after the test."""
+    """mount_factory(capacity=None, extra=()) -> a mounted HwfsMount; all cleaned up after the test."""
     made = []
 
-    def make(capacity=None):
-        m = HwfsMount(capacity)
+    def make(capacity=None, extra=()):
+        m = HwfsMount(capacity, extra)
         made.append(m)
         _ACTIVE.append(m)
         m.mount()

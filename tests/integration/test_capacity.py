@@ -2,11 +2,13 @@
 
 import errno
 import os
+import shutil
+import tempfile
 
 import pytest
 
-from conftest import (assert_tree_equal, expect_errno, make_tensors, pid_alive, random_file, save_model,
-                      sh)
+from conftest import (HWFS, assert_tree_equal, expect_errno, is_mounted, make_tensors, pid_alive,
+                      random_file, save_model, sh, wait_dead)
 
 BIG = 100 << 20
 
@@ -70,3 +72,55 @@ def test_publish_into_full_store_fails(small_store, src):
     random_file(small / "s.bin", 4 << 20, seed=703)
     m.run("publish", small, "v2")
     assert_tree_equal(small, m.vpath("v2"))
+
+
+def _arena_bytes_held(m):
+    return os.stat(os.path.join(m.store, "arena")).st_blocks * 512
+
+
+def test_preallocate_holds_the_whole_arena(mount_factory, src):
+    """--preallocate: the arena owns its capacity from mount to unmount, data round-trips, and
+    removing a version gives nothing back to the system (nor loses the other version)."""
+    m = mount_factory(capacity="64M", extra=["--preallocate"])
+    st = m.status()["store"]
+    assert st["preallocated"] is True and st["capacity_bytes"] == 64 << 20
+    assert _arena_bytes_held(m) >= 64 << 20, "the arena's pages were not allocated at mount"
+    save_model(src / "a" / "model.safetensors", make_tensors(710, n=6))
+    random_file(src / "b" / "blob.bin", 8 << 20, seed=711)
+    m.run("publish", src / "a", "va")
+    sh(["cp", "-r", src / "b", m.vpath("vb")])
+    m.run("seal", "vb")
+    assert_tree_equal(src / "b", m.vpath("vb"))
+    used = m.used_bytes()
+    m.run("rm", "va")
+    assert m.used_bytes() < used, "removing va freed no shard"
+    assert _arena_bytes_held(m) >= 64 << 20, "pages were punched out of a preallocated arena"
+    assert_tree_equal(src / "b", m.vpath("vb"))
+    assert m.run("verify", "vb").returncode == 0
+    # The same store mounted again without the flag goes back to allocating on demand.
+    m.umount()
+    assert wait_dead(m.pid, 10), "daemon still alive after hwfs umount"
+    m.extra = []
+    m.mount()
+    assert m.status()["store"]["preallocated"] is False
+    assert_tree_equal(src / "b", m.vpath("vb"))
+
+
+def test_preallocate_larger_than_memory_is_refused(tmp_path):
+    """A capacity the store's filesystem cannot hold: mount fails with a clear error, mounts nothing."""
+    store = tempfile.mkdtemp(dir="/dev/shm", prefix="hwfs-test-")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        vfs = os.statvfs(store)
+        too_big = vfs.f_blocks * vfs.f_frsize + (1 << 30)
+        cp = sh([HWFS, "mount", mnt, "--store", store, "--capacity", f"{too_big >> 20}M", "--preallocate"],
+                check=False)
+        assert cp.returncode != 0, "mount with an arena larger than /dev/shm succeeded"
+        assert "preallocate" in cp.stderr + cp.stdout and "not enough memory" in cp.stderr + cp.stdout, cp
+        assert not is_mounted(str(mnt))
+        assert os.stat(os.path.join(store, "arena")).st_blocks == 0
+    finally:
+        if is_mounted(str(mnt)):
+            sh(["fusermount3", "-u", mnt], check=False)
+        shutil.rmtree(store, ignore_errors=True)

@@ -826,6 +826,63 @@ static void test_threads(void **state)
 	assert_int_equal(must_alloc(a, 256 * P), 0);
 }
 
+/* ---- preallocate ---- */
+
+/*
+ * A preallocated arena holds every page from the start, keeps bytes written
+ * before it was preallocated, and gives nothing back on free or trim.
+ */
+static void test_preallocate(void **state)
+{
+	struct fx *f = *state;
+	uint64_t P = f->P, cap = 64 * P, off, blocks_all;
+	struct arena *a = fx_open(f, cap);
+	uint8_t *base = arena_base(a);
+
+	off = must_alloc(a, 3 * P);
+	memset(base + off, 0xA5, 3 * P);
+	assert_int_equal(arena_preallocated(a), 0);
+	assert_true(file_blocks(f->path) * 512 < cap);
+
+	assert_int_equal(arena_preallocate(a, 1), 0);
+	assert_int_equal(arena_preallocated(a), 1);
+	blocks_all = file_blocks(f->path);
+	assert_true(blocks_all * 512 >= cap);
+	assert_true(range_is(base + off, 3 * P, 0xA5));
+	assert_int_equal(arena_used(a), 3 * P);
+
+	/* Free, trim and re-allocate: nothing punched, the allocator unchanged. */
+	arena_free(a, off, 3 * P);
+	arena_trim(a);
+	assert_int_equal(file_blocks(f->path), blocks_all);
+	assert_true(range_is(base + off, 3 * P, 0xA5));
+	assert_int_equal(must_alloc(a, cap), 0);
+	arena_free(a, 0, cap);
+	assert_int_equal(arena_used(a), 0);
+	assert_int_equal(file_blocks(f->path), blocks_all);
+}
+
+/*
+ * A capacity larger than the filesystem is -ENOSPC (tmpfs says so before
+ * allocating anything), and the arena goes on working page by page.
+ */
+static void test_preallocate_enospc(void **state)
+{
+	struct fx *f = *state;
+	struct statvfs vfs;
+	uint64_t total;
+	struct arena *a;
+
+	assert_int_equal(statvfs(f->dir, &vfs), 0);
+	total = (uint64_t)vfs.f_blocks * vfs.f_frsize;
+	if (total == 0 || total > (1ull << 44))
+		skip();
+	a = fx_open(f, total + 64 * f->P);
+	assert_int_equal(arena_preallocate(a, 0), -ENOSPC);
+	assert_int_equal(arena_preallocated(a), 0);
+	(void)must_alloc(a, 4 * f->P);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(void)
@@ -847,6 +904,8 @@ int main(void)
 		T(test_punch_spares_neighbour),
 		T(test_random_model),
 		T(test_threads),
+		T(test_preallocate),
+		T(test_preallocate_enospc),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

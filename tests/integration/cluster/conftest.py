@@ -244,10 +244,11 @@ class Coordinator:
 class ClusterNode(HwfsMount):
     """A node: an HwfsMount whose `hwfs mount` joins the coordinator."""
 
-    def __init__(self, name, coord_url, capacity=NODE_CAPACITY):
+    def __init__(self, name, coord_url, capacity=NODE_CAPACITY, preallocate=False):
         super().__init__(capacity)
         self.name = name
         self.coord_url = coord_url
+        self.preallocate = preallocate
         self.port = free_port()
         self.url = f"tcp://127.0.0.1:{self.port}"
 
@@ -256,7 +257,7 @@ class ClusterNode(HwfsMount):
 
     def mount_args(self):
         return super().mount_args() + ["--join", self.coord_url, "--node", self.name,
-                                       "--listen", self.url]
+                                       "--listen", self.url] + (["--preallocate"] if self.preallocate else [])
 
     def healthy(self):
         return self.pid is not None and pid_alive(self.pid) and is_mounted(self.mnt)
@@ -303,7 +304,9 @@ class Cluster:
         base._ACTIVE.append(self.coord)
         self.coord.start()
         for name in self.names:
-            node = ClusterNode(name, self.coord.url)
+            # The last node preallocates its arena: received shards are then
+            # copied into the mapping instead of pwritten (both paths tested).
+            node = ClusterNode(name, self.coord.url, preallocate=name == self.names[-1])
             self.nodes[name] = node
             base._ACTIVE.append(node)
             node.mount()

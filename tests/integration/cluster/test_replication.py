@@ -28,6 +28,7 @@ def test_publish_converges_on_every_node(cluster, models):
         v = node.version("v1")
         assert v["state"] == "sealed" and v["digest"] == digest, f"{node.name}: {v}"
         assert_tree_equal(m.path, node.vpath("v1"))
+        assert node.status()["store"]["preallocated"] is node.preallocate, node.name
 
 
 @pytest.mark.limit(120)
