@@ -118,6 +118,7 @@ struct agent {
 	char *pending_commit; /* committed version to flip to once it is here */
 	double last_hello;
 	int64_t last_coord_ns; /* atomic: monotonic ns of the last coordinator message */
+	int coord_send_failing; /* the last send to the coordinator failed (warned once) */
 	char session[33];      /* this incarnation, so the coordinator notices a restart */
 	uint64_t rx, tx; /* atomic */
 	uint64_t import_seq;
@@ -143,19 +144,30 @@ static void send_coord(struct agent *a, enum proto_type t, json_t *fields, const
 {
 	int r = proto_send(a->coord, NULL, 0, t, fields, payload, len);
 
-	if (r < 0)
-		LOG_WARN("agent: sending %s to the coordinator: %s", proto_type_name(t), strerror(-r));
+	if (r < 0 && !a->coord_send_failing)
+		LOG_WARN("agent: sending %s to the coordinator: %s (messages are dropped until it is "
+			 "reachable; HELLO resynchronises then)", proto_type_name(t),
+			 r == -EAGAIN ? "no connection" : strerror(-r));
+	a->coord_send_failing = r < 0;
 	json_decref(fields);
 }
 
-/* Back off reconnects (a refused or dead peer is not hammered). */
+/*
+ * Back off reconnects (a refused or dead peer is not hammered), and never
+ * block on a send: a DEALER with no live connection (peer gone, CURVE
+ * handshake refused) blocks zmq_send() for ever, which would freeze this
+ * thread and, through agent_stop(), the unmount.  A send that cannot be
+ * queued now fails with EAGAIN instead; what it carried is re-sent by the
+ * protocol (heartbeat HELLO, a GET's donor silence, a commit's deadline).
+ */
 static void set_backoff(void *sock)
 {
-	int ivl = 100, max = 2000, linger = 0;
+	int ivl = 100, max = 2000, linger = 0, sndtimeo = 0;
 
 	zmq_setsockopt(sock, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
 	zmq_setsockopt(sock, ZMQ_RECONNECT_IVL_MAX, &max, sizeof(max));
 	zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+	zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof(sndtimeo));
 }
 
 static struct peer *peer_get(struct agent *a, const char *addr, const char *key)

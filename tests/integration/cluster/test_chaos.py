@@ -204,3 +204,31 @@ def test_rejoin_catches_up(net, tmp_path):
     assert poll(lambda: c.current() == ("versions/v2", "v2"), timeout=left), \
         f"C holds v2 but its current is still {c.current()} 30s after the remount"
     assert_identical(m2, c, "v2")
+
+
+@pytest.mark.limit(90)
+def test_umount_while_stranded(net, tmp_path):
+    """B is mid-transfer when its only donor (A) and the coordinator are killed -9: B stays up and
+    keeps its sealed data, and `hwfs umount` still ends its daemon within 10 s by itself (nothing
+    waits on the network forever; the fixture kills a leftover daemon, which would hide a hang)."""
+    ring(net, ["A", "B"], state=False)
+    a, b = net["A"], net["B"]
+    m1 = random_model(tmp_path / "m1", 4 << 20, seed=311)
+    net.wait_version("v1", net.publish("A", m1, "v1"))
+    src = random_model(tmp_path / "big", 200 << 20, seed=312)
+    pub = subprocess.Popen([HWFS, "publish", str(src), "v2", "-m", a.mnt], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        caught = poll(lambda: b.visible("v2") or b.bytes_received() > 0, timeout=30, interval=0.005)
+        mid = caught and not b.visible("v2")
+        a.kill9_daemon()
+        net.coord.kill9()
+    finally:
+        pub.communicate(timeout=TIMEOUT)
+    assert mid, "B was not caught mid-transfer of v2; the test tested nothing"
+    time.sleep(1)
+    assert b.healthy(), f"B died with its donor and coordinator\n{b.log_tail()}"
+    assert_identical(m1, b, "v1")
+    assert not b.visible("v2"), "B shows v2 although its donor died before it was complete"
+    b.umount()
+    assert wait_dead(b.pid, 10), f"B's daemon still runs 10 s after hwfs umount\n{b.log_tail()}"

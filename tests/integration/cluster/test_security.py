@@ -13,7 +13,7 @@ import time
 import pytest
 
 import conftest as base  # tests/integration/conftest.py
-from conftest import HWFS, assert_error_line, poll, sh
+from conftest import HWFS, assert_error_line, poll, sh, wait_dead
 
 from .conftest import free_port
 from .conftest import Coord, assert_identical, node_view, random_model
@@ -85,6 +85,11 @@ def test_keys_admit_the_authorized_and_refuse_an_unknown_node(net, tmp_path):
     assert {n["name"] for n in cs["nodes"] if n["alive"]} == set(members), cs
     assert poll(lambda: REFUSAL in net.coord.log_text(), timeout=5), \
         f"the coordinator log does not mention {REFUSAL!r}:\n{net.coord.log_tail()}"
+
+    # The refused node still unmounts cleanly and its daemon exits by itself
+    # (the fixture would kill a leftover daemon, which would hide a hang).
+    d.umount()
+    assert wait_dead(d.pid, 10), f"D's daemon (refused key) still runs 10 s after hwfs umount\n{d.log_tail()}"
 
 
 def test_non_loopback_listen_needs_keys(tmp_path):
