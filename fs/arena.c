@@ -74,7 +74,7 @@ struct arena {
 	struct run *runs; /* free runs, sorted by off, coalesced */
 	size_t n;
 	size_t nalloc;
-	int resident;     /* preallocated: pages are never punched */
+	int resident;     /* preallocated: pages are never punched; set before the arena is shared */
 };
 
 static uint64_t round_up(uint64_t x, uint64_t page)
@@ -362,14 +362,9 @@ uint64_t arena_used(const struct arena *a)
 	return used;
 }
 
-int arena_preallocated(struct arena *a)
+int arena_preallocated(const struct arena *a)
 {
-	int r;
-
-	pthread_mutex_lock(&a->mu);
-	r = a->resident;
-	pthread_mutex_unlock(&a->mu);
-	return r;
+	return a->resident;
 }
 
 int arena_fd(const struct arena *a)
@@ -517,8 +512,6 @@ int arena_preallocate(struct arena *a, int lock)
 	if (lock && mlock(a->base, (size_t)a->cap) < 0)
 		LOG_WARN("arena: mlock of %llu bytes: %s (pages stay allocated, not locked)",
 			 (unsigned long long)a->cap, strerror(errno));
-	pthread_mutex_lock(&a->mu);
 	a->resident = 1;
-	pthread_mutex_unlock(&a->mu);
 	return 0;
 }

@@ -31,6 +31,7 @@
 #include "fuse_ops.h"
 #include "manifest.h"
 #include "ns.h"
+#include "proto.h"
 #include "tunables.h"
 
 struct daemon {
@@ -114,14 +115,6 @@ static const char *req_str(json_t *req, const char *key)
 	return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
-static json_t *hex_json(const hwfs_hash_t *h)
-{
-	char hex[HWFS_HASH_HEX];
-
-	hwfs_hash_hex(h, hex);
-	return json_string(hex);
-}
-
 /* One version as shown by status and ls (ns lock held). */
 static json_t *version_json(struct daemon *d, struct version *v)
 {
@@ -136,7 +129,7 @@ static json_t *version_json(struct daemon *d, struct version *v)
 			 hwfs_vstate_name(v->state), "seq", (json_int_t)v->seq, "bytes",
 			 (json_int_t)bytes, "files", (json_int_t)files, "tensors",
 			 (json_int_t)v->tensors, "digest",
-			 v->state == HWFS_V_OPEN ? json_null() : hex_json(&v->digest), "errors", errs);
+			 v->state == HWFS_V_OPEN ? json_null() : proto_hash_json(&v->digest), "errors", errs);
 }
 
 static json_t *versions_json(struct daemon *d)
@@ -174,7 +167,7 @@ static json_t *op_status(struct daemon *d, json_t *req)
 		      store_dir(d->st), "used_bytes", (json_int_t)used, "capacity_bytes",
 		      (json_int_t)arena_capacity(store_arena(d->st)), "arena_bytes",
 		      (json_int_t)arena_used(store_arena(d->st)), "shards", (json_int_t)count,
-		      "preallocated", d->o->preallocate,
+		      "preallocated", arena_preallocated(store_arena(d->st)),
 		      "current", cur ? json_string(cur) : json_null(), "versions",
 		      versions_json(d));
 	free(cur);
@@ -590,7 +583,7 @@ static json_t *op_verify(struct daemon *d, json_t *req)
 			store_unref(d->st, sh);
 		}
 		if (!sh || hwfs_hash_cmp(&h, &hs[i]))
-			json_array_append_new(bad, hex_json(&hs[i]));
+			json_array_append_new(bad, proto_hash_json(&hs[i]));
 	}
 	if (rec->state != HWFS_V_OPEN) {
 		r = ns_set_state(d->ns, v, json_array_size(bad) ? HWFS_V_DAMAGED : HWFS_V_SEALED);
@@ -688,7 +681,7 @@ static json_t *tensor_map(const struct hwfs_vrec *v)
 			const struct hwfs_tensor *t = &v->files[i].tensors[j];
 
 			json_object_set_new(m, t->name,
-					    json_pack("{s:o, s:I}", "hash", hex_json(&t->hash),
+					    json_pack("{s:o, s:I}", "hash", proto_hash_json(&t->hash),
 						      "len", (json_int_t)t->len));
 		}
 	return m;

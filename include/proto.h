@@ -113,6 +113,8 @@ uint64_t proto_int(const struct proto_msg *m, const char *key);
 int proto_bool(const struct proto_msg *m, const char *key);
 /** Parse hex field @key into *@out. Returns 0 or -EINVAL (absent, not 32 lowercase hex). */
 int proto_hash(const struct proto_msg *m, const char *key, hwfs_hash_t *out);
+/** @h as a new JSON string of 32 lowercase hex digits (what proto_hash() reads), or NULL. */
+json_t *proto_hash_json(const hwfs_hash_t *h);
 
 /* zmq helpers: */
 

@@ -199,14 +199,6 @@ static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
 	return p;
 }
 
-static json_t *hex_json(const hwfs_hash_t *h)
-{
-	char hex[HWFS_HASH_HEX];
-
-	hwfs_hash_hex(h, hex);
-	return json_string(hex);
-}
-
 struct sent_ref {
 	struct store *st;
 	struct shard *sh;
@@ -230,7 +222,7 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 		      struct shard *sh, const void *data)
 {
 	json_t *f = json_pack("{s:I, s:o, s:I, s:I, s:I}", "req", (json_int_t)req, "hash",
-			      hex_json(hash), "size", (json_int_t)len, "offset", (json_int_t)pos,
+			      proto_hash_json(hash), "size", (json_int_t)len, "offset", (json_int_t)pos,
 			      "total", (json_int_t)total);
 	struct sent_ref *ref = NULL;
 	char *hdr = NULL;
@@ -270,6 +262,16 @@ out:
 	free(hdr);
 	json_decref(f);
 	return r;
+}
+
+/* Tell the puller @ident that this node does not have (any more) shard @h. */
+static void send_missing(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+			 const hwfs_hash_t *h)
+{
+	json_t *mf = json_pack("{s:I, s:o}", "req", (json_int_t)req, "hash", proto_hash_json(h));
+
+	proto_send(a->serve, ident, ident_len, P_MISSING, mf, NULL, 0);
+	json_decref(mf);
 }
 
 /* Send shard @sh from byte @pos on, in pieces; drops the caller's reference. */
@@ -357,11 +359,7 @@ static void flush_deferred(struct agent *a)
 		if (sh) {
 			send_shard(a, d->ident, d->ident_len, d->req, sh);
 		} else {
-			json_t *mf = json_pack("{s:I, s:o}", "req", (json_int_t)d->req, "hash",
-					       hex_json(&d->hash));
-
-			proto_send(a->serve, d->ident, d->ident_len, P_MISSING, mf, NULL, 0);
-			json_decref(mf);
+			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
 		}
 		*pp = d->next;
 		free(d);
@@ -383,7 +381,7 @@ static void send_have(struct agent *a, const char *name, const hwfs_hash_t *dige
 		      uint64_t held, uint64_t needed, const char *bad_donor)
 {
 	json_t *h = json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", name, "digest",
-			      hex_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
+			      proto_hash_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
 			      "bytes_needed", (json_int_t)needed);
 
 	if (bad_donor)
@@ -667,7 +665,7 @@ static void pump(struct agent *a)
 
 				if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
 					continue;
-				json_array_append_new(hashes, hex_json(&w->hash));
+				json_array_append_new(hashes, proto_hash_json(&w->hash));
 				w->state = W_INFLIGHT;
 				batch += w->size;
 			}
@@ -753,15 +751,12 @@ static void abort_forwarded(struct agent *a, const hwfs_hash_t *h)
 {
 	for (struct deferred **pp = &a->deferred; *pp;) {
 		struct deferred *d = *pp;
-		json_t *mf;
 
 		if (hwfs_hash_cmp(&d->hash, h) || d->sent == 0) {
 			pp = &d->next;
 			continue;
 		}
-		mf = json_pack("{s:I, s:o}", "req", (json_int_t)d->req, "hash", hex_json(h));
-		proto_send(a->serve, d->ident, d->ident_len, P_MISSING, mf, NULL, 0);
-		json_decref(mf);
+		send_missing(a, d->ident, d->ident_len, d->req, h);
 		*pp = d->next;
 		free(d);
 	}
@@ -843,8 +838,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 		return; /* a stray piece (an old donor's, or out of order): ignore */
 	}
 	if (write_arena(a, w->roff + pos, m->payload, len) < 0) {
-		drop_partial(a, w);
-		fetch_fail(a, f, "the store is full");
+		fetch_fail(a, f, "the store is full"); /* frees every partial shard */
 		return;
 	}
 	XXH3_128bits_update(w->xs, m->payload, len);
@@ -937,10 +931,7 @@ static void on_get(struct agent *a, const void *ident, size_t ident_len, struct 
 				continue;
 			}
 		}
-		json_t *mf = json_pack("{s:I, s:O}", "req", (json_int_t)req, "hash", hj);
-
-		proto_send(a->serve, ident, ident_len, P_MISSING, mf, NULL, 0);
-		json_decref(mf);
+		send_missing(a, ident, ident_len, req, &h);
 	}
 }
 
@@ -958,7 +949,7 @@ static void announce(struct agent *a, const char *name)
 	    manifest_build(rec, &js, &len) < 0)
 		goto out;
 	send_coord(a, P_ANNOUNCE, json_pack("{s:s, s:o}", "version", name, "digest",
-					    hex_json(&rec->digest)),
+					    proto_hash_json(&rec->digest)),
 		   js, len);
 out:
 	free(js);
@@ -978,7 +969,7 @@ static void hello(struct agent *a)
 
 		if (v && v->state == HWFS_V_SEALED)
 			json_array_append_new(vers, json_pack("{s:s, s:o, s:b}", "name", v->name,
-							      "digest", hex_json(&v->digest),
+							      "digest", proto_hash_json(&v->digest),
 							      "complete", 1));
 		free(names[i]);
 	}
@@ -1339,8 +1330,7 @@ void agent_stop(struct agent *a)
 		struct peer *p = a->peers;
 
 		a->peers = p->next;
-		zmq_setsockopt(p->sock, ZMQ_LINGER, &(int){0}, sizeof(int));
-		zmq_close(p->sock);
+		zmq_close(p->sock); /* LINGER 0: set_backoff() */
 		free(p->addr);
 		free(p);
 	}

@@ -269,6 +269,17 @@ static void plan_for(struct coord *c, struct cnode *to)
 	}
 }
 
+/* Forget the versions @n was still pulling: they are re-planned from scratch. */
+static void forget_pulls(struct coord *c, struct cnode *n)
+{
+	for (size_t k = 0; k < c->n_vers; k++) {
+		json_t *e = json_object_get(n->versions, c->vers[k].name);
+
+		if (e && !json_is_true(json_object_get(e, "complete")))
+			json_object_del(n->versions, c->vers[k].name);
+	}
+}
+
 /*
  * A node that stopped answering: every node still pulling a version gets a
  * new plan from the complete holders that are alive, so nobody waits on a
@@ -294,12 +305,7 @@ static void deaths(struct coord *c)
 
 		if (!alive(n))
 			continue;
-		for (size_t k = 0; k < c->n_vers; k++) {
-			json_t *e = json_object_get(n->versions, c->vers[k].name);
-
-			if (e && !json_is_true(json_object_get(e, "complete")))
-				json_object_del(n->versions, c->vers[k].name);
-		}
+		forget_pulls(c, n);
 		plan_for(c, n); /* donors: the alive complete holders, striped */
 	}
 }
@@ -341,13 +347,7 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	if (session && (!n->session || strcmp(session, n->session))) {
 		free(n->session);
 		n->session = strdup(session);
-		/* what it was pulling before is gone with the old incarnation */
-		for (size_t k = 0; k < c->n_vers; k++) {
-			json_t *old = json_object_get(n->versions, c->vers[k].name);
-
-			if (old && !json_is_true(json_object_get(old, "complete")))
-				json_object_del(n->versions, c->vers[k].name);
-		}
+		forget_pulls(c, n); /* gone with the old incarnation */
 	}
 	n->last_seen = hwfs_mono_s();
 	json_array_foreach(vers, i, e) {
@@ -453,17 +453,26 @@ static void tx_finish(struct coord *c, int ok, const char *reason)
 	memset(&c->tx, 0, sizeof(c->tx));
 }
 
-static void tx_abort(struct coord *c, const char *reason)
+/* Send @t {txid, version[, @key: @val]} to every node of the transaction. */
+static void tx_send_all(struct coord *c, enum proto_type t, const char *key, const char *val)
 {
 	size_t i;
 	json_t *nm;
 
+	json_array_foreach(c->tx.nodes, i, nm) {
+		json_t *f = json_pack("{s:I, s:s}", "txid", (json_int_t)c->tx.txid, "version",
+				      c->tx.version);
+
+		if (f && key)
+			json_object_set_new(f, key, json_string(val));
+		send_to(c, json_string_value(nm), t, f, NULL, 0);
+	}
+}
+
+static void tx_abort(struct coord *c, const char *reason)
+{
 	LOG_WARN("coord: commit of %s aborted: %s", c->tx.version, reason);
-	json_array_foreach(c->tx.nodes, i, nm)
-		send_to(c, json_string_value(nm), P_ABORT,
-			json_pack("{s:I, s:s, s:s}", "txid", (json_int_t)c->tx.txid, "version",
-				  c->tx.version, "reason", reason),
-			NULL, 0);
+	tx_send_all(c, P_ABORT, "reason", reason);
 	tx_finish(c, 0, reason);
 }
 
@@ -492,16 +501,7 @@ static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m
 					HWFS_MAX(proto_int(m, "deadline_ms"), 100) / 1000.0};
 	snprintf(c->tx.requester, sizeof(c->tx.requester), "%s", from);
 	LOG_INFO("coord: commit %s: prepare on %zu node(s)", name, json_array_size(nodes));
-	{
-		size_t i;
-		json_t *nm;
-
-		json_array_foreach(nodes, i, nm)
-			send_to(c, json_string_value(nm), P_PREPARE,
-				json_pack("{s:I, s:s, s:s}", "txid", (json_int_t)c->tx.txid,
-					  "version", name, "digest", v->digest),
-				NULL, 0);
-	}
+	tx_send_all(c, P_PREPARE, "digest", v->digest);
 }
 
 /* Remove @node from the pending list; 1 if it was pending. */
@@ -521,8 +521,6 @@ static int tx_answered(struct coord *c, const char *node)
 static void on_ready(struct coord *c, const char *from, struct proto_msg *m)
 {
 	char reason[600];
-	size_t i;
-	json_t *nm;
 
 	if (!c->tx.active || c->tx.phase != 1 || proto_int(m, "txid") != c->tx.txid ||
 	    !tx_answered(c, from))
@@ -542,11 +540,7 @@ static void on_ready(struct coord *c, const char *from, struct proto_msg *m)
 	c->tx.phase = 2;
 	json_decref(c->tx.pending);
 	c->tx.pending = json_deep_copy(c->tx.nodes);
-	json_array_foreach(c->tx.nodes, i, nm)
-		send_to(c, json_string_value(nm), P_COMMIT,
-			json_pack("{s:I, s:s}", "txid", (json_int_t)c->tx.txid, "version",
-				  c->tx.version),
-			NULL, 0);
+	tx_send_all(c, P_COMMIT, NULL, NULL);
 }
 
 static void on_ack(struct coord *c, const char *from, struct proto_msg *m)

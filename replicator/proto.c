@@ -554,6 +554,14 @@ int proto_hash(const struct proto_msg *m, const char *key, hwfs_hash_t *out)
 	return hwfs_hash_parse(json_string_value(v), out);
 }
 
+json_t *proto_hash_json(const hwfs_hash_t *h)
+{
+	char hex[HWFS_HASH_HEX];
+
+	hwfs_hash_hex(h, hex);
+	return json_string(hex);
+}
+
 /* ------------------------------------------------------------------ */
 /* zmq                                                                 */
 /* ------------------------------------------------------------------ */

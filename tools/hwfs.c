@@ -907,7 +907,7 @@ static int cmd_umount(int argc, char **argv)
 		}
 	}
 	/* wait for the daemon to close its store, so a remount can take it */
-	for (int i = 0; pid > 0 && i < 600 && alive(pid); i++) {
+	for (int i = 0; pid > 0 && i < 3000 && alive(pid); i++) { /* 30 s */
 		struct timespec ts = {0, 10 * 1000 * 1000};
 
 		nanosleep(&ts, NULL);
@@ -922,7 +922,8 @@ static void usage_all(FILE *f)
 {
 	fprintf(f,
 		"usage: hwfs VERB [ARGS] [-m MOUNT] [--json]\n\n"
-		"  mount MOUNTPOINT --store DIR [--capacity SIZE] [-f]   mount a node\n"
+		"  mount MOUNTPOINT --store DIR [--capacity SIZE] [--preallocate] [-f]\n"
+		"                                                        mount a node\n"
 		"  umount MOUNTPOINT                                     unmount cleanly\n"
 		"  status [--json]                                       daemon, store, versions\n"
 		"  ls [--json]                                           versions\n"

@@ -395,7 +395,7 @@ static void test_persist_reopen(void **state)
 	};
 	const size_t n = HWFS_ARRAY_SIZE(ps);
 	struct shard *loose;
-	uint64_t total = 0, loose_off, off;
+	uint64_t total = 0, off;
 	hwfs_hash_t loose_hash;
 	struct hwfs_vrec **vs = NULL;
 	size_t nv = 0;
@@ -408,7 +408,6 @@ static void test_persist_reopen(void **state)
 	}
 	/* Interned but never persisted: must not come back. */
 	loose = make_shard(s, 5555, 99);
-	loose_off = loose->off;
 	loose_hash = loose->hash;
 	persist(s, "v1", ps, n);
 
@@ -452,7 +451,6 @@ static void test_persist_reopen(void **state)
 			assert_true(o + len <= ps[i].off || ps[i].off + ps[i].len <= o);
 		arena_free(store_arena(s), o, len);
 	}
-	(void)loose_off;
 
 	/* A version references shard 1 and 3; the rest are dropped. */
 	assert_ptr_equal(store_get(s, &ps[1].hash), ps[1].sh);

@@ -33,7 +33,7 @@ def test_kill9_chain_middle_during_transfer(net, tmp_path):
         while time.monotonic() < end:
             if b.visible("v1"):
                 break
-            if int(b.status()["replication"]["bytes_received"]) > 0:
+            if b.bytes_received() > 0:
                 caught = "bytes_received > 0"
                 break
             time.sleep(0.005)

@@ -1,6 +1,6 @@
 """Late joins (striped over every complete holder), the embedded coordinator, topologies.
 
-Clusters come from test_chaos.py's ``net`` fixture (a coordinator and nodes
+Clusters come from the ``net`` fixture of cluster/conftest.py (a coordinator and nodes
 started one at a time, all cleaned up after the test).
 """
 

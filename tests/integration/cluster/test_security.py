@@ -1,6 +1,6 @@
 """Keys (CURVE) and the refusal to listen on a non-loopback address without them.
 
-Clusters come from test_chaos.py's ``net`` fixture (a coordinator and nodes
+Clusters come from the ``net`` fixture of cluster/conftest.py (a coordinator and nodes
 started one at a time, all cleaned up after the test).
 """
 
