@@ -117,10 +117,17 @@ void hwfs_log(const char *level, const char *fmt, ...)
 	va_list ap;
 	char buf[1024];
 
+	char when[40];
+	struct timespec ts;
+	struct tm tm;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "hwfs[%s]: %s\n", level, buf);
+	fprintf(stderr, "%s.%03ldZ hwfs[%s]: %s\n", when, ts.tv_nsec / 1000000, level, buf);
 }
 
 int hwfs_parse_size(const char *s, uint64_t *out)

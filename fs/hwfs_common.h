@@ -116,7 +116,10 @@ void hwfs_vrec_free(struct hwfs_vrec *v);
 
 /* ---- small shared helpers (fs/util.c) ---- */
 
-/** Log a line to stderr (daemon: also syslog-free, plain stderr) with a level tag. */
+/**
+ * Log one line to stderr (the daemon's log file): UTC timestamp with milliseconds,
+ * level tag, message ("2026-11-23T13:45:01.123Z hwfs[warn]: ...").
+ */
 void hwfs_log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define LOG_ERR(...) hwfs_log("error", __VA_ARGS__)
 #define LOG_WARN(...) hwfs_log("warn", __VA_ARGS__)
