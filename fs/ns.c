@@ -896,11 +896,7 @@ int ns_create(struct store *st, struct ns **out)
 	ns->versions = node_new(ns, NT_VERSIONS, "versions", S_IFDIR | 0755, 0, 0);
 	if (!ns->root || !ns->versions || kid_insert(ns->root, ns->versions) < 0)
 		goto fail;
-	pthread_mutex_lock(store_index_lock(st));
-	r = index_load(store_index(st), &recs, &n_recs);
-	if (r == 0 && index_meta_get(store_index(st), "current", &cur) < 0)
-		cur = NULL;
-	pthread_mutex_unlock(store_index_lock(st));
+	r = store_load_versions(st, &recs, &n_recs, &cur);
 	if (r < 0)
 		goto fail;
 	for (size_t i = 0; i < n_recs; i++) {
@@ -1177,10 +1173,7 @@ static int commit_locked(struct ns *ns, const char *target)
 		LOG_WARN("commit refused: %s", err);
 		return r;
 	}
-	pthread_mutex_lock(store_index_lock(ns->st));
-	r = index_meta_set(store_index(ns->st), "current", name);
-	pthread_mutex_unlock(store_index_lock(ns->st));
-	return r;
+	return store_set_current(ns->st, name);
 }
 
 int ns_symlink(struct ns *ns, struct node *dir, const char *name, const char *target,
@@ -1432,9 +1425,7 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name)
 	r = manifest_digest(rec, &rec->digest);
 	if (r < 0)
 		goto out_unsealing;
-	pthread_mutex_lock(store_index_lock(ns->st));
-	r = index_put_version(store_index(ns->st), rec, locs, n_locs);
-	pthread_mutex_unlock(store_index_lock(ns->st));
+	r = store_put_version(ns->st, rec, locs, n_locs);
 	if (r < 0)
 		goto out_unsealing;
 
@@ -1446,9 +1437,7 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name)
 		if (r < 0) { /* lost the name (or memory) meanwhile: undo the index */
 			free(nn);
 			free(vn);
-			pthread_mutex_lock(store_index_lock(ns->st));
-			index_delete_version(store_index(ns->st), new_name);
-			pthread_mutex_unlock(store_index_lock(ns->st));
+			store_delete_version(ns->st, new_name);
 			goto out;
 		}
 		kid_remove(ns->versions, v->root);
@@ -1503,9 +1492,7 @@ int ns_remove_version(struct ns *ns, const char *name)
 		goto out;
 	}
 	if (v->state != HWFS_V_OPEN) {
-		pthread_mutex_lock(store_index_lock(ns->st));
-		r = index_delete_version(store_index(ns->st), name);
-		pthread_mutex_unlock(store_index_lock(ns->st));
+		r = store_delete_version(ns->st, name);
 		if (r < 0 && r != -ENOENT)
 			goto out;
 		r = 0;
@@ -1539,9 +1526,7 @@ int ns_set_state(struct ns *ns, const char *name, enum hwfs_vstate st)
 	v = ns_version(ns, name);
 	r = !v ? -ENOENT : v->state == HWFS_V_OPEN ? -EBUSY : 0;
 	if (r == 0 && v->state != st) {
-		pthread_mutex_lock(store_index_lock(ns->st));
-		r = index_set_state(store_index(ns->st), name, st);
-		pthread_mutex_unlock(store_index_lock(ns->st));
+		r = store_set_state(ns->st, name, st);
 		if (r == 0)
 			v->state = st;
 	}

@@ -244,14 +244,107 @@ struct arena *store_arena(struct store *s)
 	return s->arena;
 }
 
-struct index *store_index(struct store *s)
+int store_load_versions(struct store *s, struct hwfs_vrec ***vs, size_t *n, char **current)
 {
-	return s->index;
+	char *cur = NULL;
+	int r;
+
+	pthread_mutex_lock(&s->ix_lock);
+	r = index_load(s->index, vs, n);
+	if (r == 0 && index_meta_get(s->index, "current", &cur) < 0)
+		cur = NULL; /* no commit yet */
+	pthread_mutex_unlock(&s->ix_lock);
+	if (r == 0)
+		*current = cur;
+	return r;
 }
 
-pthread_mutex_t *store_index_lock(struct store *s)
+int store_put_version(struct store *s, const struct hwfs_vrec *v,
+		      const struct hwfs_shardloc *locs, size_t n_locs)
 {
-	return &s->ix_lock;
+	int r;
+
+	pthread_mutex_lock(&s->ix_lock);
+	r = index_put_version(s->index, v, locs, n_locs);
+	pthread_mutex_unlock(&s->ix_lock);
+	return r;
+}
+
+int store_delete_version(struct store *s, const char *name)
+{
+	int r;
+
+	pthread_mutex_lock(&s->ix_lock);
+	r = index_delete_version(s->index, name);
+	pthread_mutex_unlock(&s->ix_lock);
+	return r;
+}
+
+int store_set_state(struct store *s, const char *name, enum hwfs_vstate st)
+{
+	int r;
+
+	pthread_mutex_lock(&s->ix_lock);
+	r = index_set_state(s->index, name, st);
+	pthread_mutex_unlock(&s->ix_lock);
+	return r;
+}
+
+int store_set_current(struct store *s, const char *name)
+{
+	int r;
+
+	pthread_mutex_lock(&s->ix_lock);
+	r = index_meta_set(s->index, "current", name);
+	pthread_mutex_unlock(&s->ix_lock);
+	return r;
+}
+
+int store_stage_alloc(struct store *s, uint64_t len, int unbacked, uint64_t *off)
+{
+	return unbacked ? arena_alloc_unbacked(s->arena, len, off) : arena_alloc(s->arena, len, off);
+}
+
+int store_stage_extend(struct store *s, uint64_t off, uint64_t len, uint64_t newlen)
+{
+	return arena_extend(s->arena, off, len, newlen);
+}
+
+void store_stage_free(struct store *s, uint64_t off, uint64_t len)
+{
+	arena_free(s->arena, off, len);
+}
+
+int store_stage_write(struct store *s, uint64_t off, const void *buf, size_t len)
+{
+	size_t done = 0;
+
+	if (arena_preallocated(s->arena)) {
+		memcpy(arena_base(s->arena) + off, buf, len);
+		return 0;
+	}
+	while (done < len) {
+		ssize_t n = pwrite(arena_fd(s->arena), (const char *)buf + done, len - done,
+				   (off_t)(off + done));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		done += (size_t)n;
+	}
+	return 0;
+}
+
+struct shard *store_intern_staged(struct store *s, const hwfs_hash_t *h, uint64_t off,
+				  uint64_t len)
+{
+	int adopted = 0;
+	struct shard *sh = store_intern(s, h, off, len, &adopted);
+
+	if (!adopted)
+		arena_free(s->arena, off, len);
+	return sh;
 }
 
 const char *store_dir(const struct store *s)

@@ -14,8 +14,10 @@
  * or, when the hash is known already, are dropped in favour of the existing
  * shard.
  *
- * The index is not thread-safe; callers hold store_index_lock() around any
- * index_* call.  The shard table has its own internal lock.
+ * Other modules never touch the arena's allocator or the index directly for
+ * shard bytes and version rows: received shards go through the staging calls
+ * (store_stage_*), versions through store_put_version() and friends, which
+ * take the index lock themselves.  The shard table has its own internal lock.
  */
 #ifndef HWFS_STORE_H
 #define HWFS_STORE_H
@@ -50,10 +52,53 @@ int store_open(const char *dir, uint64_t capacity, struct store **out);
 void store_close(struct store *s);
 
 struct arena *store_arena(struct store *s);
-struct index *store_index(struct store *s);
-/** The mutex to hold around every index_* call. */
-pthread_mutex_t *store_index_lock(struct store *s);
 const char *store_dir(const struct store *s);
+
+/*
+ * Versions in the index.  Each call takes the index lock for its own
+ * transaction; they return 0 or the index's -errno (see index.h).
+ */
+/** Every persisted version (see index_load()) and the committed name (or NULL). */
+int store_load_versions(struct store *s, struct hwfs_vrec ***vs, size_t *n, char **current);
+/** Persist sealed version @v with the arena locations of its shards. */
+int store_put_version(struct store *s, const struct hwfs_vrec *v,
+		      const struct hwfs_shardloc *locs, size_t n_locs);
+/** Forget version @name (and the shard rows nothing else references). */
+int store_delete_version(struct store *s, const char *name);
+/** Record the state of version @name. */
+int store_set_state(struct store *s, const char *name, enum hwfs_vstate st);
+/** Record @name as the committed version (NULL: none). */
+int store_set_current(struct store *s, const char *name);
+
+/*
+ * Staging: arena ranges that become shards once their bytes are in and
+ * hashed (ingest's file staging, the replicator's received pieces).
+ */
+/**
+ * store_stage_alloc() - a range of @len bytes.  @unbacked: the caller fills
+ * all of it with store_stage_write() at once, so no page is allocated (or
+ * zeroed) before its bytes arrive.  Returns 0 or -ENOSPC/-errno.
+ */
+int store_stage_alloc(struct store *s, uint64_t len, int unbacked, uint64_t *off);
+/** Grow the staged range [@off, @off+@len) in place to @newlen. Returns 0 or -ENOSPC. */
+int store_stage_extend(struct store *s, uint64_t off, uint64_t len, uint64_t newlen);
+/** Give a staging range back (bytes that did not become a shard). */
+void store_stage_free(struct store *s, uint64_t off, uint64_t len);
+/**
+ * store_stage_write() - copy @len bytes into the arena at @off, inside a
+ * staged range: pwrite on the arena file (no faults on the mapping, no
+ * zero-filled pages), or a plain copy when the arena is preallocated.
+ * Returns 0 or -errno (-ENOSPC when the arena's filesystem is full).
+ */
+int store_stage_write(struct store *s, uint64_t off, const void *buf, size_t len);
+/**
+ * store_intern_staged() - intern the staged range [@off, @off+@len) whose
+ * bytes hash to @h (see store_intern()); when the shard existed already the
+ * staged range is given back.  Returns the shard with one reference for the
+ * caller, or NULL (-ENOMEM; the range is given back too).
+ */
+struct shard *store_intern_staged(struct store *s, const hwfs_hash_t *h, uint64_t off,
+				  uint64_t len);
 
 /** Pointer to the first byte of @sh in the arena. */
 static inline const uint8_t *store_shard_data(struct store *s, const struct shard *sh)

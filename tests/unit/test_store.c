@@ -142,8 +142,6 @@ static void test_open_new(void **state)
 	assert_string_equal(store_dir(s), real);
 	free(real);
 	assert_non_null(store_arena(s));
-	assert_non_null(store_index(s));
-	assert_non_null(store_index_lock(s));
 	assert_int_equal(arena_capacity(store_arena(s)), CAP);
 	assert_int_equal(arena_used(store_arena(s)), 0);
 	usage_is(s, 0, 0);
@@ -365,9 +363,7 @@ static void persist(struct store *s, const char *name, struct pshard *ps, size_t
 		locs[i] = (struct hwfs_shardloc){ps[i].sh->hash, ps[i].sh->off, ps[i].sh->size};
 	}
 	fr->size = off;
-	pthread_mutex_lock(store_index_lock(s));
-	r = index_put_version(store_index(s), v, locs, n);
-	pthread_mutex_unlock(store_index_lock(s));
+	r = store_put_version(s, v, locs, n);
 	assert_int_equal(r, 0);
 	hwfs_vrec_free(v);
 	free(locs);
@@ -398,6 +394,7 @@ static void test_persist_reopen(void **state)
 	uint64_t total = 0, off;
 	hwfs_hash_t loose_hash;
 	struct hwfs_vrec **vs = NULL;
+	char *cur = NULL;
 	size_t nv = 0;
 
 	for (size_t i = 0; i < n; i++) {
@@ -430,7 +427,8 @@ static void test_persist_reopen(void **state)
 	assert_null(store_lookup(s, &loose_hash));
 
 	/* The version is in the index. */
-	assert_int_equal(index_load(store_index(s), &vs, &nv), 0);
+	assert_int_equal(store_load_versions(s, &vs, &nv, &cur), 0);
+	assert_null(cur); /* nothing committed */
 	assert_int_equal(nv, 1);
 	assert_string_equal(vs[0]->name, "v1");
 	assert_int_equal(vs[0]->n_files, 1);
