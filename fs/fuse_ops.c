@@ -304,14 +304,22 @@ struct read_reply {
 	int replied;
 };
 
+/*
+ * The read reply: @cnt iovecs (at most NS_READ_IOV_MAX, which ns_read
+ * guarantees, so writev() accepts them).  A reply libfuse fails to send has
+ * still consumed the request (libfuse frees it), so there is nothing left to
+ * answer: the failure is logged.  Returns what libfuse returns.
+ */
 static int emit_reply(void *arg, const struct iovec *iov, int cnt)
 {
 	struct read_reply *rr = arg;
+	int r;
 
 	rr->replied = 1;
-	if (cnt == 0)
-		return fuse_reply_buf(rr->req, NULL, 0);
-	return fuse_reply_iov(rr->req, iov, cnt);
+	r = cnt == 0 ? fuse_reply_buf(rr->req, NULL, 0) : fuse_reply_iov(rr->req, iov, cnt);
+	if (r < 0)
+		LOG_ERR("read reply of %d iovecs not sent: %s", cnt, strerror(-r));
+	return r;
 }
 
 static void hwfs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,

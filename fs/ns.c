@@ -1698,37 +1698,84 @@ int ns_truncate(struct ns *ns, struct node *n, uint64_t size)
 	return r;
 }
 
-/* iovec over the extents of a finished file: [off, off+len) clamped to size. */
+/*
+ * Copy [off, off+len) of a finished file (already clamped to its size) into
+ * one bounce buffer and emit it as a single iovec.  Used when the span covers
+ * more separate arena runs than one reply may carry.  Returns what @emit
+ * returns, or -ENOMEM (then @emit is not called).
+ */
+static int read_bounce(struct ns *ns, const struct ingest_result *d, uint64_t off, size_t len,
+		       int (*emit)(void *, const struct iovec *, int), void *arg)
+{
+	uint8_t *buf = malloc(len ? len : 1);
+	struct iovec iov = {buf, 0};
+	size_t i;
+	int r;
+
+	if (!buf)
+		return -ENOMEM;
+	for (i = fext_find(d->ext, d->n_ext, off); iov.iov_len < len && i < d->n_ext; i++) {
+		const struct fext *e = &d->ext[i];
+		size_t n = (size_t)HWFS_MIN((uint64_t)(len - iov.iov_len), e->off + e->len - off);
+
+		memcpy(buf + iov.iov_len, store_shard_data(ns->st, e->sh) + (off - e->off), n);
+		iov.iov_len += n;
+		off += n;
+	}
+	r = emit(arg, &iov, 1);
+	free(buf);
+	return r;
+}
+
+/*
+ * iovec over the extents of a finished file: [off, off+len) clamped to size.
+ * Extents that follow each other in the arena share one iovec (a sequentially
+ * written file is one run).  Up to 32 runs need no allocation; @emit never
+ * gets more than NS_READ_IOV_MAX iovecs: a span over more runs is copied into
+ * a bounce buffer instead (read_bounce).  Returns what @emit returns, or
+ * -ENOMEM without calling it.
+ */
 static int read_extents(struct ns *ns, const struct ingest_result *d, uint64_t off, size_t len,
 			int (*emit)(void *, const struct iovec *, int), void *arg)
 {
 	struct iovec iov_small[32] = {{0}}, *iov = iov_small;
 	int cnt = 0, cap = (int)HWFS_ARRAY_SIZE(iov_small), r;
-	size_t i;
+	uint64_t off0 = off;
+	size_t i, len0;
 
 	if (off >= d->size)
 		return emit(arg, iov, 0);
-	len = (size_t)HWFS_MIN((uint64_t)len, d->size - off);
+	len0 = len = (size_t)HWFS_MIN((uint64_t)len, d->size - off);
 	i = fext_find(d->ext, d->n_ext, off);
 	while (len && i < d->n_ext) {
 		const struct fext *e = &d->ext[i++];
 		size_t n = (size_t)HWFS_MIN((uint64_t)len, e->off + e->len - off);
+		uint8_t *p = (uint8_t *)store_shard_data(ns->st, e->sh) + (off - e->off);
 
-		if (cnt == cap) {
-			struct iovec *ni = malloc(sizeof(*ni) * (size_t)cap * 4);
-
-			if (!ni) {
-				r = -ENOMEM;
+		if (cnt && (uint8_t *)iov[cnt - 1].iov_base + iov[cnt - 1].iov_len == p) {
+			iov[cnt - 1].iov_len += n;
+		} else {
+			if (cnt == NS_READ_IOV_MAX) {
+				r = read_bounce(ns, d, off0, len0, emit, arg);
 				goto out;
 			}
-			memcpy(ni, iov, sizeof(*ni) * (size_t)cnt);
-			if (iov != iov_small)
-				free(iov);
-			iov = ni;
-			cap *= 4;
+			if (cnt == cap) {
+				int ncap = HWFS_MIN(cap * 4, NS_READ_IOV_MAX);
+				struct iovec *ni = malloc(sizeof(*ni) * (size_t)ncap);
+
+				if (!ni) {
+					r = -ENOMEM;
+					goto out;
+				}
+				memcpy(ni, iov, sizeof(*ni) * (size_t)cnt);
+				if (iov != iov_small)
+					free(iov);
+				iov = ni;
+				cap = ncap;
+			}
+			iov[cnt].iov_base = p;
+			iov[cnt++].iov_len = n;
 		}
-		iov[cnt].iov_base = (void *)(store_shard_data(ns->st, e->sh) + (off - e->off));
-		iov[cnt++].iov_len = n;
 		off += n;
 		len -= n;
 	}

@@ -27,6 +27,7 @@
 #ifndef HWFS_NS_H
 #define HWFS_NS_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <sys/stat.h>
 
@@ -189,10 +190,19 @@ int ns_write_from_fd(struct ns *ns, struct node *n, uint64_t off, int fd, size_t
 int ns_truncate(struct ns *ns, struct node *n, uint64_t size);
 
 /**
+ * Most iovecs ns_read() hands to @emit: a FUSE reply is one writev() of the
+ * reply header plus the data iovecs, and writev() takes at most IOV_MAX.
+ */
+#define NS_READ_IOV_MAX (IOV_MAX - 1)
+
+/**
  * ns_read() - the bytes of a regular file or tensor at [@off, @off+@len),
- * handed to @emit as an iovec pointing into the arena (or a bounce buffer for
- * files being written).  @emit is called exactly once, also for 0 bytes, with
- * whatever locks are needed still held; it returns what ns_read returns.
+ * handed to @emit as at most NS_READ_IOV_MAX iovecs pointing into the arena
+ * (arena-adjacent extents merged), or as one iovec over a bounce buffer for
+ * files being written and for spans over more separate runs than that.
+ * @emit is called at most once, also for 0 bytes, with whatever locks are
+ * needed still held; it returns what ns_read returns.  When ns_read fails
+ * before calling @emit (-ENOMEM, -ESTALE, -EISDIR) the caller must answer.
  */
 int ns_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
 	    int (*emit)(void *arg, const struct iovec *iov, int cnt), void *arg);

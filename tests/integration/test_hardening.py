@@ -1,0 +1,80 @@
+"""Hardening: reads over many shards, permissions of tensors/, sealing after a
+failed write, hostile tensor names, the reserved `.hwfs-` prefix, safetensors
+recognised by content, open/close races with `hwfs rm`."""
+
+import errno
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import (assert_error_line, assert_same_file, expect_errno, random_file, save_model,
+                      sh)
+
+READ_TIMEOUT = 30  # seconds for one reader subprocess (a lost FUSE reply hangs it)
+
+# A reader in its own process: a lost reply leaves it waiting on the mount, and
+# the test must not wait with it (the watchdog kills the daemon, which frees it).
+_PREAD = ("import os, sys\n"
+          "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+          "off, n = int(sys.argv[2]), int(sys.argv[3])\n"
+          "out = bytearray()\n"
+          "while len(out) < n:\n"
+          "    b = os.pread(fd, n - len(out), off + len(out))\n"
+          "    if not b: break\n"
+          "    out += b\n"
+          "sys.stdout.buffer.write(out)\n")
+
+
+def pread_in_child(path, off, n, timeout=READ_TIMEOUT):
+    """Bytes [off, off+n) of @path read by a child process with a deadline."""
+    try:
+        cp = subprocess.run([sys.executable, "-c", _PREAD, str(path), str(off), str(n)],
+                            capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"read of {path} [{off}, +{n}) did not return within {timeout}s")
+    assert cp.returncode == 0, cp.stderr.decode(errors="replace")
+    return cp.stdout
+
+
+# ------------------------------------------------------------ 4: many shards
+
+
+def many_small_tensors(n, size=512):
+    """@n tensors of @size bytes: every other one all zeros (deduplicated into one
+    shard, so the file's extents are not contiguous in the arena), the others
+    distinct."""
+    rng = np.random.default_rng(4)
+    out = {}
+    for i in range(n):
+        if i % 2:
+            out[f"t.{i:05d}"] = np.zeros(size, dtype=np.uint8)
+        else:
+            out[f"t.{i:05d}"] = rng.integers(0, 256, size=size, dtype=np.uint8)
+    return out
+
+
+@pytest.mark.limit(90)
+@pytest.mark.parametrize("n", [1100, 3000])
+def test_read_spanning_many_shards_returns(mount, src, n):
+    t = many_small_tensors(n)
+    save_model(src / "model.safetensors", t)
+    os.mkdir(mount.vpath("v1"))
+    sh(["cp", src / "model.safetensors", mount.vpath("v1")])
+    mount.run("seal", "v1")
+    dst = mount.vpath("v1", "model.safetensors")
+    data = (src / "model.safetensors").read_bytes()
+    # cmp reads sequentially through the page cache (kernel readahead: up to 1 MiB requests)
+    sh(["cmp", src / "model.safetensors", dst], timeout=READ_TIMEOUT)
+    for off, length in ((0, len(data)), (12345, len(data)), (len(data) // 3 + 7, 700_001),
+                        (len(data) - 1000, 5000)):
+        assert pread_in_child(dst, off, length) == data[off:off + length], (off, length)
+    tdir = mount.vpath("v1", "tensors")
+    for name in (f"t.{0:05d}", f"t.{1:05d}", f"t.{n - 1:05d}"):
+        assert pread_in_child(os.path.join(tdir, name), 0, 1 << 20) == t[name].tobytes(), name
