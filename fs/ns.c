@@ -678,7 +678,9 @@ static void version_finish_tree(struct ns *ns, struct version *v)
 					continue;
 				}
 			}
-			tn = node_new(ns, NT_TENSOR, fname, S_IFREG | 0444, f->uid, f->gid);
+			/* a tensor is readable by whoever may read its file, never writable */
+			tn = node_new(ns, NT_TENSOR, fname, S_IFREG | (f->mode & 0444), f->uid,
+				      f->gid);
 			free(fname);
 			if (!tn)
 				continue;

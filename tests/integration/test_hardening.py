@@ -78,3 +78,64 @@ def test_read_spanning_many_shards_returns(mount, src, n):
     tdir = mount.vpath("v1", "tensors")
     for name in (f"t.{0:05d}", f"t.{1:05d}", f"t.{n - 1:05d}"):
         assert pread_in_child(os.path.join(tdir, name), 0, 1 << 20) == t[name].tobytes(), name
+
+
+# ------------------------------------------------------- 3: tensors/ permissions
+
+NOBODY = 65534
+
+
+def read_as_nobody(path):
+    """`cat @path > /dev/null` as uid/gid 65534 with no supplementary groups."""
+    return sh(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+               "sh", "-c", 'exec cat -- "$1" > /dev/null', "cat", path],
+              check=False, timeout=READ_TIMEOUT)
+
+
+def small_model():
+    rng = np.random.default_rng(3)
+    return {"a.weight": rng.standard_normal((16, 16), dtype=np.float32),
+            "b.bias": rng.standard_normal(16, dtype=np.float32)}
+
+
+def test_tensor_entries_take_owner_and_mode_of_their_file(mount, src):
+    t = small_model()
+    save_model(src / "private.safetensors", t)
+    save_model(src / "shared.safetensors", {"c.weight": np.ones((4, 4), dtype=np.float32)})
+    os.mkdir(mount.vpath("v1"))
+    sh(["cp", src / "private.safetensors", src / "shared.safetensors", mount.vpath("v1")])
+    os.chmod(mount.vpath("v1", "private.safetensors"), 0o600)
+    os.chown(mount.vpath("v1", "private.safetensors"), 1234, 2345)
+    os.chmod(mount.vpath("v1", "shared.safetensors"), 0o664)
+    mount.run("seal", "v1")
+    tdir = mount.vpath("v1", "tensors")
+    for name in t:
+        st = os.stat(os.path.join(tdir, name))
+        assert (st.st_uid, st.st_gid) == (1234, 2345), name
+        assert st.st_mode & 0o7777 == 0o400, oct(st.st_mode)
+    st = os.stat(os.path.join(tdir, "c.weight"))
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o444)
+    # the kernel enforces the modes (default_permissions): nobody reads neither
+    # the file nor its tensors, but does read the shared file's tensor
+    for p in (mount.vpath("v1", "private.safetensors"), os.path.join(tdir, "a.weight")):
+        cp = read_as_nobody(p)
+        assert cp.returncode != 0 and "Permission denied" in cp.stderr, (p, cp.stderr)
+    cp = read_as_nobody(os.path.join(tdir, "c.weight"))
+    assert cp.returncode == 0, cp.stderr
+    # and after a remount (the tree is rebuilt from the index)
+    mount.remount()
+    st = os.stat(os.path.join(tdir, "a.weight"))
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 2345, 0o400)
+    cp = read_as_nobody(os.path.join(tdir, "a.weight"))
+    assert cp.returncode != 0 and "Permission denied" in cp.stderr, cp.stderr
+
+
+def test_published_private_file_keeps_its_tensors_private(mount, src):
+    save_model(src / "m" / "model.safetensors", small_model())
+    os.chmod(src / "m" / "model.safetensors", 0o640)
+    os.chown(src / "m" / "model.safetensors", 1234, 2345)
+    mount.run("publish", src / "m", "v1")
+    st = os.stat(mount.vpath("v1", "tensors", "a.weight"))
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 2345, 0o440)
+    cp = read_as_nobody(mount.vpath("v1", "tensors", "a.weight"))
+    assert cp.returncode != 0 and "Permission denied" in cp.stderr, cp.stderr
