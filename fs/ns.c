@@ -239,8 +239,10 @@ void ns_release(struct ns *ns, struct node *n)
 	if (n->type == NT_REG) {
 		pthread_mutex_lock(&n->mu);
 		if (n->w && __atomic_load_n(&n->nopen, __ATOMIC_RELAXED) == 1) {
-			if (writer_finish(n->w, &n->data) < 0)
+			if (writer_finish(n->w, &n->data) < 0) {
 				LOG_ERR("file %s: out of memory while finishing; data lost", n->name);
+				n->write_error = ENOMEM;
+			}
 			n->w = NULL;
 		}
 		pthread_mutex_unlock(&n->mu);
@@ -1293,9 +1295,14 @@ int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *
 		return -EINVAL;
 	if (sdir->type == NT_VERSIONS && ddir->type == NT_VERSIONS) {
 		/* renaming an open version seals it under its new name */
+		char err[512];
+
 		if (!strcmp(sname, dname))
 			return 0;
-		return ns_seal(ns, sname, dname);
+		r = ns_seal(ns, sname, dname, 0, err, sizeof(err));
+		if (r == -EIO)
+			LOG_WARN("rename of %s to %s: %s", sname, dname, err);
+		return r;
 	}
 	ns_wrlock(ns);
 	s = ns_child(sdir, sname);
@@ -1379,19 +1386,60 @@ static void finish_files(struct ns *ns, struct node *n)
 			finish_files(ns, k);
 		} else if (k->type == NT_REG) {
 			pthread_mutex_lock(&k->mu);
-			if (k->w && writer_finish(k->w, &k->data) < 0)
+			if (k->w && writer_finish(k->w, &k->data) < 0) {
 				LOG_ERR("file %s: out of memory while finishing; data lost", k->name);
+				k->write_error = ENOMEM;
+			}
 			k->w = NULL;
 			pthread_mutex_unlock(&k->mu);
 		}
 	}
 }
 
-int ns_seal(struct ns *ns, const char *name, const char *new_name)
+/*
+ * Append to @err (at @*pos, NUL-terminated, @len bytes) "write to PATH failed
+ * (REASON)" for every file under @n whose write failed; returns how many there
+ * are.  Paths that do not fit are counted, not named.  Lock held.
+ */
+static size_t failed_writes(const struct node *n, char *err, size_t len, size_t *pos)
+{
+	size_t count = 0;
+
+	for (size_t i = 0; i < n->nkids; i++) {
+		struct node *k = n->kids[i];
+		int e;
+
+		if (k->type == NT_DIR) {
+			count += failed_writes(k, err, len, pos);
+			continue;
+		}
+		if (k->type != NT_REG)
+			continue;
+		pthread_mutex_lock(&k->mu);
+		e = k->write_error;
+		pthread_mutex_unlock(&k->mu);
+		if (!e)
+			continue;
+		if (*pos < len) {
+			char *path = node_path(k);
+			int w = snprintf(err + *pos, len - *pos, "%swrite to %s failed (%s)",
+					 count ? ", " : "", path ? path : k->name, strerror(e));
+
+			free(path);
+			*pos = w < 0 ? len : HWFS_MIN(len, *pos + (size_t)w);
+		}
+		count++;
+	}
+	return count;
+}
+
+int ns_seal(struct ns *ns, const char *name, const char *new_name, unsigned flags, char *err,
+	    size_t errlen)
 {
 	struct hwfs_vrec *rec = NULL;
 	struct hwfs_shardloc *locs = NULL;
-	size_t n_locs = 0;
+	size_t n_locs = 0, nfail, pos = 0;
+	char why[1024] = "";
 	struct version *v;
 	int r;
 
@@ -1417,6 +1465,17 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name)
 	 */
 	ns_rdlock(ns);
 	finish_files(ns, v->root);
+	nfail = failed_writes(v->root, why, sizeof(why), &pos);
+	if (nfail && !(flags & NS_SEAL_FORCE)) {
+		ns_unlock(ns);
+		if (err)
+			snprintf(err, errlen, "refused: %s; rewrite %s, remove %s, or seal with --force",
+				 why, nfail > 1 ? "them" : "it", nfail > 1 ? "them" : "it");
+		r = -EIO;
+		goto out_unsealing;
+	}
+	if (nfail)
+		LOG_WARN("version %s sealed by force despite: %s", name, why);
 	v->sealed_ns = hwfs_now_ns();
 	r = build_vrec(ns, v, &rec, &locs, &n_locs);
 	ns_unlock(ns);
@@ -1670,6 +1729,8 @@ static int write_common(struct ns *ns, struct node *n, uint64_t off, const void 
 	}
 	if (r == 0)
 		n->mtime_ns = n->ctime_ns = hwfs_now_ns();
+	else if (r != -EROFS) /* the writer was told its bytes are not there */
+		n->write_error = -r;
 	pthread_mutex_unlock(&n->mu);
 	return r;
 }
@@ -1696,6 +1757,10 @@ int ns_truncate(struct ns *ns, struct node *n, uint64_t size)
 		r = writer_truncate(n->w, size);
 	if (r == 0)
 		n->mtime_ns = n->ctime_ns = hwfs_now_ns();
+	if (r == 0 && size == 0) /* a full rewrite starts here */
+		n->write_error = 0;
+	else if (r < 0 && r != -EROFS)
+		n->write_error = -r;
 	pthread_mutex_unlock(&n->mu);
 	return r;
 }

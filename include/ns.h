@@ -72,6 +72,9 @@ struct node {
 	const struct hwfs_tensor *tensor; /* NT_TENSOR: metadata (owned by the file node) */
 	struct node *tfile;           /* NT_TENSOR: the file it comes from (pinned) */
 	uint32_t pins;                /* NT_REG: tensor nodes pointing at it */
+	int write_error; /* NT_REG (under mu): errno of a write or truncation that failed
+			  * for a writer of an open version; 0 when none since the file
+			  * was created or last truncated to 0.  ns_seal refuses it. */
 	struct node *orph_prev, *orph_next; /* detached but alive (see ns.c) */
 };
 
@@ -139,13 +142,20 @@ int ns_unlink(struct ns *ns, struct node *dir, const char *name, int is_dir);
 int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *ddir,
 	      const char *dname, unsigned flags);
 
+/** ns_seal() flag: seal even though a write to a file of the version failed. */
+#define NS_SEAL_FORCE 1u
+
 /**
  * ns_seal() - seal open version @name, renaming it to @new_name when given.
  * Finishes every file, persists the version in one index transaction, builds
- * tensors/. Returns 0, -ENOENT, -EEXIST (new name taken), -EROFS (not open),
- * -EBUSY (a seal is running) or an error from the index.
+ * tensors/.  A version holding a file whose write or truncation failed (see
+ * node.write_error) is refused with -EIO unless @flags has NS_SEAL_FORCE; then
+ * @err (when not NULL) gets a sentence naming the file(s).  Returns 0, -ENOENT,
+ * -EEXIST (new name taken), -EROFS (not open), -EBUSY (a seal is running),
+ * -EIO (failed writes) or an error from the index.
  */
-int ns_seal(struct ns *ns, const char *name, const char *new_name);
+int ns_seal(struct ns *ns, const char *name, const char *new_name, unsigned flags, char *err,
+	    size_t errlen);
 
 /**
  * ns_remove_version() - drop version @name (open or sealed) from the index and

@@ -139,3 +139,74 @@ def test_published_private_file_keeps_its_tensors_private(mount, src):
     assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 2345, 0o440)
     cp = read_as_nobody(mount.vpath("v1", "tensors", "a.weight"))
     assert cp.returncode != 0 and "Permission denied" in cp.stderr, cp.stderr
+
+
+# ------------------------------------------------- 9: sealing after a failed write
+
+CAP = 32 << 20
+BIG = 48 << 20  # random bytes: no dedup brings it under CAP
+
+
+@pytest.fixture
+def full_store(mount_factory, src):
+    m = mount_factory(capacity=str(CAP))
+    random_file(src / "big.bin", BIG, seed=901)
+    random_file(src / "small.bin", 1 << 20, seed=902)
+    return m
+
+
+def failed_cp(m, src, version):
+    os.mkdir(m.vpath(version))
+    cp = sh(["cp", src / "big.bin", m.vpath(version)], check=False)
+    assert cp.returncode != 0 and "No space left on device" in cp.stderr, cp.stderr
+
+
+def test_seal_refused_after_failed_write(full_store, src):
+    m = full_store
+    failed_cp(m, src, "v1")
+    cp = m.run("seal", "v1", check=False)
+    assert_error_line(cp, "v1", "big.bin", "No space left on device", "--force")
+    assert m.version("v1")["state"] == "open"
+    assert_error_line(m.run("commit", "v1", check=False), "v1")
+    # the rename-to-seal convention is refused the same way
+    with pytest.raises(OSError) as ei:
+        os.rename(m.vpath("v1"), m.vpath("v1.final"))
+    expect_errno(ei, errno.EIO)
+    assert m.version("v1")["state"] == "open" and m.version("v1.final") is None
+    # removing the file clears the mark: a good file then seals
+    os.unlink(m.vpath("v1", "big.bin"))
+    sh(["cp", src / "small.bin", m.vpath("v1")])
+    m.run("seal", "v1")
+    assert sorted(os.listdir(m.vpath("v1"))) == ["small.bin"]
+    assert_same_file(src / "small.bin", m.vpath("v1", "small.bin"))
+    m.run("commit", "v1")
+
+
+def test_rewrite_clears_failed_write_mark(full_store, src):
+    m = full_store
+    failed_cp(m, src, "v1")
+    # cp onto the file opens it with O_TRUNC: a full rewrite
+    sh(["cp", src / "small.bin", m.vpath("v1", "big.bin")])
+    m.run("seal", "v1")
+    assert_same_file(src / "small.bin", m.vpath("v1", "big.bin"))
+
+
+def test_seal_force_seals_after_failed_write(full_store, src):
+    m = full_store
+    failed_cp(m, src, "v1")
+    size = os.path.getsize(m.vpath("v1", "big.bin"))
+    assert size < BIG
+    m.run("seal", "--force", "v1")
+    assert m.version("v1")["state"] == "sealed"
+    assert os.path.getsize(m.vpath("v1", "big.bin")) == size
+    m.run("commit", "v1")
+
+
+def test_publish_fails_when_its_copy_fails(full_store, src):
+    m = full_store
+    os.mkdir(src / "tree")
+    os.rename(src / "big.bin", src / "tree" / "big.bin")
+    cp = m.run("publish", src / "tree", "v1", check=False)
+    assert_error_line(cp, "big.bin", "No space left on device")
+    assert m.version("v1") is None
+    assert os.listdir(m.path("versions")) == []
