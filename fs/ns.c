@@ -435,6 +435,19 @@ static char *tensor_fname(const char *name)
 	return s;
 }
 
+/*
+ * Whether @fname (a tensor_fname() result, maybe qualified) can be a directory
+ * entry: 1..NAME_MAX bytes.  The escaping already removed '/' and made "." and
+ * ".." harmless, and a name is a C string (no NUL).  Names that fail are left
+ * out of tensors/ (the kernel refuses a whole readdir over one such entry).
+ */
+static int tensor_fname_ok(const char *fname)
+{
+	size_t len = strlen(fname);
+
+	return len > 0 && len <= NAME_MAX;
+}
+
 /* Collect a version's nodes of the given kinds in path order. */
 struct nodelist {
 	struct node **v;
@@ -667,6 +680,13 @@ static void version_finish_tree(struct ns *ns, struct version *v)
 
 			if (!fname)
 				continue;
+			if (!tensor_fname_ok(fname)) {
+				LOG_WARN("version %s: %s: a tensor name of %zu bytes cannot be a "
+					 "file name; left out of tensors/", v->name, path,
+					 strlen(t->name));
+				free(fname);
+				continue;
+			}
 			if (ns_child(tdir, fname)) { /* same name in two files: qualify */
 				char *q = NULL, *ep = tensor_fname(path);
 
@@ -675,7 +695,7 @@ static void version_finish_tree(struct ns *ns, struct version *v)
 				free(ep);
 				free(fname);
 				fname = q;
-				if (!fname || ns_child(tdir, fname)) {
+				if (!fname || !tensor_fname_ok(fname) || ns_child(tdir, fname)) {
 					free(fname);
 					continue;
 				}

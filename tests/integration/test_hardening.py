@@ -210,3 +210,35 @@ def test_publish_fails_when_its_copy_fails(full_store, src):
     assert_error_line(cp, "big.bin", "No space left on device")
     assert m.version("v1") is None
     assert os.listdir(m.path("versions")) == []
+
+
+# ------------------------------------------------ 11a: unrepresentable tensor names
+
+
+def test_unrepresentable_tensor_names_are_left_out(mount, src):
+    rng = np.random.default_rng(11)
+    t = {"a" * 4096: rng.standard_normal(8, dtype=np.float32),
+         "b" * 300: rng.standard_normal(8, dtype=np.float32),
+         "c" * 255: rng.standard_normal(8, dtype=np.float32),   # longest that fits
+         "d" * 84 + "/": rng.standard_normal(8, dtype=np.float32),  # 87 bytes escaped
+         "e" * 253 + "/": rng.standard_normal(8, dtype=np.float32),  # 256 escaped: too long
+         "w1": rng.standard_normal((4, 4), dtype=np.float32),
+         "x/y": rng.standard_normal(3, dtype=np.float32)}
+    save_model(src / "model.safetensors", t)
+    os.mkdir(mount.vpath("v1"))
+    sh(["cp", src / "model.safetensors", mount.vpath("v1")])
+    mount.run("seal", "v1")
+    tdir = mount.vpath("v1", "tensors")
+    shown = {"c" * 255: "c" * 255, "d" * 84 + "%2F": "d" * 84 + "/", "w1": "w1", "x%2Fy": "x/y"}
+    assert sorted(os.listdir(tdir)) == sorted(shown)
+    for fname, name in shown.items():
+        with open(os.path.join(tdir, fname), "rb") as f:
+            assert f.read() == t[name].tobytes(), fname
+    assert_same_file(src / "model.safetensors", mount.vpath("v1", "model.safetensors"))
+    v = mount.version("v1")
+    assert v["state"] == "sealed"
+    man = json.loads(mount.run("manifest", "v1").stdout)
+    names = {x["name"] for f in man["files"] for x in f.get("tensors", [])}
+    assert names == set(t), "the manifest keeps every tensor"
+    mount.remount()
+    assert sorted(os.listdir(tdir)) == sorted(shown)
