@@ -165,6 +165,19 @@ static void hwfs_readlink(fuse_req_t req, fuse_ino_t ino)
 	free(t);
 }
 
+/*
+ * Whether @name in @dir is reserved for the daemon: `versions/.hwfs-*` is the
+ * staging of publish and of replicated versions, which the daemon creates
+ * through ns.c directly, never through a FUSE request.  Requests that would
+ * create such an entry get EPERM (renaming a staging version *away* from the
+ * prefix is how the daemon seals it, so the source name is not checked).
+ */
+static int reserved_name(const struct node *dir, const char *name)
+{
+	return dir->type == NT_VERSIONS &&
+	       !strncmp(name, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX));
+}
+
 static void reply_new(fuse_req_t req, int r, struct node *n)
 {
 	struct fuse_entry_param e;
@@ -181,7 +194,10 @@ static void hwfs_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode
 {
 	const struct fuse_ctx *c = fuse_req_ctx(req);
 	struct node *n = NULL;
-	int r = ns_mkdir(CTX(req)->ns, N(req, parent), name, mode & ~c->umask, c->uid, c->gid, &n);
+	int r = reserved_name(N(req, parent), name)
+			? -EPERM
+			: ns_mkdir(CTX(req)->ns, N(req, parent), name, mode & ~c->umask, c->uid,
+				   c->gid, &n);
 
 	reply_new(req, r, n);
 }
@@ -193,7 +209,7 @@ static void hwfs_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode
 	struct node *n = NULL;
 	int r;
 
-	if (!S_ISREG(mode))
+	if (!S_ISREG(mode) || reserved_name(N(req, parent), name))
 		return (void)fuse_reply_err(req, EPERM);
 	r = ns_create_file(CTX(req)->ns, N(req, parent), name, mode & ~c->umask, c->uid, c->gid, &n);
 	reply_new(req, r, n);
@@ -203,7 +219,9 @@ static void hwfs_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, co
 {
 	const struct fuse_ctx *c = fuse_req_ctx(req);
 	struct node *n = NULL;
-	int r = ns_symlink(CTX(req)->ns, N(req, parent), name, link, c->uid, c->gid, &n);
+	int r = reserved_name(N(req, parent), name)
+			? -EPERM
+			: ns_symlink(CTX(req)->ns, N(req, parent), name, link, c->uid, c->gid, &n);
 
 	reply_new(req, r, n);
 }
@@ -221,6 +239,8 @@ static void hwfs_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 static void hwfs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 			const char *newname, unsigned int flags)
 {
+	if (reserved_name(N(req, newparent), newname))
+		return (void)fuse_reply_err(req, EPERM);
 	fuse_reply_err(req, -ns_rename(CTX(req)->ns, N(req, parent), name, N(req, newparent),
 				       newname, flags));
 }
@@ -276,7 +296,10 @@ static void hwfs_create(fuse_req_t req, fuse_ino_t parent, const char *name, mod
 	struct ns *ns = CTX(req)->ns;
 	struct fuse_entry_param e;
 	struct node *n = NULL;
-	int r = ns_create_file(ns, N(req, parent), name, mode & ~c->umask, c->uid, c->gid, &n);
+	int r = reserved_name(N(req, parent), name)
+			? -EPERM
+			: ns_create_file(ns, N(req, parent), name, mode & ~c->umask, c->uid,
+					 c->gid, &n);
 
 	if (r == -EEXIST && !(fi->flags & O_EXCL)) { /* lost a race with another creator */
 		ns_rdlock(ns);

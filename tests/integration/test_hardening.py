@@ -242,3 +242,33 @@ def test_unrepresentable_tensor_names_are_left_out(mount, src):
     assert names == set(t), "the manifest keeps every tensor"
     mount.remount()
     assert sorted(os.listdir(tdir)) == sorted(shown)
+
+
+# ------------------------------------------------------- 11b: reserved .hwfs- prefix
+
+
+def test_reserved_prefix_refused_under_versions(mount, src):
+    vers = mount.path("versions")
+    with pytest.raises(OSError) as ei:
+        os.mkdir(os.path.join(vers, ".hwfs-x"))
+    expect_errno(ei, errno.EPERM)
+    with pytest.raises(OSError) as ei:
+        os.close(os.open(os.path.join(vers, ".hwfs-f"), os.O_CREAT | os.O_WRONLY, 0o644))
+    expect_errno(ei, errno.EPERM)
+    with pytest.raises(OSError) as ei:
+        os.symlink("v1", os.path.join(vers, ".hwfs-l"))
+    expect_errno(ei, errno.EPERM)
+    os.mkdir(mount.vpath("v1"))
+    with pytest.raises(OSError) as ei:
+        os.rename(mount.vpath("v1"), os.path.join(vers, ".hwfs-publish-1-1"))
+    expect_errno(ei, errno.EPERM)
+    assert mount.version("v1")["state"] == "open"
+    assert [v["name"] for v in mount.status()["versions"]] == ["v1"]
+    assert os.listdir(vers) == ["v1"]
+    # the name is still allowed inside a version, and publish (which stages
+    # under the prefix inside the daemon) still works
+    os.mkdir(mount.vpath("v1", ".hwfs-dir"))
+    save_model(src / "m" / "model.safetensors", small_model())
+    mount.run("publish", src / "m", "v2")
+    assert sorted(os.listdir(vers)) == ["v1", "v2"]
+    assert mount.version("v2")["state"] == "sealed"
