@@ -500,10 +500,17 @@ static int cmp_idx(const void *a, const void *b, void *ctx)
 	return strcmp(l->path[*(const size_t *)a], l->path[*(const size_t *)b]);
 }
 
-/* Whether the tensors of this file are exposed and listed. */
-static int exposes_tensors(const struct node *n, const char *path)
+/*
+ * Whether the tensors of this file are exposed and listed: decided by content,
+ * whatever the file's name (a Hugging Face cache names its blobs by hash).
+ * Ingest parsed the bytes strictly: a plausible header length (the header
+ * starts with '{', fits the file and the size limit), a valid header, and a
+ * data buffer ending exactly at the file's end; anything else leaves no
+ * tensors.  Only *.safetensors files that fail report why (build_vrec).
+ */
+static int exposes_tensors(const struct node *n)
 {
-	return ends_with(path, ".safetensors") && n->data.tensors && !n->data.st_error;
+	return n->data.tensors && !n->data.st_error;
 }
 
 /*
@@ -579,7 +586,7 @@ static int build_vrec(struct ns *ns, struct version *v, struct hwfs_vrec **out,
 			}
 			(*locs)[nl++] = (struct hwfs_shardloc){e->sh->hash, e->sh->off, e->sh->size};
 		}
-		if (exposes_tensors(n, f->path)) {
+		if (exposes_tensors(n)) {
 			f->tensors = calloc(n->data.n_tensors ? n->data.n_tensors : 1,
 					    sizeof(*f->tensors));
 			if (!f->tensors)
@@ -654,7 +661,7 @@ static void version_finish_tree(struct ns *ns, struct version *v)
 			continue;
 		v->files++;
 		v->bytes += f->data.size;
-		if (!exposes_tensors(f, path)) {
+		if (!exposes_tensors(f)) {
 			if (ends_with(path, ".safetensors")) {
 				struct version_error *e =
 					realloc(v->errors, (v->n_errors + 1) * sizeof(*e));

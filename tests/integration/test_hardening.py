@@ -272,3 +272,49 @@ def test_reserved_prefix_refused_under_versions(mount, src):
     mount.run("publish", src / "m", "v2")
     assert sorted(os.listdir(vers)) == ["v1", "v2"]
     assert mount.version("v2")["state"] == "sealed"
+
+
+# --------------------------------------------------- 11d: safetensors by content
+
+
+def test_hf_cache_blobs_get_a_tensor_view(mount, src):
+    t = small_model()
+    repo = src / "hub" / "models--org--tiny"
+    blobs, snap = repo / "blobs", repo / "snapshots" / ("ab" * 20)
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    save_model(src / "model.tmp", t)
+    model = (src / "model.tmp").read_bytes()
+    (src / "model.tmp").unlink()
+    config = b'{"hidden_size": 16}\n'
+    garbage = struct.pack("<Q", 40) + b"{" + os.urandom(100)  # plausible length, no JSON
+    for data, link in ((model, "model.safetensors"), (config, "config.json"),
+                       (garbage, "extra.bin")):
+        h = hashlib.sha256(data).hexdigest()
+        (blobs / h).write_bytes(data)
+        os.symlink(f"../../blobs/{h}", snap / link)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("ab" * 20)
+    os.mkdir(mount.vpath("v1"))
+    sh(["cp", "-a", src / "hub", mount.vpath("v1")])
+    mount.run("seal", "v1")
+    v = mount.version("v1")
+    assert v["errors"] == [], v["errors"]  # a blob that is not safetensors is no error
+    assert v["tensors"] == len(t)
+    tdir = mount.vpath("v1", "tensors")
+    assert sorted(os.listdir(tdir)) == sorted(t)
+    for name, arr in t.items():
+        with open(os.path.join(tdir, name), "rb") as f:
+            assert f.read() == arr.tobytes(), name
+    snapdir = mount.vpath("v1", "hub", "models--org--tiny", "snapshots", "ab" * 20)
+    with open(os.path.join(snapdir, "model.safetensors"), "rb") as f:
+        assert f.read() == model
+    # a *.safetensors that does not parse still reports why
+    os.mkdir(mount.vpath("v2"))
+    with open(mount.vpath("v2", "bad.safetensors"), "wb") as f:
+        f.write(garbage)
+    mount.run("seal", "v2")
+    errs = mount.version("v2")["errors"]
+    assert [e["file"] for e in errs] == ["bad.safetensors"], errs
+    mount.remount()
+    assert sorted(os.listdir(tdir)) == sorted(t)
