@@ -258,16 +258,16 @@ static int do_open(struct ns *ns, struct node *n, struct fuse_file_info *fi)
 
 	if (n->type != NT_REG && n->type != NT_TENSOR)
 		return n->type == NT_RLNK || n->type == NT_LNK ? -ELOOP : -EISDIR;
-	if (n->detached)
-		return -ENOENT;
-	if (wr && !ns_writable(n))
-		return -EROFS;
-	if (fi->flags & O_TRUNC) {
+	r = ns_open(ns, n); /* -ENOENT once removed */
+	if (r < 0)
+		return r;
+	r = wr && !ns_writable(n) ? -EROFS : 0;
+	if (r == 0 && (fi->flags & O_TRUNC))
 		r = ns_truncate(ns, n, 0);
-		if (r < 0)
-			return r;
+	if (r < 0) {
+		ns_release(ns, n);
+		return r;
 	}
-	ns_open_ref(n);
 	fi->fh = (uint64_t)(uintptr_t)n;
 	fi->keep_cache = !ns_writable(n);
 	/*

@@ -157,17 +157,24 @@ static void node_release_data(struct ns *ns, struct node *n)
 		n->tfile = NULL;
 		n->tensor = NULL;
 		f->pins--;
-		if (f->detached && f->nopen == 0) {
+		if (f->detached && __atomic_load_n(&f->nopen, __ATOMIC_ACQUIRE) == 0) {
 			node_release_data(ns, f);
-			if (f->nlookup == 0)
+			if (__atomic_load_n(&f->nlookup, __ATOMIC_ACQUIRE) == 0)
 				node_free(ns, f);
 		}
 	}
 }
 
+/*
+ * Whether @n can be freed (exclusive lock held): detached, forgotten by the
+ * kernel, closed and pinned by no tensor.  Under the exclusive lock the counts
+ * are exact: references are only taken under the namespace lock (ns_open,
+ * ns_lookup_ref callers) and only dropped under the exclusive one.
+ */
 static int node_freeable(const struct node *n)
 {
-	return n->detached && n->nlookup == 0 && n->nopen == 0 && n->pins == 0;
+	return n->detached && __atomic_load_n(&n->nlookup, __ATOMIC_ACQUIRE) == 0 &&
+	       __atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 0 && n->pins == 0;
 }
 
 static void node_free(struct ns *ns, struct node *n)
@@ -194,13 +201,14 @@ static void detach_tree(struct ns *ns, struct node *n)
 {
 	if (n->parent)
 		kid_remove(n->parent, n);
-	n->detached = 1;
+	/* atomic: ns_writable() reads it without the namespace lock */
+	__atomic_store_n(&n->detached, 1, __ATOMIC_RELEASE);
 	for (size_t i = 0; i < n->nkids; i++) {
 		n->kids[i]->parent = NULL;
 		detach_tree(ns, n->kids[i]);
 	}
 	n->nkids = 0;
-	if (n->nopen == 0)
+	if (__atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 0)
 		node_release_data(ns, n);
 	if (node_freeable(n)) {
 		node_free(ns, n);
@@ -219,10 +227,16 @@ void ns_lookup_ref(struct node *n)
 
 void ns_forget(struct ns *ns, struct node *n, uint64_t nlookup)
 {
+	uint64_t old, left;
+
 	if (n->type == NT_ROOT)
 		return;
 	ns_wrlock(ns);
-	n->nlookup = n->nlookup > nlookup ? n->nlookup - nlookup : 0;
+	old = __atomic_load_n(&n->nlookup, __ATOMIC_RELAXED);
+	do /* the kernel never forgets more than it looked up; clamp anyway */
+		left = old > nlookup ? old - nlookup : 0;
+	while (!__atomic_compare_exchange_n(&n->nlookup, &old, left, 0, __ATOMIC_ACQ_REL,
+					    __ATOMIC_RELAXED));
 	if (node_freeable(n))
 		node_free(ns, n);
 	ns_unlock(ns);
@@ -230,15 +244,40 @@ void ns_forget(struct ns *ns, struct node *n, uint64_t nlookup)
 
 void ns_open_ref(struct node *n)
 {
-	__atomic_add_fetch(&n->nopen, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&n->nopen, 1, __ATOMIC_ACQ_REL);
+}
+
+/*
+ * Take an open reference on @n unless it is detached (removed).  The shared
+ * lock orders this against detach_tree() (exclusive lock): either the removal
+ * sees the reference and keeps the node's data for this opener, or the opener
+ * sees the node detached and gets -ENOENT.  Returns 0 or -ENOENT.
+ */
+int ns_open(struct ns *ns, struct node *n)
+{
+	int r = 0;
+
+	ns_rdlock(ns);
+	if (n->detached)
+		r = -ENOENT;
+	else
+		ns_open_ref(n);
+	ns_unlock(ns);
+	return r;
 }
 
 void ns_release(struct ns *ns, struct node *n)
 {
-	/* The last close of a file being written cuts its tail (see ingest.h). */
+	uint32_t left;
+
+	/*
+	 * The last close of a file being written cuts its tail (see ingest.h).
+	 * Best effort: two closes at once may both see the other's handle and
+	 * leave the writer to the next close or to the seal (finish_files).
+	 */
 	if (n->type == NT_REG) {
 		pthread_mutex_lock(&n->mu);
-		if (n->w && __atomic_load_n(&n->nopen, __ATOMIC_RELAXED) == 1) {
+		if (n->w && __atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 1) {
 			if (writer_finish(n->w, &n->data) < 0) {
 				LOG_ERR("file %s: out of memory while finishing; data lost", n->name);
 				n->write_error = ENOMEM;
@@ -247,9 +286,14 @@ void ns_release(struct ns *ns, struct node *n)
 		}
 		pthread_mutex_unlock(&n->mu);
 	}
+	/*
+	 * The count drops under the exclusive lock, which excludes ns_open()
+	 * (shared lock) and detach_tree(): the value left is exact, so exactly
+	 * one of "the removal" and "the last close" gives the data back.
+	 */
 	ns_wrlock(ns);
-	n->nopen--;
-	if (n->detached && n->nopen == 0) {
+	left = __atomic_sub_fetch(&n->nopen, 1, __ATOMIC_ACQ_REL);
+	if (n->detached && left == 0) {
 		node_release_data(ns, n);
 		if (node_freeable(n))
 			node_free(ns, n);
@@ -295,7 +339,8 @@ int ns_writable(const struct node *n)
 {
 	const struct version *v = n->ver;
 
-	return v && !n->detached && __atomic_load_n(&v->state, __ATOMIC_RELAXED) == HWFS_V_OPEN &&
+	return v && !__atomic_load_n(&n->detached, __ATOMIC_ACQUIRE) &&
+	       __atomic_load_n(&v->state, __ATOMIC_RELAXED) == HWFS_V_OPEN &&
 	       !__atomic_load_n(&v->sealing, __ATOMIC_RELAXED) &&
 	       n->type != NT_TDIR && n->type != NT_TENSOR;
 }
@@ -971,7 +1016,7 @@ static void free_subtree(struct ns *ns, struct node *n)
 		free_subtree(ns, n->kids[i]);
 	n->nkids = 0;
 	n->pins = 0;
-	n->nopen = 0;
+	__atomic_store_n(&n->nopen, 0, __ATOMIC_RELAXED);
 	writer_abort(n->w);
 	n->w = NULL;
 	n->data.n_ext = 0; /* forget, do not unreference */

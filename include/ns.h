@@ -54,9 +54,10 @@ struct node {
 	struct node *parent;
 	char *name;
 	struct version *ver; /* (ro) owning version, NT_VROOT and below */
-	uint64_t nlookup;  /* kernel references (atomic) */
-	uint32_t nopen;    /* open file handles (atomic) */
-	int detached;
+	uint64_t nlookup;  /* kernel references (__atomic; taken under the ns lock,
+			    * dropped under the exclusive lock) */
+	uint32_t nopen;    /* open file handles (__atomic; same rule: ns_open) */
+	int detached;      /* set under the exclusive lock; read atomically without it */
 	uint32_t mode; /* full st_mode */
 	uint32_t uid, gid;
 	int64_t mtime_ns, ctime_ns;
@@ -118,7 +119,14 @@ struct node *ns_child(struct node *dir, const char *name);
 /** Kernel reference accounting (lookup count) — take/drop, drop frees. */
 void ns_lookup_ref(struct node *n);
 void ns_forget(struct ns *ns, struct node *n, uint64_t nlookup);
-/** Open-handle accounting; the last close of a detached node frees its data. */
+/**
+ * Open-handle accounting.  ns_open() takes a reference unless @n was removed
+ * (-ENOENT), race-free against removal.  ns_open_ref() takes one
+ * unconditionally: only for a caller that holds the namespace lock or the
+ * only path to a node it just made.  ns_release() drops one; the last close of
+ * a detached node gives its data back (exactly once, see ns.c).
+ */
+int ns_open(struct ns *ns, struct node *n);
 void ns_open_ref(struct node *n);
 void ns_release(struct ns *ns, struct node *n);
 

@@ -14,8 +14,8 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import (assert_error_line, assert_same_file, expect_errno, random_file, save_model,
-                      sh)
+from conftest import (assert_error_line, assert_same_file, expect_errno, poll, random_file,
+                      save_model, sh)
 
 READ_TIMEOUT = 30  # seconds for one reader subprocess (a lost FUSE reply hangs it)
 
@@ -318,3 +318,79 @@ def test_hf_cache_blobs_get_a_tensor_view(mount, src):
     assert [e["file"] for e in errs] == ["bad.safetensors"], errs
     mount.remount()
     assert sorted(os.listdir(tdir)) == sorted(t)
+
+
+# ------------------------------------------- 12b: open/close racing with `hwfs rm`
+
+THREADS = 8
+ROUNDS = 20
+WARM_READS = 10  # reads each reader completes before the version is removed
+
+
+def _reader(paths, expected, started, stop, errors):
+    """Open, read and close @paths round-robin until opening fails with ENOENT
+    (the version was removed) or @stop is set; record anything else in @errors."""
+    i = 0
+    try:
+        while not stop.is_set():
+            p = paths[i % len(paths)]
+            flags = os.O_RDONLY | (os.O_DIRECT if i % 2 else 0)  # O_DIRECT: every read reaches the daemon
+            i += 1
+            try:
+                fd = os.open(p, flags)
+            except FileNotFoundError:
+                return
+            try:
+                data = bytearray()
+                while True:
+                    b = os.read(fd, 1 << 20)
+                    if not b:
+                        break
+                    data += b
+            finally:
+                os.close(fd)
+            if bytes(data) != expected[p]:
+                errors.append(f"{p}: read {len(data)} bytes, not the {len(expected[p])} written")
+                return
+            if i >= WARM_READS:
+                started.set()
+    except OSError as e:
+        errors.append(f"{e!r}")
+    finally:
+        started.set()
+
+
+@pytest.mark.limit(120)
+def test_open_close_racing_with_rm(mount, src):
+    t = small_model()
+    save_model(src / "model.safetensors", t)
+    random_file(src / "data.bin", 1 << 20, seed=12)
+    baseline = mount.used_bytes()
+    for r in range(ROUNDS):
+        v = f"v{r}"
+        mount.run("publish", src, v)
+        expected = {mount.vpath(v, "data.bin"): (src / "data.bin").read_bytes(),
+                    mount.vpath(v, "model.safetensors"): (src / "model.safetensors").read_bytes()}
+        for name, arr in t.items():
+            expected[mount.vpath(v, "tensors", name)] = arr.tobytes()
+        paths = sorted(expected)
+        stop, errors, threads, started = threading.Event(), [], [], []
+        for k in range(THREADS):
+            ev = threading.Event()
+            th = threading.Thread(target=_reader, args=(paths[k % len(paths):] + paths[:k % len(paths)],
+                                                        expected, ev, stop, errors), daemon=True)
+            th.start()
+            threads.append(th)
+            started.append(ev)
+        for ev in started:
+            assert ev.wait(30), "a reader never completed a read"
+        mount.run("rm", v)
+        for th in threads:
+            th.join(30)
+        stop.set()
+        assert not any(th.is_alive() for th in threads), "a reader is stuck"
+        assert errors == [], errors
+        assert mount.version(v) is None
+    # every shard is given back once the last reader closed
+    assert poll(lambda: mount.used_bytes() == baseline, timeout=10), (mount.used_bytes(), baseline)
+    assert mount.status()["pid"] == mount.pid
