@@ -210,13 +210,15 @@ static const char *seal_error(int r)
 static json_t *op_seal(struct daemon *d, json_t *req)
 {
 	const char *v = req_str(req, "version");
+	unsigned flags = json_is_true(json_object_get(req, "force")) ? NS_SEAL_FORCE : 0;
+	char err[1024] = "";
 	int r;
 
 	if (!v)
 		return err_reply("seal: missing version");
-	r = ns_seal(d->ns, v, NULL);
+	r = ns_seal(d->ns, v, NULL, flags, err, sizeof(err));
 	if (r < 0)
-		return err_reply("cannot seal %s: %s", v, seal_error(r));
+		return err_reply("cannot seal %s: %s", v, err[0] ? err : seal_error(r));
 	return ok_reply();
 }
 

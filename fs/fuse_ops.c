@@ -165,6 +165,19 @@ static void hwfs_readlink(fuse_req_t req, fuse_ino_t ino)
 	free(t);
 }
 
+/*
+ * Whether @name in @dir is reserved for the daemon: `versions/.hwfs-*` is the
+ * staging of publish and of replicated versions, which the daemon creates
+ * through ns.c directly, never through a FUSE request.  Requests that would
+ * create such an entry get EPERM (renaming a staging version *away* from the
+ * prefix is how the daemon seals it, so the source name is not checked).
+ */
+static int reserved_name(const struct node *dir, const char *name)
+{
+	return dir->type == NT_VERSIONS &&
+	       !strncmp(name, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX));
+}
+
 static void reply_new(fuse_req_t req, int r, struct node *n)
 {
 	struct fuse_entry_param e;
@@ -181,7 +194,10 @@ static void hwfs_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode
 {
 	const struct fuse_ctx *c = fuse_req_ctx(req);
 	struct node *n = NULL;
-	int r = ns_mkdir(CTX(req)->ns, N(req, parent), name, mode & ~c->umask, c->uid, c->gid, &n);
+	int r = reserved_name(N(req, parent), name)
+			? -EPERM
+			: ns_mkdir(CTX(req)->ns, N(req, parent), name, mode & ~c->umask, c->uid,
+				   c->gid, &n);
 
 	reply_new(req, r, n);
 }
@@ -193,7 +209,7 @@ static void hwfs_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode
 	struct node *n = NULL;
 	int r;
 
-	if (!S_ISREG(mode))
+	if (!S_ISREG(mode) || reserved_name(N(req, parent), name))
 		return (void)fuse_reply_err(req, EPERM);
 	r = ns_create_file(CTX(req)->ns, N(req, parent), name, mode & ~c->umask, c->uid, c->gid, &n);
 	reply_new(req, r, n);
@@ -203,7 +219,9 @@ static void hwfs_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, co
 {
 	const struct fuse_ctx *c = fuse_req_ctx(req);
 	struct node *n = NULL;
-	int r = ns_symlink(CTX(req)->ns, N(req, parent), name, link, c->uid, c->gid, &n);
+	int r = reserved_name(N(req, parent), name)
+			? -EPERM
+			: ns_symlink(CTX(req)->ns, N(req, parent), name, link, c->uid, c->gid, &n);
 
 	reply_new(req, r, n);
 }
@@ -221,6 +239,8 @@ static void hwfs_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 static void hwfs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 			const char *newname, unsigned int flags)
 {
+	if (reserved_name(N(req, newparent), newname))
+		return (void)fuse_reply_err(req, EPERM);
 	fuse_reply_err(req, -ns_rename(CTX(req)->ns, N(req, parent), name, N(req, newparent),
 				       newname, flags));
 }
@@ -238,16 +258,16 @@ static int do_open(struct ns *ns, struct node *n, struct fuse_file_info *fi)
 
 	if (n->type != NT_REG && n->type != NT_TENSOR)
 		return n->type == NT_RLNK || n->type == NT_LNK ? -ELOOP : -EISDIR;
-	if (n->detached)
-		return -ENOENT;
-	if (wr && !ns_writable(n))
-		return -EROFS;
-	if (fi->flags & O_TRUNC) {
+	r = ns_open(ns, n); /* -ENOENT once removed */
+	if (r < 0)
+		return r;
+	r = wr && !ns_writable(n) ? -EROFS : 0;
+	if (r == 0 && (fi->flags & O_TRUNC))
 		r = ns_truncate(ns, n, 0);
-		if (r < 0)
-			return r;
+	if (r < 0) {
+		ns_release(ns, n);
+		return r;
 	}
-	ns_open_ref(n);
 	fi->fh = (uint64_t)(uintptr_t)n;
 	fi->keep_cache = !ns_writable(n);
 	/*
@@ -276,7 +296,10 @@ static void hwfs_create(fuse_req_t req, fuse_ino_t parent, const char *name, mod
 	struct ns *ns = CTX(req)->ns;
 	struct fuse_entry_param e;
 	struct node *n = NULL;
-	int r = ns_create_file(ns, N(req, parent), name, mode & ~c->umask, c->uid, c->gid, &n);
+	int r = reserved_name(N(req, parent), name)
+			? -EPERM
+			: ns_create_file(ns, N(req, parent), name, mode & ~c->umask, c->uid,
+					 c->gid, &n);
 
 	if (r == -EEXIST && !(fi->flags & O_EXCL)) { /* lost a race with another creator */
 		ns_rdlock(ns);
@@ -304,14 +327,22 @@ struct read_reply {
 	int replied;
 };
 
+/*
+ * The read reply: @cnt iovecs (at most NS_READ_IOV_MAX, which ns_read
+ * guarantees, so writev() accepts them).  A reply libfuse fails to send has
+ * still consumed the request (libfuse frees it), so there is nothing left to
+ * answer: the failure is logged.  Returns what libfuse returns.
+ */
 static int emit_reply(void *arg, const struct iovec *iov, int cnt)
 {
 	struct read_reply *rr = arg;
+	int r;
 
 	rr->replied = 1;
-	if (cnt == 0)
-		return fuse_reply_buf(rr->req, NULL, 0);
-	return fuse_reply_iov(rr->req, iov, cnt);
+	r = cnt == 0 ? fuse_reply_buf(rr->req, NULL, 0) : fuse_reply_iov(rr->req, iov, cnt);
+	if (r < 0)
+		LOG_ERR("read reply of %d iovecs not sent: %s", cnt, strerror(-r));
+	return r;
 }
 
 static void hwfs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,

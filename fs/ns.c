@@ -157,17 +157,24 @@ static void node_release_data(struct ns *ns, struct node *n)
 		n->tfile = NULL;
 		n->tensor = NULL;
 		f->pins--;
-		if (f->detached && f->nopen == 0) {
+		if (f->detached && __atomic_load_n(&f->nopen, __ATOMIC_ACQUIRE) == 0) {
 			node_release_data(ns, f);
-			if (f->nlookup == 0)
+			if (__atomic_load_n(&f->nlookup, __ATOMIC_ACQUIRE) == 0)
 				node_free(ns, f);
 		}
 	}
 }
 
+/*
+ * Whether @n can be freed (exclusive lock held): detached, forgotten by the
+ * kernel, closed and pinned by no tensor.  Under the exclusive lock the counts
+ * are exact: references are only taken under the namespace lock (ns_open,
+ * ns_lookup_ref callers) and only dropped under the exclusive one.
+ */
 static int node_freeable(const struct node *n)
 {
-	return n->detached && n->nlookup == 0 && n->nopen == 0 && n->pins == 0;
+	return n->detached && __atomic_load_n(&n->nlookup, __ATOMIC_ACQUIRE) == 0 &&
+	       __atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 0 && n->pins == 0;
 }
 
 static void node_free(struct ns *ns, struct node *n)
@@ -194,13 +201,14 @@ static void detach_tree(struct ns *ns, struct node *n)
 {
 	if (n->parent)
 		kid_remove(n->parent, n);
-	n->detached = 1;
+	/* atomic: ns_writable() reads it without the namespace lock */
+	__atomic_store_n(&n->detached, 1, __ATOMIC_RELEASE);
 	for (size_t i = 0; i < n->nkids; i++) {
 		n->kids[i]->parent = NULL;
 		detach_tree(ns, n->kids[i]);
 	}
 	n->nkids = 0;
-	if (n->nopen == 0)
+	if (__atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 0)
 		node_release_data(ns, n);
 	if (node_freeable(n)) {
 		node_free(ns, n);
@@ -219,10 +227,16 @@ void ns_lookup_ref(struct node *n)
 
 void ns_forget(struct ns *ns, struct node *n, uint64_t nlookup)
 {
+	uint64_t old, left;
+
 	if (n->type == NT_ROOT)
 		return;
 	ns_wrlock(ns);
-	n->nlookup = n->nlookup > nlookup ? n->nlookup - nlookup : 0;
+	old = __atomic_load_n(&n->nlookup, __ATOMIC_RELAXED);
+	do /* the kernel never forgets more than it looked up; clamp anyway */
+		left = old > nlookup ? old - nlookup : 0;
+	while (!__atomic_compare_exchange_n(&n->nlookup, &old, left, 0, __ATOMIC_ACQ_REL,
+					    __ATOMIC_RELAXED));
 	if (node_freeable(n))
 		node_free(ns, n);
 	ns_unlock(ns);
@@ -230,24 +244,56 @@ void ns_forget(struct ns *ns, struct node *n, uint64_t nlookup)
 
 void ns_open_ref(struct node *n)
 {
-	__atomic_add_fetch(&n->nopen, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&n->nopen, 1, __ATOMIC_ACQ_REL);
+}
+
+/*
+ * Take an open reference on @n unless it is detached (removed).  The shared
+ * lock orders this against detach_tree() (exclusive lock): either the removal
+ * sees the reference and keeps the node's data for this opener, or the opener
+ * sees the node detached and gets -ENOENT.  Returns 0 or -ENOENT.
+ */
+int ns_open(struct ns *ns, struct node *n)
+{
+	int r = 0;
+
+	ns_rdlock(ns);
+	if (n->detached)
+		r = -ENOENT;
+	else
+		ns_open_ref(n);
+	ns_unlock(ns);
+	return r;
 }
 
 void ns_release(struct ns *ns, struct node *n)
 {
-	/* The last close of a file being written cuts its tail (see ingest.h). */
+	uint32_t left;
+
+	/*
+	 * The last close of a file being written cuts its tail (see ingest.h).
+	 * Best effort: two closes at once may both see the other's handle and
+	 * leave the writer to the next close or to the seal (finish_files).
+	 */
 	if (n->type == NT_REG) {
 		pthread_mutex_lock(&n->mu);
-		if (n->w && __atomic_load_n(&n->nopen, __ATOMIC_RELAXED) == 1) {
-			if (writer_finish(n->w, &n->data) < 0)
+		if (n->w && __atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 1) {
+			if (writer_finish(n->w, &n->data) < 0) {
 				LOG_ERR("file %s: out of memory while finishing; data lost", n->name);
+				n->write_error = ENOMEM;
+			}
 			n->w = NULL;
 		}
 		pthread_mutex_unlock(&n->mu);
 	}
+	/*
+	 * The count drops under the exclusive lock, which excludes ns_open()
+	 * (shared lock) and detach_tree(): the value left is exact, so exactly
+	 * one of "the removal" and "the last close" gives the data back.
+	 */
 	ns_wrlock(ns);
-	n->nopen--;
-	if (n->detached && n->nopen == 0) {
+	left = __atomic_sub_fetch(&n->nopen, 1, __ATOMIC_ACQ_REL);
+	if (n->detached && left == 0) {
 		node_release_data(ns, n);
 		if (node_freeable(n))
 			node_free(ns, n);
@@ -293,7 +339,8 @@ int ns_writable(const struct node *n)
 {
 	const struct version *v = n->ver;
 
-	return v && !n->detached && __atomic_load_n(&v->state, __ATOMIC_RELAXED) == HWFS_V_OPEN &&
+	return v && !__atomic_load_n(&n->detached, __ATOMIC_ACQUIRE) &&
+	       __atomic_load_n(&v->state, __ATOMIC_RELAXED) == HWFS_V_OPEN &&
 	       !__atomic_load_n(&v->sealing, __ATOMIC_RELAXED) &&
 	       n->type != NT_TDIR && n->type != NT_TENSOR;
 }
@@ -433,6 +480,19 @@ static char *tensor_fname(const char *name)
 	return s;
 }
 
+/*
+ * Whether @fname (a tensor_fname() result, maybe qualified) can be a directory
+ * entry: 1..NAME_MAX bytes.  The escaping already removed '/' and made "." and
+ * ".." harmless, and a name is a C string (no NUL).  Names that fail are left
+ * out of tensors/ (the kernel refuses a whole readdir over one such entry).
+ */
+static int tensor_fname_ok(const char *fname)
+{
+	size_t len = strlen(fname);
+
+	return len > 0 && len <= NAME_MAX;
+}
+
 /* Collect a version's nodes of the given kinds in path order. */
 struct nodelist {
 	struct node **v;
@@ -485,10 +545,17 @@ static int cmp_idx(const void *a, const void *b, void *ctx)
 	return strcmp(l->path[*(const size_t *)a], l->path[*(const size_t *)b]);
 }
 
-/* Whether the tensors of this file are exposed and listed. */
-static int exposes_tensors(const struct node *n, const char *path)
+/*
+ * Whether the tensors of this file are exposed and listed: decided by content,
+ * whatever the file's name (a Hugging Face cache names its blobs by hash).
+ * Ingest parsed the bytes strictly: a plausible header length (the header
+ * starts with '{', fits the file and the size limit), a valid header, and a
+ * data buffer ending exactly at the file's end; anything else leaves no
+ * tensors.  Only *.safetensors files that fail report why (build_vrec).
+ */
+static int exposes_tensors(const struct node *n)
 {
-	return ends_with(path, ".safetensors") && n->data.tensors && !n->data.st_error;
+	return n->data.tensors && !n->data.st_error;
 }
 
 /*
@@ -564,7 +631,7 @@ static int build_vrec(struct ns *ns, struct version *v, struct hwfs_vrec **out,
 			}
 			(*locs)[nl++] = (struct hwfs_shardloc){e->sh->hash, e->sh->off, e->sh->size};
 		}
-		if (exposes_tensors(n, f->path)) {
+		if (exposes_tensors(n)) {
 			f->tensors = calloc(n->data.n_tensors ? n->data.n_tensors : 1,
 					    sizeof(*f->tensors));
 			if (!f->tensors)
@@ -639,7 +706,7 @@ static void version_finish_tree(struct ns *ns, struct version *v)
 			continue;
 		v->files++;
 		v->bytes += f->data.size;
-		if (!exposes_tensors(f, path)) {
+		if (!exposes_tensors(f)) {
 			if (ends_with(path, ".safetensors")) {
 				struct version_error *e =
 					realloc(v->errors, (v->n_errors + 1) * sizeof(*e));
@@ -665,6 +732,13 @@ static void version_finish_tree(struct ns *ns, struct version *v)
 
 			if (!fname)
 				continue;
+			if (!tensor_fname_ok(fname)) {
+				LOG_WARN("version %s: %s: a tensor name of %zu bytes cannot be a "
+					 "file name; left out of tensors/", v->name, path,
+					 strlen(t->name));
+				free(fname);
+				continue;
+			}
 			if (ns_child(tdir, fname)) { /* same name in two files: qualify */
 				char *q = NULL, *ep = tensor_fname(path);
 
@@ -673,12 +747,14 @@ static void version_finish_tree(struct ns *ns, struct version *v)
 				free(ep);
 				free(fname);
 				fname = q;
-				if (!fname || ns_child(tdir, fname)) {
+				if (!fname || !tensor_fname_ok(fname) || ns_child(tdir, fname)) {
 					free(fname);
 					continue;
 				}
 			}
-			tn = node_new(ns, NT_TENSOR, fname, S_IFREG | 0444, f->uid, f->gid);
+			/* a tensor is readable by whoever may read its file, never writable */
+			tn = node_new(ns, NT_TENSOR, fname, S_IFREG | (f->mode & 0444), f->uid,
+				      f->gid);
 			free(fname);
 			if (!tn)
 				continue;
@@ -936,7 +1012,7 @@ static void free_subtree(struct ns *ns, struct node *n)
 		free_subtree(ns, n->kids[i]);
 	n->nkids = 0;
 	n->pins = 0;
-	n->nopen = 0;
+	__atomic_store_n(&n->nopen, 0, __ATOMIC_RELAXED);
 	writer_abort(n->w);
 	n->w = NULL;
 	n->data.n_ext = 0; /* forget, do not unreference */
@@ -1284,9 +1360,14 @@ int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *
 		return -EINVAL;
 	if (sdir->type == NT_VERSIONS && ddir->type == NT_VERSIONS) {
 		/* renaming an open version seals it under its new name */
+		char err[512];
+
 		if (!strcmp(sname, dname))
 			return 0;
-		return ns_seal(ns, sname, dname);
+		r = ns_seal(ns, sname, dname, 0, err, sizeof(err));
+		if (r == -EIO)
+			LOG_WARN("rename of %s to %s: %s", sname, dname, err);
+		return r;
 	}
 	ns_wrlock(ns);
 	s = ns_child(sdir, sname);
@@ -1370,19 +1451,60 @@ static void finish_files(struct ns *ns, struct node *n)
 			finish_files(ns, k);
 		} else if (k->type == NT_REG) {
 			pthread_mutex_lock(&k->mu);
-			if (k->w && writer_finish(k->w, &k->data) < 0)
+			if (k->w && writer_finish(k->w, &k->data) < 0) {
 				LOG_ERR("file %s: out of memory while finishing; data lost", k->name);
+				k->write_error = ENOMEM;
+			}
 			k->w = NULL;
 			pthread_mutex_unlock(&k->mu);
 		}
 	}
 }
 
-int ns_seal(struct ns *ns, const char *name, const char *new_name)
+/*
+ * Append to @err (at @*pos, NUL-terminated, @len bytes) "write to PATH failed
+ * (REASON)" for every file under @n whose write failed; returns how many there
+ * are.  Paths that do not fit are counted, not named.  Lock held.
+ */
+static size_t failed_writes(const struct node *n, char *err, size_t len, size_t *pos)
+{
+	size_t count = 0;
+
+	for (size_t i = 0; i < n->nkids; i++) {
+		struct node *k = n->kids[i];
+		int e;
+
+		if (k->type == NT_DIR) {
+			count += failed_writes(k, err, len, pos);
+			continue;
+		}
+		if (k->type != NT_REG)
+			continue;
+		pthread_mutex_lock(&k->mu);
+		e = k->write_error;
+		pthread_mutex_unlock(&k->mu);
+		if (!e)
+			continue;
+		if (*pos < len) {
+			char *path = node_path(k);
+			int w = snprintf(err + *pos, len - *pos, "%swrite to %s failed (%s)",
+					 count ? ", " : "", path ? path : k->name, strerror(e));
+
+			free(path);
+			*pos = w < 0 ? len : HWFS_MIN(len, *pos + (size_t)w);
+		}
+		count++;
+	}
+	return count;
+}
+
+int ns_seal(struct ns *ns, const char *name, const char *new_name, unsigned flags, char *err,
+	    size_t errlen)
 {
 	struct hwfs_vrec *rec = NULL;
 	struct hwfs_shardloc *locs = NULL;
-	size_t n_locs = 0;
+	size_t n_locs = 0, nfail, pos = 0;
+	char why[1024] = "";
 	struct version *v;
 	int r;
 
@@ -1408,6 +1530,17 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name)
 	 */
 	ns_rdlock(ns);
 	finish_files(ns, v->root);
+	nfail = failed_writes(v->root, why, sizeof(why), &pos);
+	if (nfail && !(flags & NS_SEAL_FORCE)) {
+		ns_unlock(ns);
+		if (err)
+			snprintf(err, errlen, "refused: %s; rewrite %s, remove %s, or seal with --force",
+				 why, nfail > 1 ? "them" : "it", nfail > 1 ? "them" : "it");
+		r = -EIO;
+		goto out_unsealing;
+	}
+	if (nfail)
+		LOG_WARN("version %s sealed by force despite: %s", name, why);
 	v->sealed_ns = hwfs_now_ns();
 	r = build_vrec(ns, v, &rec, &locs, &n_locs);
 	ns_unlock(ns);
@@ -1653,6 +1786,8 @@ static int write_common(struct ns *ns, struct node *n, uint64_t off, const void 
 	}
 	if (r == 0)
 		n->mtime_ns = n->ctime_ns = hwfs_now_ns();
+	else if (r != -EROFS) /* the writer was told its bytes are not there */
+		n->write_error = -r;
 	pthread_mutex_unlock(&n->mu);
 	return r;
 }
@@ -1679,41 +1814,92 @@ int ns_truncate(struct ns *ns, struct node *n, uint64_t size)
 		r = writer_truncate(n->w, size);
 	if (r == 0)
 		n->mtime_ns = n->ctime_ns = hwfs_now_ns();
+	if (r == 0 && size == 0) /* a full rewrite starts here */
+		n->write_error = 0;
+	else if (r < 0 && r != -EROFS)
+		n->write_error = -r;
 	pthread_mutex_unlock(&n->mu);
 	return r;
 }
 
-/* iovec over the extents of a finished file: [off, off+len) clamped to size. */
+/*
+ * Copy [off, off+len) of a finished file (already clamped to its size) into
+ * one bounce buffer and emit it as a single iovec.  Used when the span covers
+ * more separate arena runs than one reply may carry.  Returns what @emit
+ * returns, or -ENOMEM (then @emit is not called).
+ */
+static int read_bounce(struct ns *ns, const struct ingest_result *d, uint64_t off, size_t len,
+		       int (*emit)(void *, const struct iovec *, int), void *arg)
+{
+	uint8_t *buf = malloc(len ? len : 1);
+	struct iovec iov = {buf, 0};
+	size_t i;
+	int r;
+
+	if (!buf)
+		return -ENOMEM;
+	for (i = fext_find(d->ext, d->n_ext, off); iov.iov_len < len && i < d->n_ext; i++) {
+		const struct fext *e = &d->ext[i];
+		size_t n = (size_t)HWFS_MIN((uint64_t)(len - iov.iov_len), e->off + e->len - off);
+
+		memcpy(buf + iov.iov_len, store_shard_data(ns->st, e->sh) + (off - e->off), n);
+		iov.iov_len += n;
+		off += n;
+	}
+	r = emit(arg, &iov, 1);
+	free(buf);
+	return r;
+}
+
+/*
+ * iovec over the extents of a finished file: [off, off+len) clamped to size.
+ * Extents that follow each other in the arena share one iovec (a sequentially
+ * written file is one run).  Up to 32 runs need no allocation; @emit never
+ * gets more than NS_READ_IOV_MAX iovecs: a span over more runs is copied into
+ * a bounce buffer instead (read_bounce).  Returns what @emit returns, or
+ * -ENOMEM without calling it.
+ */
 static int read_extents(struct ns *ns, const struct ingest_result *d, uint64_t off, size_t len,
 			int (*emit)(void *, const struct iovec *, int), void *arg)
 {
 	struct iovec iov_small[32] = {{0}}, *iov = iov_small;
 	int cnt = 0, cap = (int)HWFS_ARRAY_SIZE(iov_small), r;
-	size_t i;
+	uint64_t off0 = off;
+	size_t i, len0;
 
 	if (off >= d->size)
 		return emit(arg, iov, 0);
-	len = (size_t)HWFS_MIN((uint64_t)len, d->size - off);
+	len0 = len = (size_t)HWFS_MIN((uint64_t)len, d->size - off);
 	i = fext_find(d->ext, d->n_ext, off);
 	while (len && i < d->n_ext) {
 		const struct fext *e = &d->ext[i++];
 		size_t n = (size_t)HWFS_MIN((uint64_t)len, e->off + e->len - off);
+		uint8_t *p = (uint8_t *)store_shard_data(ns->st, e->sh) + (off - e->off);
 
-		if (cnt == cap) {
-			struct iovec *ni = malloc(sizeof(*ni) * (size_t)cap * 4);
-
-			if (!ni) {
-				r = -ENOMEM;
+		if (cnt && (uint8_t *)iov[cnt - 1].iov_base + iov[cnt - 1].iov_len == p) {
+			iov[cnt - 1].iov_len += n;
+		} else {
+			if (cnt == NS_READ_IOV_MAX) {
+				r = read_bounce(ns, d, off0, len0, emit, arg);
 				goto out;
 			}
-			memcpy(ni, iov, sizeof(*ni) * (size_t)cnt);
-			if (iov != iov_small)
-				free(iov);
-			iov = ni;
-			cap *= 4;
+			if (cnt == cap) {
+				int ncap = HWFS_MIN(cap * 4, NS_READ_IOV_MAX);
+				struct iovec *ni = malloc(sizeof(*ni) * (size_t)ncap);
+
+				if (!ni) {
+					r = -ENOMEM;
+					goto out;
+				}
+				memcpy(ni, iov, sizeof(*ni) * (size_t)cnt);
+				if (iov != iov_small)
+					free(iov);
+				iov = ni;
+				cap = ncap;
+			}
+			iov[cnt].iov_base = p;
+			iov[cnt++].iov_len = n;
 		}
-		iov[cnt].iov_base = (void *)(store_shard_data(ns->st, e->sh) + (off - e->off));
-		iov[cnt++].iov_len = n;
 		off += n;
 		len -= n;
 	}

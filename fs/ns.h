@@ -27,6 +27,7 @@
 #ifndef HWFS_NS_H
 #define HWFS_NS_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <sys/stat.h>
 
@@ -53,9 +54,10 @@ struct node {
 	struct node *parent;
 	char *name;
 	struct version *ver; /* (ro) owning version, NT_VROOT and below */
-	uint64_t nlookup;  /* kernel references (atomic) */
-	uint32_t nopen;    /* open file handles (atomic) */
-	int detached;
+	uint64_t nlookup;  /* kernel references (__atomic; taken under the ns lock,
+			    * dropped under the exclusive lock) */
+	uint32_t nopen;    /* open file handles (__atomic; same rule: ns_open) */
+	int detached;      /* set under the exclusive lock; read atomically without it */
 	uint32_t mode; /* full st_mode */
 	uint32_t uid, gid;
 	int64_t mtime_ns, ctime_ns;
@@ -71,6 +73,9 @@ struct node {
 	const struct hwfs_tensor *tensor; /* NT_TENSOR: metadata (owned by the file node) */
 	struct node *tfile;           /* NT_TENSOR: the file it comes from (pinned) */
 	uint32_t pins;                /* NT_REG: tensor nodes pointing at it */
+	int write_error; /* NT_REG (under mu): errno of a write or truncation that failed
+			  * for a writer of an open version; 0 when none since the file
+			  * was created or last truncated to 0.  ns_seal refuses it. */
 	struct node *orph_prev, *orph_next; /* detached but alive (see ns.c) */
 };
 
@@ -114,7 +119,14 @@ struct node *ns_child(struct node *dir, const char *name);
 /** Kernel reference accounting (lookup count) — take/drop, drop frees. */
 void ns_lookup_ref(struct node *n);
 void ns_forget(struct ns *ns, struct node *n, uint64_t nlookup);
-/** Open-handle accounting; the last close of a detached node frees its data. */
+/**
+ * Open-handle accounting.  ns_open() takes a reference unless @n was removed
+ * (-ENOENT), race-free against removal.  ns_open_ref() takes one
+ * unconditionally: only for a caller that holds the namespace lock or the
+ * only path to a node it just made.  ns_release() drops one; the last close of
+ * a detached node gives its data back (exactly once, see ns.c).
+ */
+int ns_open(struct ns *ns, struct node *n);
 void ns_open_ref(struct node *n);
 void ns_release(struct ns *ns, struct node *n);
 
@@ -138,13 +150,20 @@ int ns_unlink(struct ns *ns, struct node *dir, const char *name, int is_dir);
 int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *ddir,
 	      const char *dname, unsigned flags);
 
+/** ns_seal() flag: seal even though a write to a file of the version failed. */
+#define NS_SEAL_FORCE 1u
+
 /**
  * ns_seal() - seal open version @name, renaming it to @new_name when given.
  * Finishes every file, persists the version in one index transaction, builds
- * tensors/. Returns 0, -ENOENT, -EEXIST (new name taken), -EROFS (not open),
- * -EBUSY (a seal is running) or an error from the index.
+ * tensors/.  A version holding a file whose write or truncation failed (see
+ * node.write_error) is refused with -EIO unless @flags has NS_SEAL_FORCE; then
+ * @err (when not NULL) gets a sentence naming the file(s).  Returns 0, -ENOENT,
+ * -EEXIST (new name taken), -EROFS (not open), -EBUSY (a seal is running),
+ * -EIO (failed writes) or an error from the index.
  */
-int ns_seal(struct ns *ns, const char *name, const char *new_name);
+int ns_seal(struct ns *ns, const char *name, const char *new_name, unsigned flags, char *err,
+	    size_t errlen);
 
 /**
  * ns_remove_version() - drop version @name (open or sealed) from the index and
@@ -189,10 +208,19 @@ int ns_write_from_fd(struct ns *ns, struct node *n, uint64_t off, int fd, size_t
 int ns_truncate(struct ns *ns, struct node *n, uint64_t size);
 
 /**
+ * Most iovecs ns_read() hands to @emit: a FUSE reply is one writev() of the
+ * reply header plus the data iovecs, and writev() takes at most IOV_MAX.
+ */
+#define NS_READ_IOV_MAX (IOV_MAX - 1)
+
+/**
  * ns_read() - the bytes of a regular file or tensor at [@off, @off+@len),
- * handed to @emit as an iovec pointing into the arena (or a bounce buffer for
- * files being written).  @emit is called exactly once, also for 0 bytes, with
- * whatever locks are needed still held; it returns what ns_read returns.
+ * handed to @emit as at most NS_READ_IOV_MAX iovecs pointing into the arena
+ * (arena-adjacent extents merged), or as one iovec over a bounce buffer for
+ * files being written and for spans over more separate runs than that.
+ * @emit is called at most once, also for 0 bytes, with whatever locks are
+ * needed still held; it returns what ns_read returns.  When ns_read fails
+ * before calling @emit (-ENOMEM, -ESTALE, -EISDIR) the caller must answer.
  */
 int ns_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
 	    int (*emit)(void *arg, const struct iovec *iov, int cnt), void *arg);

@@ -32,6 +32,7 @@
 static const char *g_mount;
 static int g_json;
 static int g_local;   /* commit --local */
+static int g_force;   /* seal --force */
 static int g_cluster; /* status --cluster */
 static int g_watch;   /* status --cluster --watch */
 
@@ -166,7 +167,7 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 		{"mount", required_argument, NULL, 'm'}, {"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},        {"keep", required_argument, NULL, 'k'},
 		{"local", no_argument, NULL, 'L'},       {"cluster", no_argument, NULL, 'C'},
-		{"watch", no_argument, NULL, 'W'},
+		{"watch", no_argument, NULL, 'W'},       {"force", no_argument, NULL, 'F'},
 		{NULL, 0, NULL, 0},
 	};
 	int c;
@@ -196,6 +197,9 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 			break;
 		case 'W':
 			g_watch = 1;
+			break;
+		case 'F':
+			g_force = 1;
 			break;
 		case 'h':
 			printf("usage: %s\n", usage);
@@ -341,8 +345,8 @@ static int cmd_simple(int argc, char **argv, const char *op, const char *usage,
 		      const char *done_fmt)
 {
 	int i = client_opts(argc, argv, usage, 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:b}", "op", op, "version", argv[i], "local",
-				     g_local),
+	json_t *res = call(json_pack("{s:s, s:s, s:b, s:b}", "op", op, "version", argv[i], "local",
+				     g_local, "force", g_force),
 			   1);
 
 	if (g_json)
@@ -927,7 +931,7 @@ static void usage_all(FILE *f)
 		"  umount MOUNTPOINT                                     unmount cleanly\n"
 		"  status [--json]                                       daemon, store, versions\n"
 		"  ls [--json]                                           versions\n"
-		"  seal V                                                make V immutable\n"
+		"  seal V [--force]                                      make V immutable\n"
 		"  publish SRC_DIR V                                     import a directory as V\n"
 		"  commit V                                              point current at V\n"
 		"  diff A B [--json]                                     tensors that differ\n"
@@ -966,7 +970,7 @@ int main(int argc, char **argv)
 	if (!strcmp(verb, "ls"))
 		return cmd_ls(argc, argv);
 	if (!strcmp(verb, "seal"))
-		return cmd_simple(argc, argv, "seal", "hwfs seal VERSION [-m MOUNT]", "sealed %s\n");
+		return cmd_simple(argc, argv, "seal", "hwfs seal VERSION [--force] [-m MOUNT]", "sealed %s\n");
 	if (!strcmp(verb, "commit"))
 		return cmd_simple(argc, argv, "commit", "hwfs commit VERSION [--local] [-m MOUNT]",
 				  "current -> versions/%s\n");
