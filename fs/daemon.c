@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -41,6 +43,10 @@ struct daemon {
 	struct fuse_session *se;
 	struct fsctx fsctx;
 	char ctl_path[4096];
+	char ctl_dir[128];    /* directory of the control socket */
+	int ctl_dir_private;  /* ctl_dir is ours alone (mkdtemp): removed at exit */
+	uid_t owner;          /* the mount's owner: the uid that mounted */
+	char group_name[64];  /* --ctl-group as shown in errors, "" when none */
 	int ctl_fd;
 	pthread_t ctl_thread;
 	int ctl_running;
@@ -475,11 +481,82 @@ next:
 	return r;
 }
 
-static json_t *op_publish(struct daemon *d, json_t *req, int fd)
+/* The daemon thread's file-access identity, saved by cred_enter(). */
+struct fs_cred {
+	int switched;
+	uid_t fsuid;
+	gid_t fsgid;
+	gid_t *groups;
+	int n_groups;
+};
+
+/*
+ * Put back the identity that cred_enter() saved in @s (no-op when it did not
+ * switch).  Raw system calls, like cred_enter().
+ */
+static void cred_leave(struct fs_cred *s)
+{
+	if (!s->switched)
+		return;
+	syscall(SYS_setfsuid, s->fsuid);
+	syscall(SYS_setfsgid, s->fsgid);
+	syscall(SYS_setgroups, (size_t)s->n_groups, s->groups);
+	free(s->groups);
+	s->groups = NULL;
+	s->switched = 0;
+}
+
+/*
+ * Access files as @p in the calling thread only: fsuid, fsgid and the
+ * supplementary groups are set through the raw system calls (glibc's wrappers
+ * would change every thread of the daemon), so the kernel checks the caller's
+ * permissions, not root's.  A root caller, or a caller with the daemon's own
+ * uid, keeps the daemon's identity.  Returns 0, or -EPERM (nothing changed)
+ * when the daemon cannot take the caller's identity (it is not root).
+ */
+static int cred_enter(const struct ctl_peer *p, struct fs_cred *s)
+{
+	int n;
+
+	memset(s, 0, sizeof(*s));
+	if (p->uid == 0 || p->uid == geteuid())
+		return 0;
+	if (geteuid() != 0)
+		return -EPERM;
+	n = getgroups(0, NULL);
+	s->groups = malloc(sizeof(gid_t) * (size_t)(n > 0 ? n : 1));
+	if (n < 0 || !s->groups || getgroups(n, s->groups) != n) {
+		free(s->groups);
+		s->groups = NULL;
+		return -EPERM;
+	}
+	s->n_groups = n;
+	s->fsuid = (uid_t)syscall(SYS_setfsuid, (uid_t)-1); /* -1: returns the current one */
+	s->fsgid = (gid_t)syscall(SYS_setfsgid, (gid_t)-1);
+	s->switched = 1;
+	if (syscall(SYS_setgroups, p->n_groups, p->groups) < 0)
+		goto fail;
+	syscall(SYS_setfsgid, p->gid);
+	syscall(SYS_setfsuid, p->uid);
+	if ((uid_t)syscall(SYS_setfsuid, (uid_t)-1) != p->uid ||
+	    (gid_t)syscall(SYS_setfsgid, (gid_t)-1) != p->gid)
+		goto fail;
+	return 0;
+fail:
+	cred_leave(s);
+	return -EPERM;
+}
+
+/*
+ * publish: the source tree is read with the caller's permissions (cred_enter),
+ * so a caller may not make the daemon read what it could not read itself.
+ */
+static json_t *op_publish(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
 {
 	const char *src = req_str(req, "src"), *v = req_str(req, "version");
 	struct publish p = {.d = d, .fd = fd};
 	char hidden[600], from[4096], to[4096];
+	struct fs_cred cred;
 	struct node *root;
 	struct stat st;
 	int r;
@@ -489,25 +566,36 @@ static json_t *op_publish(struct daemon *d, json_t *req, int fd)
 	if (!*v || strchr(v, '/') || !strcmp(v, ".") || !strcmp(v, "..") || strlen(v) > 255 ||
 	    !strncmp(v, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
 		return err_reply("invalid version name: %s", v);
-	if (stat(src, &st) < 0 || !S_ISDIR(st.st_mode))
-		return err_reply("%s: not a directory", src);
+	if (cred_enter(peer, &cred) < 0)
+		return err_reply("permission denied: this daemon (uid %u) cannot read files as "
+				 "uid %u", (unsigned)geteuid(), (unsigned)peer->uid);
+	if (stat(src, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		r = errno;
+		cred_leave(&cred);
+		return err_reply("%s: %s", src, r == EACCES ? strerror(r) : "not a directory");
+	}
 	ns_rdlock(d->ns);
 	r = ns_version(d->ns, v) ? -EEXIST : 0;
 	ns_unlock(d->ns);
-	if (r < 0)
+	if (r < 0) {
+		cred_leave(&cred);
 		return err_reply("version %s exists already", v);
+	}
 	snprintf(hidden, sizeof(hidden), NS_HIDDEN_PREFIX "publish-%d-%llu", (int)getpid(),
 		 (unsigned long long)__atomic_add_fetch(&d->counter, 1, __ATOMIC_RELAXED));
 	ns_rdlock(d->ns);
 	root = ns_child(ns_root(d->ns), "versions");
 	ns_unlock(d->ns);
 	r = ns_mkdir(d->ns, root, hidden, st.st_mode, st.st_uid, st.st_gid, &root);
-	if (r < 0)
+	if (r < 0) {
+		cred_leave(&cred);
 		return err_reply("publish: %s", strerror(-r));
+	}
 	ns_forget(d->ns, root, 1);
 	p.total = tree_bytes(src);
 	publish_progress(&p, 1);
 	r = publish_tree(&p, root, src);
+	cred_leave(&cred); /* the rename below goes through the mount as the daemon */
 	if (r == 0) {
 		publish_progress(&p, 1);
 		/* seal by renaming through the mount: watchers see the version arrive */
@@ -802,14 +890,62 @@ struct conn {
 	int fd;
 };
 
+/* Verbs that change the store, the namespace or `current` (verify records damage). */
+static int op_mutates(const char *op)
+{
+	static const char *const ops[] = {"seal", "publish", "commit", "rm", "gc", "verify"};
+
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(ops); i++)
+		if (!strcmp(op, ops[i]))
+			return 1;
+	return 0;
+}
+
+/*
+ * May @p run @op (docs/cli.md, "Permissions")?  Mutating verbs: root, the
+ * mount's owner or a member of --ctl-group.  Read-only verbs: those, and
+ * whoever the mount's root directory lets read it (only a daemon run as root
+ * mounts with allow_other; otherwise nobody else can reach the mount).
+ * Returns NULL when allowed, else the error reply.
+ */
+static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char *op)
+{
+	struct node *root;
+	uint32_t bit;
+
+	if (p->uid == 0 || p->uid == d->owner ||
+	    (d->o->ctl_gid >= 0 && ctl_peer_in_group(p, (gid_t)d->o->ctl_gid)))
+		return NULL;
+	if (op_mutates(op))
+		return d->group_name[0]
+			       ? err_reply("permission denied: %s needs root, the mount's owner "
+					   "(uid %u) or group %s", op, (unsigned)d->owner, d->group_name)
+			       : err_reply("permission denied: %s needs root or the mount's owner "
+					   "(uid %u)", op, (unsigned)d->owner);
+	ns_rdlock(d->ns);
+	root = ns_root(d->ns);
+	bit = p->uid == root->uid ? S_IRUSR : ctl_peer_in_group(p, root->gid) ? S_IRGRP : S_IROTH;
+	bit &= root->mode;
+	ns_unlock(d->ns);
+	if (bit && geteuid() == 0)
+		return NULL;
+	return err_reply("permission denied: %s needs read access to the mount", op);
+}
+
 static void *conn_main(void *arg)
 {
 	struct conn *c = arg;
 	struct ctl_reader rd;
+	struct ctl_peer peer;
 	json_t *req = NULL, *res;
 	const char *op;
 
 	ctl_reader_init(&rd, c->fd);
+	memset(&peer, 0, sizeof(peer));
+	if (ctl_peer(c->fd, &peer) < 0) {
+		res = err_reply("permission denied: cannot tell who is calling");
+		goto reply;
+	}
 	if (ctl_recv(&rd, &req) < 0) {
 		res = err_reply("malformed request");
 		goto reply;
@@ -817,6 +953,9 @@ static void *conn_main(void *arg)
 	op = req_str(req, "op");
 	if (!op)
 		res = err_reply("request without op");
+	else if ((res = authorize(c->d, &peer, op)))
+		LOG_WARN("control: refused %s to uid %u (pid %d)", op, (unsigned)peer.uid,
+			 (int)peer.pid);
 	else if (!strcmp(op, "status"))
 		res = op_status(c->d, req);
 	else if (!strcmp(op, "ls"))
@@ -826,7 +965,7 @@ static void *conn_main(void *arg)
 	else if (!strcmp(op, "commit"))
 		res = op_commit(c->d, req);
 	else if (!strcmp(op, "publish"))
-		res = op_publish(c->d, req, c->fd);
+		res = op_publish(c->d, req, c->fd, &peer);
 	else if (!strcmp(op, "verify"))
 		res = op_verify(c->d, req);
 	else if (!strcmp(op, "rm"))
@@ -847,6 +986,7 @@ reply:
 		json_decref(res);
 	}
 	json_decref(req);
+	ctl_peer_free(&peer);
 	ctl_reader_free(&rd);
 	close(c->fd);
 	free(c);
@@ -916,6 +1056,52 @@ static void set_read_ahead(struct daemon *d)
 	close(fd);
 }
 
+/*
+ * Choose and make the directory of the control socket, whose file modes never
+ * depend on the umask.  A daemon run as root: HWFS_CTL_DIR_ROOT, mode 0755,
+ * which must be a root-owned directory (not a symlink); the socket is
+ * PID.sock.  Any other user: a private directory made by mkdtemp under
+ * $XDG_RUNTIME_DIR (else /tmp), mode 0700, removed at exit.  The socket file
+ * itself is chmod'ed to 0666 after bind: who may do what is decided per
+ * request from SO_PEERCRED (authorize()), not by file modes.  Returns 0 with
+ * d->ctl_path set, or -errno with a sentence in @msg.
+ */
+static int make_ctl_dir(struct daemon *d, char *msg, size_t len)
+{
+	const char *base = getenv("XDG_RUNTIME_DIR");
+	struct stat st;
+	int r;
+
+	if (geteuid() == 0) {
+		snprintf(d->ctl_dir, sizeof(d->ctl_dir), "%s", HWFS_CTL_DIR_ROOT);
+		if (mkdir(d->ctl_dir, 0755) < 0 && errno != EEXIST)
+			goto fail;
+		if (lstat(d->ctl_dir, &st) < 0)
+			goto fail;
+		if (!S_ISDIR(st.st_mode) || st.st_uid != 0) {
+			snprintf(msg, len, "error: control directory %s is not a root-owned "
+				 "directory; remove it\n", d->ctl_dir);
+			return -EPERM;
+		}
+		if (chmod(d->ctl_dir, 0755) < 0)
+			goto fail;
+		snprintf(d->ctl_path, sizeof(d->ctl_path), "%s/%d.sock", d->ctl_dir, (int)getpid());
+		return 0;
+	}
+	if (!base || *base != '/' || strlen(base) > 64)
+		base = "/tmp";
+	snprintf(d->ctl_dir, sizeof(d->ctl_dir), "%s/hwfs-XXXXXX", base);
+	if (!mkdtemp(d->ctl_dir) || chmod(d->ctl_dir, 0700) < 0)
+		goto fail;
+	d->ctl_dir_private = 1;
+	snprintf(d->ctl_path, sizeof(d->ctl_path), "%s/ctl.sock", d->ctl_dir);
+	return 0;
+fail:
+	r = -errno;
+	snprintf(msg, len, "error: control directory %s: %s\n", d->ctl_dir, strerror(-r));
+	return r;
+}
+
 static void *post_init(void *arg)
 {
 	struct daemon *d = arg;
@@ -974,10 +1160,19 @@ int daemon_run(const struct daemon_opts *o)
 		LOG_INFO("arena: %llu bytes preallocated and locked",
 			 (unsigned long long)arena_capacity(store_arena(d.st)));
 	}
-	snprintf(d.ctl_path, sizeof(d.ctl_path), "%s/ctl.sock", store_dir(d.st));
-	if (strlen(d.ctl_path) >= 100)
-		snprintf(d.ctl_path, sizeof(d.ctl_path), "/tmp/hwfs-%d.sock", (int)getpid());
-	d.ctl_fd = ctl_listen(d.ctl_path);
+	d.owner = getuid();
+	if (o->ctl_gid >= 0) {
+		struct group *g = getgrgid((gid_t)o->ctl_gid);
+
+		if (g)
+			snprintf(d.group_name, sizeof(d.group_name), "%s", g->gr_name);
+		else
+			snprintf(d.group_name, sizeof(d.group_name), "%ld", o->ctl_gid);
+	}
+	r = make_ctl_dir(&d, msg, sizeof(msg));
+	if (r < 0)
+		goto fail;
+	d.ctl_fd = ctl_listen(d.ctl_path, 0666);
 	if (d.ctl_fd < 0) {
 		r = d.ctl_fd;
 		snprintf(msg, sizeof(msg), "error: control socket %s: %s\n", d.ctl_path,
@@ -1054,6 +1249,8 @@ out:
 		close(d.ctl_fd);
 		unlink(d.ctl_path);
 	}
+	if (d.ctl_dir_private)
+		rmdir(d.ctl_dir);
 	if (d.se) {
 		if (mounted)
 			fuse_session_unmount(d.se);

@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -721,6 +722,22 @@ static char *abs_path(const char *p)
 	return r;
 }
 
+/* A group name or number -> gid, or -1 when there is no such group. */
+static long parse_group(const char *s)
+{
+	struct group *g = getgrnam(s);
+	char *end;
+	unsigned long v;
+
+	if (g)
+		return (long)g->gr_gid;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (!*s || *end || errno || v >= (gid_t)-1 || s[0] == '-')
+		return -1;
+	return (long)v;
+}
+
 static int lazy_unmount(const char *mnt)
 {
 	if (umount2(mnt, MNT_DETACH) == 0)
@@ -734,7 +751,7 @@ static int cmd_mount(int argc, char **argv)
 {
 	static const char usage[] =
 		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [--preallocate] [-f]\n"
-		"       [-o NAME=VALUE,...] [-d]\n"
+		"       [-o NAME=VALUE,...] [-d] [--ctl-group GROUP]\n"
 		"       [--join tcp://COORD:PORT | --coordinator tcp://HOST:PORT] --node NAME\n"
 		"       --listen tcp://HOST:PORT [--keys DIR] [--insecure]";
 	static const struct option lo[] = {
@@ -744,9 +761,10 @@ static int cmd_mount(int argc, char **argv)
 		{"node", required_argument, NULL, 'N'},  {"listen", required_argument, NULL, 'l'},
 		{"insecure", no_argument, NULL, 'I'},    {"keys", required_argument, NULL, 'K'},
 		{"coordinator", required_argument, NULL, 'O'},
-		{"preallocate", no_argument, NULL, 'P'}, {NULL, 0, NULL, 0},
+		{"preallocate", no_argument, NULL, 'P'}, {"ctl-group", required_argument, NULL, 'G'},
+		{NULL, 0, NULL, 0},
 	};
-	struct daemon_opts o = {.notify_fd = -1};
+	struct daemon_opts o = {.notify_fd = -1, .ctl_gid = -1};
 	int insecure = 0;
 	const char *store = NULL;
 	char *mnt, *opts[64], buf[4096], *keys = NULL;
@@ -791,6 +809,11 @@ static int cmd_mount(int argc, char **argv)
 			break;
 		case 'P':
 			o.preallocate = 1;
+			break;
+		case 'G':
+			o.ctl_gid = parse_group(optarg);
+			if (o.ctl_gid < 0)
+				die("--ctl-group %s: no such group", optarg);
 			break;
 		case 'o':
 			for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;
