@@ -30,6 +30,9 @@
 #include "keys.h"
 #include "tunables.h"
 
+#define HWFS_FSTYPE "fuse.hwfs" /* our mounts in mountinfo (subtype=hwfs) */
+#define HWFS_MAX_STACKED 64      /* dead mounts cleared at most, one per pass */
+
 static const char *g_mount;
 static int g_json;
 static int g_local;   /* commit --local */
@@ -670,8 +673,28 @@ static int cmd_coord(int argc, char **argv)
 	return 0;
 }
 
-/* Is @path a mount point in /proc/self/mountinfo? */
-static int is_mounted(const char *path)
+/* Undo mountinfo's octal escapes (\040 for a space, ...) in place. */
+static void unescape_mountinfo(char *s)
+{
+	char *o = s;
+
+	for (; *s; s++, o++) {
+		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
+		    s[3] >= '0' && s[3] <= '7') {
+			*o = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+			s += 3;
+		} else {
+			*o = *s;
+		}
+	}
+	*o = '\0';
+}
+
+/*
+ * Is @path a mount point in /proc/self/mountinfo?  With @fstype, only a mount
+ * of that filesystem type counts.  Returns 1 or 0 (0 when mountinfo is unreadable).
+ */
+static int mounted_as(const char *path, const char *fstype)
 {
 	FILE *f = fopen("/proc/self/mountinfo", "r");
 	char line[8192];
@@ -680,15 +703,24 @@ static int is_mounted(const char *path)
 	if (!f)
 		return 0;
 	while (!found && fgets(line, sizeof(line), f)) {
-		char mp[4096];
+		char mp[4096], type[256];
+		const char *sep = strstr(line, " - ");
 
-		if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) == 1) {
-			/* mountinfo escapes spaces as \040; our paths are compared as-is */
-			found = !strcmp(mp, path);
-		}
+		if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1)
+			continue;
+		unescape_mountinfo(mp);
+		if (strcmp(mp, path))
+			continue;
+		found = !fstype || (sep && sscanf(sep + 3, "%255s", type) == 1 &&
+				    !strcmp(type, fstype));
 	}
 	fclose(f);
 	return found;
+}
+
+static int is_mounted(const char *path)
+{
+	return mounted_as(path, NULL);
 }
 
 /* Is process @pid still running (a zombie has exited: its files are closed)? */
@@ -745,6 +777,33 @@ static int lazy_unmount(const char *mnt)
 	return system("true") == 0 && fork() == 0
 		       ? (execlp("fusermount3", "fusermount3", "-u", "-z", mnt, (char *)NULL), 127)
 		       : (wait(NULL), 0);
+}
+
+/*
+ * clear_dead_mounts() - detach every hwfs mount at @mnt whose daemon is gone
+ * (kill -9 leaves the mount in place: stat may still answer from the kernel's
+ * cache, or fail with ENOTCONN), so the new daemon mounts once instead of on
+ * top of it.  A mount whose daemon answers is left alone (the caller then
+ * refuses with "already an hwfs mount").  Dies when a dead mount cannot be
+ * detached.
+ */
+static void clear_dead_mounts(const char *mnt)
+{
+	for (int i = 0; i < HWFS_MAX_STACKED && mounted_as(mnt, HWFS_FSTYPE); i++) {
+		char buf[32];
+		ssize_t n = getxattr(mnt, "user.hwfs.pid", buf, sizeof(buf) - 1);
+
+		if (n > 0) {
+			buf[n] = '\0';
+			if (alive((pid_t)atoi(buf)))
+				return; /* a live daemon */
+		} else if (errno != ENOTCONN && errno != ECONNABORTED) {
+			return; /* not ours to judge: the checks that follow report it */
+		}
+		fprintf(stderr, "hwfs: clearing the dead mount on %s (its daemon is gone)\n", mnt);
+		if (lazy_unmount(mnt) < 0)
+			die("cannot detach the dead mount on %s", mnt);
+	}
 }
 
 static int cmd_mount(int argc, char **argv)
@@ -845,12 +904,11 @@ static int cmd_mount(int argc, char **argv)
 		    "(use --keys DIR, a loopback address, or --insecure)", o.listen);
 	if (hwfs_tunables_load((const char *const *)opts, n_opts) < 0)
 		die("bad tunable in -o (see hwfs mount --help)");
-	if (stat(argv[optind], &st) < 0 && errno == ENOTCONN) {
-		/* a daemon died here: clear the dead mount first */
-		mnt = abs_path(argv[optind]);
-		lazy_unmount(mnt);
-		free(mnt);
-	}
+	mnt = abs_path(argv[optind]);
+	if (!mnt)
+		die("out of memory");
+	clear_dead_mounts(mnt);
+	free(mnt);
 	mnt = realpath(argv[optind], NULL);
 	if (!mnt || stat(mnt, &st) < 0 || !S_ISDIR(st.st_mode))
 		die("mount point %s: %s", argv[optind], mnt ? "not a directory" : strerror(errno));

@@ -1,6 +1,7 @@
 """Mounting, unmounting, remounting and `hwfs status --json`."""
 
 import os
+import signal
 
 from conftest import (HEX32, HWFS, assert_same_file, assert_tree_equal, is_mounted, make_tensors,
                       random_file, save_model, sh, tensor_bytes, wait_dead)
@@ -113,3 +114,28 @@ def test_status_json_fields(mount_factory, src):
     assert v2["state"] == "open"
     assert v2["digest"] is None
     assert v2["seq"] > v["seq"]
+
+
+def _mount_entries(path):
+    path = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        return [line for line in f if len(line.split()) > 1 and line.split()[1] == path]
+
+
+def test_mount_after_kill9_replaces_the_dead_mount(mount, src):
+    """kill -9, then `hwfs mount` on the same mount point: one mount, data readable."""
+    random_file(src / "blob.bin", 300_000, seed=5)
+    mount.run("publish", src, "v1")
+    mount.run("commit", "v1")
+    for cycle in range(3):
+        os.kill(mount.pid, signal.SIGKILL)
+        assert wait_dead(mount.pid, 10)
+        mount.mounted = False
+        mount.mount()  # the dead mount is still there: hwfs mount must clear it
+        entries = _mount_entries(mount.mnt)
+        assert len(entries) == 1, f"cycle {cycle}: {len(entries)} mounts on {mount.mnt}: {entries}"
+        assert_same_file(src / "blob.bin", mount.path("current", "blob.bin"))
+    # a live hwfs mount is still refused
+    cp = sh([HWFS, "mount", mount.mnt, "--store", mount.store], check=False)
+    assert cp.returncode != 0 and "already" in cp.stderr, cp.stderr
+    assert len(_mount_entries(mount.mnt)) == 1
