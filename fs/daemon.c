@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "agent.h"
@@ -35,6 +36,8 @@
 #include "ns.h"
 #include "proto.h"
 #include "tunables.h"
+
+struct conn;
 
 struct daemon {
 	const struct daemon_opts *o;
@@ -50,6 +53,11 @@ struct daemon {
 	int ctl_fd;
 	pthread_t ctl_thread;
 	int ctl_running;
+	/* live control connections: shutdown waits for them before freeing */
+	pthread_mutex_t conn_mu;
+	pthread_cond_t conn_cv;
+	struct conn *conns; /* under conn_mu */
+	int stopping;       /* atomic: set once shutdown begins */
 	uint64_t counter; /* atomic: unique names for temporary entries */
 	struct agent *agent; /* replication, when joined to a coordinator */
 	pthread_t coord_thread; /* embedded coordinator (--coordinator) */
@@ -406,6 +414,11 @@ static int publish_file(struct publish *p, struct node *dir, const char *name, c
 	while (off < (uint64_t)st->st_size) {
 		size_t chunk = (size_t)HWFS_MIN(hwfs_tun.publish_io, (uint64_t)st->st_size - off);
 
+		if (__atomic_load_n(&p->d->stopping, __ATOMIC_ACQUIRE)) {
+			r = -ESHUTDOWN;
+			snprintf(p->err, sizeof(p->err), "the daemon is shutting down");
+			break;
+		}
 		r = ns_write_from_fd(ns, n, off, fd, chunk);
 		if (r < 0) {
 			snprintf(p->err, sizeof(p->err), "%s: %s", src, strerror(-r));
@@ -888,7 +901,26 @@ static json_t *op_manifest(struct daemon *d, json_t *req)
 struct conn {
 	struct daemon *d;
 	int fd;
+	struct conn *prev, *next; /* d->conns, under d->conn_mu */
 };
+
+/* Take @c off the daemon's list of live connections and wake a waiting shutdown. */
+static void conn_done(struct conn *c)
+{
+	struct daemon *d = c->d;
+
+	pthread_mutex_lock(&d->conn_mu);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		d->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	close(c->fd);
+	free(c);
+	pthread_cond_broadcast(&d->conn_cv);
+	pthread_mutex_unlock(&d->conn_mu);
+}
 
 /* Verbs that change the store, the namespace or `current` (verify records damage). */
 static int op_mutates(const char *op)
@@ -988,8 +1020,7 @@ reply:
 	json_decref(req);
 	ctl_peer_free(&peer);
 	ctl_reader_free(&rd);
-	close(c->fd);
-	free(c);
+	conn_done(c);
 	return NULL;
 }
 
@@ -1007,21 +1038,69 @@ static void *ctl_main(void *arg)
 				continue;
 			break; /* listening socket shut down */
 		}
-		c = malloc(sizeof(*c));
+		c = calloc(1, sizeof(*c));
 		if (!c) {
 			close(fd);
 			continue;
 		}
 		c->d = d;
 		c->fd = fd;
-		if (pthread_create(&t, NULL, conn_main, c) != 0) {
+		pthread_mutex_lock(&d->conn_mu);
+		if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE) ||
+		    pthread_create(&t, NULL, conn_main, c) != 0) {
+			pthread_mutex_unlock(&d->conn_mu);
 			close(fd);
 			free(c);
 			continue;
 		}
+		/* on the list before conn_main can take itself off (it needs conn_mu) */
+		c->next = d->conns;
+		if (d->conns)
+			d->conns->prev = c;
+		d->conns = c;
 		pthread_detach(t);
+		pthread_mutex_unlock(&d->conn_mu);
 	}
 	return NULL;
+}
+
+/*
+ * drain_conns() - end every live control connection: shut its socket down
+ * (a reader sees EOF, progress sends fail; a publish checks d->stopping and
+ * stops) and wait until every connection thread is done, at most
+ * hwfs_tun.ctl_drain_ms.  Returns 0, or -ETIMEDOUT when some are still
+ * running (then nothing they may use can be freed).
+ */
+static int drain_conns(struct daemon *d)
+{
+	struct timespec until;
+	int r = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += (time_t)(hwfs_tun.ctl_drain_ms / 1000);
+	until.tv_nsec += (long)(hwfs_tun.ctl_drain_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&d->conn_mu);
+	for (struct conn *c = d->conns; c; c = c->next)
+		shutdown(c->fd, SHUT_RDWR);
+	while (d->conns && r == 0)
+		r = -pthread_cond_timedwait(&d->conn_cv, &d->conn_mu, &until);
+	if (d->conns) {
+		int n = 0;
+
+		for (struct conn *c = d->conns; c; c = c->next)
+			n++;
+		LOG_ERR("%d control connection(s) still running after %llu ms", n,
+			(unsigned long long)hwfs_tun.ctl_drain_ms);
+		r = -ETIMEDOUT;
+	} else {
+		r = 0;
+	}
+	pthread_mutex_unlock(&d->conn_mu);
+	return r;
 }
 
 /* ----------------------------------------------------------- life cycle */
@@ -1121,7 +1200,8 @@ static void on_init(void *arg)
 
 int daemon_run(const struct daemon_opts *o)
 {
-	struct daemon d = {.o = o, .ctl_fd = -1};
+	struct daemon d = {.o = o, .ctl_fd = -1, .conn_mu = PTHREAD_MUTEX_INITIALIZER};
+	pthread_condattr_t ca;
 	struct fuse_loop_config *cfg = NULL;
 	char optstr[4096], msg[4352];
 	char *argv[] = {"hwfs", "-o", optstr, o->debug ? "-d" : NULL, NULL};
@@ -1129,6 +1209,10 @@ int daemon_run(const struct daemon_opts *o)
 	int r, mounted = 0;
 
 	signal(SIGPIPE, SIG_IGN);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&d.conn_cv, &ca);
+	pthread_condattr_destroy(&ca);
 	/*
 	 * Shards arrive as messages of up to max_shard bytes, which libzmq
 	 * mallocs.  Above glibc's mmap threshold every one would be a fresh
@@ -1233,6 +1317,26 @@ fail:
 	LOG_ERR("%.*s", (int)strcspn(msg, "\n"), msg);
 	notify(o, msg);
 out:
+	/*
+	 * Control connections first: no new ones, the live ones ended, and
+	 * nothing they use (agent, namespace, store) is freed until they are
+	 * gone.  The mount goes before the wait, so a commit or publish that
+	 * renames through it fails instead of waiting for a loop that has ended.
+	 */
+	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
+	if (d.ctl_running) {
+		shutdown(d.ctl_fd, SHUT_RDWR);
+		pthread_join(d.ctl_thread, NULL);
+	}
+	if (d.se && mounted) {
+		fuse_session_unmount(d.se);
+		mounted = 0;
+	}
+	if (drain_conns(&d) < 0) {
+		LOG_ERR("exiting without freeing the namespace and store (still in use)");
+		fuse_opt_free_args(&args);
+		return r;
+	}
 	if (d.agent) {
 		ns_set_seal_hook(d.ns, NULL, NULL);
 		agent_stop(d.agent);
@@ -1241,10 +1345,6 @@ out:
 		d.coord_stop = 1;
 		pthread_join(d.coord_thread, NULL);
 	}
-	if (d.ctl_running) {
-		shutdown(d.ctl_fd, SHUT_RDWR);
-		pthread_join(d.ctl_thread, NULL);
-	}
 	if (d.ctl_fd >= 0) {
 		close(d.ctl_fd);
 		unlink(d.ctl_path);
@@ -1252,11 +1352,10 @@ out:
 	if (d.ctl_dir_private)
 		rmdir(d.ctl_dir);
 	if (d.se) {
-		if (mounted)
-			fuse_session_unmount(d.se);
 		fuse_remove_signal_handlers(d.se);
 		fuse_session_destroy(d.se);
 	}
+	pthread_cond_destroy(&d.conn_cv);
 	ns_destroy(d.ns);
 	store_close(d.st);
 	fuse_opt_free_args(&args);

@@ -140,3 +140,68 @@ def test_publish_reads_sources_as_the_caller(mount_factory, shared_src):
     m.run("publish", pub, "byroot")
     with open(m.vpath("byroot", "secret.txt")) as f:
         assert f.read() == "root only\n"
+
+
+def _ctl_connect(mnt):
+    import socket
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(TIMEOUT)
+    s.connect(os.getxattr(mnt, "user.hwfs.control").decode())
+    return s
+
+
+@pytest.mark.limit(90)
+def test_umount_waits_for_control_connections(tmp_path):
+    """`hwfs umount` while one control connection idles and another publishes:
+    the daemon stops the publish, closes both and exits 0 (no use after free;
+    run with HWFS_BIN=build-asan/hwfs to have ASan check it)."""
+    import json
+
+    from conftest import is_mounted, poll, random_file, sh
+
+    mnt, store, big = tmp_path / "mnt", "/dev/shm/" + tmp_path.name + "-store", tmp_path / "big"
+    mnt.mkdir()
+    for i in range(8):
+        random_file(big / f"f{i}.bin", 32 << 20, seed=i)
+    log = open(tmp_path / "daemon.log", "w+")
+    env = dict(os.environ, HWFS_PUBLISH_IO="65536")  # small reads: the publish takes a while
+    asan = env.get("ASAN_OPTIONS", "")
+    env["ASAN_OPTIONS"] = (asan + ":" if asan else "") + "log_path=" + str(tmp_path / "asan")
+    proc = subprocess.Popen([HWFS, "mount", str(mnt), "--store", store, "-f"], stdout=log,
+                            stderr=log, stdin=subprocess.DEVNULL, env=env)
+    idle = pub = None
+    try:
+        assert poll(lambda: is_mounted(mnt) and os.path.exists(mnt / "versions"), 20), \
+            "foreground daemon did not mount"
+        idle = _ctl_connect(mnt)
+        pub = _ctl_connect(mnt)
+        pub.sendall(json.dumps({"op": "publish", "src": str(big), "version": "big"}).encode()
+                    + b"\n")
+        f = pub.makefile("rb")
+        while True:  # wait until the publish is really moving bytes
+            line = json.loads(f.readline())
+            assert "progress" in line, f"publish ended before umount: {line}"
+            if line["progress"]["done"] > 0:
+                break
+        cp = sh([HWFS, "umount", str(mnt)], check=False)
+        assert cp.returncode == 0, cp.stderr
+        rc = proc.wait(timeout=60)
+        log.seek(0)
+        out = log.read()
+        reports = [p.name for p in tmp_path.iterdir() if p.name.startswith("asan")]
+        assert rc == 0 and not reports and "AddressSanitizer" not in out, \
+            f"daemon exit {rc}, sanitizer logs {reports}:\n{out[-4000:]}"
+        rest = f.read().decode()  # the publisher is told, or its connection is closed
+        assert rest == "" or '"ok":false' in rest.replace(" ", ""), rest
+        assert idle.recv(1) == b""
+    finally:
+        for s in (idle, pub):
+            if s:
+                s.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        shutil.rmtree(store, ignore_errors=True)
+        log.close()
