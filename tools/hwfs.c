@@ -770,13 +770,38 @@ static long parse_group(const char *s)
 	return (long)v;
 }
 
+/*
+ * fusermount_u() - run `fusermount3 -u [-z] MNT` and wait for it.  The child
+ * only execs: when the exec fails it says why on stderr and _exit(127)s, so it
+ * never returns into the CLI.  Returns 0 when fusermount3 exited 0, else -1.
+ */
+static int fusermount_u(const char *mnt, int lazy)
+{
+	int status = 0;
+	pid_t c = fork();
+
+	if (c < 0)
+		return -1;
+	if (c == 0) {
+		if (lazy)
+			execlp("fusermount3", "fusermount3", "-u", "-z", mnt, (char *)NULL);
+		else
+			execlp("fusermount3", "fusermount3", "-u", mnt, (char *)NULL);
+		fprintf(stderr, "hwfs: cannot run fusermount3: %s\n", strerror(errno));
+		_exit(127);
+	}
+	while (waitpid(c, &status, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+/* Detach @mnt (umount2 MNT_DETACH, else fusermount3 -u -z). Returns 0 or -1. */
 static int lazy_unmount(const char *mnt)
 {
 	if (umount2(mnt, MNT_DETACH) == 0)
 		return 0;
-	return system("true") == 0 && fork() == 0
-		       ? (execlp("fusermount3", "fusermount3", "-u", "-z", mnt, (char *)NULL), 127)
-		       : (wait(NULL), 0);
+	return fusermount_u(mnt, 1);
 }
 
 /*
@@ -802,7 +827,8 @@ static void clear_dead_mounts(const char *mnt)
 		}
 		fprintf(stderr, "hwfs: clearing the dead mount on %s (its daemon is gone)\n", mnt);
 		if (lazy_unmount(mnt) < 0)
-			die("cannot detach the dead mount on %s", mnt);
+			die("cannot detach the dead mount on %s (umount2 and fusermount3 -u -z "
+			    "failed)", mnt);
 	}
 }
 
@@ -970,19 +996,11 @@ static int cmd_umount(int argc, char **argv)
 		if (errno == EBUSY)
 			die("%s is busy (files open, or a process is inside it)", mnt);
 		if (errno == EPERM) { /* not root: let fusermount3 do it */
-			pid_t c = fork();
-
-			if (c == 0) {
-				execlp("fusermount3", "fusermount3", "-u", mnt, (char *)NULL);
-				_exit(127);
-			}
-			int status = 0;
-
-			waitpid(c, &status, 0);
-			if (!WIFEXITED(status) || WEXITSTATUS(status))
+			if (fusermount_u(mnt, 0) < 0)
 				die("fusermount3 -u %s failed", mnt);
 		} else if (errno == ENOTCONN || errno == EINVAL) {
-			lazy_unmount(mnt);
+			if (lazy_unmount(mnt) < 0)
+				die("cannot detach %s (umount2 and fusermount3 -u -z failed)", mnt);
 		} else {
 			die("cannot unmount %s: %s", mnt, strerror(errno));
 		}
