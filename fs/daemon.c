@@ -65,12 +65,16 @@ struct daemon {
 	int coord_running;
 	volatile int coord_stop;
 	char coord_state[4096];
+	char coord_ep[256]; /* the embedded coordinator's bound endpoint (coord_opts.bound) */
 };
 
 static void *coord_main(void *arg)
 {
 	struct daemon *d = arg;
 
+	/* the bound endpoint is written before coord_run() reports "ok" */
+	d->copts.bound = d->coord_ep;
+	d->copts.bound_len = sizeof(d->coord_ep);
 	coord_run(&d->copts);
 	return NULL;
 }
@@ -190,7 +194,9 @@ static json_t *op_status(struct daemon *d, json_t *req)
 
 		agent_counters(d->agent, &rx, &tx);
 		json_object_set_new(r, "node", json_string(d->o->node));
-		json_object_set_new(r, "coordinator", json_string(d->o->join));
+		json_object_set_new(r, "coordinator",
+				    json_string(d->coord_ep[0] ? d->coord_ep : d->o->join));
+		json_object_set_new(r, "listen", json_string(agent_endpoint(d->agent)));
 		json_object_set_new(r, "replication",
 				    json_pack("{s:I, s:I}", "bytes_received", (json_int_t)rx,
 					      "bytes_sent", (json_int_t)tx));
@@ -1292,7 +1298,9 @@ int daemon_run(const struct daemon_opts *o)
 			goto fail;
 	}
 	if (o->join) {
-		struct agent_opts ao = {o->node, o->listen, o->join, o->mountpoint, o->keys, d.ns,
+		/* joining our own coordinator: at the port it bound (tcp://HOST:* allowed) */
+		const char *join = o->coordinator && d.coord_ep[0] ? d.coord_ep : o->join;
+		struct agent_opts ao = {o->node, o->listen, join, o->mountpoint, o->keys, d.ns,
 					d.st, flip_current, &d};
 
 		r = agent_start(&ao, &d.agent);
