@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -23,7 +24,7 @@ static int make_addr(const char *path, struct sockaddr_un *sa)
 	return 0;
 }
 
-int ctl_listen(const char *path)
+int ctl_listen(const char *path, mode_t mode)
 {
 	struct sockaddr_un sa;
 	int fd, r = make_addr(path, &sa);
@@ -34,12 +35,70 @@ int ctl_listen(const char *path)
 	if (fd < 0)
 		return -errno;
 	unlink(path);
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 64) < 0) {
+	/* bind() gives the socket file 0777 & ~umask: set the mode explicitly */
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, mode) < 0 ||
+	    listen(fd, 64) < 0) {
 		r = -errno;
+		unlink(path);
 		close(fd);
 		return r;
 	}
 	return fd;
+}
+
+int ctl_peer(int fd, struct ctl_peer *p)
+{
+	struct ucred uc;
+	socklen_t len = sizeof(uc);
+	gid_t *g = NULL;
+	int r = 0;
+
+	memset(p, 0, sizeof(*p));
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0)
+		return -errno;
+	p->pid = uc.pid;
+	p->uid = uc.uid;
+	p->gid = uc.gid;
+	len = 0;
+	/* first ask for the size: ERANGE with the length needed */
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, NULL, &len) < 0 && errno != ERANGE) {
+		r = -errno;
+		goto out;
+	}
+	if (len) {
+		g = malloc(len);
+		if (!g) {
+			r = -ENOMEM;
+			goto out;
+		}
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) {
+			r = -errno;
+			goto out;
+		}
+	}
+	p->groups = g;
+	p->n_groups = len / sizeof(gid_t);
+	g = NULL;
+out:
+	free(g);
+	return r;
+}
+
+void ctl_peer_free(struct ctl_peer *p)
+{
+	free(p->groups);
+	p->groups = NULL;
+	p->n_groups = 0;
+}
+
+int ctl_peer_in_group(const struct ctl_peer *p, gid_t gid)
+{
+	if (p->gid == gid)
+		return 1;
+	for (size_t i = 0; i < p->n_groups; i++)
+		if (p->groups[i] == gid)
+			return 1;
+	return 0;
 }
 
 int ctl_connect(const char *path)

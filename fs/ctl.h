@@ -2,7 +2,8 @@
  * ctl.h — the local control channel between the `hwfs` command and its daemon.
  *
  * A unix stream socket (path published by the mount as the root xattr
- * `user.hwfs.control`).  Each connection carries one request and its answer,
+ * `user.hwfs.control`; docs/cli.md, "Permissions", says where it lives and
+ * who may do what: the daemon checks every connection's SO_PEERCRED).  Each connection carries one request and its answer,
  * all as JSON objects, one per line:
  *   request   {"op": "seal", "version": "v1", ...}
  *   progress  {"progress": {"done": N, "total": M}}     (zero or more)
@@ -14,13 +15,34 @@
 #define HWFS_CTL_H
 
 #include <jansson.h>
+#include <sys/types.h>
 
 #include "hwfs_common.h"
 
 #define CTL_MAX_LINE (256u << 20)
 
-/** Listen on @path (replacing a stale socket). Returns the fd or -errno. */
-int ctl_listen(const char *path);
+/**
+ * Listen on @path (replacing a stale socket) and give the socket file @mode
+ * explicitly, whatever the umask.  Returns the fd or -errno (nothing is left
+ * at @path then).
+ */
+int ctl_listen(const char *path, mode_t mode);
+
+/** Who is at the other end of a control connection (the kernel's word, at connect). */
+struct ctl_peer {
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;       /* primary group */
+	gid_t *groups;   /* supplementary groups (SO_PEERGROUPS) */
+	size_t n_groups;
+};
+
+/** Fill @p from SO_PEERCRED and SO_PEERGROUPS of @fd. Returns 0 or -errno. */
+int ctl_peer(int fd, struct ctl_peer *p);
+/** Free what ctl_peer() allocated. */
+void ctl_peer_free(struct ctl_peer *p);
+/** Is @gid the peer's primary or one of its supplementary groups? */
+int ctl_peer_in_group(const struct ctl_peer *p, gid_t gid);
 /** Connect to @path. Returns the fd or -errno. */
 int ctl_connect(const char *path);
 /** Send @msg as one line (does not steal the reference). Returns 0 or -errno. */

@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -21,7 +22,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "agent.h"
@@ -34,6 +37,8 @@
 #include "proto.h"
 #include "tunables.h"
 
+struct conn;
+
 struct daemon {
 	const struct daemon_opts *o;
 	struct store *st;
@@ -41,9 +46,18 @@ struct daemon {
 	struct fuse_session *se;
 	struct fsctx fsctx;
 	char ctl_path[4096];
+	char ctl_dir[128];    /* directory of the control socket */
+	int ctl_dir_private;  /* ctl_dir is ours alone (mkdtemp): removed at exit */
+	uid_t owner;          /* the mount's owner: the uid that mounted */
+	char group_name[64];  /* --ctl-group as shown in errors, "" when none */
 	int ctl_fd;
 	pthread_t ctl_thread;
 	int ctl_running;
+	/* live control connections: shutdown waits for them before freeing */
+	pthread_mutex_t conn_mu;
+	pthread_cond_t conn_cv;
+	struct conn *conns; /* under conn_mu */
+	int stopping;       /* atomic: set once shutdown begins */
 	uint64_t counter; /* atomic: unique names for temporary entries */
 	struct agent *agent; /* replication, when joined to a coordinator */
 	pthread_t coord_thread; /* embedded coordinator (--coordinator) */
@@ -51,12 +65,16 @@ struct daemon {
 	int coord_running;
 	volatile int coord_stop;
 	char coord_state[4096];
+	char coord_ep[256]; /* the embedded coordinator's bound endpoint (coord_opts.bound) */
 };
 
 static void *coord_main(void *arg)
 {
 	struct daemon *d = arg;
 
+	/* the bound endpoint is written before coord_run() reports "ok" */
+	d->copts.bound = d->coord_ep;
+	d->copts.bound_len = sizeof(d->coord_ep);
 	coord_run(&d->copts);
 	return NULL;
 }
@@ -176,7 +194,9 @@ static json_t *op_status(struct daemon *d, json_t *req)
 
 		agent_counters(d->agent, &rx, &tx);
 		json_object_set_new(r, "node", json_string(d->o->node));
-		json_object_set_new(r, "coordinator", json_string(d->o->join));
+		json_object_set_new(r, "coordinator",
+				    json_string(d->coord_ep[0] ? d->coord_ep : d->o->join));
+		json_object_set_new(r, "listen", json_string(agent_endpoint(d->agent)));
 		json_object_set_new(r, "replication",
 				    json_pack("{s:I, s:I}", "bytes_received", (json_int_t)rx,
 					      "bytes_sent", (json_int_t)tx));
@@ -402,6 +422,11 @@ static int publish_file(struct publish *p, struct node *dir, const char *name, c
 	while (off < (uint64_t)st->st_size) {
 		size_t chunk = (size_t)HWFS_MIN(hwfs_tun.publish_io, (uint64_t)st->st_size - off);
 
+		if (__atomic_load_n(&p->d->stopping, __ATOMIC_ACQUIRE)) {
+			r = -ESHUTDOWN;
+			snprintf(p->err, sizeof(p->err), "the daemon is shutting down");
+			break;
+		}
 		r = ns_write_from_fd(ns, n, off, fd, chunk);
 		if (r < 0) {
 			snprintf(p->err, sizeof(p->err), "%s: %s", src, strerror(-r));
@@ -477,11 +502,82 @@ next:
 	return r;
 }
 
-static json_t *op_publish(struct daemon *d, json_t *req, int fd)
+/* The daemon thread's file-access identity, saved by cred_enter(). */
+struct fs_cred {
+	int switched;
+	uid_t fsuid;
+	gid_t fsgid;
+	gid_t *groups;
+	int n_groups;
+};
+
+/*
+ * Put back the identity that cred_enter() saved in @s (no-op when it did not
+ * switch).  Raw system calls, like cred_enter().
+ */
+static void cred_leave(struct fs_cred *s)
+{
+	if (!s->switched)
+		return;
+	syscall(SYS_setfsuid, s->fsuid);
+	syscall(SYS_setfsgid, s->fsgid);
+	syscall(SYS_setgroups, (size_t)s->n_groups, s->groups);
+	free(s->groups);
+	s->groups = NULL;
+	s->switched = 0;
+}
+
+/*
+ * Access files as @p in the calling thread only: fsuid, fsgid and the
+ * supplementary groups are set through the raw system calls (glibc's wrappers
+ * would change every thread of the daemon), so the kernel checks the caller's
+ * permissions, not root's.  A root caller, or a caller with the daemon's own
+ * uid, keeps the daemon's identity.  Returns 0, or -EPERM (nothing changed)
+ * when the daemon cannot take the caller's identity (it is not root).
+ */
+static int cred_enter(const struct ctl_peer *p, struct fs_cred *s)
+{
+	int n;
+
+	memset(s, 0, sizeof(*s));
+	if (p->uid == 0 || p->uid == geteuid())
+		return 0;
+	if (geteuid() != 0)
+		return -EPERM;
+	n = getgroups(0, NULL);
+	s->groups = malloc(sizeof(gid_t) * (size_t)(n > 0 ? n : 1));
+	if (n < 0 || !s->groups || getgroups(n, s->groups) != n) {
+		free(s->groups);
+		s->groups = NULL;
+		return -EPERM;
+	}
+	s->n_groups = n;
+	s->fsuid = (uid_t)syscall(SYS_setfsuid, (uid_t)-1); /* -1: returns the current one */
+	s->fsgid = (gid_t)syscall(SYS_setfsgid, (gid_t)-1);
+	s->switched = 1;
+	if (syscall(SYS_setgroups, p->n_groups, p->groups) < 0)
+		goto fail;
+	syscall(SYS_setfsgid, p->gid);
+	syscall(SYS_setfsuid, p->uid);
+	if ((uid_t)syscall(SYS_setfsuid, (uid_t)-1) != p->uid ||
+	    (gid_t)syscall(SYS_setfsgid, (gid_t)-1) != p->gid)
+		goto fail;
+	return 0;
+fail:
+	cred_leave(s);
+	return -EPERM;
+}
+
+/*
+ * publish: the source tree is read with the caller's permissions (cred_enter),
+ * so a caller may not make the daemon read what it could not read itself.
+ */
+static json_t *op_publish(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
 {
 	const char *src = req_str(req, "src"), *v = req_str(req, "version");
 	struct publish p = {.d = d, .fd = fd};
 	char hidden[600], from[4096], to[4096];
+	struct fs_cred cred;
 	struct node *root;
 	struct stat st;
 	int r;
@@ -491,25 +587,36 @@ static json_t *op_publish(struct daemon *d, json_t *req, int fd)
 	if (!*v || strchr(v, '/') || !strcmp(v, ".") || !strcmp(v, "..") || strlen(v) > 255 ||
 	    !strncmp(v, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
 		return err_reply("invalid version name: %s", v);
-	if (stat(src, &st) < 0 || !S_ISDIR(st.st_mode))
-		return err_reply("%s: not a directory", src);
+	if (cred_enter(peer, &cred) < 0)
+		return err_reply("permission denied: this daemon (uid %u) cannot read files as "
+				 "uid %u", (unsigned)geteuid(), (unsigned)peer->uid);
+	if (stat(src, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		r = errno;
+		cred_leave(&cred);
+		return err_reply("%s: %s", src, r == EACCES ? strerror(r) : "not a directory");
+	}
 	ns_rdlock(d->ns);
 	r = ns_version(d->ns, v) ? -EEXIST : 0;
 	ns_unlock(d->ns);
-	if (r < 0)
+	if (r < 0) {
+		cred_leave(&cred);
 		return err_reply("version %s exists already", v);
+	}
 	snprintf(hidden, sizeof(hidden), NS_HIDDEN_PREFIX "publish-%d-%llu", (int)getpid(),
 		 (unsigned long long)__atomic_add_fetch(&d->counter, 1, __ATOMIC_RELAXED));
 	ns_rdlock(d->ns);
 	root = ns_child(ns_root(d->ns), "versions");
 	ns_unlock(d->ns);
 	r = ns_mkdir(d->ns, root, hidden, st.st_mode, st.st_uid, st.st_gid, &root);
-	if (r < 0)
+	if (r < 0) {
+		cred_leave(&cred);
 		return err_reply("publish: %s", strerror(-r));
+	}
 	ns_forget(d->ns, root, 1);
 	p.total = tree_bytes(src);
 	publish_progress(&p, 1);
 	r = publish_tree(&p, root, src);
+	cred_leave(&cred); /* the rename below goes through the mount as the daemon */
 	if (r == 0) {
 		publish_progress(&p, 1);
 		/* seal by renaming through the mount: watchers see the version arrive */
@@ -802,16 +909,83 @@ static json_t *op_manifest(struct daemon *d, json_t *req)
 struct conn {
 	struct daemon *d;
 	int fd;
+	struct conn *prev, *next; /* d->conns, under d->conn_mu */
 };
+
+/* Take @c off the daemon's list of live connections and wake a waiting shutdown. */
+static void conn_done(struct conn *c)
+{
+	struct daemon *d = c->d;
+
+	pthread_mutex_lock(&d->conn_mu);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		d->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	close(c->fd);
+	free(c);
+	pthread_cond_broadcast(&d->conn_cv);
+	pthread_mutex_unlock(&d->conn_mu);
+}
+
+/* Verbs that change the store, the namespace or `current` (verify records damage). */
+static int op_mutates(const char *op)
+{
+	static const char *const ops[] = {"seal", "publish", "commit", "rm", "gc", "verify"};
+
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(ops); i++)
+		if (!strcmp(op, ops[i]))
+			return 1;
+	return 0;
+}
+
+/*
+ * May @p run @op (docs/cli.md, "Permissions")?  Mutating verbs: root, the
+ * mount's owner or a member of --ctl-group.  Read-only verbs: those, and
+ * whoever the mount's root directory lets read it (only a daemon run as root
+ * mounts with allow_other; otherwise nobody else can reach the mount).
+ * Returns NULL when allowed, else the error reply.
+ */
+static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char *op)
+{
+	struct node *root;
+	uint32_t bit;
+
+	if (p->uid == 0 || p->uid == d->owner ||
+	    (d->o->ctl_gid >= 0 && ctl_peer_in_group(p, (gid_t)d->o->ctl_gid)))
+		return NULL;
+	if (op_mutates(op))
+		return d->group_name[0]
+			       ? err_reply("permission denied: %s needs root, the mount's owner "
+					   "(uid %u) or group %s", op, (unsigned)d->owner, d->group_name)
+			       : err_reply("permission denied: %s needs root or the mount's owner "
+					   "(uid %u)", op, (unsigned)d->owner);
+	ns_rdlock(d->ns);
+	root = ns_root(d->ns);
+	bit = p->uid == root->uid ? S_IRUSR : ctl_peer_in_group(p, root->gid) ? S_IRGRP : S_IROTH;
+	bit &= root->mode;
+	ns_unlock(d->ns);
+	if (bit && geteuid() == 0)
+		return NULL;
+	return err_reply("permission denied: %s needs read access to the mount", op);
+}
 
 static void *conn_main(void *arg)
 {
 	struct conn *c = arg;
 	struct ctl_reader rd;
+	struct ctl_peer peer;
 	json_t *req = NULL, *res;
 	const char *op;
 
 	ctl_reader_init(&rd, c->fd);
+	memset(&peer, 0, sizeof(peer));
+	if (ctl_peer(c->fd, &peer) < 0) {
+		res = err_reply("permission denied: cannot tell who is calling");
+		goto reply;
+	}
 	if (ctl_recv(&rd, &req) < 0) {
 		res = err_reply("malformed request");
 		goto reply;
@@ -819,6 +993,9 @@ static void *conn_main(void *arg)
 	op = req_str(req, "op");
 	if (!op)
 		res = err_reply("request without op");
+	else if ((res = authorize(c->d, &peer, op)))
+		LOG_WARN("control: refused %s to uid %u (pid %d)", op, (unsigned)peer.uid,
+			 (int)peer.pid);
 	else if (!strcmp(op, "status"))
 		res = op_status(c->d, req);
 	else if (!strcmp(op, "ls"))
@@ -828,7 +1005,7 @@ static void *conn_main(void *arg)
 	else if (!strcmp(op, "commit"))
 		res = op_commit(c->d, req);
 	else if (!strcmp(op, "publish"))
-		res = op_publish(c->d, req, c->fd);
+		res = op_publish(c->d, req, c->fd, &peer);
 	else if (!strcmp(op, "verify"))
 		res = op_verify(c->d, req);
 	else if (!strcmp(op, "rm"))
@@ -849,9 +1026,9 @@ reply:
 		json_decref(res);
 	}
 	json_decref(req);
+	ctl_peer_free(&peer);
 	ctl_reader_free(&rd);
-	close(c->fd);
-	free(c);
+	conn_done(c);
 	return NULL;
 }
 
@@ -869,21 +1046,69 @@ static void *ctl_main(void *arg)
 				continue;
 			break; /* listening socket shut down */
 		}
-		c = malloc(sizeof(*c));
+		c = calloc(1, sizeof(*c));
 		if (!c) {
 			close(fd);
 			continue;
 		}
 		c->d = d;
 		c->fd = fd;
-		if (pthread_create(&t, NULL, conn_main, c) != 0) {
+		pthread_mutex_lock(&d->conn_mu);
+		if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE) ||
+		    pthread_create(&t, NULL, conn_main, c) != 0) {
+			pthread_mutex_unlock(&d->conn_mu);
 			close(fd);
 			free(c);
 			continue;
 		}
+		/* on the list before conn_main can take itself off (it needs conn_mu) */
+		c->next = d->conns;
+		if (d->conns)
+			d->conns->prev = c;
+		d->conns = c;
 		pthread_detach(t);
+		pthread_mutex_unlock(&d->conn_mu);
 	}
 	return NULL;
+}
+
+/*
+ * drain_conns() - end every live control connection: shut its socket down
+ * (a reader sees EOF, progress sends fail; a publish checks d->stopping and
+ * stops) and wait until every connection thread is done, at most
+ * hwfs_tun.ctl_drain_ms.  Returns 0, or -ETIMEDOUT when some are still
+ * running (then nothing they may use can be freed).
+ */
+static int drain_conns(struct daemon *d)
+{
+	struct timespec until;
+	int r = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += (time_t)(hwfs_tun.ctl_drain_ms / 1000);
+	until.tv_nsec += (long)(hwfs_tun.ctl_drain_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&d->conn_mu);
+	for (struct conn *c = d->conns; c; c = c->next)
+		shutdown(c->fd, SHUT_RDWR);
+	while (d->conns && r == 0)
+		r = -pthread_cond_timedwait(&d->conn_cv, &d->conn_mu, &until);
+	if (d->conns) {
+		int n = 0;
+
+		for (struct conn *c = d->conns; c; c = c->next)
+			n++;
+		LOG_ERR("%d control connection(s) still running after %llu ms", n,
+			(unsigned long long)hwfs_tun.ctl_drain_ms);
+		r = -ETIMEDOUT;
+	} else {
+		r = 0;
+	}
+	pthread_mutex_unlock(&d->conn_mu);
+	return r;
 }
 
 /* ----------------------------------------------------------- life cycle */
@@ -918,6 +1143,52 @@ static void set_read_ahead(struct daemon *d)
 	close(fd);
 }
 
+/*
+ * Choose and make the directory of the control socket, whose file modes never
+ * depend on the umask.  A daemon run as root: HWFS_CTL_DIR_ROOT, mode 0755,
+ * which must be a root-owned directory (not a symlink); the socket is
+ * PID.sock.  Any other user: a private directory made by mkdtemp under
+ * $XDG_RUNTIME_DIR (else /tmp), mode 0700, removed at exit.  The socket file
+ * itself is chmod'ed to 0666 after bind: who may do what is decided per
+ * request from SO_PEERCRED (authorize()), not by file modes.  Returns 0 with
+ * d->ctl_path set, or -errno with a sentence in @msg.
+ */
+static int make_ctl_dir(struct daemon *d, char *msg, size_t len)
+{
+	const char *base = getenv("XDG_RUNTIME_DIR");
+	struct stat st;
+	int r;
+
+	if (geteuid() == 0) {
+		snprintf(d->ctl_dir, sizeof(d->ctl_dir), "%s", HWFS_CTL_DIR_ROOT);
+		if (mkdir(d->ctl_dir, 0755) < 0 && errno != EEXIST)
+			goto fail;
+		if (lstat(d->ctl_dir, &st) < 0)
+			goto fail;
+		if (!S_ISDIR(st.st_mode) || st.st_uid != 0) {
+			snprintf(msg, len, "error: control directory %s is not a root-owned "
+				 "directory; remove it\n", d->ctl_dir);
+			return -EPERM;
+		}
+		if (chmod(d->ctl_dir, 0755) < 0)
+			goto fail;
+		snprintf(d->ctl_path, sizeof(d->ctl_path), "%s/%d.sock", d->ctl_dir, (int)getpid());
+		return 0;
+	}
+	if (!base || *base != '/' || strlen(base) > 64)
+		base = "/tmp";
+	snprintf(d->ctl_dir, sizeof(d->ctl_dir), "%s/hwfs-XXXXXX", base);
+	if (!mkdtemp(d->ctl_dir) || chmod(d->ctl_dir, 0700) < 0)
+		goto fail;
+	d->ctl_dir_private = 1;
+	snprintf(d->ctl_path, sizeof(d->ctl_path), "%s/ctl.sock", d->ctl_dir);
+	return 0;
+fail:
+	r = -errno;
+	snprintf(msg, len, "error: control directory %s: %s\n", d->ctl_dir, strerror(-r));
+	return r;
+}
+
 static void *post_init(void *arg)
 {
 	struct daemon *d = arg;
@@ -937,7 +1208,8 @@ static void on_init(void *arg)
 
 int daemon_run(const struct daemon_opts *o)
 {
-	struct daemon d = {.o = o, .ctl_fd = -1};
+	struct daemon d = {.o = o, .ctl_fd = -1, .conn_mu = PTHREAD_MUTEX_INITIALIZER};
+	pthread_condattr_t ca;
 	struct fuse_loop_config *cfg = NULL;
 	char optstr[4096], msg[4352];
 	char *argv[] = {"hwfs", "-o", optstr, o->debug ? "-d" : NULL, NULL};
@@ -945,6 +1217,10 @@ int daemon_run(const struct daemon_opts *o)
 	int r, mounted = 0;
 
 	signal(SIGPIPE, SIG_IGN);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&d.conn_cv, &ca);
+	pthread_condattr_destroy(&ca);
 	/*
 	 * Shards arrive as messages of up to max_shard bytes, which libzmq
 	 * mallocs.  Above glibc's mmap threshold every one would be a fresh
@@ -976,10 +1252,19 @@ int daemon_run(const struct daemon_opts *o)
 		LOG_INFO("arena: %llu bytes preallocated and locked",
 			 (unsigned long long)arena_capacity(store_arena(d.st)));
 	}
-	snprintf(d.ctl_path, sizeof(d.ctl_path), "%s/ctl.sock", store_dir(d.st));
-	if (strlen(d.ctl_path) >= 100)
-		snprintf(d.ctl_path, sizeof(d.ctl_path), "/tmp/hwfs-%d.sock", (int)getpid());
-	d.ctl_fd = ctl_listen(d.ctl_path);
+	d.owner = getuid();
+	if (o->ctl_gid >= 0) {
+		struct group *g = getgrgid((gid_t)o->ctl_gid);
+
+		if (g)
+			snprintf(d.group_name, sizeof(d.group_name), "%s", g->gr_name);
+		else
+			snprintf(d.group_name, sizeof(d.group_name), "%ld", o->ctl_gid);
+	}
+	r = make_ctl_dir(&d, msg, sizeof(msg));
+	if (r < 0)
+		goto fail;
+	d.ctl_fd = ctl_listen(d.ctl_path, 0666);
 	if (d.ctl_fd < 0) {
 		r = d.ctl_fd;
 		snprintf(msg, sizeof(msg), "error: control socket %s: %s\n", d.ctl_path,
@@ -1015,7 +1300,9 @@ int daemon_run(const struct daemon_opts *o)
 			goto fail;
 	}
 	if (o->join) {
-		struct agent_opts ao = {o->node, o->listen, o->join, o->mountpoint, o->keys, d.ns,
+		/* joining our own coordinator: at the port it bound (tcp://HOST:* allowed) */
+		const char *join = o->coordinator && d.coord_ep[0] ? d.coord_ep : o->join;
+		struct agent_opts ao = {o->node, o->listen, join, o->mountpoint, o->keys, d.ns,
 					d.st, flip_current, &d};
 
 		r = agent_start(&ao, &d.agent);
@@ -1040,6 +1327,26 @@ fail:
 	LOG_ERR("%.*s", (int)strcspn(msg, "\n"), msg);
 	notify(o, msg);
 out:
+	/*
+	 * Control connections first: no new ones, the live ones ended, and
+	 * nothing they use (agent, namespace, store) is freed until they are
+	 * gone.  The mount goes before the wait, so a commit or publish that
+	 * renames through it fails instead of waiting for a loop that has ended.
+	 */
+	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
+	if (d.ctl_running) {
+		shutdown(d.ctl_fd, SHUT_RDWR);
+		pthread_join(d.ctl_thread, NULL);
+	}
+	if (d.se && mounted) {
+		fuse_session_unmount(d.se);
+		mounted = 0;
+	}
+	if (drain_conns(&d) < 0) {
+		LOG_ERR("exiting without freeing the namespace and store (still in use)");
+		fuse_opt_free_args(&args);
+		return r;
+	}
 	if (d.agent) {
 		ns_set_seal_hook(d.ns, NULL, NULL);
 		agent_stop(d.agent);
@@ -1048,20 +1355,17 @@ out:
 		d.coord_stop = 1;
 		pthread_join(d.coord_thread, NULL);
 	}
-	if (d.ctl_running) {
-		shutdown(d.ctl_fd, SHUT_RDWR);
-		pthread_join(d.ctl_thread, NULL);
-	}
 	if (d.ctl_fd >= 0) {
 		close(d.ctl_fd);
 		unlink(d.ctl_path);
 	}
+	if (d.ctl_dir_private)
+		rmdir(d.ctl_dir);
 	if (d.se) {
-		if (mounted)
-			fuse_session_unmount(d.se);
 		fuse_remove_signal_handlers(d.se);
 		fuse_session_destroy(d.se);
 	}
+	pthread_cond_destroy(&d.conn_cv);
 	ns_destroy(d.ns);
 	store_close(d.st);
 	fuse_opt_free_args(&args);

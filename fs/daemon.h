@@ -19,7 +19,11 @@ struct daemon_opts {
 	const char *listen;     /* data-plane endpoint (with join) */
 	const char *keys;       /* CURVE key directory, or NULL */
 	const char *coordinator; /* run a coordinator on this endpoint inside the daemon */
+	long ctl_gid;           /* >= 0: this group may run mutating verbs (--ctl-group) */
 };
+
+/* Where a daemon run as root puts its control socket (PID.sock); see make_ctl_dir(). */
+#define HWFS_CTL_DIR_ROOT "/run/hwfs"
 
 /**
  * daemon_run() - open the store, mount, serve until unmounted or signalled.

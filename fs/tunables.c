@@ -19,6 +19,7 @@ struct hwfs_tunables hwfs_tun = {
 	.max_threads = 8,
 	.max_background = 64,
 	.publish_io = 8ull << 20,
+	.ctl_drain_ms = 10000,
 };
 
 struct row {
@@ -38,9 +39,10 @@ static const struct row rows[] = {
 	ROW(max_threads, 1, 256, "FUSE worker threads"),
 	ROW(max_background, 1, 65535, "async FUSE requests in flight (read-ahead)"),
 	ROW(publish_io, 4096, 1ull << 30, "read size of hwfs publish"),
+	ROW(ctl_drain_ms, 1, 3600000, "at shutdown, wait this long (ms) for control connections"),
 };
 static const struct hwfs_tunables defaults = {
-	64ull << 20, 4ull << 20, 256ull << 10, 256ull << 20, 8192, 8, 64, 8ull << 20,
+	64ull << 20, 4ull << 20, 256ull << 10, 256ull << 20, 8192, 8, 64, 8ull << 20, 10000,
 };
 
 static uint64_t *field(struct hwfs_tunables *t, const struct row *r)

@@ -19,6 +19,7 @@ struct hwfs_tunables {
 	uint64_t max_threads;   /* FUSE worker threads */
 	uint64_t max_background;/* FUSE async requests in flight (read-ahead) */
 	uint64_t publish_io;    /* read size of `hwfs publish` */
+	uint64_t ctl_drain_ms;  /* at shutdown, wait this long for control connections */
 };
 
 /** The process-wide values (defaults until hwfs_tunables_load()). */

@@ -1293,6 +1293,16 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		LOG_ERR("agent: cannot listen on %s: %s", a->listen, zmq_strerror(errno));
 		goto fail;
 	}
+	{ /* a :* port: tell the coordinator (and status) the one bound */
+		char ep[256];
+		size_t len = sizeof(ep);
+		char *dup;
+
+		if (zmq_getsockopt(a->serve, ZMQ_LAST_ENDPOINT, ep, &len) == 0 && (dup = strdup(ep))) {
+			free(a->listen);
+			a->listen = dup;
+		}
+	}
 	if (pthread_create(&a->thread, NULL, agent_main, a) != 0) {
 		r = -EAGAIN;
 		goto fail;
@@ -1435,6 +1445,11 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 		return r ? r : -ETIMEDOUT;
 	*res = c.res;
 	return c.res ? 0 : -ENOMEM;
+}
+
+const char *agent_endpoint(const struct agent *a)
+{
+	return a->listen;
 }
 
 void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent)

@@ -59,5 +59,7 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms);
 
 /** Replication counters: payload bytes received and sent. */
 void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent);
+/** The data-plane endpoint bound (a :* port resolved); valid until agent_stop(). */
+const char *agent_endpoint(const struct agent *a);
 
 #endif /* HWFS_AGENT_H */

@@ -71,6 +71,7 @@ struct tx {
 
 struct coord {
 	const struct coord_opts *o;
+	char endpoint[256]; /* what we listen on; a :* port resolved (ZMQ_LAST_ENDPOINT) */
 	void *ctx, *sock;
 	struct keys *keys;
 	struct cnode *nodes;
@@ -366,7 +367,7 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 		return;
 	}
 	send_to(c, from, P_WELCOME,
-		json_pack("{s:s, s:o}", "coordinator", c->o->listen, "committed",
+		json_pack("{s:s, s:o}", "coordinator", c->endpoint, "committed",
 			  c->committed ? json_string(c->committed) : json_null()),
 		NULL, 0);
 	plan_for(c, n);
@@ -597,7 +598,7 @@ static void on_status(struct coord *c, const char *from, struct proto_msg *m)
 	}
 	send_to(c, from, P_STATUS_RES,
 		json_pack("{s:I, s:{s:s, s:o, s:o}}", "req", (json_int_t)proto_int(m, "req"),
-			  "cluster", "coordinator", c->o->listen, "committed",
+			  "cluster", "coordinator", c->endpoint, "committed",
 			  c->committed ? json_string(c->committed) : json_null(), "nodes", nodes),
 		NULL, 0);
 }
@@ -697,12 +698,20 @@ int coord_run(const struct coord_opts *o)
 			 zmq_strerror(errno));
 		goto fail;
 	}
+	{
+		size_t len = sizeof(c.endpoint);
+
+		if (zmq_getsockopt(c.sock, ZMQ_LAST_ENDPOINT, c.endpoint, &len) < 0)
+			snprintf(c.endpoint, sizeof(c.endpoint), "%s", o->listen);
+		if (o->bound)
+			snprintf(o->bound, o->bound_len, "%s", c.endpoint);
+	}
 	if (!o->stop) {
 		sigaction(SIGINT, &sa, NULL);
 		sigaction(SIGTERM, &sa, NULL);
 		signal(SIGPIPE, SIG_IGN);
 	}
-	LOG_INFO("coord: listening on %s (committed: %s)", o->listen,
+	LOG_INFO("coord: listening on %s (committed: %s)", c.endpoint,
 		 c.committed ? c.committed : "none");
 	if (o->notify_fd >= 0) {
 		if (write(o->notify_fd, "ok\n", 3) < 0)

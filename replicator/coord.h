@@ -23,6 +23,8 @@ struct coord_opts {
 	 */
 	unsigned fanout;
 	int notify_fd;        /* >= 0: "ok\n" or "error: ...\n" once listening, then closed */
+	char *bound;          /* out, or NULL: the endpoint bound (tcp://HOST:PORT for HOST:*) */
+	size_t bound_len;
 	/*
 	 * Embedded in a node's daemon: stop when *stop becomes non-zero, and
 	 * leave signals to the host.  NULL: a process of its own, stopped by

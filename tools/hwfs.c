@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -28,6 +29,9 @@
 #include "daemon.h"
 #include "keys.h"
 #include "tunables.h"
+
+#define HWFS_FSTYPE "fuse.hwfs" /* our mounts in mountinfo (subtype=hwfs) */
+#define HWFS_MAX_STACKED 64      /* dead mounts cleared at most, one per pass */
 
 static const char *g_mount;
 static int g_json;
@@ -673,8 +677,28 @@ static int cmd_coord(int argc, char **argv)
 	return 0;
 }
 
-/* Is @path a mount point in /proc/self/mountinfo? */
-static int is_mounted(const char *path)
+/* Undo mountinfo's octal escapes (\040 for a space, ...) in place. */
+static void unescape_mountinfo(char *s)
+{
+	char *o = s;
+
+	for (; *s; s++, o++) {
+		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
+		    s[3] >= '0' && s[3] <= '7') {
+			*o = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+			s += 3;
+		} else {
+			*o = *s;
+		}
+	}
+	*o = '\0';
+}
+
+/*
+ * Is @path a mount point in /proc/self/mountinfo?  With @fstype, only a mount
+ * of that filesystem type counts.  Returns 1 or 0 (0 when mountinfo is unreadable).
+ */
+static int mounted_as(const char *path, const char *fstype)
 {
 	FILE *f = fopen("/proc/self/mountinfo", "r");
 	char line[8192];
@@ -683,15 +707,24 @@ static int is_mounted(const char *path)
 	if (!f)
 		return 0;
 	while (!found && fgets(line, sizeof(line), f)) {
-		char mp[4096];
+		char mp[4096], type[256];
+		const char *sep = strstr(line, " - ");
 
-		if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) == 1) {
-			/* mountinfo escapes spaces as \040; our paths are compared as-is */
-			found = !strcmp(mp, path);
-		}
+		if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1)
+			continue;
+		unescape_mountinfo(mp);
+		if (strcmp(mp, path))
+			continue;
+		found = !fstype || (sep && sscanf(sep + 3, "%255s", type) == 1 &&
+				    !strcmp(type, fstype));
 	}
 	fclose(f);
 	return found;
+}
+
+static int is_mounted(const char *path)
+{
+	return mounted_as(path, NULL);
 }
 
 /* Is process @pid still running (a zombie has exited: its files are closed)? */
@@ -725,20 +758,89 @@ static char *abs_path(const char *p)
 	return r;
 }
 
+/* A group name or number -> gid, or -1 when there is no such group. */
+static long parse_group(const char *s)
+{
+	struct group *g = getgrnam(s);
+	char *end;
+	unsigned long v;
+
+	if (g)
+		return (long)g->gr_gid;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (!*s || *end || errno || v >= (gid_t)-1 || s[0] == '-')
+		return -1;
+	return (long)v;
+}
+
+/*
+ * fusermount_u() - run `fusermount3 -u [-z] MNT` and wait for it.  The child
+ * only execs: when the exec fails it says why on stderr and _exit(127)s, so it
+ * never returns into the CLI.  Returns 0 when fusermount3 exited 0, else -1.
+ */
+static int fusermount_u(const char *mnt, int lazy)
+{
+	int status = 0;
+	pid_t c = fork();
+
+	if (c < 0)
+		return -1;
+	if (c == 0) {
+		if (lazy)
+			execlp("fusermount3", "fusermount3", "-u", "-z", mnt, (char *)NULL);
+		else
+			execlp("fusermount3", "fusermount3", "-u", mnt, (char *)NULL);
+		fprintf(stderr, "hwfs: cannot run fusermount3: %s\n", strerror(errno));
+		_exit(127);
+	}
+	while (waitpid(c, &status, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+/* Detach @mnt (umount2 MNT_DETACH, else fusermount3 -u -z). Returns 0 or -1. */
 static int lazy_unmount(const char *mnt)
 {
 	if (umount2(mnt, MNT_DETACH) == 0)
 		return 0;
-	return system("true") == 0 && fork() == 0
-		       ? (execlp("fusermount3", "fusermount3", "-u", "-z", mnt, (char *)NULL), 127)
-		       : (wait(NULL), 0);
+	return fusermount_u(mnt, 1);
+}
+
+/*
+ * clear_dead_mounts() - detach every hwfs mount at @mnt whose daemon is gone
+ * (kill -9 leaves the mount in place: stat may still answer from the kernel's
+ * cache, or fail with ENOTCONN), so the new daemon mounts once instead of on
+ * top of it.  A mount whose daemon answers is left alone (the caller then
+ * refuses with "already an hwfs mount").  Dies when a dead mount cannot be
+ * detached.
+ */
+static void clear_dead_mounts(const char *mnt)
+{
+	for (int i = 0; i < HWFS_MAX_STACKED && mounted_as(mnt, HWFS_FSTYPE); i++) {
+		char buf[32];
+		ssize_t n = getxattr(mnt, "user.hwfs.pid", buf, sizeof(buf) - 1);
+
+		if (n > 0) {
+			buf[n] = '\0';
+			if (alive((pid_t)atoi(buf)))
+				return; /* a live daemon */
+		} else if (errno != ENOTCONN && errno != ECONNABORTED) {
+			return; /* not ours to judge: the checks that follow report it */
+		}
+		fprintf(stderr, "hwfs: clearing the dead mount on %s (its daemon is gone)\n", mnt);
+		if (lazy_unmount(mnt) < 0)
+			die("cannot detach the dead mount on %s (umount2 and fusermount3 -u -z "
+			    "failed)", mnt);
+	}
 }
 
 static int cmd_mount(int argc, char **argv)
 {
 	static const char usage[] =
 		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [--preallocate] [-f]\n"
-		"       [-o NAME=VALUE,...] [-d]\n"
+		"       [-o NAME=VALUE,...] [-d] [--ctl-group GROUP]\n"
 		"       [--join tcp://COORD:PORT | --coordinator tcp://HOST:PORT] --node NAME\n"
 		"       --listen tcp://HOST:PORT [--keys DIR] [--insecure]";
 	static const struct option lo[] = {
@@ -748,9 +850,10 @@ static int cmd_mount(int argc, char **argv)
 		{"node", required_argument, NULL, 'N'},  {"listen", required_argument, NULL, 'l'},
 		{"insecure", no_argument, NULL, 'I'},    {"keys", required_argument, NULL, 'K'},
 		{"coordinator", required_argument, NULL, 'O'},
-		{"preallocate", no_argument, NULL, 'P'}, {NULL, 0, NULL, 0},
+		{"preallocate", no_argument, NULL, 'P'}, {"ctl-group", required_argument, NULL, 'G'},
+		{NULL, 0, NULL, 0},
 	};
-	struct daemon_opts o = {.notify_fd = -1};
+	struct daemon_opts o = {.notify_fd = -1, .ctl_gid = -1};
 	int insecure = 0;
 	const char *store = NULL;
 	char *mnt, *opts[64], buf[4096], *keys = NULL;
@@ -796,6 +899,11 @@ static int cmd_mount(int argc, char **argv)
 		case 'P':
 			o.preallocate = 1;
 			break;
+		case 'G':
+			o.ctl_gid = parse_group(optarg);
+			if (o.ctl_gid < 0)
+				die("--ctl-group %s: no such group", optarg);
+			break;
 		case 'o':
 			for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;
 			     t = strtok_r(NULL, ",", &save))
@@ -826,12 +934,11 @@ static int cmd_mount(int argc, char **argv)
 		    "(use --keys DIR, a loopback address, or --insecure)", o.listen);
 	if (hwfs_tunables_load((const char *const *)opts, n_opts) < 0)
 		die("bad tunable in -o (see hwfs mount --help)");
-	if (stat(argv[optind], &st) < 0 && errno == ENOTCONN) {
-		/* a daemon died here: clear the dead mount first */
-		mnt = abs_path(argv[optind]);
-		lazy_unmount(mnt);
-		free(mnt);
-	}
+	mnt = abs_path(argv[optind]);
+	if (!mnt)
+		die("out of memory");
+	clear_dead_mounts(mnt);
+	free(mnt);
 	mnt = realpath(argv[optind], NULL);
 	if (!mnt || stat(mnt, &st) < 0 || !S_ISDIR(st.st_mode))
 		die("mount point %s: %s", argv[optind], mnt ? "not a directory" : strerror(errno));
@@ -893,19 +1000,11 @@ static int cmd_umount(int argc, char **argv)
 		if (errno == EBUSY)
 			die("%s is busy (files open, or a process is inside it)", mnt);
 		if (errno == EPERM) { /* not root: let fusermount3 do it */
-			pid_t c = fork();
-
-			if (c == 0) {
-				execlp("fusermount3", "fusermount3", "-u", mnt, (char *)NULL);
-				_exit(127);
-			}
-			int status = 0;
-
-			waitpid(c, &status, 0);
-			if (!WIFEXITED(status) || WEXITSTATUS(status))
+			if (fusermount_u(mnt, 0) < 0)
 				die("fusermount3 -u %s failed", mnt);
 		} else if (errno == ENOTCONN || errno == EINVAL) {
-			lazy_unmount(mnt);
+			if (lazy_unmount(mnt) < 0)
+				die("cannot detach %s (umount2 and fusermount3 -u -z failed)", mnt);
 		} else {
 			die("cannot unmount %s: %s", mnt, strerror(errno));
 		}

@@ -112,10 +112,13 @@ _ACTIVE = []  # HwfsMount objects of the running test (for the watchdog)
 
 
 class HwfsMount:
-    def __init__(self, capacity=None, extra=()):
+    def __init__(self, capacity=None, extra=(), long_store=False, umask=None):
         self.capacity = capacity
         self.extra = list(extra)  # more `hwfs mount` options
-        self.store = tempfile.mkdtemp(dir="/dev/shm", prefix="hwfs-test-")
+        self.umask = umask  # the umask `hwfs mount` (and so its daemon) runs under
+        self.top = tempfile.mkdtemp(dir="/dev/shm", prefix="hwfs-test-")
+        # long_store: a store path too long for a unix socket address (108 bytes)
+        self.store = os.path.join(self.top, "s" * 120) if long_store else self.top
         self.mnt = os.path.realpath(tempfile.mkdtemp(prefix="hwfs-mnt-"))
         self.pid = None
         self.pids = []  # every daemon pid learned from status
@@ -180,7 +183,8 @@ class HwfsMount:
         with tempfile.TemporaryFile("w+") as out:
             try:
                 rc = subprocess.run(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                    timeout=TIMEOUT).returncode
+                                    timeout=TIMEOUT, umask=-1 if self.umask is None else self.umask
+                                    ).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
             out.seek(0)
@@ -250,7 +254,7 @@ class HwfsMount:
                     os.rmdir(self.mnt)
                 except OSError:
                     pass
-            shutil.rmtree(self.store, ignore_errors=True)
+            shutil.rmtree(self.top, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------
@@ -310,11 +314,12 @@ def _watchdog(request):
 
 @pytest.fixture
 def mount_factory():
-    """mount_factory(capacity=None, extra=()) -> a mounted HwfsMount; all cleaned up after the test."""
+    """mount_factory(capacity=None, extra=(), long_store=False, umask=None) -> a mounted
+    HwfsMount; all cleaned up after the test."""
     made = []
 
-    def make(capacity=None, extra=()):
-        m = HwfsMount(capacity, extra)
+    def make(capacity=None, extra=(), **kw):
+        m = HwfsMount(capacity, extra, **kw)
         made.append(m)
         _ACTIVE.append(m)
         m.mount()

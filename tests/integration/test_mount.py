@@ -1,6 +1,8 @@
 """Mounting, unmounting, remounting and `hwfs status --json`."""
 
 import os
+import shutil
+import signal
 
 from conftest import (HEX32, HWFS, assert_same_file, assert_tree_equal, is_mounted, make_tensors,
                       random_file, save_model, sh, tensor_bytes, wait_dead)
@@ -113,3 +115,50 @@ def test_status_json_fields(mount_factory, src):
     assert v2["state"] == "open"
     assert v2["digest"] is None
     assert v2["seq"] > v["seq"]
+
+
+def _mount_entries(path):
+    path = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        return [line for line in f if len(line.split()) > 1 and line.split()[1] == path]
+
+
+def test_mount_after_kill9_replaces_the_dead_mount(mount, src):
+    """kill -9, then `hwfs mount` on the same mount point: one mount, data readable."""
+    random_file(src / "blob.bin", 300_000, seed=5)
+    mount.run("publish", src, "v1")
+    mount.run("commit", "v1")
+    for cycle in range(3):
+        os.kill(mount.pid, signal.SIGKILL)
+        assert wait_dead(mount.pid, 10)
+        mount.mounted = False
+        mount.mount()  # the dead mount is still there: hwfs mount must clear it
+        entries = _mount_entries(mount.mnt)
+        assert len(entries) == 1, f"cycle {cycle}: {len(entries)} mounts on {mount.mnt}: {entries}"
+        assert_same_file(src / "blob.bin", mount.path("current", "blob.bin"))
+    # a live hwfs mount is still refused
+    cp = sh([HWFS, "mount", mount.mnt, "--store", mount.store], check=False)
+    assert cp.returncode != 0 and "already" in cp.stderr, cp.stderr
+    assert len(_mount_entries(mount.mnt)) == 1
+
+
+def test_fusermount_exec_failure_is_reported(mount, tmp_path):
+    """When fusermount3 cannot be run, the forked child must not go on running the CLI.
+
+    In a user namespace the copied mounts are locked, so umount2() fails and
+    hwfs falls back to fusermount3, which PATH does not have: the child's exec
+    fails; hwfs must report it and exit 1 (the child used to return into the
+    CLI and both processes exited 0 with the mount still there)."""
+    os.kill(mount.pid, signal.SIGKILL)
+    assert wait_dead(mount.pid, 10)
+    mount.mounted = False
+    env = {"PATH": str(tmp_path)}  # no fusermount3 here
+    unshare = shutil.which("unshare")
+    cp = sh([unshare, "-U", "-r", "-m", HWFS, "umount", mount.mnt], check=False, env=env)
+    assert cp.returncode == 1, f"exit {cp.returncode}: {cp.stdout!r} {cp.stderr!r}"
+    assert cp.stderr.count("hwfs: error:") == 1 and "fusermount3" in cp.stderr, cp.stderr
+    cp = sh([unshare, "-U", "-r", "-m", HWFS, "mount", mount.mnt, "--store", mount.store],
+            check=False, env=env)
+    assert cp.returncode == 1, f"exit {cp.returncode}: {cp.stdout!r} {cp.stderr!r}"
+    assert cp.stderr.count("hwfs: error:") == 1 and "dead mount" in cp.stderr, cp.stderr
+    assert is_mounted(mount.mnt)  # the dead mount, untouched outside the namespace

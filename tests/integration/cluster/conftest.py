@@ -34,9 +34,9 @@ already imported by pytest — the same ``_ACTIVE`` list its watchdog reads.
 import json
 import os
 import queue
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -65,11 +65,15 @@ TOPOLOGY = os.environ.get("HWFS_TOPOLOGY")  # chain|star; unset: the coordinator
 # small helpers
 
 
-def free_port():
-    """A TCP port nobody listens on right now (bind to port 0, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Every coordinator and node listens on a port it picks itself (zmq binds
+# `tcp://HOST:*`); the fixtures read the bound endpoint back: the coordinator's
+# "coord: listening on URL" log line, a node's `hwfs status --json` "listen".
+ANY_PORT = "tcp://127.0.0.1:*"
+LISTENING = re.compile(r"coord: listening on (tcp://\S+)")
+
+
+def port_of(url):
+    return int(url.rsplit(":", 1)[1])
 
 
 def tail(path, n=60):
@@ -167,8 +171,8 @@ class Coordinator:
     """`hwfs coord --listen URL --state DIR -f`, run in the foreground by Popen."""
 
     def __init__(self, workdir):
-        self.port = free_port()
-        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.url = ANY_PORT  # the bound endpoint once started (a restart reuses it)
+        self.port = None
         self.state = os.path.join(workdir, "coord-state")
         os.makedirs(self.state, exist_ok=True)
         self.logpath = os.path.join(workdir, "coord.log")
@@ -190,6 +194,7 @@ class Coordinator:
         self._log = open(self.logpath, "ab")
         self._log.write(f"=== test: starting {' '.join(args)}\n".encode())
         self._log.flush()
+        start = self._log.tell()
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         end = time.monotonic() + COORD_READY_TIMEOUT
@@ -198,11 +203,12 @@ class Coordinator:
             if rc is not None:
                 pytest.fail(f"`{' '.join(args)}` exited with {rc} before accepting connections\n"
                             f"log:\n{self.log_tail()}", pytrace=False)
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            with open(self.logpath, "rb") as f:  # the port it bound, from this start's log
+                f.seek(start)
+                m = LISTENING.search(f.read().decode(errors="replace"))
+            if m:
+                self.url, self.port = m.group(1), port_of(m.group(1))
                 return
-            except OSError:
-                pass
             if time.monotonic() >= end:
                 pytest.fail(f"coordinator did not accept connections on {self.url} within "
                             f"{COORD_READY_TIMEOUT:.0f}s\nlog:\n{self.log_tail()}", pytrace=False)
@@ -249,8 +255,15 @@ class ClusterNode(HwfsMount):
         self.name = name
         self.coord_url = coord_url
         self.preallocate = preallocate
-        self.port = free_port()
-        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.url = ANY_PORT  # the bound endpoint once mounted (a remount reuses it)
+        self.port = None
+
+    def mount(self):
+        st = super().mount()
+        if self.url == ANY_PORT:
+            self.url = st["listen"]
+            self.port = port_of(self.url)
+        return st
 
     def __repr__(self):
         return f"<node {self.name} {self.mnt}>"

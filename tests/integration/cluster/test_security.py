@@ -15,7 +15,7 @@ import pytest
 import conftest as base  # tests/integration/conftest.py
 from conftest import HWFS, assert_error_line, poll, sh, wait_dead
 
-from .conftest import free_port
+from .conftest import ANY_PORT
 from .conftest import Coord, assert_identical, node_view, random_model
 
 Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
@@ -97,13 +97,13 @@ def test_non_loopback_listen_needs_keys(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     store = tmp_path / "store"
-    coord = f"tcp://127.0.0.1:{free_port()}"
+    coord = "tcp://127.0.0.1:1"  # never reached: refused before it starts
 
     cp = sh([HWFS, "mount", mnt, "--store", store, "--join", coord, "--node", "X",
              "--listen", "tcp://10.1.2.3:5000"], check=False)
     assert_error_line(cp, "keys")
     cp = sh([HWFS, "mount", mnt, "--store", store, "--coordinator", "tcp://10.1.2.3:5001", "--node", "X",
-             "--listen", f"tcp://127.0.0.1:{free_port()}"], check=False)
+             "--listen", ANY_PORT], check=False)
     assert_error_line(cp, "keys")
     assert not os.path.ismount(mnt)
 

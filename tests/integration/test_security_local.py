@@ -1,0 +1,207 @@
+"""Who may drive a daemon through its control socket (docs/cli.md, "Permissions").
+
+The daemon runs as root (the tests do); the callers are run as the unprivileged
+user 65534 with setpriv.  Every daemon here is started under umask 0 with a
+store path too long for a unix socket address: the case where the socket used
+to fall back to a /tmp path whose mode came from the umask.
+"""
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+
+import pytest
+
+from conftest import HWFS, TIMEOUT, assert_error_line, make_tensors, save_model
+
+NOBODY = 65534
+GROUP = 4242  # a gid no test user has unless given with --groups
+
+
+def as_user(mount, *args, groups=None, uid=NOBODY, gid=NOBODY):
+    """`hwfs ARGS -m MNT` as @uid/@gid (supplementary @groups, else none), under umask 0."""
+    cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}"]
+    cmd += [f"--groups={','.join(str(g) for g in groups)}"] if groups else ["--clear-groups"]
+    cmd += [HWFS, *[str(a) for a in args], "-m", mount.mnt]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, umask=0,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/")
+
+
+@pytest.fixture
+def shared_src():
+    """A source directory that user 65534 can read (tmp_path is root-only)."""
+    d = tempfile.mkdtemp(prefix="hwfs-src-")
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def two_versions(m, src):
+    """v1 and v2 published and v1 committed (as root); an open version `open1`."""
+    save_model(os.path.join(src, "a", "model.safetensors"), make_tensors(1, n=3))
+    save_model(os.path.join(src, "b", "model.safetensors"), make_tensors(2, n=3))
+    for d in ("a", "b"):  # safetensors writes 0600; let the test user read them
+        os.chmod(os.path.join(src, d), 0o755)
+        os.chmod(os.path.join(src, d, "model.safetensors"), 0o644)
+    m.run("publish", os.path.join(src, "a"), "v1")
+    m.run("publish", os.path.join(src, "b"), "v2")
+    m.run("commit", "v1")
+    os.mkdir(m.vpath("open1"))
+
+
+def snapshot(m):
+    st = m.status()
+    return st["current"], sorted((v["name"], v["state"]) for v in st["versions"])
+
+
+def test_control_socket_mode_does_not_follow_umask(mount_factory):
+    m = mount_factory(long_store=True, umask=0)
+    ctl = os.getxattr(m.mnt, "user.hwfs.control").decode()
+    st = os.lstat(ctl)
+    assert stat.S_ISSOCK(st.st_mode)
+    parent = os.lstat(os.path.dirname(ctl))
+    assert parent.st_uid == 0 and not parent.st_mode & 0o022, \
+        f"socket dir {os.path.dirname(ctl)} is writable by others: {oct(parent.st_mode)}"
+    assert not os.path.dirname(ctl).startswith("/tmp"), f"world-writable fallback: {ctl}"
+
+
+def test_unprivileged_caller_cannot_mutate(mount_factory, shared_src):
+    m = mount_factory(long_store=True, umask=0)
+    two_versions(m, shared_src)
+    before = snapshot(m)
+    for verb in (["rm", "v2"], ["gc", "--keep", "0"], ["seal", "open1"], ["commit", "v2"],
+                 ["verify", "v2"], ["publish", os.path.join(shared_src, "b"), "v9"]):
+        cp = as_user(m, *verb)
+        assert_error_line(cp, "permission denied", verb[0])
+    assert snapshot(m) == before
+    # read-only verbs work for anyone who may read the mount
+    cp = as_user(m, "status", "--json")
+    assert cp.returncode == 0, cp.stderr
+    cp = as_user(m, "ls")
+    assert cp.returncode == 0 and "v1" in cp.stdout, cp.stderr
+    cp = as_user(m, "diff", "v1", "v2")
+    assert cp.returncode == 0, cp.stderr
+
+
+@pytest.mark.parametrize("how", ["primary", "supplementary", "name"])
+def test_ctl_group_may_mutate(mount_factory, shared_src, how):
+    group = "nogroup" if how == "name" else str(NOBODY if how == "primary" else GROUP)
+    m = mount_factory(long_store=True, umask=0, extra=["--ctl-group", group])
+    two_versions(m, shared_src)
+    groups = [GROUP] if how == "supplementary" else None
+    for verb in (["seal", "open1"], ["verify", "v2"], ["commit", "v2"], ["rm", "v1"],
+                 ["gc", "--keep", "0"], ["publish", os.path.join(shared_src, "a"), "v3"]):
+        cp = as_user(m, *verb, groups=groups)
+        assert cp.returncode == 0, f"{verb}: {cp.stderr}"
+    cur, vers = snapshot(m)
+    assert cur == "v2" and [n for n, _ in vers] == ["v2", "v3"]
+    # someone outside the group is still refused
+    cp = as_user(m, "rm", "v3", uid=NOBODY - 1, gid=NOBODY - 1)
+    assert_error_line(cp, "permission denied")
+
+
+def test_ctl_group_unknown_is_refused(mount_factory, tmp_path):
+    cp = subprocess.run([HWFS, "mount", str(tmp_path / "mnt"), "--store", str(tmp_path / "s"),
+                         "--ctl-group", "no-such-group-hwfs"], capture_output=True, text=True,
+                        timeout=TIMEOUT)
+    assert_error_line(cp, "no-such-group-hwfs")
+
+
+def test_publish_reads_sources_as_the_caller(mount_factory, shared_src):
+    """A permitted caller cannot make the (root) daemon read files it cannot read."""
+    m = mount_factory(long_store=True, umask=0, extra=["--ctl-group", str(GROUP)])
+    pub = os.path.join(shared_src, "pub")
+    os.mkdir(pub, 0o755)
+    with open(os.path.join(pub, "ok.txt"), "w") as f:
+        f.write("anyone may read this\n")
+    secret = os.path.join(pub, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("root only\n")
+    os.chmod(secret, 0o600)
+    cp = as_user(m, "publish", pub, "leak", groups=[GROUP])
+    assert_error_line(cp, "secret.txt", "permission denied")
+    assert m.version("leak") is None
+    # a directory the caller cannot list is refused too
+    closed = os.path.join(shared_src, "closed")
+    os.mkdir(closed, 0o700)
+    with open(os.path.join(closed, "x"), "w") as f:
+        f.write("x")
+    cp = as_user(m, "publish", closed, "leak2", groups=[GROUP])
+    assert cp.returncode != 0 and m.version("leak2") is None, cp.stderr
+    # what the caller can read, it may publish; root may publish anything
+    os.chmod(secret, 0o644)
+    cp = as_user(m, "publish", pub, "fine", groups=[GROUP])
+    assert cp.returncode == 0, cp.stderr
+    os.chmod(secret, 0o600)
+    m.run("publish", pub, "byroot")
+    with open(m.vpath("byroot", "secret.txt")) as f:
+        assert f.read() == "root only\n"
+
+
+def _ctl_connect(mnt):
+    import socket
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(TIMEOUT)
+    s.connect(os.getxattr(mnt, "user.hwfs.control").decode())
+    return s
+
+
+@pytest.mark.limit(90)
+def test_umount_waits_for_control_connections(tmp_path):
+    """`hwfs umount` while one control connection idles and another publishes:
+    the daemon stops the publish, closes both and exits 0 (no use after free;
+    run with HWFS_BIN=build-asan/hwfs to have ASan check it)."""
+    import json
+
+    from conftest import is_mounted, poll, random_file, sh
+
+    mnt, store, big = tmp_path / "mnt", "/dev/shm/" + tmp_path.name + "-store", tmp_path / "big"
+    mnt.mkdir()
+    for i in range(8):
+        random_file(big / f"f{i}.bin", 32 << 20, seed=i)
+    log = open(tmp_path / "daemon.log", "w+")
+    env = dict(os.environ, HWFS_PUBLISH_IO="65536")  # small reads: the publish takes a while
+    asan = env.get("ASAN_OPTIONS", "")
+    env["ASAN_OPTIONS"] = (asan + ":" if asan else "") + "log_path=" + str(tmp_path / "asan")
+    proc = subprocess.Popen([HWFS, "mount", str(mnt), "--store", store, "-f"], stdout=log,
+                            stderr=log, stdin=subprocess.DEVNULL, env=env)
+    idle = pub = None
+    try:
+        assert poll(lambda: is_mounted(mnt) and os.path.exists(mnt / "versions"), 20), \
+            "foreground daemon did not mount"
+        idle = _ctl_connect(mnt)
+        pub = _ctl_connect(mnt)
+        pub.sendall(json.dumps({"op": "publish", "src": str(big), "version": "big"}).encode()
+                    + b"\n")
+        f = pub.makefile("rb")
+        while True:  # wait until the publish is really moving bytes
+            line = json.loads(f.readline())
+            assert "progress" in line, f"publish ended before umount: {line}"
+            if line["progress"]["done"] > 0:
+                break
+        cp = sh([HWFS, "umount", str(mnt)], check=False)
+        assert cp.returncode == 0, cp.stderr
+        rc = proc.wait(timeout=60)
+        log.seek(0)
+        out = log.read()
+        reports = [p.name for p in tmp_path.iterdir() if p.name.startswith("asan")]
+        assert rc == 0 and not reports and "AddressSanitizer" not in out, \
+            f"daemon exit {rc}, sanitizer logs {reports}:\n{out[-4000:]}"
+        rest = f.read().decode()  # the publisher is told, or its connection is closed
+        assert rest == "" or '"ok":false' in rest.replace(" ", ""), rest
+        assert idle.recv(1) == b""
+    finally:
+        for s in (idle, pub):
+            if s:
+                s.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        shutil.rmtree(store, ignore_errors=True)
+        log.close()
