@@ -126,19 +126,52 @@ static uint64_t default_capacity(const char *dir)
 	return (uint64_t)vfs.f_blocks * vfs.f_frsize / 4 * 3;
 }
 
+/*
+ * Is process @pid on its way out (PF_EXITING in /proc/PID/stat)?  A daemon
+ * killed with SIGKILL keeps its store lock until the kernel has torn down its
+ * address space, which can take a moment after kill(2) returned.
+ */
+static int pid_exiting(long pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long flags = 0;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	p = strrchr(buf, ')'); /* the command name may hold spaces and ')' */
+	/* after ") ": state ppid pgrp session tty_nr tpgid flags */
+	if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %lu", &flags) != 1)
+		return 0;
+	return (flags & 0x4) != 0; /* PF_EXITING */
+}
+
 static int take_lock(struct store *s)
 {
 	char path[4096], buf[32];
+	double give_up = hwfs_mono_s() + 10;
 	int fd, n;
 
 	snprintf(path, sizeof(path), "%s/lock", s->dir);
 	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;
-	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+	while (flock(fd, LOCK_EX | LOCK_NB) < 0) {
 		n = (int)pread(fd, buf, sizeof(buf) - 1, 0);
 		buf[n > 0 ? n : 0] = '\0';
 		buf[strcspn(buf, "\n")] = '\0';
+		if (n > 0 && pid_exiting(strtol(buf, NULL, 10)) && hwfs_mono_s() < give_up) {
+			usleep(20000); /* the holder is dying: its lock goes with it */
+			continue;
+		}
 		LOG_ERR("store %s is in use by pid %s", s->dir, n > 0 ? buf : "?");
 		close(fd);
 		return -EBUSY;
