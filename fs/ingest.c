@@ -11,10 +11,12 @@
  * back is still cut as it is written.  `random` is set by a thaw and stops
  * streaming cuts until writer_finish().
  *
- * Staging grows in place (arena_extend) when the range after it is free —
- * the common case, since a sequential writer sits at the arena's high-water
- * mark — and otherwise moves, copying only the bytes of the piece in
- * progress.
+ * Staging grows in place (store_stage_extend) when the range after it is
+ * free — the common case, since a sequential writer sits at the arena's
+ * high-water mark — and otherwise moves, copying only the bytes of the piece
+ * in progress.  Staging ranges come from the store's staging calls; ingest
+ * never calls the arena's allocator, only writes its staged bytes through the
+ * mapping (arena_base), its fast path.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -32,7 +34,7 @@ enum st_state { ST_UNKNOWN, ST_YES, ST_NO };
 
 struct writer {
 	struct store *st;
-	struct arena *ar;
+	struct arena *ar; /* for arena_base(): staging bytes are written through the mapping */
 	struct fext *ext;
 	size_t n_ext, cap_ext;
 	uint64_t cut_pos;
@@ -133,7 +135,7 @@ static int stg_ensure(struct writer *w, uint64_t need)
 		return 0;
 	if (w->stg_len == 0) {
 		newlen = HWFS_MAX(need, hwfs_tun.staging_min);
-		r = arena_alloc(w->ar, newlen, &noff);
+		r = store_stage_alloc(w->st, newlen, 0, &noff);
 		if (r < 0)
 			return r;
 		w->stg_off = noff;
@@ -141,19 +143,19 @@ static int stg_ensure(struct writer *w, uint64_t need)
 		return 0;
 	}
 	newlen = HWFS_MAX(need, w->stg_len + HWFS_MIN(w->stg_len, hwfs_tun.staging_step));
-	if (arena_extend(w->ar, w->stg_off, w->stg_len, newlen) == 0 ||
-	    (newlen > need && arena_extend(w->ar, w->stg_off, w->stg_len, need) == 0 &&
+	if (store_stage_extend(w->st, w->stg_off, w->stg_len, newlen) == 0 ||
+	    (newlen > need && store_stage_extend(w->st, w->stg_off, w->stg_len, need) == 0 &&
 	     (newlen = need))) {
 		w->stg_len = newlen;
 		return 0;
 	}
-	r = arena_alloc(w->ar, newlen, &noff);
-	if (r < 0 && newlen > need && (r = arena_alloc(w->ar, need, &noff)) == 0)
+	r = store_stage_alloc(w->st, newlen, 0, &noff);
+	if (r < 0 && newlen > need && (r = store_stage_alloc(w->st, need, 0, &noff)) == 0)
 		newlen = need;
 	if (r < 0)
 		return r;
 	memcpy(arena_base(w->ar) + noff, arena_base(w->ar) + w->stg_off, w->size - w->cut_pos);
-	arena_free(w->ar, w->stg_off, w->stg_len);
+	store_stage_free(w->st, w->stg_off, w->stg_len);
 	w->stg_off = noff;
 	w->stg_len = newlen;
 	return 0;
@@ -162,7 +164,7 @@ static int stg_ensure(struct writer *w, uint64_t need)
 static void stg_release(struct writer *w)
 {
 	if (w->stg_len)
-		arena_free(w->ar, w->stg_off, w->stg_len);
+		store_stage_free(w->st, w->stg_off, w->stg_len);
 	w->stg_len = 0;
 }
 
@@ -191,7 +193,7 @@ static int thaw(struct writer *w)
 	int r;
 
 	if (len) {
-		r = arena_alloc(w->ar, len, &noff);
+		r = store_stage_alloc(w->st, len, 0, &noff);
 		if (r < 0)
 			return r;
 		for (size_t i = 0; i < w->n_ext; i++)
@@ -254,7 +256,7 @@ static int cut_one(struct writer *w, uint64_t len)
 		return 0;
 	}
 	if (!adopted)
-		arena_free(w->ar, w->stg_off, len);
+		store_stage_free(w->st, w->stg_off, len);
 	w->stg_off += len;
 	w->stg_len -= len;
 	if (w->stg_len == 0)

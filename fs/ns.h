@@ -22,7 +22,12 @@
  * change, so reads of sealed data take no lock at all.
  *
  * Fields marked (ro) may be read by other modules while they hold a reference
- * (lookup or open); only ns.c changes them.
+ * (lookup or open); only the namespace's own files change them.
+ *
+ * Code layout: ns.c (core: nodes, references, life cycle), ns_version.c
+ * (versions: load, import, seal, remove, current, records), ns_tensors.c
+ * (the tensors/ view), ns_tree.c (tree changes through FUSE), ns_io.c (file
+ * data); they share the private ns_i.h.
  */
 #ifndef HWFS_NS_H
 #define HWFS_NS_H

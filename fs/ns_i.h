@@ -1,0 +1,90 @@
+/*
+ * ns_i.h — private declarations shared by the files of the namespace:
+ * ns.c (core), ns_version.c, ns_tensors.c, ns_tree.c and ns_io.c.  Nothing
+ * outside those files includes it; the public API is ns.h.
+ *
+ * Helpers that read the tree expect the namespace lock held; those that
+ * change it, the exclusive one.
+ */
+#ifndef HWFS_NS_I_H
+#define HWFS_NS_I_H
+
+#include "ns.h"
+
+struct ns {
+	struct store *st;
+	pthread_rwlock_t lock;
+	struct node *root, *versions;
+	struct version **vers; /* in seq order */
+	size_t nvers, capvers;
+	struct version *graveyard; /* removed versions, freed at ns_destroy */
+	struct node orphans;       /* list head: detached nodes still referenced */
+	void (*seal_hook)(void *arg, const char *name);
+	void *seal_hook_arg;
+	uint64_t next_ino; /* atomic */
+	uint64_t next_seq;
+};
+
+/* ns.c: nodes and directories */
+
+/** A new unattached node with a fresh inode number, or NULL (out of memory). */
+struct node *node_new(struct ns *ns, enum ntype type, const char *name, uint32_t mode,
+		      uint32_t uid, uint32_t gid);
+/** Whether nodes of type @t are directories. */
+int is_dir_type(enum ntype t);
+/** Attach @n to @dir under its name: 0, -EEXIST or -ENOMEM. */
+int kid_insert(struct node *dir, struct node *n);
+/** Detach @n from @dir (no-op when it is not there). */
+void kid_remove(struct node *dir, struct node *n);
+/** Free @n (not its children), leaving the orphan list; a pinned file stays. */
+void node_free(struct ns *ns, struct node *n);
+/** Detach @n and its subtree; free what nothing references, orphan the rest. */
+void detach_tree(struct ns *ns, struct node *n);
+/** Path of @n relative to its version root, malloc'd (NULL: out of memory). */
+char *node_path(const struct node *n);
+
+/* ns.c: a version's nodes with their paths (tensors/ left out), see collect() */
+struct nodelist {
+	struct node **v;
+	char **path;
+	size_t n, cap;
+};
+
+/** Append the nodes below @n to @l, depth first: 0 or -ENOMEM. */
+int collect(struct nodelist *l, struct node *n);
+/** Free @l's arrays and paths. */
+void nodelist_free(struct nodelist *l);
+/** qsort_r() comparison of indexes into @ctx (a nodelist) by path. */
+int cmp_idx(const void *a, const void *b, void *ctx);
+
+/* ns_version.c */
+
+/** Free a version struct (not its tree). */
+void version_free(struct version *v);
+/** Create version @name with its root under versions/: 0 or -errno. */
+int version_new(struct ns *ns, const char *name, enum hwfs_vstate state, uint64_t seq,
+		uint32_t mode, uint32_t uid, uint32_t gid, struct version **out);
+/** Forget version @v: detach its tree, keep the struct until shutdown. */
+void version_drop(struct ns *ns, struct version *v);
+/** Start-up: build a version from its index record: 0 or -errno. */
+int load_version(struct ns *ns, struct hwfs_vrec *rec);
+/** Make (or move) `current` to point at version @name: 0 or -ENOMEM. */
+int set_current_node(struct ns *ns, const char *name);
+/** Commit the version a new `current` symlink's @target names: 0 or -errno. */
+int commit_locked(struct ns *ns, const char *target);
+
+/* ns_tensors.c */
+
+/** Whether string @s ends with @suffix. */
+int ends_with(const char *s, const char *suffix);
+/** Whether file node @n has a tensor view (valid safetensors content). */
+int exposes_tensors(const struct node *n);
+/** Add tensors/ to sealed version @v and compute its figures. */
+void version_finish_tree(struct ns *ns, struct version *v);
+
+/* ns_tree.c */
+
+/** Whether @name may be a file or version name (UTF-8, no '/', 1..255 bytes). */
+int valid_name(const char *name);
+
+#endif /* HWFS_NS_I_H */
