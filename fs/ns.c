@@ -137,7 +137,7 @@ static void node_release_data(struct ns *ns, struct node *n)
 		if (n->pins)
 			return;
 		writer_abort(n->w);
-		n->w = NULL;
+		node_set_writer(n, NULL);
 		ingest_result_clear(ns->st, &n->data);
 	} else if (n->type == NT_TENSOR && n->tfile) {
 		struct node *f = n->tfile;
@@ -272,7 +272,7 @@ void ns_release(struct ns *ns, struct node *n)
 				LOG_ERR("file %s: out of memory while finishing; data lost", n->name);
 				n->write_error = ENOMEM;
 			}
-			n->w = NULL;
+			node_set_writer(n, NULL);
 		}
 		pthread_mutex_unlock(&n->mu);
 	}
@@ -347,7 +347,7 @@ void ns_stat(struct ns *ns, struct node *n, struct stat *st)
 	st->st_nlink = is_dir_type(n->type) ? 2 : 1;
 	switch (n->type) {
 	case NT_REG:
-		if (n->w) {
+		if (node_writer(n)) {
 			pthread_mutex_lock(&n->mu);
 			size = n->w ? writer_size(n->w) : n->data.size;
 			pthread_mutex_unlock(&n->mu);
@@ -517,7 +517,7 @@ static void free_subtree(struct ns *ns, struct node *n)
 	n->pins = 0;
 	__atomic_store_n(&n->nopen, 0, __ATOMIC_RELAXED);
 	writer_abort(n->w);
-	n->w = NULL;
+	node_set_writer(n, NULL);
 	n->data.n_ext = 0; /* forget, do not unreference */
 	ingest_result_clear(ns->st, &n->data);
 	n->tfile = NULL;

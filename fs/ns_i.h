@@ -73,6 +73,22 @@ int set_current_node(struct ns *ns, const char *name);
 /** Commit the version a new `current` symlink's @target names: 0 or -errno. */
 int commit_locked(struct ns *ns, const char *target);
 
+/*
+ * n->w of a regular file changes only under n->mu, but the read path and
+ * stat peek at it without the lock (a sealed file's writer is NULL for
+ * good): every store is a release, every unlocked peek an acquire, so the
+ * file's data is complete when a peek sees NULL.
+ */
+static inline struct writer *node_writer(const struct node *n)
+{
+	return __atomic_load_n(&n->w, __ATOMIC_ACQUIRE);
+}
+
+static inline void node_set_writer(struct node *n, struct writer *w)
+{
+	__atomic_store_n(&n->w, w, __ATOMIC_RELEASE);
+}
+
 /* ns_tensors.c */
 
 /** Whether string @s ends with @suffix. */

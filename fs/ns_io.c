@@ -22,13 +22,20 @@
 /* Make sure a file of an open version has a writer (n->mu held). */
 static int ensure_writer(struct ns *ns, struct node *n)
 {
+	struct writer *w = NULL;
+	int r;
+
 	if (n->w)
 		return 0;
 	if (n->data.size == 0 && n->data.n_ext == 0) {
 		ingest_result_clear(ns->st, &n->data);
-		return writer_create(ns->st, &n->w);
+		r = writer_create(ns->st, &w);
+	} else {
+		r = writer_resume(ns->st, &n->data, &w);
 	}
-	return writer_resume(ns->st, &n->data, &n->w);
+	if (r == 0)
+		node_set_writer(n, w);
+	return r;
 }
 
 static int write_common(struct ns *ns, struct node *n, uint64_t off, const void *buf, int fd,
@@ -207,7 +214,8 @@ int ns_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
 	if (n->type != NT_REG)
 		return -EISDIR;
 	/* Sealed data never changes: no lock on the hot path. */
-	if (n->ver && __atomic_load_n(&n->ver->state, __ATOMIC_ACQUIRE) != HWFS_V_OPEN && !n->w)
+	if (n->ver && __atomic_load_n(&n->ver->state, __ATOMIC_ACQUIRE) != HWFS_V_OPEN &&
+	    !node_writer(n))
 		return read_extents(ns, &n->data, off, len, emit, arg);
 	pthread_mutex_lock(&n->mu);
 	if (n->w) {

@@ -433,7 +433,7 @@ static void finish_files(struct ns *ns, struct node *n)
 				LOG_ERR("file %s: out of memory while finishing; data lost", k->name);
 				k->write_error = ENOMEM;
 			}
-			k->w = NULL;
+			node_set_writer(k, NULL);
 			pthread_mutex_unlock(&k->mu);
 		}
 	}
