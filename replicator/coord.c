@@ -32,6 +32,7 @@
 #include "keys.h"
 #include "manifest.h"
 #include "proto.h"
+#include "tunables.h"
 
 #define NODE_DEAD_S 3.0
 #define MAX_NODES 1024
@@ -39,7 +40,8 @@
 struct cnode {
 	char *name;
 	char *addr;
-	char *key; /* its public key, with CURVE */
+	char *key; /* its public key, with CURVE (what its pullers are told) */
+	char *bound_key; /* with CURVE: the authenticated key it joined with; its name is bound to it */
 	double last_seen;
 	int was_alive;      /* for noticing deaths */
 	char *session;      /* the agent incarnation (HELLO.session): a new one is a rejoin */
@@ -81,6 +83,9 @@ struct coord {
 	char *committed;
 	struct tx tx;
 	uint64_t next_txid;
+	uint64_t refused;     /* messages dropped from peers that are not joined nodes */
+	char warned[64][160]; /* "peer|reason" already logged (refuse()) */
+	size_t n_warned;
 };
 
 static volatile sig_atomic_t stop_flag;
@@ -104,6 +109,38 @@ static void send_to(struct coord *c, const char *node, enum proto_type t, json_t
 static int alive(const struct cnode *n)
 {
 	return hwfs_mono_s() - n->last_seen < NODE_DEAD_S;
+}
+
+/* Copy @in to @out (@len bytes) with anything but printable ASCII as '?', for logs. */
+static void printable(const char *in, char *out, size_t len)
+{
+	size_t i;
+
+	for (i = 0; in[i] && i + 1 < len; i++)
+		out[i] = in[i] >= 0x20 && in[i] < 0x7f ? in[i] : '?';
+	out[i] = '\0';
+}
+
+/*
+ * refuse() - drop a message of type @t from peer @from because of @why:
+ * count it (refused_messages in status --cluster) and log it once per peer
+ * and reason (the first 64 such pairs; later ones are only counted, so a
+ * flood cannot flood the log).
+ */
+static void refuse(struct coord *c, const char *from, enum proto_type t, const char *why)
+{
+	char who[64], key[160];
+
+	c->refused++;
+	printable(from, who, sizeof(who));
+	snprintf(key, sizeof(key), "%s|%s", who, why);
+	for (size_t i = 0; i < c->n_warned; i++)
+		if (!strcmp(c->warned[i], key))
+			return;
+	if (c->n_warned < HWFS_ARRAY_SIZE(c->warned))
+		snprintf(c->warned[c->n_warned++], sizeof(c->warned[0]), "%s", key);
+	LOG_WARN("coord: dropped %s from peer \"%s\": %s (logged once; every drop is counted in "
+		 "refused_messages of status --cluster)", proto_type_name(t), who, why);
 }
 
 static struct cnode *node_find(struct coord *c, const char *name)
@@ -175,6 +212,67 @@ static void load_committed(struct coord *c)
 			c->committed = strdup(buf);
 	}
 	fclose(f);
+}
+
+static void cnode_free(struct cnode *n)
+{
+	free(n->name);
+	free(n->addr);
+	free(n->key);
+	free(n->bound_key);
+	free(n->session);
+	json_decref(n->versions);
+}
+
+static void cversion_free(struct cversion *v)
+{
+	free(v->name);
+	free(v->manifest);
+	free(v->origin);
+}
+
+/*
+ * expire() - forget every node silent for NODE_DEAD_S + node_expiry_s (it
+ * left, or died for good), then every version no remaining node holds
+ * complete: they leave status --cluster and the planner.  A forgotten node
+ * that comes back joins as a new one and announces what it holds again.
+ */
+static void expire(struct coord *c)
+{
+	double now = hwfs_mono_s(), limit = NODE_DEAD_S + (double)hwfs_tun.node_expiry_s;
+	size_t before = c->n_nodes;
+
+	for (size_t i = 0; i < c->n_nodes;) {
+		struct cnode *n = &c->nodes[i];
+
+		if (now - n->last_seen < limit) {
+			i++;
+			continue;
+		}
+		LOG_WARN("coord: node %s silent for %.0f s (node_expiry_s=%llu): forgotten", n->name,
+			 now - n->last_seen, (unsigned long long)hwfs_tun.node_expiry_s);
+		cnode_free(n);
+		memmove(n, n + 1, (c->n_nodes - i - 1) * sizeof(*n));
+		c->n_nodes--;
+	}
+	for (size_t k = 0; c->n_nodes < before && k < c->n_vers;) {
+		struct cversion *v = &c->vers[k];
+		int held = 0;
+
+		for (size_t i = 0; i < c->n_nodes && !held; i++)
+			held = node_has(&c->nodes[i], v);
+		if (held) {
+			k++;
+			continue;
+		}
+		LOG_WARN("coord: %s forgotten: no node holds it complete any more (its holders left "
+			 "more than node_expiry_s ago)", v->name);
+		for (size_t i = 0; i < c->n_nodes; i++) /* pulls of it lost their donors */
+			json_object_del(c->nodes[i].versions, v->name);
+		cversion_free(v);
+		memmove(v, v + 1, (c->n_vers - k - 1) * sizeof(*v));
+		c->n_vers--;
+	}
 }
 
 /* --------------------------------------------------------------- planning */
@@ -322,8 +420,24 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	size_t i;
 
 	if (strcmp(from, proto_str(m, "node"))) {
-		LOG_WARN("coord: HELLO from %s claims to be %s; ignored", from, proto_str(m, "node"));
+		refuse(c, from, P_HELLO, "its HELLO claims another node name than its routing id");
 		return;
+	}
+	if (c->keys) { /* a name is bound to the key it joined with; a key to one live name */
+		if (!*m->user_id) {
+			refuse(c, from, P_HELLO, "no authenticated key");
+			return;
+		}
+		if (n && n->bound_key && strcmp(n->bound_key, m->user_id)) {
+			refuse(c, from, P_HELLO, "the name is bound to another key");
+			return;
+		}
+		for (i = 0; i < c->n_nodes; i++)
+			if (&c->nodes[i] != n && alive(&c->nodes[i]) && c->nodes[i].bound_key &&
+			    !strcmp(c->nodes[i].bound_key, m->user_id)) {
+				refuse(c, from, P_HELLO, "its key is bound to another live node");
+				return;
+			}
 	}
 	if (!n) {
 		struct cnode *nn = c->n_nodes < MAX_NODES
@@ -336,6 +450,7 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 		n = &c->nodes[c->n_nodes++];
 		memset(n, 0, sizeof(*n));
 		n->name = strdup(from);
+		n->bound_key = c->keys ? strdup(m->user_id) : NULL;
 		n->versions = json_object();
 		n->join_seq = ++c->join_seq;
 		LOG_INFO("coord: node %s joined (%s)", from, proto_str(m, "listen"));
@@ -343,7 +458,9 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	free(n->addr);
 	n->addr = strdup(proto_str(m, "listen"));
 	free(n->key);
-	n->key = proto_str(m, "key") ? strdup(proto_str(m, "key")) : NULL;
+	/* with CURVE, pullers get the key the node authenticated with, not what it claims */
+	n->key = c->keys ? strdup(m->user_id)
+			 : proto_str(m, "key") ? strdup(proto_str(m, "key")) : NULL;
 	if (session && (!n->session || strcmp(session, n->session))) {
 		free(n->session);
 		n->session = strdup(session);
@@ -596,9 +713,10 @@ static void on_status(struct coord *c, const char *from, struct proto_msg *m)
 						       "versions", vers));
 	}
 	send_to(c, from, P_STATUS_RES,
-		json_pack("{s:I, s:{s:s, s:o, s:o}}", "req", (json_int_t)proto_int(m, "req"),
+		json_pack("{s:I, s:{s:s, s:o, s:o, s:I}}", "req", (json_int_t)proto_int(m, "req"),
 			  "cluster", "coordinator", c->o->listen, "committed",
-			  c->committed ? json_string(c->committed) : json_null(), "nodes", nodes),
+			  c->committed ? json_string(c->committed) : json_null(), "nodes", nodes,
+			  "refused_messages", (json_int_t)c->refused),
 		NULL, 0);
 }
 
@@ -621,12 +739,27 @@ static void handle(struct coord *c)
 		}
 		ident[ident_len] = '\0';
 		if (strlen(ident) != ident_len || !*ident) {
+			refuse(c, "(unnamed)", m.type, "no routing id: not an hwfs node");
 			proto_msg_clear(&m);
-			continue; /* not a named node */
+			continue;
 		}
-		/* HELLO refreshes liveness itself, after deciding whether this is a rejoin */
-		if (m.type != P_HELLO && node_find(c, ident))
-			node_find(c, ident)->last_seen = hwfs_mono_s();
+		/*
+		 * Only joined nodes are heard: a routing id that completed HELLO
+		 * and, with keys, speaks with the key it joined with.  HELLO
+		 * refreshes liveness itself, after deciding whether it is a rejoin.
+		 */
+		if (m.type != P_HELLO) {
+			struct cnode *n = node_find(c, ident);
+
+			if (!n || (c->keys && (!n->bound_key || strcmp(n->bound_key, m.user_id)))) {
+				refuse(c, ident, m.type,
+				       n ? "sent with another key than the node joined with"
+					 : "not joined (no HELLO accepted from it)");
+				proto_msg_clear(&m);
+				continue;
+			}
+			n->last_seen = hwfs_mono_s();
+		}
 		switch (m.type) {
 		case P_HELLO:
 			on_hello(c, ident, &m);
@@ -717,6 +850,7 @@ int coord_run(const struct coord_opts *o)
 		handle(&c);
 		tx_tick(&c);
 		deaths(&c);
+		expire(&c);
 	}
 	LOG_INFO("coord: stopped");
 	goto out;
@@ -733,19 +867,11 @@ out:
 	keys_free(c.keys);
 	if (c.ctx)
 		zmq_ctx_term(c.ctx);
-	for (size_t i = 0; i < c.n_nodes; i++) {
-		free(c.nodes[i].name);
-		free(c.nodes[i].addr);
-		free(c.nodes[i].key);
-		free(c.nodes[i].session);
-		json_decref(c.nodes[i].versions);
-	}
+	for (size_t i = 0; i < c.n_nodes; i++)
+		cnode_free(&c.nodes[i]);
 	free(c.nodes);
-	for (size_t i = 0; i < c.n_vers; i++) {
-		free(c.vers[i].name);
-		free(c.vers[i].manifest);
-		free(c.vers[i].origin);
-	}
+	for (size_t i = 0; i < c.n_vers; i++)
+		cversion_free(&c.vers[i]);
 	free(c.vers);
 	free(c.committed);
 	if (c.tx.active) {

@@ -661,6 +661,11 @@ int proto_recv(void *sock, void *ident, size_t *ident_len, int dontwait, struct 
 	r = proto_decode_frames(fr, fl, got - base, &m, err, errlen);
 	if (r)
 		goto out;
+	{ /* who the transport authenticated (CURVE + ZAP), for the receiver's checks */
+		const char *uid = zmq_msg_gets(&part[base], "User-Id");
+
+		snprintf(m.user_id, sizeof(m.user_id), "%s", uid ? uid : "");
+	}
 	if (got - base == 2) {
 		/* Keep the payload frame; a small one lives inside the zmq_msg_t. */
 		keep = malloc(sizeof(*keep));

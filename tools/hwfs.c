@@ -465,18 +465,15 @@ static int cmd_manifest(int argc, char **argv)
 
 /* ------------------------------------------------------------ mount, umount */
 
-/* Is @ep (tcp://HOST:PORT, ipc://, inproc://) reachable only from this machine? */
-static int loopback_endpoint(const char *ep)
-{
-	const char *h;
-
-	if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9))
-		return 1;
-	if (strncmp(ep, "tcp://", 6))
-		return 0;
-	h = ep + 6;
-	return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) || !strncmp(h, "[::1]:", 6);
-}
+/*
+ * Replication is secure by default: without --keys every peer that reaches a
+ * port could join, announce and commit, and a loopback port is reachable by
+ * every local user, so a keyless cluster needs --insecure wherever it listens.
+ */
+#define KEYLESS_REFUSED                                                                           \
+	"without keys: any process that reaches it (any local user too, on loopback) could join "  \
+	"the cluster and commit (use --keys DIR, see hwfs keygen; or --insecure for a keyless "   \
+	"test cluster)"
 
 /*
  * spawn_daemon() - run @run(@arg, notify_fd) in a daemon process (new session,
@@ -642,9 +639,10 @@ static int cmd_coord(int argc, char **argv)
 	}
 	if (!o.listen || optind != argc)
 		usage_die(usage);
-	if (!o.keys && !insecure && !loopback_endpoint(o.listen))
-		die("refusing to listen on %s without keys (use a loopback address, or --insecure)",
-		    o.listen);
+	if (!o.keys && !insecure)
+		die("refusing to run a coordinator on %s " KEYLESS_REFUSED, o.listen);
+	if (hwfs_tunables_load(NULL, 0) < 0) /* node_expiry_s from HWFS_NODE_EXPIRY_S */
+		die("bad tunable in the environment (see hwfs mount --help)");
 	if (fg)
 		return coord_run(&o) < 0 ? 1 : 0;
 	if (o.state) {
@@ -810,16 +808,14 @@ static int cmd_mount(int argc, char **argv)
 		usage_die(usage);
 	if (o.coordinator && !o.join)
 		o.join = o.coordinator; /* a node with the coordinator inside joins it */
-	if (o.coordinator && !o.keys && !insecure && !loopback_endpoint(o.coordinator))
-		die("refusing to run a coordinator on %s without keys (use --keys DIR, a loopback "
-		    "address, or --insecure)", o.coordinator);
+	if (o.coordinator && !o.keys && !insecure)
+		die("refusing to run a coordinator on %s " KEYLESS_REFUSED, o.coordinator);
 	if (o.join && (!o.node || !o.listen))
 		die("--join needs --node NAME and --listen tcp://HOST:PORT");
 	if (!o.join && (o.node || o.listen))
 		die("--node and --listen only make sense with --join");
-	if (o.listen && !o.keys && !insecure && !loopback_endpoint(o.listen))
-		die("refusing to listen on %s without keys: traffic would be unauthenticated "
-		    "(use --keys DIR, a loopback address, or --insecure)", o.listen);
+	if (o.join && !o.keys && !insecure)
+		die("refusing to join %s and serve shards on %s " KEYLESS_REFUSED, o.join, o.listen);
 	if (hwfs_tunables_load((const char *const *)opts, n_opts) < 0)
 		die("bad tunable in -o (see hwfs mount --help)");
 	if (stat(argv[optind], &st) < 0 && errno == ENOTCONN) {
