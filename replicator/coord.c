@@ -66,8 +66,10 @@ struct tx {
 	char requester[256];
 	uint64_t req;
 	int phase; /* 1 prepare, 2 commit */
-	json_t *pending; /* node names still to answer */
+	json_t *pending; /* node names still to answer (at the end: the unknown ones) */
 	json_t *nodes;   /* the participants */
+	json_t *done;    /* nodes that ACKed the flip */
+	json_t *failed;  /* node -> reason: refused READY, or ACKed a failed flip */
 	double deadline;
 };
 
@@ -558,16 +560,32 @@ static void on_have(struct coord *c, const char *from, struct proto_msg *m)
 			 (json_int_t)proto_int(m, "bytes_needed"));
 }
 
-static void tx_finish(struct coord *c, int ok, const char *reason)
+static void tx_free(struct tx *tx)
+{
+	free(tx->version);
+	json_decref(tx->pending);
+	json_decref(tx->nodes);
+	json_decref(tx->done);
+	json_decref(tx->failed);
+	memset(tx, 0, sizeof(*tx));
+}
+
+/*
+ * tx_finish() - answer the requester with exactly what happened and end the
+ * transaction.  @outcome: "committed" (every participant ACKed its flip: the
+ * only ok result), "partial" (the decision was commit, but some nodes failed
+ * to flip or did not ACK before the deadline: "unknown"), or "aborted"
+ * (nobody was told to flip).
+ */
+static void tx_finish(struct coord *c, const char *outcome, const char *reason)
 {
 	send_to(c, c->tx.requester, P_COMMIT_RES,
-		json_pack("{s:I, s:b, s:s, s:O}", "req", (json_int_t)c->tx.req, "ok", ok, "reason",
-			  reason, "nodes", c->tx.nodes),
+		json_pack("{s:I, s:b, s:s, s:O, s:s, s:O, s:O, s:O}", "req", (json_int_t)c->tx.req,
+			  "ok", !strcmp(outcome, "committed"), "reason", reason, "nodes", c->tx.nodes,
+			  "outcome", outcome, "committed", c->tx.done, "failed", c->tx.failed,
+			  "unknown", c->tx.pending),
 		NULL, 0);
-	free(c->tx.version);
-	json_decref(c->tx.pending);
-	json_decref(c->tx.nodes);
-	memset(&c->tx, 0, sizeof(c->tx));
+	tx_free(&c->tx);
 }
 
 /* Send @t {txid, version[, @key: @val]} to every node of the transaction. */
@@ -590,7 +608,7 @@ static void tx_abort(struct coord *c, const char *reason)
 {
 	LOG_WARN("coord: commit of %s aborted: %s", c->tx.version, reason);
 	tx_send_all(c, P_ABORT, "reason", reason);
-	tx_finish(c, 0, reason);
+	tx_finish(c, "aborted", reason);
 }
 
 static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m)
@@ -602,9 +620,10 @@ static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m
 
 	if (c->tx.active || !v) {
 		send_to(c, from, P_COMMIT_RES,
-			json_pack("{s:I, s:b, s:s, s:[]}", "req", (json_int_t)req, "ok", 0, "reason",
+			json_pack("{s:I, s:b, s:s, s:[], s:s}", "req", (json_int_t)req, "ok", 0, "reason",
 				  c->tx.active ? "another commit is in progress"
-					       : "no node has announced that version"),
+					       : "no node has announced that version",
+				  "nodes", "outcome", "aborted"),
 			NULL, 0);
 		return;
 	}
@@ -614,6 +633,7 @@ static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m
 			json_array_append_new(nodes, json_string(c->nodes[i].name));
 	c->tx = (struct tx){.active = 1, .txid = ++c->next_txid, .version = strdup(name),
 			    .req = req, .phase = 1, .pending = json_deep_copy(nodes), .nodes = nodes,
+			    .done = json_array(), .failed = json_object(),
 			    .deadline = hwfs_mono_s() +
 					HWFS_MAX(proto_int(m, "deadline_ms"), 100) / 1000.0};
 	snprintf(c->tx.requester, sizeof(c->tx.requester), "%s", from);
@@ -645,6 +665,8 @@ static void on_ready(struct coord *c, const char *from, struct proto_msg *m)
 	if (!proto_bool(m, "ok")) {
 		snprintf(reason, sizeof(reason), "node %s is not ready: %s", from,
 			 proto_str(m, "reason") ?: "refused");
+		json_object_set_new(c->tx.failed, from,
+				    json_string(proto_str(m, "reason") ?: "not ready"));
 		tx_abort(c, reason);
 		return;
 	}
@@ -665,13 +687,24 @@ static void on_ack(struct coord *c, const char *from, struct proto_msg *m)
 	if (!c->tx.active || c->tx.phase != 2 || proto_int(m, "txid") != c->tx.txid ||
 	    !tx_answered(c, from))
 		return;
-	if (!proto_bool(m, "ok"))
-		LOG_ERR("coord: %s could not flip to %s: %s", from, c->tx.version,
-			proto_str(m, "reason") ?: "?");
-	if (json_array_size(c->tx.pending) == 0) {
+	if (proto_bool(m, "ok")) {
+		json_array_append_new(c->tx.done, json_string(from));
+	} else {
+		LOG_ERR("coord: %s could not flip to %s: %s (it retries on its heartbeats)", from,
+			c->tx.version, proto_str(m, "reason") ?: "?");
+		json_object_set_new(c->tx.failed, from, json_string(proto_str(m, "reason") ?: "?"));
+	}
+	if (json_array_size(c->tx.pending))
+		return;
+	if (json_object_size(c->tx.failed) == 0) {
 		LOG_INFO("coord: %s committed on %zu node(s)", c->tx.version,
 			 json_array_size(c->tx.nodes));
-		tx_finish(c, 1, "committed");
+		tx_finish(c, "committed", "committed");
+	} else {
+		LOG_ERR("coord: %s committed on %zu of %zu node(s); %zu failed to flip",
+			c->tx.version, json_array_size(c->tx.done), json_array_size(c->tx.nodes),
+			json_object_size(c->tx.failed));
+		tx_finish(c, "partial", "some nodes failed to flip");
 	}
 }
 
@@ -681,13 +714,16 @@ static void tx_tick(struct coord *c)
 
 	if (!c->tx.active || hwfs_mono_s() < c->tx.deadline)
 		return;
-	snprintf(reason, sizeof(reason), "deadline passed waiting for %s",
-		 json_string_value(json_array_get(c->tx.pending, 0)) ?: "?");
+	snprintf(reason, sizeof(reason), "deadline passed waiting for %s%s",
+		 json_string_value(json_array_get(c->tx.pending, 0)) ?: "?",
+		 json_array_size(c->tx.pending) > 1 ? " and others" : "");
 	if (c->tx.phase == 1) {
 		tx_abort(c, reason);
-	} else { /* decided already: report, the laggards catch up on rejoin */
-		LOG_ERR("coord: commit of %s: %s", c->tx.version, reason);
-		tx_finish(c, 0, reason);
+	} else { /* decided already: report exactly who flipped; the rest catch up */
+		LOG_ERR("coord: commit of %s decided, but %s: %zu node(s) ACKed, %zu failed, %zu "
+			"unknown", c->tx.version, reason, json_array_size(c->tx.done),
+			json_object_size(c->tx.failed), json_array_size(c->tx.pending));
+		tx_finish(c, "partial", reason);
 	}
 }
 
@@ -874,10 +910,7 @@ out:
 		cversion_free(&c.vers[i]);
 	free(c.vers);
 	free(c.committed);
-	if (c.tx.active) {
-		free(c.tx.version);
-		json_decref(c.tx.pending);
-		json_decref(c.tx.nodes);
-	}
+	if (c.tx.active)
+		tx_free(&c.tx);
 	return r;
 }

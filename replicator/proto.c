@@ -47,7 +47,7 @@ struct field {
 	int optional; /* may be absent or null */
 };
 
-#define MAX_FIELDS 5
+#define MAX_FIELDS 8
 
 struct schema {
 	const char *name;
@@ -100,7 +100,11 @@ static const struct schema schemas[] = {
 			  {{"req", F_INT, 0},
 			   {"ok", F_BOOL, 0},
 			   {"reason", F_STR, 1},
-			   {"nodes", F_STRS, 0}}},
+			   {"nodes", F_STRS, 0},
+			   {"outcome", F_STR, 1},
+			   {"committed", F_STRS, 1},
+			   {"failed", F_OBJ, 1},
+			   {"unknown", F_STRS, 1}}},
 	[P_STATUS_RES] = {"STATUS_RES", 0, {{"req", F_INT, 0}, {"cluster", F_OBJ, 0}}},
 	[P_PONG] = {"PONG", 0, {{NULL, F_STR, 0}}},
 	/* node <-> node */

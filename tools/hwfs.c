@@ -353,6 +353,54 @@ static int cmd_simple(int argc, char **argv, const char *op, const char *usage,
 	return 0;
 }
 
+/* Print "LABEL: a, b, c" for the node names in array @a (nothing when empty). */
+static void print_nodes(const char *label, json_t *a)
+{
+	size_t k;
+	json_t *v;
+
+	if (!json_array_size(a))
+		return;
+	printf("%s:", label);
+	json_array_foreach(a, k, v)
+		printf("%s %s", k ? "," : "", json_string_value(v));
+	printf("\n");
+}
+
+/*
+ * commit: prints what happened on every node and exits 0 only when every live
+ * node committed; 1 when nothing flipped (aborted, or refused before), 3 when
+ * the commit was decided but some nodes failed to flip or did not answer
+ * (partial), 4 when the coordinator went away and the outcome is unknown.
+ */
+static int cmd_commit(int argc, char **argv)
+{
+	int i = client_opts(argc, argv, "hwfs commit VERSION [--local] [-m MOUNT] [--json]", 1, 1,
+			    NULL);
+	json_t *res = call(json_pack("{s:s, s:s, s:b}", "op", "commit", "version", argv[i],
+				     "local", g_local),
+			   0);
+	const char *outcome = jstr(res, "outcome"), *k;
+	int ok = json_is_true(json_object_get(res, "ok"));
+	int rc = ok ? 0 : !strcmp(outcome, "partial") ? 3 : !strcmp(outcome, "unknown") ? 4 : 1;
+	json_t *v;
+
+	if (g_json) {
+		print_json(res);
+	} else {
+		if (ok)
+			printf("current -> versions/%s\n", argv[i]);
+		print_nodes("committed on", json_object_get(res, "committed"));
+		json_object_foreach(json_object_get(res, "failed"), k, v)
+			printf("failed on %s: %s\n", k, json_string_value(v));
+		print_nodes("no answer from", json_object_get(res, "unknown"));
+	}
+	if (!ok)
+		fprintf(stderr, "hwfs: error: %s\n", jstr(res, "error"));
+	json_decref(res);
+	return rc;
+}
+
 static int cmd_publish(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs publish SRC_DIR VERSION [-m MOUNT] [--json]", 2, 2,
@@ -964,8 +1012,7 @@ int main(int argc, char **argv)
 	if (!strcmp(verb, "seal"))
 		return cmd_simple(argc, argv, "seal", "hwfs seal VERSION [-m MOUNT]", "sealed %s\n");
 	if (!strcmp(verb, "commit"))
-		return cmd_simple(argc, argv, "commit", "hwfs commit VERSION [--local] [-m MOUNT]",
-				  "current -> versions/%s\n");
+		return cmd_commit(argc, argv);
 	if (!strcmp(verb, "rm"))
 		return cmd_simple(argc, argv, "rm", "hwfs rm VERSION [-m MOUNT]", "removed %s\n");
 	if (!strcmp(verb, "publish"))
