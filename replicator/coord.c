@@ -44,6 +44,7 @@ struct cnode {
 	char *bound_key; /* with CURVE: the authenticated key it joined with; its name is bound to it */
 	double last_seen;
 	int was_alive;      /* for noticing deaths */
+	int welcome_due;    /* it died: its next HELLO is a rejoin, whatever it sent before */
 	char *session;      /* the agent incarnation (HELLO.session): a new one is a rejoin */
 	uint64_t bad_shards; /* reported by its pullers */
 	uint64_t join_seq;
@@ -83,6 +84,7 @@ struct coord {
 	struct cversion *vers;
 	size_t n_vers;
 	char *committed;
+	uint64_t epoch; /* commit decisions so far (with --state, across restarts) */
 	struct tx tx;
 	uint64_t next_txid;
 	uint64_t refused;     /* messages dropped from peers that are not joined nodes */
@@ -189,7 +191,9 @@ static void save_committed(struct coord *c)
 	snprintf(path, sizeof(path), "%s/committed", c->o->state);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
 	f = fopen(tmp, "w");
-	if (!f || fprintf(f, "%s\n", c->committed ? c->committed : "") < 0 || fflush(f) ||
+	if (!f ||
+	    fprintf(f, "%s\n%llu\n", c->committed ? c->committed : "",
+		    (unsigned long long)c->epoch) < 0 || fflush(f) ||
 	    fsync(fileno(f)) || fclose(f) || rename(tmp, path)) {
 		LOG_ERR("coord: cannot record the committed version in %s: %s", path,
 			strerror(errno));
@@ -213,6 +217,8 @@ static void load_committed(struct coord *c)
 		if (*buf)
 			c->committed = strdup(buf);
 	}
+	if (fgets(buf, sizeof(buf), f)) /* the epoch; absent in older state files */
+		c->epoch = strtoull(buf, NULL, 10);
 	fclose(f);
 }
 
@@ -394,6 +400,7 @@ static void deaths(struct coord *c)
 
 		if (c->nodes[i].was_alive && !a) {
 			LOG_WARN("coord: node %s stopped answering", c->nodes[i].name);
+			c->nodes[i].welcome_due = 1;
 			died = 1;
 		}
 		c->nodes[i].was_alive = a;
@@ -412,13 +419,25 @@ static void deaths(struct coord *c)
 
 /* --------------------------------------------------------------- messages */
 
+/* {"committed": V|null, "epoch": N}: the cluster's last commit decision. */
+static json_t *committed_fields(const struct coord *c)
+{
+	return json_pack("{s:o, s:I}", "committed",
+			 c->committed ? json_string(c->committed) : json_null(), "epoch",
+			 (json_int_t)c->epoch);
+}
+
 static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 {
 	struct cnode *n = node_find(c, from);
 	json_t *vers = json_object_get(m->h, "versions"), *e;
 	const char *session = proto_str(m, "session");
-	/* a new node, one that was dead, or one that restarted (new session): welcome it */
-	int fresh = !n || !alive(n) || (session && (!n->session || strcmp(session, n->session)));
+	/*
+	 * A new node, one that was dead (even if some other message of it came
+	 * first), or one that restarted (new session): welcome it.
+	 */
+	int fresh = !n || !alive(n) || n->welcome_due ||
+		    (session && (!n->session || strcmp(session, n->session)));
 	size_t i;
 
 	if (strcmp(from, proto_str(m, "node"))) {
@@ -469,6 +488,7 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 		forget_pulls(c, n); /* gone with the old incarnation */
 	}
 	n->last_seen = hwfs_mono_s();
+	n->welcome_due = 0;
 	json_array_foreach(vers, i, e) {
 		const char *vn = json_string_value(json_object_get(e, "name"));
 		struct cversion *v = version_find(c, vn);
@@ -480,14 +500,13 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 			 json_is_true(json_object_get(e, "complete")),
 			 v ? (json_int_t)v->bytes : 0, 0);
 	}
-	if (!fresh) { /* heartbeat answered: the node knows we are here */
-		send_to(c, from, P_PONG, NULL, NULL, 0);
+	if (!fresh) { /* heartbeat answered; the decision is repeated for nodes that missed it */
+		send_to(c, from, P_PONG, committed_fields(c), NULL, 0);
 		return;
 	}
-	send_to(c, from, P_WELCOME,
-		json_pack("{s:s, s:o}", "coordinator", c->o->listen, "committed",
-			  c->committed ? json_string(c->committed) : json_null()),
-		NULL, 0);
+	e = committed_fields(c);
+	json_object_set_new(e, "coordinator", json_string(c->o->listen));
+	send_to(c, from, P_WELCOME, e, NULL, 0);
 	plan_for(c, n);
 }
 
@@ -600,6 +619,8 @@ static void tx_send_all(struct coord *c, enum proto_type t, const char *key, con
 
 		if (f && key)
 			json_object_set_new(f, key, json_string(val));
+		if (f && t == P_COMMIT) /* the decision's epoch: the node records what it applied */
+			json_object_set_new(f, "epoch", json_integer((json_int_t)c->epoch));
 		send_to(c, json_string_value(nm), t, f, NULL, 0);
 	}
 }
@@ -675,6 +696,7 @@ static void on_ready(struct coord *c, const char *from, struct proto_msg *m)
 	/* everyone is ready: the decision is made, and recorded before it is sent */
 	free(c->committed);
 	c->committed = strdup(c->tx.version);
+	c->epoch++;
 	save_committed(c);
 	c->tx.phase = 2;
 	json_decref(c->tx.pending);

@@ -84,14 +84,16 @@ static const struct schema schemas[] = {
 	[P_STATUS_REQ] = {"STATUS_REQ", 0, {{"req", F_INT, 0}}},
 	[P_PING] = {"PING", 0, {{NULL, F_STR, 0}}},
 	/* coordinator -> node */
-	[P_WELCOME] = {"WELCOME", 0, {{"coordinator", F_STR, 0}, {"committed", F_STR_NULL, 0}}},
+	[P_WELCOME] = {"WELCOME",
+		       0,
+		       {{"coordinator", F_STR, 0}, {"committed", F_STR_NULL, 0}, {"epoch", F_INT, 1}}},
 	[P_PLAN] = {"PLAN",
 		    1,
 		    {{"version", F_STR, 0}, {"digest", F_HEX, 0}, {"donors", F_DONORS, 0}}},
 	[P_PREPARE] = {"PREPARE",
 		       0,
 		       {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"digest", F_HEX, 0}}},
-	[P_COMMIT] = {"COMMIT", 0, {{"txid", F_INT, 0}, {"version", F_STR, 0}}},
+	[P_COMMIT] = {"COMMIT", 0, {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"epoch", F_INT, 1}}},
 	[P_ABORT] = {"ABORT",
 		     0,
 		     {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"reason", F_STR, 0}}},
@@ -106,7 +108,7 @@ static const struct schema schemas[] = {
 			   {"failed", F_OBJ, 1},
 			   {"unknown", F_STRS, 1}}},
 	[P_STATUS_RES] = {"STATUS_RES", 0, {{"req", F_INT, 0}, {"cluster", F_OBJ, 0}}},
-	[P_PONG] = {"PONG", 0, {{NULL, F_STR, 0}}},
+	[P_PONG] = {"PONG", 0, {{"committed", F_STR, 1}, {"epoch", F_INT, 1}}},
 	/* node <-> node */
 	[P_GET] = {"GET", 0, {{"req", F_INT, 0}, {"hashes", F_HASHES, 0}}},
 	/* a piece [offset, offset+size) of a shard of `total` bytes (defaults: 0, size) */
