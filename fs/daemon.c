@@ -278,6 +278,42 @@ static int flip_current(void *arg, const char *v, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * commit_reply() - the control reply for the coordinator's COMMIT_RES @res
+ * (consumed): "outcome" (committed / partial / aborted) and the nodes that
+ * "committed", "failed" (node -> reason) and are "unknown" (no answer before
+ * the deadline), with "ok" only when every live node committed and an
+ * "error" sentence otherwise.  Returns the reply, NULL without memory.
+ */
+static json_t *commit_reply(const char *v, json_t *res)
+{
+	const char *outcome = json_string_value(json_object_get(res, "outcome"));
+	const char *why = json_string_value(json_object_get(res, "reason"));
+	json_t *out;
+
+	if (!outcome) /* a coordinator that predates outcomes */
+		outcome = json_is_true(json_object_get(res, "ok")) ? "committed" : "aborted";
+	if (!strcmp(outcome, "committed"))
+		out = json_pack("{s:b, s:s}", "ok", 1, "current", v);
+	else if (!strcmp(outcome, "partial"))
+		out = err_reply("commit of %s is partial: %zu node(s) flipped, %zu failed, %zu did "
+				"not answer (%s); the others flip when they can",
+				v, json_array_size(json_object_get(res, "committed")),
+				json_object_size(json_object_get(res, "failed")),
+				json_array_size(json_object_get(res, "unknown")), why ? why : "?");
+	else
+		out = err_reply("commit of %s aborted: %s", v, why ? why : "refused");
+	if (out) {
+		json_object_set_new(out, "outcome", json_string(outcome));
+		json_object_set(out, "nodes", json_object_get(res, "nodes") ?: json_array());
+		json_object_set(out, "committed", json_object_get(res, "committed") ?: json_array());
+		json_object_set(out, "failed", json_object_get(res, "failed") ?: json_object());
+		json_object_set(out, "unknown", json_object_get(res, "unknown") ?: json_array());
+	}
+	json_decref(res);
+	return out;
+}
+
 static json_t *op_commit(struct daemon *d, json_t *req)
 {
 	const char *v = req_str(req, "version");
@@ -300,21 +336,15 @@ static json_t *op_commit(struct daemon *d, json_t *req)
 		json_decref(call);
 		if (r == -EHOSTUNREACH)
 			return err_reply("cannot commit %s: the coordinator is unreachable", v);
-		if (r < 0)
-			return err_reply("commit of %s: the coordinator %s; the outcome is unknown "
-					 "until it is back (see hwfs status --cluster)",
-					 v, r == -ECONNRESET ? "went away" : "did not answer");
-		if (!json_is_true(json_object_get(res, "ok"))) {
-			const char *why = json_string_value(json_object_get(res, "reason"));
+		if (r < 0) {
+			json_t *e = err_reply("commit of %s: the coordinator %s; the outcome is unknown "
+					      "until it is back (see hwfs status --cluster)",
+					      v, r == -ECONNRESET ? "went away" : "did not answer");
 
-			json_t *e = err_reply("commit of %s aborted: %s", v, why ? why : "refused");
-			json_decref(res);
+			json_object_set_new(e, "outcome", json_string("unknown"));
 			return e;
 		}
-		json_t *ok = json_pack("{s:b, s:s, s:O}", "ok", 1, "current", v, "nodes",
-				       json_object_get(res, "nodes"));
-		json_decref(res);
-		return ok;
+		return commit_reply(v, res);
 	}
 	if (flip_current(d, v, err, sizeof(err)) < 0)
 		return err_reply("cannot commit %s: %s", v, err);

@@ -20,6 +20,12 @@ struct hwfs_tunables hwfs_tun = {
 	.max_background = 64,
 	.publish_io = 8ull << 20,
 	.ctl_drain_ms = 10000,
+	.node_expiry_s = 600,
+	.donor_silence_ms = 5000,
+	.donor_backoff_ms = 200,
+	.donor_backoff_max_ms = 5000,
+	.space_retry_ms = 1000,
+	.space_retry_max_ms = 30000,
 };
 
 struct row {
@@ -40,10 +46,26 @@ static const struct row rows[] = {
 	ROW(max_background, 1, 65535, "async FUSE requests in flight (read-ahead)"),
 	ROW(publish_io, 4096, 1ull << 30, "read size of hwfs publish"),
 	ROW(ctl_drain_ms, 1, 3600000, "at shutdown, wait this long (ms) for control connections"),
+	ROW(node_expiry_s, 1, 1ull << 32,
+	    "coordinator: a node dead this long is forgotten, with the versions no live node holds"),
+	ROW(donor_silence_ms, 100, 3600000, "a donor silent this long with requests out: next donor"),
+	ROW(donor_backoff_ms, 1, 3600000, "first pause before re-asking a donor that failed"),
+	ROW(donor_backoff_max_ms, 1, 3600000, "largest pause before re-asking a failing donor"),
+	ROW(space_retry_ms, 10, 3600000, "first retry of a pull stopped for lack of space"),
+	ROW(space_retry_max_ms, 10, 3600000, "largest period between retries for lack of space"),
 };
-static const struct hwfs_tunables defaults = {
-	64ull << 20, 4ull << 20, 256ull << 10, 256ull << 20, 8192, 8, 64, 8ull << 20, 10000,
-};
+/* the defaults (hwfs_tun's initial values), for --help */
+static struct hwfs_tunables defaults;
+static int defaults_taken;
+
+/* Remember hwfs_tun's initial values (the defaults) before anything changes them. */
+static void take_defaults(void)
+{
+	if (!defaults_taken) {
+		defaults = hwfs_tun;
+		defaults_taken = 1;
+	}
+}
 
 static uint64_t *field(struct hwfs_tunables *t, const struct row *r)
 {
@@ -64,6 +86,7 @@ int hwfs_tunables_set(const char *opt)
 {
 	const char *eq = strchr(opt, '=');
 
+	take_defaults();
 	if (!eq)
 		return -ENOENT;
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++)
@@ -75,6 +98,7 @@ int hwfs_tunables_set(const char *opt)
 
 int hwfs_tunables_load(const char *const *opts, size_t n_opts)
 {
+	take_defaults();
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++) {
 		char env[64];
 		const char *v;
@@ -100,11 +124,12 @@ int hwfs_tunables_load(const char *const *opts, size_t n_opts)
 
 void hwfs_tunables_print(FILE *f)
 {
+	take_defaults();
 	fprintf(f, "Tunables (-o NAME=VALUE, or environment HWFS_NAME):\n");
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++) {
 		uint64_t d = *field((struct hwfs_tunables *)&defaults, &rows[i]);
 
-		fprintf(f, "  %-16s default %-12llu %s\n", rows[i].name, (unsigned long long)d,
+		fprintf(f, "  %-20s default %-12llu %s\n", rows[i].name, (unsigned long long)d,
 			rows[i].help);
 	}
 }

@@ -20,6 +20,13 @@ struct hwfs_tunables {
 	uint64_t max_background;/* FUSE async requests in flight (read-ahead) */
 	uint64_t publish_io;    /* read size of `hwfs publish` */
 	uint64_t ctl_drain_ms;  /* at shutdown, wait this long for control connections */
+	/* replication (replicator/, docs/protocol.md) */
+	uint64_t node_expiry_s;        /* coordinator forgets a node dead this long, and its versions */
+	uint64_t donor_silence_ms;     /* a donor silent this long with requests out: next donor */
+	uint64_t donor_backoff_ms;     /* first pause before re-asking a donor that failed */
+	uint64_t donor_backoff_max_ms; /* cap of the doubling per-donor pause */
+	uint64_t space_retry_ms;       /* first retry of a pull that stopped for lack of space */
+	uint64_t space_retry_max_ms;   /* cap of the doubling retry period */
 };
 
 /** The process-wide values (defaults until hwfs_tunables_load()). */

@@ -116,6 +116,15 @@ struct agent {
 	struct fetch *fetches;
 	struct deferred *deferred;
 	char *pending_commit; /* committed version to flip to once it is here */
+	/*
+	 * The last cluster decision (committed version, epoch) this node applied:
+	 * a different one in a PONG/WELCOME is a commit it missed (it was away,
+	 * or its flip failed) and it flips; the same one is left alone, so a
+	 * `commit --local` override stands until the cluster commits again.
+	 */
+	char *applied;
+	uint64_t applied_epoch, pending_epoch;
+	int flip_failing; /* the last flip to the cluster's version failed (logged once) */
 	double last_hello;
 	int64_t last_coord_ns; /* atomic: monotonic ns of the last coordinator message */
 	int coord_send_failing; /* the last send to the coordinator failed (warned once) */
@@ -396,19 +405,75 @@ static void report_progress(struct agent *a, struct fetch *f, const char *bad_do
 		  f->bytes_needed - f->bytes_held, bad_donor);
 }
 
-static void flip_to(struct agent *a, const char *version)
+/*
+ * flip_to() - point current at the cluster's committed @version (nothing to
+ * do when it does already).  Returns 0 or the -errno of the flip, logged once
+ * until a flip succeeds again (it is retried on every heartbeat answer).
+ */
+static int flip_to(struct agent *a, const char *version)
 {
 	char err[256];
 	char *cur = ns_current(a->ns);
-	int same = cur && !strcmp(cur, version);
+	int same = cur && !strcmp(cur, version), r = 0;
 
 	free(cur);
 	if (same)
-		return;
-	if (a->flip_current(a->arg, version, err, sizeof(err)) < 0)
-		LOG_ERR("agent: cannot flip current to %s: %s", version, err);
-	else
+		goto out;
+	r = a->flip_current(a->arg, version, err, sizeof(err));
+	if (r < 0 && !a->flip_failing)
+		LOG_ERR("agent: cannot flip current to %s, committed by the cluster: %s (retried "
+			"on every heartbeat; logged once)", version, err);
+	else if (r == 0)
 		LOG_INFO("agent: current -> %s (committed by the cluster)", version);
+out:
+	a->flip_failing = r < 0;
+	return r;
+}
+
+/* Remember the cluster decision (@version, @epoch) as applied here. */
+static void set_applied(struct agent *a, const char *version, uint64_t epoch)
+{
+	char *v = strdup(version);
+
+	if (!v)
+		return; /* retried on the next heartbeat answer */
+	free(a->applied);
+	a->applied = v;
+	a->applied_epoch = epoch;
+}
+
+/*
+ * learn_commit() - the coordinator's last decision (@committed, @epoch) from
+ * a WELCOME or PONG.  A decision this node has not applied yet is applied:
+ * flip now if the version is here complete, else once it arrives
+ * (pending_commit).  A flip that fails is retried on the next answer.
+ */
+static void learn_commit(struct agent *a, const char *committed, uint64_t epoch)
+{
+	struct version *v;
+	int have;
+
+	if (!committed ||
+	    (a->applied && !strcmp(a->applied, committed) && a->applied_epoch == epoch))
+		return;
+	ns_rdlock(a->ns);
+	v = ns_version(a->ns, committed);
+	have = v && v->state == HWFS_V_SEALED;
+	ns_unlock(a->ns);
+	if (!have) {
+		if (!a->pending_commit || strcmp(a->pending_commit, committed)) {
+			free(a->pending_commit);
+			a->pending_commit = strdup(committed);
+			a->pending_epoch = epoch;
+			LOG_INFO("agent: the cluster committed %s; flipping once it is here", committed);
+		}
+		return;
+	}
+	if (flip_to(a, committed) == 0) {
+		set_applied(a, committed, epoch);
+		free(a->pending_commit);
+		a->pending_commit = NULL;
+	}
 }
 
 /* Every shard is here: build the version and rename it in through the mount. */
@@ -449,8 +514,9 @@ out:
 		send_have(a, f->name, &f->digest, 1, f->total, 0, NULL);
 	else
 		report_progress(a, f, NULL);
-	if (ok && a->pending_commit && !strcmp(a->pending_commit, f->name)) {
-		flip_to(a, f->name);
+	if (ok && a->pending_commit && !strcmp(a->pending_commit, f->name) &&
+	    flip_to(a, f->name) == 0) {
+		set_applied(a, f->name, a->pending_epoch);
 		free(a->pending_commit);
 		a->pending_commit = NULL;
 	}
@@ -988,11 +1054,8 @@ static void hello(struct agent *a)
 
 static void on_welcome(struct agent *a, struct proto_msg *m)
 {
-	const char *committed = proto_str(m, "committed");
 	char **names = NULL;
 	size_t n = 0;
-	struct version *v;
-	int have;
 
 	LOG_INFO("agent: joined %s as %s", a->coordinator, a->node);
 	/* a (re)started coordinator learns our versions from their manifests */
@@ -1002,18 +1065,7 @@ static void on_welcome(struct agent *a, struct proto_msg *m)
 		free(names[i]);
 	}
 	free(names);
-	if (!committed)
-		return;
-	ns_rdlock(a->ns);
-	v = ns_version(a->ns, committed);
-	have = v && v->state == HWFS_V_SEALED;
-	ns_unlock(a->ns);
-	if (have) {
-		flip_to(a, committed);
-	} else {
-		free(a->pending_commit);
-		a->pending_commit = strdup(committed);
-	}
+	learn_commit(a, proto_str(m, "committed"), proto_int(m, "epoch"));
 }
 
 static void on_prepare(struct agent *a, struct proto_msg *m)
@@ -1047,6 +1099,8 @@ static void on_commit(struct agent *a, struct proto_msg *m)
 	if (r == 0) {
 		free(a->pending_commit);
 		a->pending_commit = NULL;
+		if (json_object_get(m->h, "epoch"))
+			set_applied(a, name, proto_int(m, "epoch"));
 	}
 	send_coord(a, P_ACK,
 		   json_pack("{s:I, s:s, s:b, s:s}", "txid", (json_int_t)proto_int(m, "txid"),
@@ -1146,6 +1200,7 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 			__atomic_store_n(&a->last_coord_ns, (int64_t)(now_s() * 1e9), __ATOMIC_RELAXED);
 		switch (m.type) {
 		case P_PONG:
+			learn_commit(a, proto_str(&m, "committed"), proto_int(&m, "epoch"));
 			break;
 		case P_WELCOME:
 			on_welcome(a, &m);
@@ -1362,6 +1417,7 @@ void agent_stop(struct agent *a)
 	if (a->pipe[1] >= 0)
 		close(a->pipe[1]);
 	free(a->pending_commit);
+	free(a->applied);
 	free(a->node);
 	free(a->listen);
 	free(a->coordinator);

@@ -32,6 +32,7 @@
 #include "keys.h"
 #include "manifest.h"
 #include "proto.h"
+#include "tunables.h"
 
 #define NODE_DEAD_S 3.0
 #define MAX_NODES 1024
@@ -39,9 +40,11 @@
 struct cnode {
 	char *name;
 	char *addr;
-	char *key; /* its public key, with CURVE */
+	char *key; /* its public key, with CURVE (what its pullers are told) */
+	char *bound_key; /* with CURVE: the authenticated key it joined with; its name is bound to it */
 	double last_seen;
 	int was_alive;      /* for noticing deaths */
+	int welcome_due;    /* it died: its next HELLO is a rejoin, whatever it sent before */
 	char *session;      /* the agent incarnation (HELLO.session): a new one is a rejoin */
 	uint64_t bad_shards; /* reported by its pullers */
 	uint64_t join_seq;
@@ -64,8 +67,10 @@ struct tx {
 	char requester[256];
 	uint64_t req;
 	int phase; /* 1 prepare, 2 commit */
-	json_t *pending; /* node names still to answer */
+	json_t *pending; /* node names still to answer (at the end: the unknown ones) */
 	json_t *nodes;   /* the participants */
+	json_t *done;    /* nodes that ACKed the flip */
+	json_t *failed;  /* node -> reason: refused READY, or ACKed a failed flip */
 	double deadline;
 };
 
@@ -80,8 +85,12 @@ struct coord {
 	struct cversion *vers;
 	size_t n_vers;
 	char *committed;
+	uint64_t epoch; /* commit decisions so far (with --state, across restarts) */
 	struct tx tx;
 	uint64_t next_txid;
+	uint64_t refused;     /* messages dropped from peers that are not joined nodes */
+	char warned[64][160]; /* "peer|reason" already logged (refuse()) */
+	size_t n_warned;
 };
 
 static volatile sig_atomic_t stop_flag;
@@ -105,6 +114,38 @@ static void send_to(struct coord *c, const char *node, enum proto_type t, json_t
 static int alive(const struct cnode *n)
 {
 	return hwfs_mono_s() - n->last_seen < NODE_DEAD_S;
+}
+
+/* Copy @in to @out (@len bytes) with anything but printable ASCII as '?', for logs. */
+static void printable(const char *in, char *out, size_t len)
+{
+	size_t i;
+
+	for (i = 0; in[i] && i + 1 < len; i++)
+		out[i] = in[i] >= 0x20 && in[i] < 0x7f ? in[i] : '?';
+	out[i] = '\0';
+}
+
+/*
+ * refuse() - drop a message of type @t from peer @from because of @why:
+ * count it (refused_messages in status --cluster) and log it once per peer
+ * and reason (the first 64 such pairs; later ones are only counted, so a
+ * flood cannot flood the log).
+ */
+static void refuse(struct coord *c, const char *from, enum proto_type t, const char *why)
+{
+	char who[64], key[160];
+
+	c->refused++;
+	printable(from, who, sizeof(who));
+	snprintf(key, sizeof(key), "%s|%s", who, why);
+	for (size_t i = 0; i < c->n_warned; i++)
+		if (!strcmp(c->warned[i], key))
+			return;
+	if (c->n_warned < HWFS_ARRAY_SIZE(c->warned))
+		snprintf(c->warned[c->n_warned++], sizeof(c->warned[0]), "%s", key);
+	LOG_WARN("coord: dropped %s from peer \"%s\": %s (logged once; every drop is counted in "
+		 "refused_messages of status --cluster)", proto_type_name(t), who, why);
 }
 
 static struct cnode *node_find(struct coord *c, const char *name)
@@ -151,7 +192,9 @@ static void save_committed(struct coord *c)
 	snprintf(path, sizeof(path), "%s/committed", c->o->state);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
 	f = fopen(tmp, "w");
-	if (!f || fprintf(f, "%s\n", c->committed ? c->committed : "") < 0 || fflush(f) ||
+	if (!f ||
+	    fprintf(f, "%s\n%llu\n", c->committed ? c->committed : "",
+		    (unsigned long long)c->epoch) < 0 || fflush(f) ||
 	    fsync(fileno(f)) || fclose(f) || rename(tmp, path)) {
 		LOG_ERR("coord: cannot record the committed version in %s: %s", path,
 			strerror(errno));
@@ -175,7 +218,70 @@ static void load_committed(struct coord *c)
 		if (*buf)
 			c->committed = strdup(buf);
 	}
+	if (fgets(buf, sizeof(buf), f)) /* the epoch; absent in older state files */
+		c->epoch = strtoull(buf, NULL, 10);
 	fclose(f);
+}
+
+static void cnode_free(struct cnode *n)
+{
+	free(n->name);
+	free(n->addr);
+	free(n->key);
+	free(n->bound_key);
+	free(n->session);
+	json_decref(n->versions);
+}
+
+static void cversion_free(struct cversion *v)
+{
+	free(v->name);
+	free(v->manifest);
+	free(v->origin);
+}
+
+/*
+ * expire() - forget every node silent for NODE_DEAD_S + node_expiry_s (it
+ * left, or died for good), then every version no remaining node holds
+ * complete: they leave status --cluster and the planner.  A forgotten node
+ * that comes back joins as a new one and announces what it holds again.
+ */
+static void expire(struct coord *c)
+{
+	double now = hwfs_mono_s(), limit = NODE_DEAD_S + (double)hwfs_tun.node_expiry_s;
+	size_t before = c->n_nodes;
+
+	for (size_t i = 0; i < c->n_nodes;) {
+		struct cnode *n = &c->nodes[i];
+
+		if (now - n->last_seen < limit) {
+			i++;
+			continue;
+		}
+		LOG_WARN("coord: node %s silent for %.0f s (node_expiry_s=%llu): forgotten", n->name,
+			 now - n->last_seen, (unsigned long long)hwfs_tun.node_expiry_s);
+		cnode_free(n);
+		memmove(n, n + 1, (c->n_nodes - i - 1) * sizeof(*n));
+		c->n_nodes--;
+	}
+	for (size_t k = 0; c->n_nodes < before && k < c->n_vers;) {
+		struct cversion *v = &c->vers[k];
+		int held = 0;
+
+		for (size_t i = 0; i < c->n_nodes && !held; i++)
+			held = node_has(&c->nodes[i], v);
+		if (held) {
+			k++;
+			continue;
+		}
+		LOG_WARN("coord: %s forgotten: no node holds it complete any more (its holders left "
+			 "more than node_expiry_s ago)", v->name);
+		for (size_t i = 0; i < c->n_nodes; i++) /* pulls of it lost their donors */
+			json_object_del(c->nodes[i].versions, v->name);
+		cversion_free(v);
+		memmove(v, v + 1, (c->n_vers - k - 1) * sizeof(*v));
+		c->n_vers--;
+	}
 }
 
 /* --------------------------------------------------------------- planning */
@@ -295,6 +401,7 @@ static void deaths(struct coord *c)
 
 		if (c->nodes[i].was_alive && !a) {
 			LOG_WARN("coord: node %s stopped answering", c->nodes[i].name);
+			c->nodes[i].welcome_due = 1;
 			died = 1;
 		}
 		c->nodes[i].was_alive = a;
@@ -313,18 +420,46 @@ static void deaths(struct coord *c)
 
 /* --------------------------------------------------------------- messages */
 
+/* {"committed": V|null, "epoch": N}: the cluster's last commit decision. */
+static json_t *committed_fields(const struct coord *c)
+{
+	return json_pack("{s:o, s:I}", "committed",
+			 c->committed ? json_string(c->committed) : json_null(), "epoch",
+			 (json_int_t)c->epoch);
+}
+
 static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 {
 	struct cnode *n = node_find(c, from);
 	json_t *vers = json_object_get(m->h, "versions"), *e;
 	const char *session = proto_str(m, "session");
-	/* a new node, one that was dead, or one that restarted (new session): welcome it */
-	int fresh = !n || !alive(n) || (session && (!n->session || strcmp(session, n->session)));
+	/*
+	 * A new node, one that was dead (even if some other message of it came
+	 * first), or one that restarted (new session): welcome it.
+	 */
+	int fresh = !n || !alive(n) || n->welcome_due ||
+		    (session && (!n->session || strcmp(session, n->session)));
 	size_t i;
 
 	if (strcmp(from, proto_str(m, "node"))) {
-		LOG_WARN("coord: HELLO from %s claims to be %s; ignored", from, proto_str(m, "node"));
+		refuse(c, from, P_HELLO, "its HELLO claims another node name than its routing id");
 		return;
+	}
+	if (c->keys) { /* a name is bound to the key it joined with; a key to one live name */
+		if (!*m->user_id) {
+			refuse(c, from, P_HELLO, "no authenticated key");
+			return;
+		}
+		if (n && n->bound_key && strcmp(n->bound_key, m->user_id)) {
+			refuse(c, from, P_HELLO, "the name is bound to another key");
+			return;
+		}
+		for (i = 0; i < c->n_nodes; i++)
+			if (&c->nodes[i] != n && alive(&c->nodes[i]) && c->nodes[i].bound_key &&
+			    !strcmp(c->nodes[i].bound_key, m->user_id)) {
+				refuse(c, from, P_HELLO, "its key is bound to another live node");
+				return;
+			}
 	}
 	if (!n) {
 		struct cnode *nn = c->n_nodes < MAX_NODES
@@ -337,6 +472,7 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 		n = &c->nodes[c->n_nodes++];
 		memset(n, 0, sizeof(*n));
 		n->name = strdup(from);
+		n->bound_key = c->keys ? strdup(m->user_id) : NULL;
 		n->versions = json_object();
 		n->join_seq = ++c->join_seq;
 		LOG_INFO("coord: node %s joined (%s)", from, proto_str(m, "listen"));
@@ -344,13 +480,16 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	free(n->addr);
 	n->addr = strdup(proto_str(m, "listen"));
 	free(n->key);
-	n->key = proto_str(m, "key") ? strdup(proto_str(m, "key")) : NULL;
+	/* with CURVE, pullers get the key the node authenticated with, not what it claims */
+	n->key = c->keys ? strdup(m->user_id)
+			 : proto_str(m, "key") ? strdup(proto_str(m, "key")) : NULL;
 	if (session && (!n->session || strcmp(session, n->session))) {
 		free(n->session);
 		n->session = strdup(session);
 		forget_pulls(c, n); /* gone with the old incarnation */
 	}
 	n->last_seen = hwfs_mono_s();
+	n->welcome_due = 0;
 	json_array_foreach(vers, i, e) {
 		const char *vn = json_string_value(json_object_get(e, "name"));
 		struct cversion *v = version_find(c, vn);
@@ -362,14 +501,13 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 			 json_is_true(json_object_get(e, "complete")),
 			 v ? (json_int_t)v->bytes : 0, 0);
 	}
-	if (!fresh) { /* heartbeat answered: the node knows we are here */
-		send_to(c, from, P_PONG, NULL, NULL, 0);
+	if (!fresh) { /* heartbeat answered; the decision is repeated for nodes that missed it */
+		send_to(c, from, P_PONG, committed_fields(c), NULL, 0);
 		return;
 	}
-	send_to(c, from, P_WELCOME,
-		json_pack("{s:s, s:o}", "coordinator", c->endpoint, "committed",
-			  c->committed ? json_string(c->committed) : json_null()),
-		NULL, 0);
+	e = committed_fields(c);
+	json_object_set_new(e, "coordinator", json_string(c->endpoint));
+	send_to(c, from, P_WELCOME, e, NULL, 0);
 	plan_for(c, n);
 }
 
@@ -442,16 +580,32 @@ static void on_have(struct coord *c, const char *from, struct proto_msg *m)
 			 (json_int_t)proto_int(m, "bytes_needed"));
 }
 
-static void tx_finish(struct coord *c, int ok, const char *reason)
+static void tx_free(struct tx *tx)
+{
+	free(tx->version);
+	json_decref(tx->pending);
+	json_decref(tx->nodes);
+	json_decref(tx->done);
+	json_decref(tx->failed);
+	memset(tx, 0, sizeof(*tx));
+}
+
+/*
+ * tx_finish() - answer the requester with exactly what happened and end the
+ * transaction.  @outcome: "committed" (every participant ACKed its flip: the
+ * only ok result), "partial" (the decision was commit, but some nodes failed
+ * to flip or did not ACK before the deadline: "unknown"), or "aborted"
+ * (nobody was told to flip).
+ */
+static void tx_finish(struct coord *c, const char *outcome, const char *reason)
 {
 	send_to(c, c->tx.requester, P_COMMIT_RES,
-		json_pack("{s:I, s:b, s:s, s:O}", "req", (json_int_t)c->tx.req, "ok", ok, "reason",
-			  reason, "nodes", c->tx.nodes),
+		json_pack("{s:I, s:b, s:s, s:O, s:s, s:O, s:O, s:O}", "req", (json_int_t)c->tx.req,
+			  "ok", !strcmp(outcome, "committed"), "reason", reason, "nodes", c->tx.nodes,
+			  "outcome", outcome, "committed", c->tx.done, "failed", c->tx.failed,
+			  "unknown", c->tx.pending),
 		NULL, 0);
-	free(c->tx.version);
-	json_decref(c->tx.pending);
-	json_decref(c->tx.nodes);
-	memset(&c->tx, 0, sizeof(c->tx));
+	tx_free(&c->tx);
 }
 
 /* Send @t {txid, version[, @key: @val]} to every node of the transaction. */
@@ -466,6 +620,8 @@ static void tx_send_all(struct coord *c, enum proto_type t, const char *key, con
 
 		if (f && key)
 			json_object_set_new(f, key, json_string(val));
+		if (f && t == P_COMMIT) /* the decision's epoch: the node records what it applied */
+			json_object_set_new(f, "epoch", json_integer((json_int_t)c->epoch));
 		send_to(c, json_string_value(nm), t, f, NULL, 0);
 	}
 }
@@ -474,7 +630,7 @@ static void tx_abort(struct coord *c, const char *reason)
 {
 	LOG_WARN("coord: commit of %s aborted: %s", c->tx.version, reason);
 	tx_send_all(c, P_ABORT, "reason", reason);
-	tx_finish(c, 0, reason);
+	tx_finish(c, "aborted", reason);
 }
 
 static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m)
@@ -486,9 +642,10 @@ static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m
 
 	if (c->tx.active || !v) {
 		send_to(c, from, P_COMMIT_RES,
-			json_pack("{s:I, s:b, s:s, s:[]}", "req", (json_int_t)req, "ok", 0, "reason",
+			json_pack("{s:I, s:b, s:s, s:[], s:s}", "req", (json_int_t)req, "ok", 0, "reason",
 				  c->tx.active ? "another commit is in progress"
-					       : "no node has announced that version"),
+					       : "no node has announced that version",
+				  "nodes", "outcome", "aborted"),
 			NULL, 0);
 		return;
 	}
@@ -498,6 +655,7 @@ static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m
 			json_array_append_new(nodes, json_string(c->nodes[i].name));
 	c->tx = (struct tx){.active = 1, .txid = ++c->next_txid, .version = strdup(name),
 			    .req = req, .phase = 1, .pending = json_deep_copy(nodes), .nodes = nodes,
+			    .done = json_array(), .failed = json_object(),
 			    .deadline = hwfs_mono_s() +
 					HWFS_MAX(proto_int(m, "deadline_ms"), 100) / 1000.0};
 	snprintf(c->tx.requester, sizeof(c->tx.requester), "%s", from);
@@ -529,6 +687,8 @@ static void on_ready(struct coord *c, const char *from, struct proto_msg *m)
 	if (!proto_bool(m, "ok")) {
 		snprintf(reason, sizeof(reason), "node %s is not ready: %s", from,
 			 proto_str(m, "reason") ?: "refused");
+		json_object_set_new(c->tx.failed, from,
+				    json_string(proto_str(m, "reason") ?: "not ready"));
 		tx_abort(c, reason);
 		return;
 	}
@@ -537,6 +697,7 @@ static void on_ready(struct coord *c, const char *from, struct proto_msg *m)
 	/* everyone is ready: the decision is made, and recorded before it is sent */
 	free(c->committed);
 	c->committed = strdup(c->tx.version);
+	c->epoch++;
 	save_committed(c);
 	c->tx.phase = 2;
 	json_decref(c->tx.pending);
@@ -549,13 +710,24 @@ static void on_ack(struct coord *c, const char *from, struct proto_msg *m)
 	if (!c->tx.active || c->tx.phase != 2 || proto_int(m, "txid") != c->tx.txid ||
 	    !tx_answered(c, from))
 		return;
-	if (!proto_bool(m, "ok"))
-		LOG_ERR("coord: %s could not flip to %s: %s", from, c->tx.version,
-			proto_str(m, "reason") ?: "?");
-	if (json_array_size(c->tx.pending) == 0) {
+	if (proto_bool(m, "ok")) {
+		json_array_append_new(c->tx.done, json_string(from));
+	} else {
+		LOG_ERR("coord: %s could not flip to %s: %s (it retries on its heartbeats)", from,
+			c->tx.version, proto_str(m, "reason") ?: "?");
+		json_object_set_new(c->tx.failed, from, json_string(proto_str(m, "reason") ?: "?"));
+	}
+	if (json_array_size(c->tx.pending))
+		return;
+	if (json_object_size(c->tx.failed) == 0) {
 		LOG_INFO("coord: %s committed on %zu node(s)", c->tx.version,
 			 json_array_size(c->tx.nodes));
-		tx_finish(c, 1, "committed");
+		tx_finish(c, "committed", "committed");
+	} else {
+		LOG_ERR("coord: %s committed on %zu of %zu node(s); %zu failed to flip",
+			c->tx.version, json_array_size(c->tx.done), json_array_size(c->tx.nodes),
+			json_object_size(c->tx.failed));
+		tx_finish(c, "partial", "some nodes failed to flip");
 	}
 }
 
@@ -565,13 +737,16 @@ static void tx_tick(struct coord *c)
 
 	if (!c->tx.active || hwfs_mono_s() < c->tx.deadline)
 		return;
-	snprintf(reason, sizeof(reason), "deadline passed waiting for %s",
-		 json_string_value(json_array_get(c->tx.pending, 0)) ?: "?");
+	snprintf(reason, sizeof(reason), "deadline passed waiting for %s%s",
+		 json_string_value(json_array_get(c->tx.pending, 0)) ?: "?",
+		 json_array_size(c->tx.pending) > 1 ? " and others" : "");
 	if (c->tx.phase == 1) {
 		tx_abort(c, reason);
-	} else { /* decided already: report, the laggards catch up on rejoin */
-		LOG_ERR("coord: commit of %s: %s", c->tx.version, reason);
-		tx_finish(c, 0, reason);
+	} else { /* decided already: report exactly who flipped; the rest catch up */
+		LOG_ERR("coord: commit of %s decided, but %s: %zu node(s) ACKed, %zu failed, %zu "
+			"unknown", c->tx.version, reason, json_array_size(c->tx.done),
+			json_object_size(c->tx.failed), json_array_size(c->tx.pending));
+		tx_finish(c, "partial", reason);
 	}
 }
 
@@ -597,9 +772,10 @@ static void on_status(struct coord *c, const char *from, struct proto_msg *m)
 						       "versions", vers));
 	}
 	send_to(c, from, P_STATUS_RES,
-		json_pack("{s:I, s:{s:s, s:o, s:o}}", "req", (json_int_t)proto_int(m, "req"),
+		json_pack("{s:I, s:{s:s, s:o, s:o, s:I}}", "req", (json_int_t)proto_int(m, "req"),
 			  "cluster", "coordinator", c->endpoint, "committed",
-			  c->committed ? json_string(c->committed) : json_null(), "nodes", nodes),
+			  c->committed ? json_string(c->committed) : json_null(), "nodes", nodes,
+			  "refused_messages", (json_int_t)c->refused),
 		NULL, 0);
 }
 
@@ -622,12 +798,27 @@ static void handle(struct coord *c)
 		}
 		ident[ident_len] = '\0';
 		if (strlen(ident) != ident_len || !*ident) {
+			refuse(c, "(unnamed)", m.type, "no routing id: not an hwfs node");
 			proto_msg_clear(&m);
-			continue; /* not a named node */
+			continue;
 		}
-		/* HELLO refreshes liveness itself, after deciding whether this is a rejoin */
-		if (m.type != P_HELLO && node_find(c, ident))
-			node_find(c, ident)->last_seen = hwfs_mono_s();
+		/*
+		 * Only joined nodes are heard: a routing id that completed HELLO
+		 * and, with keys, speaks with the key it joined with.  HELLO
+		 * refreshes liveness itself, after deciding whether it is a rejoin.
+		 */
+		if (m.type != P_HELLO) {
+			struct cnode *n = node_find(c, ident);
+
+			if (!n || (c->keys && (!n->bound_key || strcmp(n->bound_key, m.user_id)))) {
+				refuse(c, ident, m.type,
+				       n ? "sent with another key than the node joined with"
+					 : "not joined (no HELLO accepted from it)");
+				proto_msg_clear(&m);
+				continue;
+			}
+			n->last_seen = hwfs_mono_s();
+		}
 		switch (m.type) {
 		case P_HELLO:
 			on_hello(c, ident, &m);
@@ -726,6 +917,7 @@ int coord_run(const struct coord_opts *o)
 		handle(&c);
 		tx_tick(&c);
 		deaths(&c);
+		expire(&c);
 	}
 	LOG_INFO("coord: stopped");
 	goto out;
@@ -742,25 +934,14 @@ out:
 	keys_free(c.keys);
 	if (c.ctx)
 		zmq_ctx_term(c.ctx);
-	for (size_t i = 0; i < c.n_nodes; i++) {
-		free(c.nodes[i].name);
-		free(c.nodes[i].addr);
-		free(c.nodes[i].key);
-		free(c.nodes[i].session);
-		json_decref(c.nodes[i].versions);
-	}
+	for (size_t i = 0; i < c.n_nodes; i++)
+		cnode_free(&c.nodes[i]);
 	free(c.nodes);
-	for (size_t i = 0; i < c.n_vers; i++) {
-		free(c.vers[i].name);
-		free(c.vers[i].manifest);
-		free(c.vers[i].origin);
-	}
+	for (size_t i = 0; i < c.n_vers; i++)
+		cversion_free(&c.vers[i]);
 	free(c.vers);
 	free(c.committed);
-	if (c.tx.active) {
-		free(c.tx.version);
-		json_decref(c.tx.pending);
-		json_decref(c.tx.nodes);
-	}
+	if (c.tx.active)
+		tx_free(&c.tx);
 	return r;
 }

@@ -47,7 +47,7 @@ struct field {
 	int optional; /* may be absent or null */
 };
 
-#define MAX_FIELDS 5
+#define MAX_FIELDS 8
 
 struct schema {
 	const char *name;
@@ -84,14 +84,16 @@ static const struct schema schemas[] = {
 	[P_STATUS_REQ] = {"STATUS_REQ", 0, {{"req", F_INT, 0}}},
 	[P_PING] = {"PING", 0, {{NULL, F_STR, 0}}},
 	/* coordinator -> node */
-	[P_WELCOME] = {"WELCOME", 0, {{"coordinator", F_STR, 0}, {"committed", F_STR_NULL, 0}}},
+	[P_WELCOME] = {"WELCOME",
+		       0,
+		       {{"coordinator", F_STR, 0}, {"committed", F_STR_NULL, 0}, {"epoch", F_INT, 1}}},
 	[P_PLAN] = {"PLAN",
 		    1,
 		    {{"version", F_STR, 0}, {"digest", F_HEX, 0}, {"donors", F_DONORS, 0}}},
 	[P_PREPARE] = {"PREPARE",
 		       0,
 		       {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"digest", F_HEX, 0}}},
-	[P_COMMIT] = {"COMMIT", 0, {{"txid", F_INT, 0}, {"version", F_STR, 0}}},
+	[P_COMMIT] = {"COMMIT", 0, {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"epoch", F_INT, 1}}},
 	[P_ABORT] = {"ABORT",
 		     0,
 		     {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"reason", F_STR, 0}}},
@@ -100,9 +102,13 @@ static const struct schema schemas[] = {
 			  {{"req", F_INT, 0},
 			   {"ok", F_BOOL, 0},
 			   {"reason", F_STR, 1},
-			   {"nodes", F_STRS, 0}}},
+			   {"nodes", F_STRS, 0},
+			   {"outcome", F_STR, 1},
+			   {"committed", F_STRS, 1},
+			   {"failed", F_OBJ, 1},
+			   {"unknown", F_STRS, 1}}},
 	[P_STATUS_RES] = {"STATUS_RES", 0, {{"req", F_INT, 0}, {"cluster", F_OBJ, 0}}},
-	[P_PONG] = {"PONG", 0, {{NULL, F_STR, 0}}},
+	[P_PONG] = {"PONG", 0, {{"committed", F_STR, 1}, {"epoch", F_INT, 1}}},
 	/* node <-> node */
 	[P_GET] = {"GET", 0, {{"req", F_INT, 0}, {"hashes", F_HASHES, 0}}},
 	/* a piece [offset, offset+size) of a shard of `total` bytes (defaults: 0, size) */
@@ -661,6 +667,11 @@ int proto_recv(void *sock, void *ident, size_t *ident_len, int dontwait, struct 
 	r = proto_decode_frames(fr, fl, got - base, &m, err, errlen);
 	if (r)
 		goto out;
+	{ /* who the transport authenticated (CURVE + ZAP), for the receiver's checks */
+		const char *uid = zmq_msg_gets(&part[base], "User-Id");
+
+		snprintf(m.user_id, sizeof(m.user_id), "%s", uid ? uid : "");
+	}
 	if (got - base == 2) {
 		/* Keep the payload frame; a small one lives inside the zmq_msg_t. */
 		keep = malloc(sizeof(*keep));

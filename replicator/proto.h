@@ -72,6 +72,12 @@ struct proto_msg {
 	const void *payload;
 	size_t payload_len;
 	void *priv;
+	/*
+	 * After proto_recv(): the sender's authenticated user id (the "User-Id"
+	 * property of the message, which the ZAP handler of keys.c sets to the
+	 * peer's CURVE public key in Z85), or "" without CURVE.
+	 */
+	char user_id[64];
 };
 
 /** Name of a type ("HELLO"), or "?" */

@@ -361,6 +361,54 @@ static int cmd_simple(int argc, char **argv, const char *op, const char *usage,
 	return 0;
 }
 
+/* Print "LABEL: a, b, c" for the node names in array @a (nothing when empty). */
+static void print_nodes(const char *label, json_t *a)
+{
+	size_t k;
+	json_t *v;
+
+	if (!json_array_size(a))
+		return;
+	printf("%s:", label);
+	json_array_foreach(a, k, v)
+		printf("%s %s", k ? "," : "", json_string_value(v));
+	printf("\n");
+}
+
+/*
+ * commit: prints what happened on every node and exits 0 only when every live
+ * node committed; 1 when nothing flipped (aborted, or refused before), 3 when
+ * the commit was decided but some nodes failed to flip or did not answer
+ * (partial), 4 when the coordinator went away and the outcome is unknown.
+ */
+static int cmd_commit(int argc, char **argv)
+{
+	int i = client_opts(argc, argv, "hwfs commit VERSION [--local] [-m MOUNT] [--json]", 1, 1,
+			    NULL);
+	json_t *res = call(json_pack("{s:s, s:s, s:b}", "op", "commit", "version", argv[i],
+				     "local", g_local),
+			   0);
+	const char *outcome = jstr(res, "outcome"), *k;
+	int ok = json_is_true(json_object_get(res, "ok"));
+	int rc = ok ? 0 : !strcmp(outcome, "partial") ? 3 : !strcmp(outcome, "unknown") ? 4 : 1;
+	json_t *v;
+
+	if (g_json) {
+		print_json(res);
+	} else {
+		if (ok)
+			printf("current -> versions/%s\n", argv[i]);
+		print_nodes("committed on", json_object_get(res, "committed"));
+		json_object_foreach(json_object_get(res, "failed"), k, v)
+			printf("failed on %s: %s\n", k, json_string_value(v));
+		print_nodes("no answer from", json_object_get(res, "unknown"));
+	}
+	if (!ok)
+		fprintf(stderr, "hwfs: error: %s\n", jstr(res, "error"));
+	json_decref(res);
+	return rc;
+}
+
 static int cmd_publish(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs publish SRC_DIR VERSION [-m MOUNT] [--json]", 2, 2,
@@ -473,18 +521,15 @@ static int cmd_manifest(int argc, char **argv)
 
 /* ------------------------------------------------------------ mount, umount */
 
-/* Is @ep (tcp://HOST:PORT, ipc://, inproc://) reachable only from this machine? */
-static int loopback_endpoint(const char *ep)
-{
-	const char *h;
-
-	if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9))
-		return 1;
-	if (strncmp(ep, "tcp://", 6))
-		return 0;
-	h = ep + 6;
-	return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) || !strncmp(h, "[::1]:", 6);
-}
+/*
+ * Replication is secure by default: without --keys every peer that reaches a
+ * port could join, announce and commit, and a loopback port is reachable by
+ * every local user, so a keyless cluster needs --insecure wherever it listens.
+ */
+#define KEYLESS_REFUSED                                                                           \
+	"without keys: any process that reaches it (any local user too, on loopback) could join "  \
+	"the cluster and commit (use --keys DIR, see hwfs keygen; or --insecure for a keyless "   \
+	"test cluster)"
 
 /*
  * spawn_daemon() - run @run(@arg, notify_fd) in a daemon process (new session,
@@ -650,9 +695,10 @@ static int cmd_coord(int argc, char **argv)
 	}
 	if (!o.listen || optind != argc)
 		usage_die(usage);
-	if (!o.keys && !insecure && !loopback_endpoint(o.listen))
-		die("refusing to listen on %s without keys (use a loopback address, or --insecure)",
-		    o.listen);
+	if (!o.keys && !insecure)
+		die("refusing to run a coordinator on %s " KEYLESS_REFUSED, o.listen);
+	if (hwfs_tunables_load(NULL, 0) < 0) /* node_expiry_s from HWFS_NODE_EXPIRY_S */
+		die("bad tunable in the environment (see hwfs mount --help)");
 	if (fg)
 		return coord_run(&o) < 0 ? 1 : 0;
 	if (o.state) {
@@ -922,16 +968,14 @@ static int cmd_mount(int argc, char **argv)
 		usage_die(usage);
 	if (o.coordinator && !o.join)
 		o.join = o.coordinator; /* a node with the coordinator inside joins it */
-	if (o.coordinator && !o.keys && !insecure && !loopback_endpoint(o.coordinator))
-		die("refusing to run a coordinator on %s without keys (use --keys DIR, a loopback "
-		    "address, or --insecure)", o.coordinator);
+	if (o.coordinator && !o.keys && !insecure)
+		die("refusing to run a coordinator on %s " KEYLESS_REFUSED, o.coordinator);
 	if (o.join && (!o.node || !o.listen))
 		die("--join needs --node NAME and --listen tcp://HOST:PORT");
 	if (!o.join && (o.node || o.listen))
 		die("--node and --listen only make sense with --join");
-	if (o.listen && !o.keys && !insecure && !loopback_endpoint(o.listen))
-		die("refusing to listen on %s without keys: traffic would be unauthenticated "
-		    "(use --keys DIR, a loopback address, or --insecure)", o.listen);
+	if (o.join && !o.keys && !insecure)
+		die("refusing to join %s and serve shards on %s " KEYLESS_REFUSED, o.join, o.listen);
 	if (hwfs_tunables_load((const char *const *)opts, n_opts) < 0)
 		die("bad tunable in -o (see hwfs mount --help)");
 	mnt = abs_path(argv[optind]);
@@ -1071,8 +1115,7 @@ int main(int argc, char **argv)
 	if (!strcmp(verb, "seal"))
 		return cmd_simple(argc, argv, "seal", "hwfs seal VERSION [--force] [-m MOUNT]", "sealed %s\n");
 	if (!strcmp(verb, "commit"))
-		return cmd_simple(argc, argv, "commit", "hwfs commit VERSION [--local] [-m MOUNT]",
-				  "current -> versions/%s\n");
+		return cmd_commit(argc, argv);
 	if (!strcmp(verb, "rm"))
 		return cmd_simple(argc, argv, "rm", "hwfs rm VERSION [-m MOUNT]", "removed %s\n");
 	if (!strcmp(verb, "publish"))

@@ -12,7 +12,7 @@ DEB_PKGS=(build-essential pkg-config iproute2 libfuse3-dev fuse3 libsqlite3-dev 
           libxxhash-dev libjansson-dev libcmocka-dev inotify-tools attr rsync
           python3 python3-pip)
 # Python import name -> pip distribution name (identical for all of ours).
-PY_MODS=(numpy safetensors pytest)
+PY_MODS=(numpy safetensors pytest zmq)
 PYTHON=${PYTHON:-python3}
 
 die() {

@@ -184,10 +184,14 @@ class Coordinator:
 
     def args(self):
         """The `hwfs coord` command line (subclasses add options)."""
-        args = [HWFS, "coord", "--listen", self.url, "--state", self.state]
+        args = [HWFS, "coord", "--listen", self.url, "--state", self.state, "--insecure"]
         if TOPOLOGY:
             args += ["--topology", TOPOLOGY]
         return args + ["-f"]
+
+    def env(self):
+        """The coordinator's environment (None: this process's; subclasses add tunables)."""
+        return None
 
     def start(self):
         args = self.args()
@@ -196,7 +200,7 @@ class Coordinator:
         self._log.flush()
         start = self._log.tell()
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=self.env())
         end = time.monotonic() + COORD_READY_TIMEOUT
         while True:
             rc = self.proc.poll()
@@ -270,7 +274,8 @@ class ClusterNode(HwfsMount):
 
     def mount_args(self):
         return super().mount_args() + ["--join", self.coord_url, "--node", self.name,
-                                       "--listen", self.url] + (["--preallocate"] if self.preallocate else [])
+                                       "--listen", self.url, "--insecure"] + (
+                                           ["--preallocate"] if self.preallocate else [])
 
     def healthy(self):
         return self.pid is not None and pid_alive(self.pid) and is_mounted(self.mnt)
@@ -594,12 +599,20 @@ class Coord(Coordinator):
     """`hwfs coord` with options; can be killed -9 and restarted on the same
     port and state dir."""
 
-    def __init__(self, workdir, topology=None, keys=None, state=True, extra=()):
+    def __init__(self, workdir, topology=None, keys=None, state=True, extra=(), tunables=None):
         super().__init__(workdir)
         self.topology = topology
         self.keys = keys
         self.use_state = state
         self.extra = list(extra)
+        self.tunables = dict(tunables or {})  # name -> value, as HWFS_NAME in its environment
+
+    def env(self):
+        if not self.tunables:
+            return None
+        env = dict(os.environ)
+        env.update({f"HWFS_{k.upper()}": str(v) for k, v in self.tunables.items()})
+        return env
 
     def args(self):
         args = [HWFS, "coord", "--listen", self.url]
@@ -607,8 +620,7 @@ class Coord(Coordinator):
             args += ["--state", self.state]
         if self.topology:
             args += ["--topology", self.topology]
-        if self.keys:
-            args += ["--keys", self.keys]
+        args += ["--keys", self.keys] if self.keys else ["--insecure"]
         return args + self.extra + ["-f"]
 
     def kill9(self):
@@ -631,10 +643,11 @@ class Coord(Coordinator):
 class Node(ClusterNode):
     """A node whose `hwfs mount` may carry --keys or run an embedded coordinator."""
 
-    def __init__(self, name, coord_url, keys=None, embedded=None):
-        super().__init__(name, embedded or coord_url)
+    def __init__(self, name, coord_url, keys=None, embedded=None, capacity=NODE_CAPACITY, extra=()):
+        super().__init__(name, embedded or coord_url, capacity=capacity)
         self.keys = keys
         self.embedded = embedded  # tcp://... of a --coordinator in this daemon
+        self.extra = list(extra)  # more `hwfs mount` options (-o NAME=VALUE, ...)
 
     def mount_args(self):
         args = [HWFS, "mount", self.mnt, "--store", self.store]
@@ -642,9 +655,8 @@ class Node(ClusterNode):
         args += ["--node", self.name, "--listen", self.url]
         if self.capacity:
             args += ["--capacity", str(self.capacity)]
-        if self.keys:
-            args += ["--keys", self.keys]
-        return args
+        args += ["--keys", self.keys] if self.keys else ["--insecure"]
+        return args + self.extra
 
     def try_cluster_status(self, timeout=STATUS_TIMEOUT):
         """`status --cluster --json`: the dict, or None when it fails."""
@@ -711,11 +723,13 @@ class Net:
         c.start()
         return c
 
-    def add(self, name, wait=True, viewer=None, keys=None, embedded=None, coord_url=None):
-        """Mount node @name joined to the coordinator; with @wait, return once
-        @viewer's (default: the new node's) status --cluster lists it alive."""
+    def add(self, name, wait=True, viewer=None, keys=None, embedded=None, coord_url=None,
+            capacity=NODE_CAPACITY, extra=()):
+        """Mount node @name joined to the coordinator (@capacity, @extra mount
+        options); with @wait, return once @viewer's (default: the new node's)
+        status --cluster lists it alive."""
         url = coord_url or (self.coord.url if self.coord else None)
-        node = Node(name, url, keys=keys, embedded=embedded)
+        node = Node(name, url, keys=keys, embedded=embedded, capacity=capacity, extra=extra)
         self.nodes[name] = node
         base._ACTIVE.append(node)
         node.mount()
@@ -895,3 +909,49 @@ def ring(net, names, **coord_kw):
 
 # --------------------------------------------------------------------------
 # tests
+
+
+# --------------------------------------------------------------------------
+# a rogue peer: a raw ZeroMQ DEALER speaking the wire format of docs/protocol.md
+
+
+class Rogue:
+    """A DEALER with routing id @identity connected to @url (CURVE with the key
+    pair of key dir @keys and the server key @server_key when given).  It is not
+    an hwfs node: it sends whatever message it is told to."""
+
+    def __init__(self, url, identity, keys=None, server_key=None):
+        import zmq
+        self.zmq = zmq
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTING_ID, identity.encode())
+        if keys:
+            with open(os.path.join(keys, "key")) as f:
+                public, secret = f.read().split()[:2]
+            self.sock.curve_publickey = public.encode()
+            self.sock.curve_secretkey = secret.encode()
+            self.sock.curve_serverkey = server_key.encode()
+        self.sock.connect(url)
+
+    def send(self, t, payload=None, **fields):
+        hdr = json.dumps({"v": 1, "t": t, **fields}, separators=(",", ":")).encode()
+        self.sock.send_multipart([hdr] + ([payload] if payload is not None else []))
+
+    def received(self, timeout_ms=0):
+        """Every message waiting (headers as dicts), after up to @timeout_ms for the first."""
+        out = []
+        while self.sock.poll(timeout_ms if not out else 0):
+            out.append(json.loads(self.sock.recv_multipart()[0]))
+        return out
+
+    def close(self):
+        self.sock.close(0)
+        self.ctx.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,4 +1,5 @@
-"""Keys (CURVE) and the refusal to listen on a non-loopback address without them.
+"""Keys (CURVE), the refusal to run keyless without --insecure, and what the coordinator
+takes from peers that have not joined (or joined under another key).
 
 Clusters come from the ``net`` fixture of cluster/conftest.py (a coordinator and nodes
 started one at a time, all cleaned up after the test).
@@ -16,7 +17,7 @@ import conftest as base  # tests/integration/conftest.py
 from conftest import HWFS, assert_error_line, poll, sh, wait_dead
 
 from .conftest import ANY_PORT
-from .conftest import Coord, assert_identical, node_view, random_model
+from .conftest import Coord, Rogue, assert_identical, node_view, random_model, ring, version_view
 
 Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
 REFUSAL = "refused a connection with unknown key"
@@ -92,25 +93,37 @@ def test_keys_admit_the_authorized_and_refuse_an_unknown_node(net, tmp_path):
     assert wait_dead(d.pid, 10), f"D's daemon (refused key) still runs 10 s after hwfs umount\n{d.log_tail()}"
 
 
-def test_non_loopback_listen_needs_keys(tmp_path):
-    """Without keys, a node or coordinator on a non-loopback address is refused before it starts."""
+def test_keyless_needs_insecure_even_on_loopback(tmp_path):
+    """Without --keys, a node (--join, --coordinator, --listen) or a coordinator is refused
+    before it starts unless --insecure, on a loopback address too."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     store = tmp_path / "store"
     coord = "tcp://127.0.0.1:1"  # never reached: refused before it starts
 
-    cp = sh([HWFS, "mount", mnt, "--store", store, "--join", coord, "--node", "X",
-             "--listen", "tcp://10.1.2.3:5000"], check=False)
-    assert_error_line(cp, "keys")
-    cp = sh([HWFS, "mount", mnt, "--store", store, "--coordinator", "tcp://10.1.2.3:5001", "--node", "X",
-             "--listen", ANY_PORT], check=False)
-    assert_error_line(cp, "keys")
+    def mount(*args):
+        cp = sh([HWFS, "mount", mnt, "--store", store, *args], check=False)
+        if os.path.ismount(mnt):  # it was not refused: do not leave it behind
+            sh([HWFS, "umount", mnt], check=False)
+        return cp
+
+    def coord_bg(listen):
+        cp = sh([HWFS, "coord", "--listen", listen], check=False)
+        if cp.returncode == 0:  # it was not refused: stop the coordinator it started
+            os.kill(int(cp.stdout.split()[0]), signal.SIGTERM)
+        return cp
+
+    for listen in ("tcp://10.1.2.3:5000", ANY_PORT):
+        assert_error_line(mount("--join", coord, "--node", "X", "--listen", listen), "keys", "--insecure")
+    for embedded in ("tcp://10.1.2.3:5001", ANY_PORT):
+        assert_error_line(mount("--coordinator", embedded, "--node", "X",
+                                "--listen", ANY_PORT), "keys", "--insecure")
     assert not os.path.ismount(mnt)
 
-    cp = sh([HWFS, "coord", "--listen", "tcp://10.1.2.3:5000"], check=False)
-    assert_error_line(cp, "keys")
+    for listen in ("tcp://10.1.2.3:5000", ANY_PORT, "ipc:///tmp/hwfs-x"):
+        assert_error_line(coord_bg(listen), "keys", "--insecure")
     cp = sh([HWFS, "coord", "--listen", "tcp://10.1.2.3:5000", "-f"], check=False)
-    assert_error_line(cp, "keys")
+    assert_error_line(cp, "keys", "--insecure")
 
     # --insecure lifts the refusal: 10.1.2.3 is not ours, so binding fails, but not for want of keys.
     cp = sh([HWFS, "coord", "--listen", "tcp://10.1.2.3:5000", "--insecure"], check=False)
@@ -118,6 +131,118 @@ def test_non_loopback_listen_needs_keys(tmp_path):
         os.kill(int(cp.stdout.split()[0]), signal.SIGTERM)
     else:
         assert "refusing" not in cp.stderr and "without keys" not in cp.stderr, cp.stderr
+
+
+def refused(cs):
+    return (cs or {}).get("refused_messages", 0)
+
+
+@pytest.mark.limit(120)
+def test_unjoined_peer_cannot_commit_announce_or_take_a_name(net, tmp_path):
+    """A raw DEALER that never joined sends COMMIT_REQ, HAVE (blaming A) and a HELLO claiming
+    to be A: no node flips, nothing about A changes, the peer gets no answer, and the
+    coordinator counts and logs the refusals."""
+    ring(net, ["A", "B", "C"])
+    a = net["A"]
+    m1 = random_model(tmp_path / "m1", 4 << 20, seed=701)
+    m2 = random_model(tmp_path / "m2", 4 << 20, seed=702)
+    net.wait_version("v1", net.publish("A", m1, "v1"))
+    a.run("commit", "v1")
+    d2 = net.publish("A", m2, "v2")
+    net.wait_version("v2", d2)
+    at_v1 = {n: ("versions/v1", "v1") for n in "ABC"}
+    before = node_view(a.try_cluster_status(), "A")
+
+    with Rogue(net.coord.url, "rogue") as r:
+        r.send("COMMIT_REQ", req=1, version="v2", deadline_ms=5000)
+        r.send("HAVE", version="v2", digest=d2, complete=True, bytes_held=0, bytes_needed=0,
+               bad_donor="A")
+        r.send("HELLO", node="A", listen="tcp://127.0.0.1:1", versions=[], current=None)
+
+        def settled():  # all three refused, or (the failure) some node flipped
+            if net.currents() != at_v1:
+                return "flipped"
+            cs = a.try_cluster_status()
+            return cs if refused(cs) >= 3 else None
+
+        cs = poll(settled, timeout=15, interval=0.2)
+        replies = r.received(500)
+    assert net.currents() == at_v1, f"a peer that never joined flipped current: {net.currents()}"
+    assert cs, f"the coordinator did not count 3 refused messages: {a.try_cluster_status()}"
+    assert cs["committed"] == "v1", cs
+    assert replies == [], f"the coordinator answered a peer that never joined: {replies}"
+    now = node_view(cs, "A")
+    assert (now["addr"], now["bad_shards"]) == (before["addr"], before["bad_shards"]), (before, now)
+    assert node_view(cs, "rogue") is None, cs
+    assert "rogue" in net.coord.log_text() and "not joined" in net.coord.log_text(), net.coord.log_tail()
+
+
+@pytest.mark.limit(150)
+def test_a_name_is_bound_to_its_key(net, tmp_path):
+    """With keys, A's name belongs to A's key: after A leaves, a peer holding another
+    authorized key (B's) cannot join as A, nor as a second name while B is alive;
+    A itself rejoins with its own key (a new session) and is welcomed."""
+    kd = {x: str(tmp_path / f"keys-{x}") for x in ("coord", "A", "B")}
+    for d in kd.values():
+        keygen(d)
+    for x in ("A", "B"):
+        authorize(kd["coord"], x, kd[x])
+        authorize(kd[x], "A" if x == "B" else "B", kd["A" if x == "B" else "B"])
+        shutil.copyfile(os.path.join(kd["coord"], "key.pub"), os.path.join(kd[x], "coordinator.pub"))
+        authorize(kd[x], "coordinator", kd["coord"])
+    net.start_coord(keys=kd["coord"])
+    a = net.add("A", keys=kd["A"])
+    b = net.add("B", keys=kd["B"])
+    cs = net.wait_alive(["A", "B"], viewer=b)
+    a_addr = node_view(cs, "A")["addr"]
+
+    a.umount()
+    assert wait_dead(a.pid, 10), "A's daemon still runs after hwfs umount"
+    net.wait_dead("A", viewer=b)
+    n0 = refused(b.try_cluster_status())
+    with Rogue(net.coord.url, "A", keys=kd["B"], server_key=pub(kd["coord"])) as r1, \
+            Rogue(net.coord.url, "B2", keys=kd["B"], server_key=pub(kd["coord"])) as r2:
+        hello = dict(listen="tcp://127.0.0.1:1", versions=[], current=None, session="f" * 32)
+        r1.send("HELLO", node="A", **hello)
+        r2.send("HELLO", node="B2", **hello)
+        cs = poll(lambda: (lambda c: c if refused(c) >= n0 + 2 or (node_view(c, "A") or {}).get("alive")
+                           or node_view(c, "B2") else None)(b.try_cluster_status()), timeout=15, interval=0.2)
+        replies = r1.received(300) + r2.received(300)
+    assert cs, f"the coordinator did not count the two HELLOs as refused: {b.try_cluster_status()}"
+    assert not node_view(cs, "A")["alive"] and node_view(cs, "A")["addr"] == a_addr, \
+        f"another key took over A's name: {node_view(cs, 'A')}"
+    assert node_view(cs, "B2") is None, f"B's key joined a second time as B2: {node_view(cs, 'B2')}"
+    assert replies == [], f"the coordinator answered the impostors: {replies}"
+    assert "bound to another key" in net.coord.log_text(), net.coord.log_tail()
+
+    a.mount()  # the same key, a new session: a restarted node rejoins
+    net.wait_alive(["A", "B"], viewer=b)
+
+
+@pytest.mark.limit(120)
+def test_departed_nodes_versions_expire(net, tmp_path):
+    """A publishes v1 alone and leaves; B joins.  v1 (held by no live node) and A leave the
+    cluster view once A has been gone node_expiry_s (2 s here)."""
+    net.start_coord(tunables={"node_expiry_s": 2})
+    a = net.add("A")
+    d1 = net.publish("A", random_model(tmp_path / "m1", 2 << 20, seed=711), "v1")
+    assert poll(lambda: version_view(a.try_cluster_status(), "A", "v1"), timeout=10), \
+        "the coordinator never listed v1 on A"
+    a.umount()
+    assert wait_dead(a.pid, 10)
+    b = net.add("B")
+    assert d1
+
+    def gone():
+        cs = b.try_cluster_status()
+        if cs is None:
+            return None
+        held = [(n["name"], v["name"]) for n in cs["nodes"] for v in n["versions"]]
+        return cs if ("A", "v1") not in held and node_view(cs, "A") is None else None
+
+    cs = poll(gone, timeout=20, interval=0.3)
+    assert cs, f"A and its v1 are still in the cluster view 20 s after A left: {b.try_cluster_status()}"
+    assert "forgotten" in net.coord.log_text(), net.coord.log_tail()
 
 
 def test_insecure_coordinator_starts(tmp_path):

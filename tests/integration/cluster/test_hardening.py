@@ -1,0 +1,91 @@
+"""Replication under faults the protocol must ride out: commit results that say exactly
+what happened, paused nodes, a publisher killed mid-transfer, a full store, bad donors.
+
+Clusters come from the ``net`` fixture of cluster/conftest.py (a coordinator and nodes
+started one at a time, each test its own; everything is cleaned up after the test).
+"""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import HWFS, TIMEOUT, poll, sh
+
+from .conftest import assert_identical, node_view, random_model, ring, version_view
+
+
+@pytest.mark.limit(120)
+def test_commit_reports_a_node_whose_flip_failed(net, tmp_path):
+    """C's mount is gone (lazily detached, its daemon kept alive by an open file) when v2 is
+    committed: C is READY (its store holds v2) but cannot flip.  hwfs commit names A and B
+    committed and C failed with the reason, and exits 3 (partial), not 0."""
+    ring(net, ["A", "B", "C"])
+    a, c = net["A"], net["C"]
+    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 2 << 20, seed=801), "v1"))
+    a.run("commit", "v1")
+    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 2 << 20, seed=802), "v2"))
+
+    held = os.open(c.vpath("v1", "config.json"), os.O_RDONLY)  # keeps C's FUSE connection alive
+    try:
+        sh(["fusermount3", "-u", "-z", c.mnt])
+        os.rmdir(c.mnt)  # C's flip through MNT/ now fails: the path is gone
+        cp = a.run("commit", "v2", check=False)
+        out = cp.stdout + cp.stderr
+        assert cp.returncode == 3, f"commit with C unable to flip exited {cp.returncode}: {out}"
+        committed = next((ln.split(":", 1)[1] for ln in cp.stdout.splitlines() if ln.startswith("committed on:")), "")
+        assert sorted(x.strip() for x in committed.split(",")) == ["A", "B"], out
+        assert "failed on C:" in cp.stdout and "No such file" in cp.stdout, out
+        assert "partial" in cp.stderr, out
+        assert net.currents([a, net["B"]]) == {"A": ("versions/v2", "v2"), "B": ("versions/v2", "v2")}
+    finally:
+        os.close(held)
+        os.makedirs(c.mnt, exist_ok=True)
+        c.mounted = False
+
+
+def stopped(node):
+    """SIGSTOP @node's daemon (nothing may touch its mount until resume())."""
+    os.kill(node.pid, signal.SIGSTOP)
+
+
+def resume(node):
+    os.kill(node.pid, signal.SIGCONT)
+
+
+@pytest.mark.limit(150)
+def test_paused_node_flips_to_the_commit_it_missed(net, tmp_path):
+    """C holds v2 and is paused (SIGSTOP) long enough to be dead; v2 is committed on the
+    others.  To make C's return land inside the commit (after PREPARE went out to the
+    others, before the decision, the window in which a returning node used to learn
+    nothing), D is paused too while the commit starts and resumed once C is back.
+    After SIGCONT C is up and flips to v2 by itself."""
+    ring(net, ["A", "B", "C", "D"], topology="star")
+    a, b, c, d = (net[x] for x in "ABCD")
+    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 2 << 20, seed=811), "v1"))
+    a.run("commit", "v1")
+    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 2 << 20, seed=812), "v2"))
+
+    stopped(c)
+    try:
+        net.wait_dead("C", viewer=a)
+        stopped(d)  # still alive for the coordinator: PREPARE goes to A, B and D
+        commit = subprocess.Popen([HWFS, "commit", "v2", "-m", a.mnt], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            assert poll(lambda: "commit v2: prepare on 3" in net.coord.log_text(), timeout=5), \
+                f"the commit did not start on A, B, D:\n{net.coord.log_tail()}"
+            resume(c)
+            net.wait_alive(["C"], viewer=b, timeout=8)  # C is back while the commit waits on D
+        finally:
+            resume(d)
+            out, err = commit.communicate(timeout=TIMEOUT)
+    finally:
+        resume(c)
+        resume(d)
+    assert commit.returncode == 0, f"commit of v2 exited {commit.returncode}: {out} {err}"
+    assert net.currents([a, b, d]) == {x: ("versions/v2", "v2") for x in "ABD"}, net.currents()
+    assert poll(lambda: c.current() == ("versions/v2", "v2"), timeout=15, interval=0.2), \
+        f"C is up and holds v2 but its current is still {c.current()} 15 s after the commit"
