@@ -82,8 +82,13 @@ test: deps
 		TSAN_OPTIONS="$(TSAN_OPTS)" $$t; done
 	python3 -m pytest -q -p no:cacheprovider tests/integration
 	$(MAKE) integration-asan
+	$(MAKE) integration-tsan
 
-TSAN_TESTS := tests/integration/cluster
+# Under ThreadSanitizer (5-15x slower): the single-node suite and the cluster
+# tests that assert no timing (replication, late join, ports).
+TSAN_TESTS := $(wildcard tests/integration/test_*.py) \
+	tests/integration/cluster/test_replication.py tests/integration/cluster/test_latejoin.py \
+	tests/integration/cluster/test_ports.py
 
 SAN_LOG := build-asan/sanitizer-logs
 integration-asan: asan
@@ -96,7 +101,7 @@ integration-asan: asan
 		echo "sanitizer reports above"; exit 1; fi
 	@echo "integration-asan: no sanitizer reports"
 
-# The cluster tests against the ThreadSanitizer daemon (any report fails).
+# Integration tests against the ThreadSanitizer daemon (any report fails).
 TSAN_LOG  := build-tsan/sanitizer-logs
 TSAN_OPTS := suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=0 exitcode=66
 integration-tsan: tsan
