@@ -23,14 +23,14 @@
 #include "keys.h"
 #include "manifest.h"
 #include "proto.h"
+#include "tunables.h"
 
 #define WINDOW_BYTES (256ull << 20) /* bytes in flight per version being pulled */
 #define BATCH_BYTES (64ull << 20)   /* bytes asked for in one GET */
 #define PIECE_BYTES (4ull << 20)    /* a shard travels in pieces of this size */
-#define DONOR_SILENCE_S 5.0         /* no shard for this long: next donor */
 #define MISSING_RETRY_S 0.2         /* a donor that lacks a shard may not have its plan yet */
 #define MISSING_TRIES 5
-#define DONOR_RETRY_S 1.0           /* pause before going round the donors again */
+/* donor silence and the pause before going round the donors again: hwfs_tun (tunables.h) */
 #define HELLO_EVERY_S 1.0
 #define COORD_SILENCE_S 3.5 /* no answer to heartbeats for this long: unreachable */
 
@@ -44,6 +44,7 @@ struct want {
 	size_t tries;     /* donors given up on for this shard */
 	int misses;       /* MISSING answers from the current donor */
 	double not_before;
+	double sent_at;   /* when it was last asked for */
 	struct shard *sh; /* held: one reference, dropped after import */
 	/* arriving in pieces, in order, from one donor */
 	uint64_t got;       /* bytes received */
@@ -66,6 +67,7 @@ struct fetch {
 	uint64_t bytes_needed, bytes_held, inflight;
 	uint64_t total;   /* distinct shard bytes of the version */
 	double last_rx, last_report;
+	int ring_warned; /* "every donor failed once" logged for this fetch */
 	struct fetch *next;
 };
 
@@ -704,6 +706,24 @@ oom:
 	LOG_ERR("agent: out of memory planning %s", name);
 }
 
+/*
+ * unsend() - a GET to donor @d of @f could not be sent: the shards it asked
+ * for (marked in flight just now, not yet counted in f->inflight) go to
+ * their next donor, asked no sooner than the donor back-off.
+ */
+static void unsend(struct agent *a, struct fetch *f, size_t d, double now)
+{
+	for (size_t i = 0; i < f->n; i++) {
+		struct want *w = &f->w[i];
+
+		if (w->state == W_INFLIGHT && w->donor == d && !w->xs && w->not_before <= now &&
+		    w->sent_at == now) {
+			next_donor(a, f, w);
+			w->not_before = now + hwfs_tun.donor_backoff_ms / 1000.0;
+		}
+	}
+}
+
 /* Keep each fetch's window full: GET batches from each want's donor. */
 static void pump(struct agent *a)
 {
@@ -711,13 +731,14 @@ static void pump(struct agent *a)
 
 	for (struct fetch *f = a->fetches, *next; f; f = next) {
 		next = f->next;
-		if (f->inflight && now - f->last_rx > DONOR_SILENCE_S) {
+		if (f->inflight && now - f->last_rx > hwfs_tun.donor_silence_ms / 1000.0) {
 			for (size_t i = 0; i < f->n; i++)
 				if (f->w[i].state == W_INFLIGHT)
 					next_donor(a, f, &f->w[i]);
 			f->inflight = 0;
 			f->last_rx = now;
-			LOG_WARN("agent: donor silent for %s; trying the next one", f->name);
+			LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next "
+				 "donor", f->name, hwfs_tun.donor_silence_ms / 1000.0);
 		}
 		for (size_t d = 0; d < f->n_donors && f->inflight < WINDOW_BYTES; d++) {
 			json_t *hashes = json_array();
@@ -733,21 +754,32 @@ static void pump(struct agent *a)
 					continue;
 				json_array_append_new(hashes, proto_hash_json(&w->hash));
 				w->state = W_INFLIGHT;
+				w->sent_at = now;
 				batch += w->size;
 			}
-			if (json_array_size(hashes) &&
-			    (p = peer_get(a, f->donors[d], f->donor_keys[d]))) {
+			p = json_array_size(hashes) ? peer_get(a, f->donors[d], f->donor_keys[d]) : NULL;
+			if (p) {
 				json_t *g = json_pack("{s:I, s:O}", "req", (json_int_t)++a->next_req,
 						      "hashes", hashes);
 				int r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
 
 				json_decref(g);
-
-				if (r < 0)
-					LOG_WARN("agent: GET to %s: %s", f->donors[d], strerror(-r));
-				f->inflight += batch;
-				if (f->inflight == batch)
-					f->last_rx = now;
+				if (r < 0) {
+					/*
+					 * Nothing went out (no connection to the donor): nothing
+					 * is in flight.  Ask again after a pause, the next donor
+					 * first.
+					 */
+					LOG_WARN("agent: GET to %s: %s; asking the next donor", f->donors[d],
+						 r == -EAGAIN ? "no connection" : strerror(-r));
+					unsend(a, f, d, now);
+				} else {
+					f->inflight += batch;
+					if (f->inflight == batch)
+						f->last_rx = now;
+				}
+			} else if (json_array_size(hashes)) {
+				unsend(a, f, d, now);
 			}
 			json_decref(hashes);
 		}
@@ -757,16 +789,21 @@ static void pump(struct agent *a)
 		}
 		/*
 		 * Every donor of a shard failed once: not a reason to give up (a
-		 * busy machine makes donors look silent).  Start round the ring
-		 * again after a pause; the coordinator re-plans if a donor died.
+		 * busy machine makes donors look silent, a dead donor may come
+		 * back).  Start round the ring again after a pause (once: the
+		 * pause used to be renewed on every pass, so the shard was never
+		 * asked for again); the coordinator re-plans if a donor died or
+		 * came back.
 		 */
 		for (size_t i = 0; i < f->n; i++)
 			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
-				if (f->w[i].tries == f->n_donors)
+				if (!f->ring_warned)
 					LOG_WARN("agent: every donor of a shard of %s failed once; "
-						 "retrying", f->name);
-				f->w[i].tries = f->n_donors + 1;
-				f->w[i].not_before = now + DONOR_RETRY_S;
+						 "going round them again after %.1f s", f->name,
+						 hwfs_tun.donor_backoff_ms / 1000.0);
+				f->ring_warned = 1;
+				f->w[i].tries = 0;
+				f->w[i].not_before = now + hwfs_tun.donor_backoff_ms / 1000.0;
 			}
 	}
 }

@@ -427,6 +427,34 @@ static json_t *committed_fields(const struct coord *c)
 			 (json_int_t)c->epoch);
 }
 
+/*
+ * replan_pullers_of() - @holder (re)joined holding versions: every other
+ * alive node still pulling one of them gets a new plan with all alive
+ * complete holders as donors, so nobody waits for its own donor-failure
+ * timers to find a restarted publisher again.
+ */
+static void replan_pullers_of(struct coord *c, struct cnode *holder)
+{
+	for (size_t i = 0; i < c->n_nodes; i++) {
+		struct cnode *o = &c->nodes[i];
+		int pulling = 0;
+
+		if (o == holder || !alive(o))
+			continue;
+		for (size_t k = 0; k < c->n_vers && !pulling; k++) {
+			json_t *e = json_object_get(o->versions, c->vers[k].name);
+
+			pulling = e && !json_is_true(json_object_get(e, "complete")) &&
+				  node_has(holder, &c->vers[k]);
+		}
+		if (pulling) {
+			LOG_INFO("coord: %s is back: re-planning %s, which pulls what it holds",
+				 holder->name, o->name);
+			plan_for(c, o);
+		}
+	}
+}
+
 static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 {
 	struct cnode *n = node_find(c, from);
@@ -508,6 +536,7 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	json_object_set_new(e, "coordinator", json_string(c->o->listen));
 	send_to(c, from, P_WELCOME, e, NULL, 0);
 	plan_for(c, n);
+	replan_pullers_of(c, n);
 }
 
 static void on_announce(struct coord *c, const char *from, struct proto_msg *m)

@@ -89,3 +89,30 @@ def test_paused_node_flips_to_the_commit_it_missed(net, tmp_path):
     assert net.currents([a, b, d]) == {x: ("versions/v2", "v2") for x in "ABD"}, net.currents()
     assert poll(lambda: c.current() == ("versions/v2", "v2"), timeout=15, interval=0.2), \
         f"C is up and holds v2 but its current is still {c.current()} 15 s after the commit"
+
+
+@pytest.mark.limit(180)
+def test_publisher_killed_mid_transfer_and_restarted(net, tmp_path):
+    """A publishes a big v1 (star: B and C pull from A alone) and is killed -9 while they are
+    pulling; A is remounted on the same store at once.  B and C complete v1 within 30 s of
+    the restart, with no other event (no new plan, publish or join)."""
+    ring(net, ["A", "B", "C"], topology="star")
+    a, b, c = net["A"], net["B"], net["C"]
+    src = random_model(tmp_path / "big", 300 << 20, seed=821)
+    pub = subprocess.Popen([HWFS, "publish", str(src), "v1", "-m", a.mnt], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        caught = poll(lambda: b.visible("v1") or b.bytes_received() > 0, timeout=60, interval=0.005)
+        state = {"visible": b.visible("v1"), "received": b.bytes_received()}
+        a.kill9_daemon()
+    finally:
+        pub.communicate(timeout=TIMEOUT)
+    assert caught and not state["visible"], f"B was not caught mid-transfer: {state}"
+    a.mount()
+    t0 = time.monotonic()
+    digest = a.version("v1")["digest"]
+    took = net.wait_version("v1", digest, nodes=[b, c], timeout=30)
+    for n in (b, c):
+        assert_identical(src, n, "v1")
+    print(f"B caught at {state['received']} bytes; B and C complete {took:.1f}s after A's restart "
+          f"({time.monotonic() - t0:.1f}s)")
