@@ -178,8 +178,9 @@ static json_t *op_status(struct daemon *d, json_t *req)
 		json_object_set_new(r, "node", json_string(d->o->node));
 		json_object_set_new(r, "coordinator", json_string(d->o->join));
 		json_object_set_new(r, "replication",
-				    json_pack("{s:I, s:I}", "bytes_received", (json_int_t)rx,
-					      "bytes_sent", (json_int_t)tx));
+				    json_pack("{s:I, s:I, s:o}", "bytes_received", (json_int_t)rx,
+					      "bytes_sent", (json_int_t)tx, "pulls",
+					      agent_pulls(d->agent) ?: json_array()));
 	}
 	return r;
 }

@@ -68,6 +68,10 @@ struct fetch {
 	uint64_t total;   /* distinct shard bytes of the version */
 	double last_rx, last_report;
 	int ring_warned; /* "every donor failed once" logged for this fetch */
+	/* waiting for space: the store could not take the next shard */
+	int space_wait;
+	double space_retry_at, space_backoff; /* next retry; its period (0: never waited) */
+	uint64_t space_free;                  /* free arena bytes when it stopped */
 	struct fetch *next;
 };
 
@@ -133,6 +137,8 @@ struct agent {
 	char session[33];      /* this incarnation, so the coordinator notices a restart */
 	uint64_t rx, tx; /* atomic */
 	uint64_t import_seq;
+	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */
+	double last_pulls;  /* when the agent thread last rebuilt it */
 };
 
 static double now_s(void)
@@ -400,11 +406,109 @@ static void send_have(struct agent *a, const char *name, const hwfs_hash_t *dige
 	send_coord(a, P_HAVE, h, NULL, 0);
 }
 
-/* HAVE for a fetch in progress. */
+/* Free bytes of the store's arena. */
+static uint64_t arena_free_bytes(struct agent *a)
+{
+	struct arena *ar = store_arena(a->st);
+	uint64_t cap = arena_capacity(ar), used = arena_used(ar);
+
+	return cap > used ? cap - used : 0;
+}
+
+/* Why @f is not moving, as a sentence for status ("" when it is). */
+static void fetch_waiting(struct agent *a, const struct fetch *f, char *buf, size_t len)
+{
+	char need[32], free_[32];
+
+	buf[0] = '\0';
+	if (!f->space_wait)
+		return;
+	snprintf(buf, len, "waiting for space: need %s, free %s",
+		 hwfs_fmt_size(f->bytes_needed - f->bytes_held, need, sizeof(need)),
+		 hwfs_fmt_size(arena_free_bytes(a), free_, sizeof(free_)));
+}
+
+/* HAVE for a fetch in progress (with why it waits, if it does). */
 static void report_progress(struct agent *a, struct fetch *f, const char *bad_donor)
 {
-	send_have(a, f->name, &f->digest, 0, f->total - f->bytes_needed + f->bytes_held,
-		  f->bytes_needed - f->bytes_held, bad_donor);
+	json_t *h = json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", f->name, "digest",
+			      proto_hash_json(&f->digest), "complete", 0, "bytes_held",
+			      (json_int_t)(f->total - f->bytes_needed + f->bytes_held), "bytes_needed",
+			      (json_int_t)(f->bytes_needed - f->bytes_held));
+	char why[128];
+
+	fetch_waiting(a, f, why, sizeof(why));
+	if (h && bad_donor)
+		json_object_set_new(h, "bad_donor", json_string(bad_donor));
+	if (h && *why)
+		json_object_set_new(h, "waiting", json_string(why));
+	send_coord(a, P_HAVE, h, NULL, 0);
+}
+
+/*
+ * publish_pulls() - rebuild the snapshot agent_pulls() hands to other
+ * threads: one entry per version being pulled.  A failed allocation keeps
+ * the previous snapshot.
+ */
+static void publish_pulls(struct agent *a)
+{
+	json_t *arr = json_array();
+
+	for (struct fetch *f = a->fetches; arr && f; f = f->next) {
+		char why[128];
+		json_t *e = json_pack("{s:s, s:I, s:I}", "version", f->name, "bytes_held",
+				      (json_int_t)(f->total - f->bytes_needed + f->bytes_held),
+				      "bytes_total", (json_int_t)f->total);
+
+		fetch_waiting(a, f, why, sizeof(why));
+		if (e && *why) {
+			json_object_set_new(e, "waiting", json_string(why));
+			json_object_set_new(e, "need_bytes",
+					    json_integer((json_int_t)(f->bytes_needed - f->bytes_held)));
+			json_object_set_new(e, "free_bytes", json_integer((json_int_t)arena_free_bytes(a)));
+		}
+		if (e)
+			json_array_append_new(arr, e);
+	}
+	if (!arr)
+		return;
+	pthread_mutex_lock(&a->mu);
+	json_decref(a->pulls);
+	a->pulls = arr;
+	pthread_mutex_unlock(&a->mu);
+	a->last_pulls = now_s();
+}
+
+/*
+ * fetch_wait_space() - the store cannot take the next shard of @f: stop
+ * asking (what is in flight is dropped, partial shards are freed) and retry
+ * after space_retry_ms, doubling up to space_retry_max_ms, or at once when
+ * the arena's free bytes grow (rm, gc, another version leaving).  Status
+ * and HAVE say why it waits.
+ */
+static void fetch_wait_space(struct agent *a, struct fetch *f)
+{
+	char why[128];
+
+	for (size_t i = 0; i < f->n; i++) {
+		drop_partial(a, &f->w[i]);
+		if (f->w[i].state == W_INFLIGHT)
+			f->w[i].state = W_QUEUED;
+	}
+	f->inflight = 0;
+	f->space_backoff = f->space_backoff > 0
+				   ? HWFS_MIN(f->space_backoff * 2, hwfs_tun.space_retry_max_ms / 1000.0)
+				   : hwfs_tun.space_retry_ms / 1000.0;
+	f->space_retry_at = now_s() + f->space_backoff;
+	f->space_free = arena_free_bytes(a);
+	if (!f->space_wait) {
+		f->space_wait = 1;
+		fetch_waiting(a, f, why, sizeof(why));
+		LOG_WARN("agent: %s is %s; retrying every %.1f s or more (space_retry_ms), and at once "
+			 "when space is freed here (hwfs rm, hwfs gc)", f->name, why, f->space_backoff);
+	}
+	report_progress(a, f, NULL);
+	publish_pulls(a);
 }
 
 /*
@@ -729,8 +833,26 @@ static void pump(struct agent *a)
 {
 	double now = now_s();
 
+	if (now - a->last_pulls >= 0.25)
+		publish_pulls(a);
 	for (struct fetch *f = a->fetches, *next; f; f = next) {
 		next = f->next;
+		if (f->space_wait) {
+			uint64_t free_now = arena_free_bytes(a);
+			char fb[32];
+
+			if (now < f->space_retry_at && free_now <= f->space_free) {
+				if (now - f->last_report >= 0.5) {
+					report_progress(a, f, NULL);
+					f->last_report = now;
+				}
+				continue;
+			}
+			LOG_INFO("agent: %s: retrying (%s free%s)", f->name,
+				 hwfs_fmt_size(free_now, fb, sizeof(fb)),
+				 free_now > f->space_free ? ", space was freed here" : "");
+			f->space_wait = 0;
+		}
 		if (f->inflight && now - f->last_rx > hwfs_tun.donor_silence_ms / 1000.0) {
 			for (size_t i = 0; i < f->n; i++)
 				if (f->w[i].state == W_INFLIGHT)
@@ -932,7 +1054,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 			if (w->xs)
 				XXH3_freeState(w->xs);
 			w->xs = NULL;
-			fetch_fail(a, f, "the store is full");
+			fetch_wait_space(a, f);
 			return;
 		}
 		XXH3_128bits_reset(w->xs);
@@ -941,7 +1063,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 		return; /* a stray piece (an old donor's, or out of order): ignore */
 	}
 	if (write_arena(a, w->roff + pos, m->payload, len) < 0) {
-		fetch_fail(a, f, "the store is full"); /* frees every partial shard */
+		fetch_wait_space(a, f); /* frees every partial shard */
 		return;
 	}
 	XXH3_128bits_update(w->xs, m->payload, len);
@@ -977,6 +1099,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 	w->sh = sh;
 	w->state = W_HELD;
 	f->bytes_held += w->size;
+	f->space_backoff = 0; /* it fits again: a later shortage starts the back-off afresh */
 	serve_deferred(a, sh);
 	if (fetch_complete(f))
 		materialize(a, f);
@@ -1445,6 +1568,7 @@ void agent_stop(struct agent *a)
 		close(a->pipe[1]);
 	free(a->pending_commit);
 	free(a->applied);
+	json_decref(a->pulls);
 	free(a->node);
 	free(a->listen);
 	free(a->coordinator);
@@ -1528,6 +1652,16 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 		return r ? r : -ETIMEDOUT;
 	*res = c.res;
 	return c.res ? 0 : -ENOMEM;
+}
+
+json_t *agent_pulls(struct agent *a)
+{
+	json_t *r;
+
+	pthread_mutex_lock(&a->mu);
+	r = a->pulls ? json_deep_copy(a->pulls) : json_array();
+	pthread_mutex_unlock(&a->mu);
+	return r;
 }
 
 void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent)

@@ -602,10 +602,14 @@ static void on_have(struct coord *c, const char *from, struct proto_msg *m)
 			proto_str(m, "version"), bad_donor);
 	}
 
-	if (n)
+	if (n) {
 		set_have(n, proto_str(m, "version"), proto_str(m, "digest"),
 			 proto_bool(m, "complete"), (json_int_t)proto_int(m, "bytes_held"),
 			 (json_int_t)proto_int(m, "bytes_needed"));
+		if (proto_str(m, "waiting")) /* why it does not move, for status --cluster */
+			json_object_set_new(json_object_get(n->versions, proto_str(m, "version")),
+					    "waiting", json_string(proto_str(m, "waiting")));
+	}
 }
 
 static void tx_free(struct tx *tx)
@@ -787,13 +791,17 @@ static void on_status(struct coord *c, const char *from, struct proto_msg *m)
 		json_t *vers = json_array(), *e;
 		const char *k;
 
-		json_object_foreach(n->versions, k, e)
-			json_array_append_new(vers, json_pack("{s:s, s:O, s:O, s:O, s:O}", "name", k,
-							      "digest", json_object_get(e, "digest"),
-							      "complete", json_object_get(e, "complete"),
-							      "bytes_held", json_object_get(e, "bytes_held"),
-							      "bytes_needed",
-							      json_object_get(e, "bytes_needed")));
+		json_object_foreach(n->versions, k, e) {
+			json_t *ve = json_pack("{s:s, s:O, s:O, s:O, s:O}", "name", k, "digest",
+					       json_object_get(e, "digest"), "complete",
+					       json_object_get(e, "complete"), "bytes_held",
+					       json_object_get(e, "bytes_held"), "bytes_needed",
+					       json_object_get(e, "bytes_needed"));
+
+			if (ve && json_object_get(e, "waiting"))
+				json_object_set(ve, "waiting", json_object_get(e, "waiting"));
+			json_array_append_new(vers, ve);
+		}
 		json_array_append_new(nodes, json_pack("{s:s, s:s, s:b, s:I, s:o}", "name", n->name,
 						       "addr", n->addr ?: "", "alive", alive(n),
 						       "bad_shards", (json_int_t)n->bad_shards,

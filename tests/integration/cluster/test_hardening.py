@@ -116,3 +116,37 @@ def test_publisher_killed_mid_transfer_and_restarted(net, tmp_path):
         assert_identical(src, n, "v1")
     print(f"B caught at {state['received']} bytes; B and C complete {took:.1f}s after A's restart "
           f"({time.monotonic() - t0:.1f}s)")
+
+
+@pytest.mark.limit(150)
+def test_full_receiver_waits_for_space_and_resumes_after_rm(net, tmp_path):
+    """C (capacity 40M) holds v1 (24 MiB) and cannot take v2 (24 MiB more): its status and
+    status --cluster say it waits for space (need, free).  `hwfs rm v1` on C frees room and
+    v2 arrives with no other event."""
+    ring(net, ["A", "B"])
+    net.add("C", capacity="40M")
+    a, c = net["A"], net["C"]
+    d1 = net.publish("A", random_model(tmp_path / "m1", 24 << 20, seed=831), "v1")
+    net.wait_version("v1", d1)
+    m2 = random_model(tmp_path / "m2", 24 << 20, seed=832)
+    d2 = net.publish("A", m2, "v2")
+    net.wait_version("v2", d2, nodes=[a, net["B"]])
+
+    def waiting():
+        pulls = c.status()["replication"].get("pulls", [])
+        w = [p for p in pulls if p.get("version") == "v2" and "waiting for space" in (p.get("waiting") or "")]
+        return w[0] if w else None
+
+    w = poll(waiting, timeout=20, interval=0.2)
+    assert w, f"C's status does not say v2 waits for space: {c.status().get('replication')}"
+    assert w["need_bytes"] > w["free_bytes"], w
+    human = c.run("status").stdout
+    assert "waiting for space" in human and "v2" in human, human
+    cv = poll(lambda: (version_view(c.try_cluster_status(), "C", "v2") or {}).get("waiting"), timeout=10)
+    assert cv and "waiting for space" in cv, f"status --cluster: {version_view(c.try_cluster_status(), 'C', 'v2')}"
+    assert "waiting for space" in c.run("status", "--cluster").stdout
+    assert not c.visible("v2")
+
+    c.run("rm", "v1")
+    net.wait_version("v2", d2, nodes=[c], timeout=30)
+    assert_identical(m2, c, "v2")
