@@ -65,7 +65,10 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms);
  */
 json_t *agent_pulls(struct agent *a);
 
-/** Replication counters: payload bytes received and sent. */
-void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent);
+/**
+ * Replication counters: payload bytes received and sent, and shards other
+ * nodes asked this one for (each hash of each GET it received).
+ */
+void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent, uint64_t *requests);
 
 #endif /* HWFS_AGENT_H */

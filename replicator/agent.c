@@ -87,6 +87,13 @@ struct deferred {
 struct peer {
 	char *addr;
 	void *sock;
+	/*
+	 * Per-donor back-off: after a failure (bad or malformed shard, MISSING
+	 * to the end, silence, a GET that could not be sent) the donor is not
+	 * asked again before @until; the pause doubles from donor_backoff_ms up
+	 * to donor_backoff_max_ms and ends with its next good shard.
+	 */
+	double backoff, until;
 	struct peer *next;
 };
 
@@ -136,6 +143,7 @@ struct agent {
 	int coord_send_failing; /* the last send to the coordinator failed (warned once) */
 	char session[33];      /* this incarnation, so the coordinator notices a restart */
 	uint64_t rx, tx; /* atomic */
+	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
 	uint64_t import_seq;
 	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */
 	double last_pulls;  /* when the agent thread last rebuilt it */
@@ -187,13 +195,21 @@ static void set_backoff(void *sock)
 	zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof(sndtimeo));
 }
 
-static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
+/* The donor connection to @addr, or NULL if none was opened yet. */
+static struct peer *peer_find(struct agent *a, const char *addr)
 {
-	struct peer *p;
-
-	for (p = a->peers; p; p = p->next)
+	for (struct peer *p = a->peers; p; p = p->next)
 		if (!strcmp(p->addr, addr))
 			return p;
+	return NULL;
+}
+
+static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
+{
+	struct peer *p = peer_find(a, addr);
+
+	if (p)
+		return p;
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return NULL;
@@ -648,6 +664,47 @@ static int fetch_complete(const struct fetch *f)
 	return 1;
 }
 
+/*
+ * donor_failed() - donor @d of @f failed (@why): back it off, doubling its
+ * pause up to donor_backoff_max_ms.  Logged when the back-off starts and
+ * when it reaches its cap, not on every failure.
+ */
+static void donor_failed(struct agent *a, struct fetch *f, size_t d, const char *why)
+{
+	struct peer *p = d < f->n_donors ? peer_find(a, f->donors[d]) : NULL;
+	double base = hwfs_tun.donor_backoff_ms / 1000.0, cap = hwfs_tun.donor_backoff_max_ms / 1000.0;
+	double prev;
+
+	if (!p)
+		return;
+	prev = p->backoff;
+	p->backoff = prev > 0 ? HWFS_MIN(prev * 2, cap) : HWFS_MIN(base, cap);
+	p->until = now_s() + p->backoff;
+	if (prev == 0 || (p->backoff >= cap && prev < cap))
+		LOG_WARN("agent: donor %s (%s) %s: not asked again for %.1f s%s", f->donor_names[d],
+			 p->addr, why, p->backoff,
+			 prev == 0 ? " (doubling while it fails, donor_backoff_ms/_max_ms)"
+				   : " (the cap, until it sends a good shard)");
+}
+
+/* Donor @peer sent a good shard: its back-off ends. */
+static void donor_ok(struct agent *a, const void *peer)
+{
+	for (struct peer *p = a->peers; p; p = p->next)
+		if (p->sock == peer && p->backoff > 0) {
+			LOG_INFO("agent: donor %s sends good shards again", p->addr);
+			p->backoff = p->until = 0;
+		}
+}
+
+/* Is donor @d of @f backing off at @now? */
+static int donor_off(struct agent *a, struct fetch *f, size_t d, double now)
+{
+	struct peer *p = peer_find(a, f->donors[d]);
+
+	return p && p->until > now;
+}
+
 /* Give up on @w's current donor: the next one round the ring. */
 static void next_donor(struct agent *a, struct fetch *f, struct want *w)
 {
@@ -817,6 +874,7 @@ oom:
  */
 static void unsend(struct agent *a, struct fetch *f, size_t d, double now)
 {
+	donor_failed(a, f, d, "cannot be reached");
 	for (size_t i = 0; i < f->n; i++) {
 		struct want *w = &f->w[i];
 
@@ -826,6 +884,37 @@ static void unsend(struct agent *a, struct fetch *f, size_t d, double now)
 			w->not_before = now + hwfs_tun.donor_backoff_ms / 1000.0;
 		}
 	}
+}
+
+/*
+ * prefer_donors() - a queued shard whose donor is backing off goes to the
+ * next donor round the ring that is not (if any: else it waits for the
+ * first back-off to end).
+ */
+static void prefer_donors(struct agent *a, struct fetch *f, double now)
+{
+	char *off;
+
+	if (f->n_donors < 2 || !(off = calloc(f->n_donors, 1)))
+		return;
+	for (size_t d = 0; d < f->n_donors; d++)
+		off[d] = (char)donor_off(a, f, d, now);
+	for (size_t i = 0; i < f->n; i++) {
+		struct want *w = &f->w[i];
+
+		if (w->state != W_QUEUED || !off[w->donor])
+			continue;
+		for (size_t k = 1; k < f->n_donors; k++) {
+			size_t d = (w->donor + k) % f->n_donors;
+
+			if (!off[d]) {
+				w->donor = d;
+				w->misses = 0;
+				break;
+			}
+		}
+	}
+	free(off);
 }
 
 /* Keep each fetch's window full: GET batches from each want's donor. */
@@ -854,6 +943,12 @@ static void pump(struct agent *a)
 			f->space_wait = 0;
 		}
 		if (f->inflight && now - f->last_rx > hwfs_tun.donor_silence_ms / 1000.0) {
+			for (size_t d = 0; d < f->n_donors; d++)
+				for (size_t i = 0; i < f->n; i++)
+					if (f->w[i].state == W_INFLIGHT && f->w[i].donor == d) {
+						donor_failed(a, f, d, "is silent");
+						break;
+					}
 			for (size_t i = 0; i < f->n; i++)
 				if (f->w[i].state == W_INFLIGHT)
 					next_donor(a, f, &f->w[i]);
@@ -862,8 +957,32 @@ static void pump(struct agent *a)
 			LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next "
 				 "donor", f->name, hwfs_tun.donor_silence_ms / 1000.0);
 		}
+		/*
+		 * Every donor of a shard failed once: not a reason to give up (a
+		 * busy machine makes donors look silent, a dead donor may come
+		 * back).  Start round the ring again after a pause (once: the
+		 * pause used to be renewed on every pass, so the shard was never
+		 * asked for again); the coordinator re-plans if a donor died or
+		 * came back.
+		 */
+		for (size_t i = 0; i < f->n; i++)
+			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
+				if (!f->ring_warned)
+					LOG_WARN("agent: every donor of a shard of %s failed once; "
+						 "going round them again after %.1f s", f->name,
+						 hwfs_tun.donor_backoff_ms / 1000.0);
+				f->ring_warned = 1;
+				f->w[i].tries = 0;
+				f->w[i].not_before = now + hwfs_tun.donor_backoff_ms / 1000.0;
+			}
+		prefer_donors(a, f, now);
 		for (size_t d = 0; d < f->n_donors && f->inflight < WINDOW_BYTES; d++) {
 			json_t *hashes = json_array();
+
+			if (donor_off(a, f, d, now)) {
+				json_decref(hashes);
+				continue;
+			}
 			uint64_t batch = 0;
 			struct peer *p;
 
@@ -909,24 +1028,6 @@ static void pump(struct agent *a)
 			report_progress(a, f, NULL);
 			f->last_report = now;
 		}
-		/*
-		 * Every donor of a shard failed once: not a reason to give up (a
-		 * busy machine makes donors look silent, a dead donor may come
-		 * back).  Start round the ring again after a pause (once: the
-		 * pause used to be renewed on every pass, so the shard was never
-		 * asked for again); the coordinator re-plans if a donor died or
-		 * came back.
-		 */
-		for (size_t i = 0; i < f->n; i++)
-			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
-				if (!f->ring_warned)
-					LOG_WARN("agent: every donor of a shard of %s failed once; "
-						 "going round them again after %.1f s", f->name,
-						 hwfs_tun.donor_backoff_ms / 1000.0);
-				f->ring_warned = 1;
-				f->w[i].tries = 0;
-				f->w[i].not_before = now + hwfs_tun.donor_backoff_ms / 1000.0;
-			}
 	}
 }
 
@@ -1044,6 +1145,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 	if (total != w->size || pos + len > total || len == 0) {
 		LOG_ERR("agent: malformed piece from %s for %s; asking another donor", from, f->name);
 		f->inflight -= HWFS_MIN(f->inflight, w->size);
+		donor_failed(a, f, w->donor, "sent a malformed piece");
 		next_donor(a, f, w);
 		return;
 	}
@@ -1085,6 +1187,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 		arena_free(store_arena(a->st), w->roff, w->size);
 		w->got = 0;
 		abort_forwarded(a, &h);
+		donor_failed(a, f, w->donor, "sent a shard that does not match its hash");
 		next_donor(a, f, w);
 		return;
 	}
@@ -1098,6 +1201,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 	}
 	w->sh = sh;
 	w->state = W_HELD;
+	donor_ok(a, peer);
 	f->bytes_held += w->size;
 	f->space_backoff = 0; /* it fits again: a later shortage starts the back-off afresh */
 	serve_deferred(a, sh);
@@ -1116,9 +1220,10 @@ static void on_missing(struct agent *a, struct proto_msg *m)
 	f->inflight -= HWFS_MIN(f->inflight, w->size);
 	w->state = W_QUEUED;
 	drop_partial(a, w);
-	if (++w->misses >= MISSING_TRIES)
+	if (++w->misses >= MISSING_TRIES) {
+		donor_failed(a, f, w->donor, "does not have a shard it was planned to have");
 		next_donor(a, f, w);
-	else
+	} else
 		w->not_before = now_s() + MISSING_RETRY_S;
 }
 
@@ -1129,6 +1234,7 @@ static void on_get(struct agent *a, const void *ident, size_t ident_len, struct 
 	uint64_t req = proto_int(m, "req");
 	size_t i;
 
+	__atomic_add_fetch(&a->req_rx, json_array_size(hashes), __ATOMIC_RELAXED);
 	json_array_foreach(hashes, i, hj) {
 		hwfs_hash_t h;
 		struct shard *sh;
@@ -1664,8 +1770,9 @@ json_t *agent_pulls(struct agent *a)
 	return r;
 }
 
-void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent)
+void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent, uint64_t *requests)
 {
 	*received = __atomic_load_n(&a->rx, __ATOMIC_RELAXED);
 	*sent = __atomic_load_n(&a->tx, __ATOMIC_RELAXED);
+	*requests = __atomic_load_n(&a->req_rx, __ATOMIC_RELAXED);
 }

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import HWFS, TIMEOUT, poll, sh
 
-from .conftest import assert_identical, node_view, random_model, ring, version_view
+from .conftest import assert_identical, corrupt_chunk, node_view, random_model, ring, version_view
 
 
 @pytest.mark.limit(120)
@@ -150,3 +150,34 @@ def test_full_receiver_waits_for_space_and_resumes_after_rm(net, tmp_path):
     c.run("rm", "v1")
     net.wait_version("v2", d2, nodes=[c], timeout=30)
     assert_identical(m2, c, "v2")
+
+
+@pytest.mark.limit(120)
+def test_bad_donors_are_backed_off(net, tmp_path):
+    """A shard of v1 is corrupt on both of its holders (A, B): late joiner C can never get
+    it.  C keeps trying, but backs off each bad donor: over 6 s each is asked for shards at
+    most a dozen times (it was ~130 requests a second), counted by the donors'
+    status requests_received."""
+    ring(net, ["A", "B"], topology="star")
+    a, b = net["A"], net["B"]
+    src = random_model(tmp_path / "m", 12 << 20, seed=841)
+    digest = net.publish("A", src, "v1")
+    net.wait_version("v1", digest)
+    for n in (a, b):
+        corrupt_chunk(n, src / "model.bin", 1)
+
+    def requests():
+        return {n.name: int(n.status()["replication"]["requests_received"]) for n in (a, b)}
+
+    c = net.add("C")
+    assert poll(lambda: sum(requests().values()) > 0, timeout=15), "C never asked A or B for v1"
+    assert poll(lambda: (node_view(c.try_cluster_status(), "A") or {}).get("bad_shards", 0) +
+                (node_view(c.try_cluster_status(), "B") or {}).get("bad_shards", 0) >= 2, timeout=15), \
+        "C did not report both donors' corrupt shard"
+    r0 = requests()
+    time.sleep(6)  # the measurement window (the assertion is on a count, not on time)
+    r1 = requests()
+    asked = {x: r1[x] - r0[x] for x in r0}
+    assert all(n <= 12 for n in asked.values()), f"bad donors asked {asked} times in 6 s"
+    assert not c.visible("v1")
+    print(f"requests to the bad donors in 6 s: {asked}")
