@@ -190,16 +190,18 @@ static json_t *op_status(struct daemon *d, json_t *req)
 		      versions_json(d));
 	free(cur);
 	if (d->agent) {
-		uint64_t rx, tx;
+		uint64_t rx, tx, rq;
 
-		agent_counters(d->agent, &rx, &tx);
+		agent_counters(d->agent, &rx, &tx, &rq);
 		json_object_set_new(r, "node", json_string(d->o->node));
 		json_object_set_new(r, "coordinator",
 				    json_string(d->coord_ep[0] ? d->coord_ep : d->o->join));
 		json_object_set_new(r, "listen", json_string(agent_endpoint(d->agent)));
 		json_object_set_new(r, "replication",
-				    json_pack("{s:I, s:I}", "bytes_received", (json_int_t)rx,
-					      "bytes_sent", (json_int_t)tx));
+				    json_pack("{s:I, s:I, s:I, s:o}", "bytes_received", (json_int_t)rx,
+					      "bytes_sent", (json_int_t)tx, "requests_received",
+					      (json_int_t)rq, "pulls",
+					      agent_pulls(d->agent) ?: json_array()));
 	}
 	return r;
 }

@@ -23,14 +23,14 @@
 #include "keys.h"
 #include "manifest.h"
 #include "proto.h"
+#include "tunables.h"
 
 #define WINDOW_BYTES (256ull << 20) /* bytes in flight per version being pulled */
 #define BATCH_BYTES (64ull << 20)   /* bytes asked for in one GET */
 #define PIECE_BYTES (4ull << 20)    /* a shard travels in pieces of this size */
-#define DONOR_SILENCE_S 5.0         /* no shard for this long: next donor */
 #define MISSING_RETRY_S 0.2         /* a donor that lacks a shard may not have its plan yet */
 #define MISSING_TRIES 5
-#define DONOR_RETRY_S 1.0           /* pause before going round the donors again */
+/* donor silence and the pause before going round the donors again: hwfs_tun (tunables.h) */
 #define HELLO_EVERY_S 1.0
 #define COORD_SILENCE_S 3.5 /* no answer to heartbeats for this long: unreachable */
 
@@ -44,6 +44,7 @@ struct want {
 	size_t tries;     /* donors given up on for this shard */
 	int misses;       /* MISSING answers from the current donor */
 	double not_before;
+	double sent_at;   /* when it was last asked for */
 	struct shard *sh; /* held: one reference, dropped after import */
 	/* arriving in pieces, in order, from one donor */
 	uint64_t got;       /* bytes received */
@@ -66,6 +67,11 @@ struct fetch {
 	uint64_t bytes_needed, bytes_held, inflight;
 	uint64_t total;   /* distinct shard bytes of the version */
 	double last_rx, last_report;
+	int ring_warned; /* "every donor failed once" logged for this fetch */
+	/* waiting for space: the store could not take the next shard */
+	int space_wait;
+	double space_retry_at, space_backoff; /* next retry; its period (0: never waited) */
+	uint64_t space_free;                  /* free arena bytes when it stopped */
 	struct fetch *next;
 };
 
@@ -81,6 +87,13 @@ struct deferred {
 struct peer {
 	char *addr;
 	void *sock;
+	/*
+	 * Per-donor back-off: after a failure (bad or malformed shard, MISSING
+	 * to the end, silence, a GET that could not be sent) the donor is not
+	 * asked again before @until; the pause doubles from donor_backoff_ms up
+	 * to donor_backoff_max_ms and ends with its next good shard.
+	 */
+	double backoff, until;
 	struct peer *next;
 };
 
@@ -130,7 +143,10 @@ struct agent {
 	int coord_send_failing; /* the last send to the coordinator failed (warned once) */
 	char session[33];      /* this incarnation, so the coordinator notices a restart */
 	uint64_t rx, tx; /* atomic */
+	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
 	uint64_t import_seq;
+	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */
+	double last_pulls;  /* when the agent thread last rebuilt it */
 };
 
 static double now_s(void)
@@ -179,13 +195,21 @@ static void set_backoff(void *sock)
 	zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof(sndtimeo));
 }
 
-static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
+/* The donor connection to @addr, or NULL if none was opened yet. */
+static struct peer *peer_find(struct agent *a, const char *addr)
 {
-	struct peer *p;
-
-	for (p = a->peers; p; p = p->next)
+	for (struct peer *p = a->peers; p; p = p->next)
 		if (!strcmp(p->addr, addr))
 			return p;
+	return NULL;
+}
+
+static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
+{
+	struct peer *p = peer_find(a, addr);
+
+	if (p)
+		return p;
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return NULL;
@@ -398,11 +422,109 @@ static void send_have(struct agent *a, const char *name, const hwfs_hash_t *dige
 	send_coord(a, P_HAVE, h, NULL, 0);
 }
 
-/* HAVE for a fetch in progress. */
+/* Free bytes of the store's arena. */
+static uint64_t arena_free_bytes(struct agent *a)
+{
+	struct arena *ar = store_arena(a->st);
+	uint64_t cap = arena_capacity(ar), used = arena_used(ar);
+
+	return cap > used ? cap - used : 0;
+}
+
+/* Why @f is not moving, as a sentence for status ("" when it is). */
+static void fetch_waiting(struct agent *a, const struct fetch *f, char *buf, size_t len)
+{
+	char need[32], free_[32];
+
+	buf[0] = '\0';
+	if (!f->space_wait)
+		return;
+	snprintf(buf, len, "waiting for space: need %s, free %s",
+		 hwfs_fmt_size(f->bytes_needed - f->bytes_held, need, sizeof(need)),
+		 hwfs_fmt_size(arena_free_bytes(a), free_, sizeof(free_)));
+}
+
+/* HAVE for a fetch in progress (with why it waits, if it does). */
 static void report_progress(struct agent *a, struct fetch *f, const char *bad_donor)
 {
-	send_have(a, f->name, &f->digest, 0, f->total - f->bytes_needed + f->bytes_held,
-		  f->bytes_needed - f->bytes_held, bad_donor);
+	json_t *h = json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", f->name, "digest",
+			      proto_hash_json(&f->digest), "complete", 0, "bytes_held",
+			      (json_int_t)(f->total - f->bytes_needed + f->bytes_held), "bytes_needed",
+			      (json_int_t)(f->bytes_needed - f->bytes_held));
+	char why[128];
+
+	fetch_waiting(a, f, why, sizeof(why));
+	if (h && bad_donor)
+		json_object_set_new(h, "bad_donor", json_string(bad_donor));
+	if (h && *why)
+		json_object_set_new(h, "waiting", json_string(why));
+	send_coord(a, P_HAVE, h, NULL, 0);
+}
+
+/*
+ * publish_pulls() - rebuild the snapshot agent_pulls() hands to other
+ * threads: one entry per version being pulled.  A failed allocation keeps
+ * the previous snapshot.
+ */
+static void publish_pulls(struct agent *a)
+{
+	json_t *arr = json_array();
+
+	for (struct fetch *f = a->fetches; arr && f; f = f->next) {
+		char why[128];
+		json_t *e = json_pack("{s:s, s:I, s:I}", "version", f->name, "bytes_held",
+				      (json_int_t)(f->total - f->bytes_needed + f->bytes_held),
+				      "bytes_total", (json_int_t)f->total);
+
+		fetch_waiting(a, f, why, sizeof(why));
+		if (e && *why) {
+			json_object_set_new(e, "waiting", json_string(why));
+			json_object_set_new(e, "need_bytes",
+					    json_integer((json_int_t)(f->bytes_needed - f->bytes_held)));
+			json_object_set_new(e, "free_bytes", json_integer((json_int_t)arena_free_bytes(a)));
+		}
+		if (e)
+			json_array_append_new(arr, e);
+	}
+	if (!arr)
+		return;
+	pthread_mutex_lock(&a->mu);
+	json_decref(a->pulls);
+	a->pulls = arr;
+	pthread_mutex_unlock(&a->mu);
+	a->last_pulls = now_s();
+}
+
+/*
+ * fetch_wait_space() - the store cannot take the next shard of @f: stop
+ * asking (what is in flight is dropped, partial shards are freed) and retry
+ * after space_retry_ms, doubling up to space_retry_max_ms, or at once when
+ * the arena's free bytes grow (rm, gc, another version leaving).  Status
+ * and HAVE say why it waits.
+ */
+static void fetch_wait_space(struct agent *a, struct fetch *f)
+{
+	char why[128];
+
+	for (size_t i = 0; i < f->n; i++) {
+		drop_partial(a, &f->w[i]);
+		if (f->w[i].state == W_INFLIGHT)
+			f->w[i].state = W_QUEUED;
+	}
+	f->inflight = 0;
+	f->space_backoff = f->space_backoff > 0
+				   ? HWFS_MIN(f->space_backoff * 2, hwfs_tun.space_retry_max_ms / 1000.0)
+				   : hwfs_tun.space_retry_ms / 1000.0;
+	f->space_retry_at = now_s() + f->space_backoff;
+	f->space_free = arena_free_bytes(a);
+	if (!f->space_wait) {
+		f->space_wait = 1;
+		fetch_waiting(a, f, why, sizeof(why));
+		LOG_WARN("agent: %s is %s; retrying every %.1f s or more (space_retry_ms), and at once "
+			 "when space is freed here (hwfs rm, hwfs gc)", f->name, why, f->space_backoff);
+	}
+	report_progress(a, f, NULL);
+	publish_pulls(a);
 }
 
 /*
@@ -540,6 +662,47 @@ static int fetch_complete(const struct fetch *f)
 		if (f->w[i].state != W_HELD)
 			return 0;
 	return 1;
+}
+
+/*
+ * donor_failed() - donor @d of @f failed (@why): back it off, doubling its
+ * pause up to donor_backoff_max_ms.  Logged when the back-off starts and
+ * when it reaches its cap, not on every failure.
+ */
+static void donor_failed(struct agent *a, struct fetch *f, size_t d, const char *why)
+{
+	struct peer *p = d < f->n_donors ? peer_find(a, f->donors[d]) : NULL;
+	double base = hwfs_tun.donor_backoff_ms / 1000.0, cap = hwfs_tun.donor_backoff_max_ms / 1000.0;
+	double prev;
+
+	if (!p)
+		return;
+	prev = p->backoff;
+	p->backoff = prev > 0 ? HWFS_MIN(prev * 2, cap) : HWFS_MIN(base, cap);
+	p->until = now_s() + p->backoff;
+	if (prev == 0 || (p->backoff >= cap && prev < cap))
+		LOG_WARN("agent: donor %s (%s) %s: not asked again for %.1f s%s", f->donor_names[d],
+			 p->addr, why, p->backoff,
+			 prev == 0 ? " (doubling while it fails, donor_backoff_ms/_max_ms)"
+				   : " (the cap, until it sends a good shard)");
+}
+
+/* Donor @peer sent a good shard: its back-off ends. */
+static void donor_ok(struct agent *a, const void *peer)
+{
+	for (struct peer *p = a->peers; p; p = p->next)
+		if (p->sock == peer && p->backoff > 0) {
+			LOG_INFO("agent: donor %s sends good shards again", p->addr);
+			p->backoff = p->until = 0;
+		}
+}
+
+/* Is donor @d of @f backing off at @now? */
+static int donor_off(struct agent *a, struct fetch *f, size_t d, double now)
+{
+	struct peer *p = peer_find(a, f->donors[d]);
+
+	return p && p->until > now;
 }
 
 /* Give up on @w's current donor: the next one round the ring. */
@@ -704,23 +867,122 @@ oom:
 	LOG_ERR("agent: out of memory planning %s", name);
 }
 
+/*
+ * unsend() - a GET to donor @d of @f could not be sent: the shards it asked
+ * for (marked in flight just now, not yet counted in f->inflight) go to
+ * their next donor, asked no sooner than the donor back-off.
+ */
+static void unsend(struct agent *a, struct fetch *f, size_t d, double now)
+{
+	donor_failed(a, f, d, "cannot be reached");
+	for (size_t i = 0; i < f->n; i++) {
+		struct want *w = &f->w[i];
+
+		if (w->state == W_INFLIGHT && w->donor == d && !w->xs && w->not_before <= now &&
+		    w->sent_at == now) {
+			next_donor(a, f, w);
+			w->not_before = now + hwfs_tun.donor_backoff_ms / 1000.0;
+		}
+	}
+}
+
+/*
+ * prefer_donors() - a queued shard whose donor is backing off goes to the
+ * next donor round the ring that is not (if any: else it waits for the
+ * first back-off to end).
+ */
+static void prefer_donors(struct agent *a, struct fetch *f, double now)
+{
+	char *off;
+
+	if (f->n_donors < 2 || !(off = calloc(f->n_donors, 1)))
+		return;
+	for (size_t d = 0; d < f->n_donors; d++)
+		off[d] = (char)donor_off(a, f, d, now);
+	for (size_t i = 0; i < f->n; i++) {
+		struct want *w = &f->w[i];
+
+		if (w->state != W_QUEUED || !off[w->donor])
+			continue;
+		for (size_t k = 1; k < f->n_donors; k++) {
+			size_t d = (w->donor + k) % f->n_donors;
+
+			if (!off[d]) {
+				w->donor = d;
+				w->misses = 0;
+				break;
+			}
+		}
+	}
+	free(off);
+}
+
 /* Keep each fetch's window full: GET batches from each want's donor. */
 static void pump(struct agent *a)
 {
 	double now = now_s();
 
+	if (now - a->last_pulls >= 0.25)
+		publish_pulls(a);
 	for (struct fetch *f = a->fetches, *next; f; f = next) {
 		next = f->next;
-		if (f->inflight && now - f->last_rx > DONOR_SILENCE_S) {
+		if (f->space_wait) {
+			uint64_t free_now = arena_free_bytes(a);
+			char fb[32];
+
+			if (now < f->space_retry_at && free_now <= f->space_free) {
+				if (now - f->last_report >= 0.5) {
+					report_progress(a, f, NULL);
+					f->last_report = now;
+				}
+				continue;
+			}
+			LOG_INFO("agent: %s: retrying (%s free%s)", f->name,
+				 hwfs_fmt_size(free_now, fb, sizeof(fb)),
+				 free_now > f->space_free ? ", space was freed here" : "");
+			f->space_wait = 0;
+		}
+		if (f->inflight && now - f->last_rx > hwfs_tun.donor_silence_ms / 1000.0) {
+			for (size_t d = 0; d < f->n_donors; d++)
+				for (size_t i = 0; i < f->n; i++)
+					if (f->w[i].state == W_INFLIGHT && f->w[i].donor == d) {
+						donor_failed(a, f, d, "is silent");
+						break;
+					}
 			for (size_t i = 0; i < f->n; i++)
 				if (f->w[i].state == W_INFLIGHT)
 					next_donor(a, f, &f->w[i]);
 			f->inflight = 0;
 			f->last_rx = now;
-			LOG_WARN("agent: donor silent for %s; trying the next one", f->name);
+			LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next "
+				 "donor", f->name, hwfs_tun.donor_silence_ms / 1000.0);
 		}
+		/*
+		 * Every donor of a shard failed once: not a reason to give up (a
+		 * busy machine makes donors look silent, a dead donor may come
+		 * back).  Start round the ring again after a pause (once: the
+		 * pause used to be renewed on every pass, so the shard was never
+		 * asked for again); the coordinator re-plans if a donor died or
+		 * came back.
+		 */
+		for (size_t i = 0; i < f->n; i++)
+			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
+				if (!f->ring_warned)
+					LOG_WARN("agent: every donor of a shard of %s failed once; "
+						 "going round them again after %.1f s", f->name,
+						 hwfs_tun.donor_backoff_ms / 1000.0);
+				f->ring_warned = 1;
+				f->w[i].tries = 0;
+				f->w[i].not_before = now + hwfs_tun.donor_backoff_ms / 1000.0;
+			}
+		prefer_donors(a, f, now);
 		for (size_t d = 0; d < f->n_donors && f->inflight < WINDOW_BYTES; d++) {
 			json_t *hashes = json_array();
+
+			if (donor_off(a, f, d, now)) {
+				json_decref(hashes);
+				continue;
+			}
 			uint64_t batch = 0;
 			struct peer *p;
 
@@ -733,21 +995,32 @@ static void pump(struct agent *a)
 					continue;
 				json_array_append_new(hashes, proto_hash_json(&w->hash));
 				w->state = W_INFLIGHT;
+				w->sent_at = now;
 				batch += w->size;
 			}
-			if (json_array_size(hashes) &&
-			    (p = peer_get(a, f->donors[d], f->donor_keys[d]))) {
+			p = json_array_size(hashes) ? peer_get(a, f->donors[d], f->donor_keys[d]) : NULL;
+			if (p) {
 				json_t *g = json_pack("{s:I, s:O}", "req", (json_int_t)++a->next_req,
 						      "hashes", hashes);
 				int r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
 
 				json_decref(g);
-
-				if (r < 0)
-					LOG_WARN("agent: GET to %s: %s", f->donors[d], strerror(-r));
-				f->inflight += batch;
-				if (f->inflight == batch)
-					f->last_rx = now;
+				if (r < 0) {
+					/*
+					 * Nothing went out (no connection to the donor): nothing
+					 * is in flight.  Ask again after a pause, the next donor
+					 * first.
+					 */
+					LOG_WARN("agent: GET to %s: %s; asking the next donor", f->donors[d],
+						 r == -EAGAIN ? "no connection" : strerror(-r));
+					unsend(a, f, d, now);
+				} else {
+					f->inflight += batch;
+					if (f->inflight == batch)
+						f->last_rx = now;
+				}
+			} else if (json_array_size(hashes)) {
+				unsend(a, f, d, now);
 			}
 			json_decref(hashes);
 		}
@@ -755,19 +1028,6 @@ static void pump(struct agent *a)
 			report_progress(a, f, NULL);
 			f->last_report = now;
 		}
-		/*
-		 * Every donor of a shard failed once: not a reason to give up (a
-		 * busy machine makes donors look silent).  Start round the ring
-		 * again after a pause; the coordinator re-plans if a donor died.
-		 */
-		for (size_t i = 0; i < f->n; i++)
-			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
-				if (f->w[i].tries == f->n_donors)
-					LOG_WARN("agent: every donor of a shard of %s failed once; "
-						 "retrying", f->name);
-				f->w[i].tries = f->n_donors + 1;
-				f->w[i].not_before = now + DONOR_RETRY_S;
-			}
 	}
 }
 
@@ -885,6 +1145,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 	if (total != w->size || pos + len > total || len == 0) {
 		LOG_ERR("agent: malformed piece from %s for %s; asking another donor", from, f->name);
 		f->inflight -= HWFS_MIN(f->inflight, w->size);
+		donor_failed(a, f, w->donor, "sent a malformed piece");
 		next_donor(a, f, w);
 		return;
 	}
@@ -895,7 +1156,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 			if (w->xs)
 				XXH3_freeState(w->xs);
 			w->xs = NULL;
-			fetch_fail(a, f, "the store is full");
+			fetch_wait_space(a, f);
 			return;
 		}
 		XXH3_128bits_reset(w->xs);
@@ -904,7 +1165,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 		return; /* a stray piece (an old donor's, or out of order): ignore */
 	}
 	if (write_arena(a, w->roff + pos, m->payload, len) < 0) {
-		fetch_fail(a, f, "the store is full"); /* frees every partial shard */
+		fetch_wait_space(a, f); /* frees every partial shard */
 		return;
 	}
 	XXH3_128bits_update(w->xs, m->payload, len);
@@ -926,6 +1187,7 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 		arena_free(store_arena(a->st), w->roff, w->size);
 		w->got = 0;
 		abort_forwarded(a, &h);
+		donor_failed(a, f, w->donor, "sent a shard that does not match its hash");
 		next_donor(a, f, w);
 		return;
 	}
@@ -939,7 +1201,9 @@ static void on_shard(struct agent *a, struct proto_msg *m, const char *from, con
 	}
 	w->sh = sh;
 	w->state = W_HELD;
+	donor_ok(a, peer);
 	f->bytes_held += w->size;
+	f->space_backoff = 0; /* it fits again: a later shortage starts the back-off afresh */
 	serve_deferred(a, sh);
 	if (fetch_complete(f))
 		materialize(a, f);
@@ -956,9 +1220,10 @@ static void on_missing(struct agent *a, struct proto_msg *m)
 	f->inflight -= HWFS_MIN(f->inflight, w->size);
 	w->state = W_QUEUED;
 	drop_partial(a, w);
-	if (++w->misses >= MISSING_TRIES)
+	if (++w->misses >= MISSING_TRIES) {
+		donor_failed(a, f, w->donor, "does not have a shard it was planned to have");
 		next_donor(a, f, w);
-	else
+	} else
 		w->not_before = now_s() + MISSING_RETRY_S;
 }
 
@@ -969,6 +1234,7 @@ static void on_get(struct agent *a, const void *ident, size_t ident_len, struct 
 	uint64_t req = proto_int(m, "req");
 	size_t i;
 
+	__atomic_add_fetch(&a->req_rx, json_array_size(hashes), __ATOMIC_RELAXED);
 	json_array_foreach(hashes, i, hj) {
 		hwfs_hash_t h;
 		struct shard *sh;
@@ -1418,6 +1684,7 @@ void agent_stop(struct agent *a)
 		close(a->pipe[1]);
 	free(a->pending_commit);
 	free(a->applied);
+	json_decref(a->pulls);
 	free(a->node);
 	free(a->listen);
 	free(a->coordinator);
@@ -1508,8 +1775,19 @@ const char *agent_endpoint(const struct agent *a)
 	return a->listen;
 }
 
-void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent)
+json_t *agent_pulls(struct agent *a)
+{
+	json_t *r;
+
+	pthread_mutex_lock(&a->mu);
+	r = a->pulls ? json_deep_copy(a->pulls) : json_array();
+	pthread_mutex_unlock(&a->mu);
+	return r;
+}
+
+void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent, uint64_t *requests)
 {
 	*received = __atomic_load_n(&a->rx, __ATOMIC_RELAXED);
 	*sent = __atomic_load_n(&a->tx, __ATOMIC_RELAXED);
+	*requests = __atomic_load_n(&a->req_rx, __ATOMIC_RELAXED);
 }

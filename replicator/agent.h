@@ -57,8 +57,19 @@ void agent_sealed(void *agent, const char *name);
  */
 int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms);
 
-/** Replication counters: payload bytes received and sent. */
-void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent);
+/**
+ * agent_pulls() - the versions this node is pulling, as a new JSON array
+ * (any thread; a snapshot at most 0.25 s old): [{"version", "bytes_held",
+ * "bytes_total"[, "waiting": "waiting for space: need X, free Y",
+ * "need_bytes", "free_bytes"]}].  NULL without memory.
+ */
+json_t *agent_pulls(struct agent *a);
+
+/**
+ * Replication counters: payload bytes received and sent, and shards other
+ * nodes asked this one for (each hash of each GET it received).
+ */
+void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent, uint64_t *requests);
 /** The data-plane endpoint bound (a :* port resolved); valid until agent_stop(). */
 const char *agent_endpoint(const struct agent *a);
 

@@ -428,6 +428,34 @@ static json_t *committed_fields(const struct coord *c)
 			 (json_int_t)c->epoch);
 }
 
+/*
+ * replan_pullers_of() - @holder (re)joined holding versions: every other
+ * alive node still pulling one of them gets a new plan with all alive
+ * complete holders as donors, so nobody waits for its own donor-failure
+ * timers to find a restarted publisher again.
+ */
+static void replan_pullers_of(struct coord *c, struct cnode *holder)
+{
+	for (size_t i = 0; i < c->n_nodes; i++) {
+		struct cnode *o = &c->nodes[i];
+		int pulling = 0;
+
+		if (o == holder || !alive(o))
+			continue;
+		for (size_t k = 0; k < c->n_vers && !pulling; k++) {
+			json_t *e = json_object_get(o->versions, c->vers[k].name);
+
+			pulling = e && !json_is_true(json_object_get(e, "complete")) &&
+				  node_has(holder, &c->vers[k]);
+		}
+		if (pulling) {
+			LOG_INFO("coord: %s is back: re-planning %s, which pulls what it holds",
+				 holder->name, o->name);
+			plan_for(c, o);
+		}
+	}
+}
+
 static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 {
 	struct cnode *n = node_find(c, from);
@@ -509,6 +537,7 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	json_object_set_new(e, "coordinator", json_string(c->endpoint));
 	send_to(c, from, P_WELCOME, e, NULL, 0);
 	plan_for(c, n);
+	replan_pullers_of(c, n);
 }
 
 static void on_announce(struct coord *c, const char *from, struct proto_msg *m)
@@ -574,10 +603,14 @@ static void on_have(struct coord *c, const char *from, struct proto_msg *m)
 			proto_str(m, "version"), bad_donor);
 	}
 
-	if (n)
+	if (n) {
 		set_have(n, proto_str(m, "version"), proto_str(m, "digest"),
 			 proto_bool(m, "complete"), (json_int_t)proto_int(m, "bytes_held"),
 			 (json_int_t)proto_int(m, "bytes_needed"));
+		if (proto_str(m, "waiting")) /* why it does not move, for status --cluster */
+			json_object_set_new(json_object_get(n->versions, proto_str(m, "version")),
+					    "waiting", json_string(proto_str(m, "waiting")));
+	}
 }
 
 static void tx_free(struct tx *tx)
@@ -759,13 +792,17 @@ static void on_status(struct coord *c, const char *from, struct proto_msg *m)
 		json_t *vers = json_array(), *e;
 		const char *k;
 
-		json_object_foreach(n->versions, k, e)
-			json_array_append_new(vers, json_pack("{s:s, s:O, s:O, s:O, s:O}", "name", k,
-							      "digest", json_object_get(e, "digest"),
-							      "complete", json_object_get(e, "complete"),
-							      "bytes_held", json_object_get(e, "bytes_held"),
-							      "bytes_needed",
-							      json_object_get(e, "bytes_needed")));
+		json_object_foreach(n->versions, k, e) {
+			json_t *ve = json_pack("{s:s, s:O, s:O, s:O, s:O}", "name", k, "digest",
+					       json_object_get(e, "digest"), "complete",
+					       json_object_get(e, "complete"), "bytes_held",
+					       json_object_get(e, "bytes_held"), "bytes_needed",
+					       json_object_get(e, "bytes_needed"));
+
+			if (ve && json_object_get(e, "waiting"))
+				json_object_set(ve, "waiting", json_object_get(e, "waiting"));
+			json_array_append_new(vers, ve);
+		}
 		json_array_append_new(nodes, json_pack("{s:s, s:s, s:b, s:I, s:o}", "name", n->name,
 						       "addr", n->addr ?: "", "alive", alive(n),
 						       "bad_shards", (json_int_t)n->bad_shards,

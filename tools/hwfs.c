@@ -258,7 +258,9 @@ static int print_cluster(json_t *cl)
 
 			printf("    %-20s [%.*s%*s] %s\n", jstr(v, "name"), fill,
 			       "##############################", w - fill, "",
-			       complete ? "complete" : "replicating");
+			       complete ? "complete"
+			       : json_is_string(json_object_get(v, "waiting")) ? jstr(v, "waiting")
+									: "replicating");
 			busy += !complete && json_is_true(json_object_get(n, "alive"));
 		}
 	}
@@ -295,8 +297,9 @@ static int status_cluster(void)
 
 static int cmd_status(int argc, char **argv)
 {
-	json_t *res, *st;
+	json_t *res, *st, *v;
 	char a[32], b[32];
+	size_t k;
 
 	client_opts(argc, argv, "hwfs status [-m MOUNT] [--json] [--cluster [--watch]]", 0, 0,
 		    NULL);
@@ -323,6 +326,12 @@ static int cmd_status(int argc, char **argv)
 			       jstr(res, "node"), jstr(res, "coordinator"),
 			       hwfs_fmt_size((uint64_t)jint(rep, "bytes_received"), a, sizeof(a)),
 			       hwfs_fmt_size((uint64_t)jint(rep, "bytes_sent"), b, sizeof(b)));
+			json_array_foreach(json_object_get(rep, "pulls"), k, v)
+				printf("pulling: %s, %s of %s%s%s\n", jstr(v, "version"),
+				       hwfs_fmt_size((uint64_t)jint(v, "bytes_held"), a, sizeof(a)),
+				       hwfs_fmt_size((uint64_t)jint(v, "bytes_total"), b, sizeof(b)),
+				       json_object_get(v, "waiting") ? "; " : "",
+				       json_object_get(v, "waiting") ? jstr(v, "waiting") : "");
 		}
 	}
 	json_decref(res);

@@ -415,6 +415,38 @@ static void test_optional_and_nullable(void **state)
 	json_decref(f);
 }
 
+/* The optional fields added for commit results, commit catch-up and waiting pulls. */
+static void test_optional_result_fields(void **state)
+{
+	char err[256];
+	json_t *f = json_pack("{s:i, s:b, s:s, s:[s], s:s, s:[s], s:{s:s}, s:[]}", "req", 1, "ok", 0,
+			      "reason", "some nodes failed to flip", "nodes", "A", "outcome",
+			      "partial", "committed", "A", "failed", "C", "symlink: ENOENT", "unknown");
+
+	assert_int_equal(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), 0);
+	json_object_set_new(f, "failed", json_string("C"));   /* an object, not a string */
+	assert_bad(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), err);
+	json_object_set_new(f, "failed", json_object());
+	json_object_set_new(f, "committed", json_pack("[i]", 3)); /* node names */
+	assert_bad(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), err);
+	json_decref(f);
+
+	f = json_pack("{s:s, s:i}", "committed", "v2", "epoch", 4);
+	assert_int_equal(dec_fields(P_PONG, f, err, sizeof(err)), 0);
+	json_object_set_new(f, "committed", json_null()); /* nothing committed yet */
+	assert_int_equal(dec_fields(P_PONG, f, err, sizeof(err)), 0);
+	json_object_set_new(f, "epoch", json_real(1.5));
+	assert_bad(dec_fields(P_PONG, f, err, sizeof(err)), err);
+	json_decref(f);
+
+	f = valid_fields(P_HAVE);
+	json_object_set_new(f, "waiting", json_string("waiting for space: need 24.0M, free 15.9M"));
+	assert_int_equal(dec_fields(P_HAVE, f, err, sizeof(err)), 0);
+	json_object_set_new(f, "waiting", json_integer(1));
+	assert_bad(dec_fields(P_HAVE, f, err, sizeof(err)), err);
+	json_decref(f);
+}
+
 /* ---- rejections, field by field ---- */
 
 static void test_missing_field_every_type(void **state)
@@ -1284,6 +1316,7 @@ int main(void)
 		cmocka_unit_test(test_accessors),
 		cmocka_unit_test(test_zmq_pair),
 		cmocka_unit_test(test_zmq_router_dealer),
+		cmocka_unit_test(test_optional_result_fields),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

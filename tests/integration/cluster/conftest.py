@@ -681,6 +681,28 @@ class Node(ClusterNode):
         sh(["fusermount3", "-u", "-z", self.mnt], check=False)
         assert not is_mounted(self.mnt), f"could not detach {self.name}'s dead mount {self.mnt}"
         self.mounted = False
+        # A daemon killed inside a request to its own mount (a rename through
+        # it) finishes dying only once the detach aborted that request: until
+        # then it holds the store's lock, and a remount would be refused.
+        assert poll(lambda: store_unlocked(self.store), timeout=10, interval=0.05), \
+            f"{self.name}'s store {self.store} is still locked 10 s after its daemon was killed"
+
+
+def store_unlocked(store):
+    """True when no process holds the flock of @store/lock (the daemon's)."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(store, "lock"), os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def node_view(cs, name):
