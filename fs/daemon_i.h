@@ -59,12 +59,17 @@ struct daemon_op {
 	const char *name;   /* the request's "op" */
 	daemon_op_fn fn;
 	int mutates;        /* changes the store, the namespace or `current`: owner only */
+	const char *names[2]; /* request keys naming an existing version (NULL: unused) */
 };
 
 /** The row of operation @name, or NULL when there is no such operation. */
 const struct daemon_op *daemon_op_find(const char *name);
 
-/** daemon_op_call() - run @op for @req.  Returns the reply. */
+/**
+ * daemon_op_call() - run @op for @req: refuse a request that names a version
+ * with the reserved prefix (NS_HIDDEN_PREFIX: the daemon's own staging), else
+ * call the handler.  Returns the reply.
+ */
 json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req, int fd,
 		       const struct ctl_peer *peer);
 

@@ -5,7 +5,9 @@
  *
  * The table (ops[] below) is the one place that says which operation exists,
  * which handler answers it, whether it changes the node (then only root, the
- * mount's owner or --ctl-group may call it, see authorize() in daemon.c).
+ * mount's owner or --ctl-group may call it, see authorize() in daemon.c) and
+ * which request keys name an existing version (names with the reserved
+ * prefix, the daemon's own staging, are refused there for every operation).
  * daemon.c's connection threads dispatch through it; publish, the one long
  * operation, lives in daemon_publish.c.  Handlers run on control threads,
  * never inside a FUSE request, and hold no namespace lock while the kernel
@@ -555,20 +557,22 @@ static json_t *op_manifest(struct daemon *d, json_t *req, int fd, const struct c
 /*
  * Every control operation.  mutates: changes the store, the namespace or
  * `current` (verify records damage), so only root, the mount's owner or
- * --ctl-group may run it (docs/cli.md, "Permissions").
+ * --ctl-group may run it (docs/cli.md, "Permissions").  names: the request
+ * keys that name an existing version; publish's "version" is a new name,
+ * checked by publish itself.
  */
 static const struct daemon_op ops[] = {
-	{"status", op_status, 0},
-	{"ls", op_ls, 0},
-	{"seal", op_seal, 1},
-	{"commit", op_commit, 1},
-	{"publish", op_publish, 1},
-	{"verify", op_verify, 1},
-	{"rm", op_rm, 1},
-	{"gc", op_gc, 1},
-	{"diff", op_diff, 0},
-	{"manifest", op_manifest, 0},
-	{"cluster", op_cluster, 0},
+	{"status", op_status, 0, {NULL, NULL}},
+	{"ls", op_ls, 0, {NULL, NULL}},
+	{"seal", op_seal, 1, {"version", NULL}},
+	{"commit", op_commit, 1, {"version", NULL}},
+	{"publish", op_publish, 1, {NULL, NULL}},
+	{"verify", op_verify, 1, {"version", NULL}},
+	{"rm", op_rm, 1, {"version", NULL}},
+	{"gc", op_gc, 1, {NULL, NULL}},
+	{"diff", op_diff, 0, {"a", "b"}},
+	{"manifest", op_manifest, 0, {"version", NULL}},
+	{"cluster", op_cluster, 0, {NULL, NULL}},
 };
 
 /* The row of @name in ops[], or NULL. */
@@ -580,9 +584,22 @@ const struct daemon_op *daemon_op_find(const char *name)
 	return NULL;
 }
 
-/* Run @op for @req: the handler's reply. */
+/*
+ * Run @op for @req.  A version name from the client that starts with
+ * NS_HIDDEN_PREFIX names a staging version of the daemon (a publish or a
+ * replicated version in progress): removing, sealing or reading it under its
+ * writer would pull its nodes away, so it is refused here for every
+ * operation, whether or not such a version exists.  Returns the reply.
+ */
 json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req, int fd,
 		       const struct ctl_peer *peer)
 {
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(op->names) && op->names[i]; i++) {
+		const char *v = req_str(req, op->names[i]);
+
+		if (v && !strncmp(v, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
+			return err_reply("%s %s: reserved name (%s* are the daemon's staging "
+					 "versions)", op->name, v, NS_HIDDEN_PREFIX);
+	}
 	return op->fn(d, req, fd, peer);
 }

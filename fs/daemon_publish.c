@@ -10,6 +10,14 @@
  * source *as the caller* (cred_enter: fsuid, fsgid and groups of the calling
  * thread only), so a caller may not make the daemon read what it could not
  * read itself.
+ *
+ * The staging version is the daemon's: client verbs refuse its name
+ * (daemon_op_call), but a removal through the mount can still take it away
+ * while publish works outside the namespace lock.  Publish therefore keeps
+ * the lookup reference that ns_mkdir/ns_create_file return on every node it
+ * still uses, until it is done with it: a removed node is detached but not
+ * freed, and every later change to it fails (EROFS) instead of touching freed
+ * memory.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -78,6 +86,12 @@ static int64_t mtime_of(const struct stat *st)
 	return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
 }
 
+/*
+ * publish_file() - copy regular file @src (stat @st) into @dir as @name, in
+ * hwfs_tun.publish_io reads, and give it @src's mtime.  The new node's lookup
+ * reference is held until the last use (see the top of this file).  Returns 0,
+ * or -errno with a sentence in p->err.
+ */
 static int publish_file(struct publish *p, struct node *dir, const char *name, const char *src,
 			const struct stat *st)
 {
@@ -98,7 +112,6 @@ static int publish_file(struct publish *p, struct node *dir, const char *name, c
 		return r;
 	}
 	ns_open_ref(n);
-	ns_forget(ns, n, 1);
 	while (off < (uint64_t)st->st_size) {
 		size_t chunk = (size_t)HWFS_MIN(hwfs_tun.publish_io, (uint64_t)st->st_size - off);
 
@@ -120,9 +133,18 @@ static int publish_file(struct publish *p, struct node *dir, const char *name, c
 	ns_release(ns, n); /* the last close finishes the file */
 	if (r == 0)
 		r = ns_setattr(ns, n, NS_SET_MTIME, 0, 0, 0, mtime_of(st));
+	if (r < 0 && !p->err[0])
+		snprintf(p->err, sizeof(p->err), "%s: %s", src, strerror(-r));
+	ns_forget(ns, n, 1);
 	return r;
 }
 
+/*
+ * publish_tree() - copy the entries of directory @src into @dir, depth first
+ * in name order: directories (with their mtime), symlinks and regular files;
+ * anything else is skipped with a warning.  Stops at the first error.
+ * Returns 0, or -errno with a sentence in p->err.
+ */
 static int publish_tree(struct publish *p, struct node *dir, const char *src)
 {
 	struct ns *ns = p->d->ns;
@@ -147,10 +169,10 @@ static int publish_tree(struct publish *p, struct node *dir, const char *src)
 		} else if (S_ISDIR(st.st_mode)) {
 			r = ns_mkdir(ns, dir, name, st.st_mode, st.st_uid, st.st_gid, &k);
 			if (r == 0) {
-				ns_forget(ns, k, 1);
 				r = publish_tree(p, k, sub);
 				if (r == 0)
 					ns_setattr(ns, k, NS_SET_MTIME, 0, 0, 0, mtime_of(&st));
+				ns_forget(ns, k, 1);
 			} else {
 				snprintf(p->err, sizeof(p->err), "%s: %s", sub, strerror(-r));
 			}
@@ -292,7 +314,6 @@ json_t *op_publish(struct daemon *d, json_t *req, int fd, const struct ctl_peer 
 		cred_leave(&cred);
 		return err_reply("publish: %s", strerror(-r));
 	}
-	ns_forget(d->ns, root, 1);
 	p.total = tree_bytes(src);
 	publish_progress(&p, 1);
 	r = publish_tree(&p, root, src);
@@ -311,7 +332,9 @@ json_t *op_publish(struct daemon *d, json_t *req, int fd, const struct ctl_peer 
 	}
 	if (r < 0) {
 		ns_remove_version(d->ns, hidden);
+		ns_forget(d->ns, root, 1);
 		return err_reply("publish failed: %s", p.err[0] ? p.err : strerror(-r));
 	}
+	ns_forget(d->ns, root, 1);
 	return json_pack("{s:b, s:s, s:I}", "ok", 1, "version", v, "bytes", (json_int_t)p.done);
 }
