@@ -99,9 +99,10 @@ static void conn_done(struct conn *c)
 
 /*
  * May @p run @op (docs/cli.md, "Permissions")?  Mutating verbs (@mutates, from
- * the table of operations): root, the mount's owner or a member of --ctl-group.  Read-only verbs: those, and
- * whoever the mount's root directory lets read it (only a daemon run as root
- * mounts with allow_other; otherwise nobody else can reach the mount).
+ * the table of operations): root, the mount's owner or a member of
+ * --ctl-group.  Read-only verbs: those, and whoever the mount's root
+ * directory lets read it (only a daemon run as root mounts with allow_other;
+ * otherwise nobody else can reach the mount).
  * Returns NULL when allowed, else the error reply.
  */
 static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char *op,
