@@ -14,8 +14,8 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import (assert_error_line, assert_same_file, expect_errno, poll, random_file,
-                      save_model, sh)
+from conftest import (HWFS, assert_error_line, assert_same_file, expect_errno, poll,
+                      random_file, save_model, sh)
 
 READ_TIMEOUT = 30  # seconds for one reader subprocess (a lost FUSE reply hangs it)
 
@@ -394,3 +394,53 @@ def test_open_close_racing_with_rm(mount, src):
     # every shard is given back once the last reader closed
     assert poll(lambda: mount.used_bytes() == baseline, timeout=10), (mount.used_bytes(), baseline)
     assert mount.status()["pid"] == mount.pid
+
+
+# ------------------------------------- 11e: staging versions are not the client's
+
+
+# Verbs that take a version name from the client, as `hwfs` argument lists.
+_NAMED_VERBS = (("rm", "{v}"), ("seal", "{v}"), ("commit", "{v}"), ("verify", "{v}"),
+                ("manifest", "{v}"), ("diff", "{v}", "v0"), ("diff", "v0", "{v}"))
+
+
+@pytest.mark.limit(120)
+def test_verbs_refuse_a_publish_staging_version(mount_factory, src):
+    """`hwfs rm` (and every verb given a version name) of the hidden staging
+    version of a publish in progress is refused as a reserved name, and the
+    publish completes intact (it used to be removed under the publish, which
+    then wrote into freed nodes)."""
+    # small reads make the publish slow enough to be caught in progress
+    m = mount_factory(extra=["-o", "publish_io=4096"])
+    save_model(src / "v0" / "model.safetensors", small_model())
+    m.run("publish", src / "v0", "v0")
+    tree = src / "tree"
+    save_model(tree / "model.safetensors", small_model())
+    for i in range(4):
+        random_file(tree / "sub" / f"part{i}.bin", 24 << 20, seed=1100 + i)
+    # the daemon's first publish took counter 1; this one stages under counter 2
+    staging = f".hwfs-publish-{m.pid}-2"
+    spath = m.path("versions", staging)
+    p = subprocess.Popen([HWFS, "publish", str(tree), "v1", "-m", m.mnt],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = poll(lambda: os.path.isdir(spath) or p.poll() is not None, timeout=60,
+                    interval=0.002)
+        assert seen and os.path.isdir(spath), "the publish ended before its staging was seen"
+        for verb in _NAMED_VERBS:
+            cp = m.run(*[a.format(v=staging) for a in verb], check=False)
+            assert_error_line(cp, "reserved")
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert m.version("v1")["state"] == "sealed"
+    assert sorted(os.listdir(m.path("versions"))) == ["v0", "v1"]
+    for f in ("model.safetensors", "sub/part0.bin", "sub/part3.bin"):
+        assert_same_file(tree / f, m.vpath("v1", f))
+    assert m.run("verify", "v1").returncode == 0
+    # names with the prefix are refused whether or not such a version exists
+    assert_error_line(m.run("rm", ".hwfs-anything", check=False), "reserved")
+    assert m.status()["pid"] == m.pid

@@ -1,0 +1,100 @@
+/*
+ * daemon_i.h — private declarations shared by the files of the daemon:
+ * daemon.c (the life of one node: start-up, shutdown, FUSE session, control
+ * socket and its connections), daemon_ops.c (the table of control operations
+ * and their handlers) and daemon_publish.c (`hwfs publish`).  Nothing outside
+ * those files includes it; the public API is daemon.h.
+ */
+#ifndef HWFS_DAEMON_I_H
+#define HWFS_DAEMON_I_H
+
+#include "agent.h"
+#include "coord.h"
+#include "ctl.h"
+#include "daemon.h"
+#include "fuse_ops.h"
+#include "ns.h"
+
+struct conn;
+
+struct daemon {
+	const struct daemon_opts *o;
+	struct store *st;
+	struct ns *ns;
+	struct fuse_session *se;
+	struct fsctx fsctx;
+	char ctl_path[4096];
+	char ctl_dir[128];    /* directory of the control socket */
+	int ctl_dir_private;  /* ctl_dir is ours alone (mkdtemp): removed at exit */
+	uid_t owner;          /* the mount's owner: the uid that mounted */
+	char group_name[64];  /* --ctl-group as shown in errors, "" when none */
+	int ctl_fd;
+	pthread_t ctl_thread;
+	int ctl_running;
+	/* live control connections: shutdown waits for them before freeing */
+	pthread_mutex_t conn_mu;
+	pthread_cond_t conn_cv;
+	struct conn *conns; /* under conn_mu */
+	int stopping;       /* atomic: set once shutdown begins */
+	uint64_t counter; /* atomic: unique names for temporary entries */
+	struct agent *agent; /* replication, when joined: set once, after the control
+			      * thread started, so read it with daemon_agent() */
+	pthread_t coord_thread; /* embedded coordinator (--coordinator) */
+	struct coord_opts copts;
+	int coord_running;
+	volatile int coord_stop;
+	char coord_state[4096];
+	char coord_ep[256]; /* the embedded coordinator's bound endpoint (coord_opts.bound) */
+};
+
+/*
+ * A control operation's handler: the reply to request @req from @peer on the
+ * connection @fd (publish sends progress on it), never NULL unless out of
+ * memory.  Errors are replies too ({"ok": false, "error": ...}).
+ */
+typedef json_t *(*daemon_op_fn)(struct daemon *d, json_t *req, int fd,
+				const struct ctl_peer *peer);
+
+/* One row of the table of control operations (daemon_ops.c). */
+struct daemon_op {
+	const char *name;   /* the request's "op" */
+	daemon_op_fn fn;
+	int mutates;        /* changes the store, the namespace or `current`: owner only */
+	const char *names[2]; /* request keys naming an existing version (NULL: unused) */
+};
+
+/** The row of operation @name, or NULL when there is no such operation. */
+const struct daemon_op *daemon_op_find(const char *name);
+
+/**
+ * daemon_op_call() - run @op for @req: refuse a request that names a version
+ * with the reserved prefix (NS_HIDDEN_PREFIX: the daemon's own staging), else
+ * call the handler.  Returns the reply.
+ */
+json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req, int fd,
+		       const struct ctl_peer *peer);
+
+/** {"ok": false, "error": the formatted sentence}. */
+json_t *err_reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/** {"ok": true}. */
+json_t *ok_reply(void);
+/** String member @key of @req, or NULL when it is missing or not a string. */
+const char *req_str(json_t *req, const char *key);
+
+/** Flip `current` to version @v through the mount (daemon_ops.c); the agent's commit hook. */
+int flip_current(void *arg, const char *v, char *err, size_t errlen);
+
+/** `hwfs publish` (daemon_publish.c), a daemon_op_fn. */
+json_t *op_publish(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer);
+
+/*
+ * The agent, or NULL when the node is not joined (yet).  Control threads run
+ * before the agent starts; the release store in daemon_run and this acquire
+ * load make the agent they see a fully started one.
+ */
+static inline struct agent *daemon_agent(struct daemon *d)
+{
+	return __atomic_load_n(&d->agent, __ATOMIC_ACQUIRE);
+}
+
+#endif /* HWFS_DAEMON_I_H */

@@ -1,0 +1,610 @@
+/*
+ * daemon_ops.c — the control operations behind the `hwfs` verbs that need the
+ * daemon (status, ls, seal, commit, cluster, verify, rm, gc, diff, manifest),
+ * and the one table that names them.
+ *
+ * The table (ops[] below) is the one place that says which operation exists,
+ * which handler answers it, whether it changes the node (then only root, the
+ * mount's owner or --ctl-group may call it, see authorize() in daemon.c) and
+ * which request keys name an existing version (names with the reserved
+ * prefix, the daemon's own staging, are refused there for every operation).
+ * daemon.c's connection threads dispatch through it; publish, the one long
+ * operation, lives in daemon_publish.c.  Handlers run on control threads,
+ * never inside a FUSE request, and hold no namespace lock while the kernel
+ * calls back into the daemon (commit renames through the mount).
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon_i.h"
+#include "manifest.h"
+#include "proto.h"
+
+/* ----------------------------------------------------------- helpers */
+json_t *err_reply(const char *fmt, ...)
+{
+	char buf[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	return json_pack("{s:b, s:s}", "ok", 0, "error", buf);
+}
+
+json_t *ok_reply(void)
+{
+	return json_pack("{s:b}", "ok", 1);
+}
+
+const char *req_str(json_t *req, const char *key)
+{
+	json_t *v = json_object_get(req, key);
+
+	return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* One version as shown by status and ls (ns lock held). */
+static json_t *version_json(struct daemon *d, struct version *v)
+{
+	uint64_t bytes, files;
+	json_t *errs = json_array();
+
+	ns_version_usage(d->ns, v, &bytes, &files);
+	for (size_t i = 0; i < v->n_errors; i++)
+		json_array_append_new(errs, json_pack("{s:s, s:s}", "file", v->errors[i].file,
+						      "error", v->errors[i].error));
+	return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:o, s:o}", "name", v->name, "state",
+			 hwfs_vstate_name(v->state), "seq", (json_int_t)v->seq, "bytes",
+			 (json_int_t)bytes, "files", (json_int_t)files, "tensors",
+			 (json_int_t)v->tensors, "digest",
+			 v->state == HWFS_V_OPEN ? json_null() : proto_hash_json(&v->digest), "errors", errs);
+}
+
+static json_t *versions_json(struct daemon *d)
+{
+	json_t *arr = json_array();
+	char **names = NULL;
+	size_t n = 0;
+
+	if (ns_list(d->ns, &names, &n) < 0)
+		return arr;
+	ns_rdlock(d->ns);
+	for (size_t i = 0; i < n; i++) {
+		struct version *v = names[i] ? ns_version(d->ns, names[i]) : NULL;
+
+		if (v)
+			json_array_append_new(arr, version_json(d, v));
+		free(names[i]);
+	}
+	ns_unlock(d->ns);
+	free(names);
+	return arr;
+}
+
+/* ----------------------------------------------------------- operations */
+
+static json_t *op_status(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+{
+	struct agent *agent = daemon_agent(d);
+	uint64_t used, count;
+	char *cur = ns_current(d->ns);
+	json_t *r;
+
+	store_usage(d->st, &used, &count);
+	r = json_pack("{s:b, s:i, s:s, s:{s:s, s:I, s:I, s:I, s:I, s:b}, s:o, s:o}", "ok", 1,
+		      "pid", (int)getpid(), "mount", d->o->mountpoint, "store", "path",
+		      store_dir(d->st), "used_bytes", (json_int_t)used, "capacity_bytes",
+		      (json_int_t)arena_capacity(store_arena(d->st)), "arena_bytes",
+		      (json_int_t)arena_used(store_arena(d->st)), "shards", (json_int_t)count,
+		      "preallocated", arena_preallocated(store_arena(d->st)),
+		      "current", cur ? json_string(cur) : json_null(), "versions",
+		      versions_json(d));
+	free(cur);
+	if (agent) {
+		uint64_t rx, tx, rq;
+
+		agent_counters(agent, &rx, &tx, &rq);
+		json_object_set_new(r, "node", json_string(d->o->node));
+		json_object_set_new(r, "coordinator",
+				    json_string(d->coord_ep[0] ? d->coord_ep : d->o->join));
+		json_object_set_new(r, "listen", json_string(agent_endpoint(agent)));
+		json_object_set_new(r, "replication",
+				    json_pack("{s:I, s:I, s:I, s:o}", "bytes_received", (json_int_t)rx,
+					      "bytes_sent", (json_int_t)tx, "requests_received",
+					      (json_int_t)rq, "pulls",
+					      agent_pulls(agent) ?: json_array()));
+	}
+	return r;
+}
+
+static json_t *op_ls(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+{
+	return json_pack("{s:b, s:o}", "ok", 1, "versions", versions_json(d));
+}
+
+static const char *seal_error(int r)
+{
+	switch (r) {
+	case -ENOENT:
+		return "no such version";
+	case -EROFS:
+		return "version is already sealed";
+	case -EBUSY:
+		return "version is being sealed";
+	case -EEXIST:
+		return "a version with that name exists";
+	case -EINVAL:
+		return "invalid version name";
+	default:
+		return strerror(-r);
+	}
+}
+
+static json_t *op_seal(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+{
+	const char *v = req_str(req, "version");
+	unsigned flags = json_is_true(json_object_get(req, "force")) ? NS_SEAL_FORCE : 0;
+	char err[1024] = "";
+	int r;
+
+	if (!v)
+		return err_reply("seal: missing version");
+	r = ns_seal(d->ns, v, NULL, flags, err, sizeof(err));
+	if (r < 0)
+		return err_reply("cannot seal %s: %s", v, err[0] ? err : seal_error(r));
+	return ok_reply();
+}
+
+/*
+ * Flip `current` through the mount so inotify watchers see IN_MOVED_TO: a
+ * fresh symlink in the root renamed onto `current`.  Never called from a FUSE
+ * request handler.  Returns 0 or -errno with a sentence in @err.
+ */
+int flip_current(void *arg, const char *v, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	char tmp[4096], cur[4096], target[1024];
+	int r;
+
+	ns_rdlock(d->ns);
+	r = ns_check_committable(d->ns, v, err, errlen);
+	ns_unlock(d->ns);
+	if (r < 0)
+		return r;
+	snprintf(target, sizeof(target), "versions/%s", v);
+	snprintf(tmp, sizeof(tmp), "%s/.hwfs-commit-%d-%llu", d->o->mountpoint, (int)getpid(),
+		 (unsigned long long)__atomic_add_fetch(&d->counter, 1, __ATOMIC_RELAXED));
+	snprintf(cur, sizeof(cur), "%s/current", d->o->mountpoint);
+	if (symlink(target, tmp) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "symlink: %s", strerror(errno));
+		return r;
+	}
+	if (rename(tmp, cur) < 0) {
+		r = -errno;
+		unlink(tmp);
+		snprintf(err, errlen, "%s", r == -ENOENT ? "no such version"
+					    : r == -EBUSY ? "version is open"
+					    : r == -EIO   ? "version is damaged" : strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+/*
+ * commit_reply() - the control reply for the coordinator's COMMIT_RES @res
+ * (consumed): "outcome" (committed / partial / aborted) and the nodes that
+ * "committed", "failed" (node -> reason) and are "unknown" (no answer before
+ * the deadline), with "ok" only when every live node committed and an
+ * "error" sentence otherwise.  Returns the reply, NULL without memory.
+ */
+static json_t *commit_reply(const char *v, json_t *res)
+{
+	const char *outcome = json_string_value(json_object_get(res, "outcome"));
+	const char *why = json_string_value(json_object_get(res, "reason"));
+	json_t *out;
+
+	if (!outcome) /* a coordinator that predates outcomes */
+		outcome = json_is_true(json_object_get(res, "ok")) ? "committed" : "aborted";
+	if (!strcmp(outcome, "committed"))
+		out = json_pack("{s:b, s:s}", "ok", 1, "current", v);
+	else if (!strcmp(outcome, "partial"))
+		out = err_reply("commit of %s is partial: %zu node(s) flipped, %zu failed, %zu did "
+				"not answer (%s); the others flip when they can",
+				v, json_array_size(json_object_get(res, "committed")),
+				json_object_size(json_object_get(res, "failed")),
+				json_array_size(json_object_get(res, "unknown")), why ? why : "?");
+	else
+		out = err_reply("commit of %s aborted: %s", v, why ? why : "refused");
+	if (out) {
+		json_object_set_new(out, "outcome", json_string(outcome));
+		json_object_set(out, "nodes", json_object_get(res, "nodes") ?: json_array());
+		json_object_set(out, "committed", json_object_get(res, "committed") ?: json_array());
+		json_object_set(out, "failed", json_object_get(res, "failed") ?: json_object());
+		json_object_set(out, "unknown", json_object_get(res, "unknown") ?: json_array());
+	}
+	json_decref(res);
+	return out;
+}
+
+static json_t *op_commit(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+{
+	const char *v = req_str(req, "version");
+	int local = json_is_true(json_object_get(req, "local"));
+	struct agent *agent = daemon_agent(d);
+	char err[512];
+	json_t *res = NULL;
+
+	if (!v)
+		return err_reply("commit: missing version");
+	if (agent && !local) {
+		/* two-phase, cluster-wide: the coordinator decides */
+		ns_rdlock(d->ns);
+		int r = ns_check_committable(d->ns, v, err, sizeof(err));
+		ns_unlock(d->ns);
+		if (r < 0)
+			return err_reply("cannot commit: %s", err);
+		json_t *call = json_pack("{s:s, s:s}", "op", "commit", "version", v);
+
+		r = agent_call(agent, call, &res, 30000);
+		json_decref(call);
+		if (r == -EHOSTUNREACH)
+			return err_reply("cannot commit %s: the coordinator is unreachable", v);
+		if (r < 0) {
+			json_t *e = err_reply("commit of %s: the coordinator %s; the outcome is unknown "
+					      "until it is back (see hwfs status --cluster)",
+					      v, r == -ECONNRESET ? "went away" : "did not answer");
+
+			json_object_set_new(e, "outcome", json_string("unknown"));
+			return e;
+		}
+		return commit_reply(v, res);
+	}
+	if (flip_current(d, v, err, sizeof(err)) < 0)
+		return err_reply("cannot commit %s: %s", v, err);
+	return json_pack("{s:b, s:s}", "ok", 1, "current", v);
+}
+
+static json_t *op_cluster(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+{
+	struct agent *agent = daemon_agent(d);
+	json_t *call, *res = NULL, *out;
+	int r;
+
+	if (!agent)
+		return err_reply("this node is not part of a cluster (mounted without --join)");
+	call = json_pack("{s:s}", "op", "cluster");
+	r = agent_call(agent, call, &res, 10000);
+	if (r < 0) {
+		json_decref(call);
+		return err_reply("the coordinator %s", r == -EHOSTUNREACH ? "is unreachable"
+								 : "did not answer");
+	}
+	json_decref(call);
+	out = json_pack("{s:b, s:O}", "ok", 1, "cluster", json_object_get(res, "cluster"));
+	json_decref(res);
+	return out;
+}
+
+/* Distinct shard hashes of a snapshot. */
+static int cmp_hash(const void *a, const void *b)
+{
+	return hwfs_hash_cmp(a, b);
+}
+
+static hwfs_hash_t *distinct_shards(const struct hwfs_vrec *v, size_t *n)
+{
+	size_t total = 0, k = 0;
+	hwfs_hash_t *h;
+
+	for (size_t i = 0; i < v->n_files; i++)
+		total += v->files[i].n_ext;
+	h = malloc((total ? total : 1) * sizeof(*h));
+	if (!h)
+		return NULL;
+	for (size_t i = 0; i < v->n_files; i++)
+		for (size_t j = 0; j < v->files[i].n_ext; j++)
+			h[k++] = v->files[i].ext[j].hash;
+	qsort(h, k, sizeof(*h), cmp_hash);
+	*n = 0;
+	for (size_t i = 0; i < k; i++)
+		if (i == 0 || hwfs_hash_cmp(&h[i], &h[*n - 1]))
+			h[(*n)++] = h[i];
+	return h;
+}
+
+static json_t *op_verify(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+{
+	const char *v = req_str(req, "version");
+	struct hwfs_vrec *rec = NULL;
+	hwfs_hash_t *hs;
+	size_t n = 0;
+	uint64_t bytes = 0;
+	json_t *bad = json_array(), *res;
+	int r;
+
+	if (!v)
+		return err_reply("verify: missing version");
+	r = ns_snapshot(d->ns, v, &rec);
+	if (r < 0) {
+		json_decref(bad);
+		return err_reply("cannot verify %s: %s", v, r == -ENOENT ? "no such version"
+							      : strerror(-r));
+	}
+	hs = distinct_shards(rec, &n);
+	for (size_t i = 0; hs && i < n; i++) {
+		struct shard *sh = store_get(d->st, &hs[i]);
+		hwfs_hash_t h;
+
+		if (sh) {
+			hwfs_hash_buf(store_shard_data(d->st, sh), sh->size, &h);
+			bytes += sh->size;
+			store_unref(d->st, sh);
+		}
+		if (!sh || hwfs_hash_cmp(&h, &hs[i]))
+			json_array_append_new(bad, proto_hash_json(&hs[i]));
+	}
+	if (rec->state != HWFS_V_OPEN) {
+		r = ns_set_state(d->ns, v, json_array_size(bad) ? HWFS_V_DAMAGED : HWFS_V_SEALED);
+		if (r < 0)
+			LOG_ERR("verify %s: cannot record state: %s", v, strerror(-r));
+	}
+	res = json_pack("{s:b, s:s, s:b, s:I, s:I, s:o}", "ok", 1, "version", v, "intact",
+			json_array_size(bad) == 0, "shards", (json_int_t)n, "bytes",
+			(json_int_t)bytes, "bad", bad);
+	free(hs);
+	hwfs_vrec_free(rec);
+	return res;
+}
+
+static const char *rm_error(int r)
+{
+	return r == -ENOENT ? "no such version"
+	       : r == -EBUSY ? "it is the committed version (current)"
+	       : r == -EAGAIN ? "it is being sealed"
+			      : strerror(-r);
+}
+
+static int remove_and_invalidate(struct daemon *d, const char *v)
+{
+	struct node *vers;
+	int r = ns_remove_version(d->ns, v);
+
+	if (r == 0) {
+		ns_rdlock(d->ns);
+		vers = ns_child(ns_root(d->ns), "versions");
+		ns_unlock(d->ns);
+		fuse_lowlevel_notify_inval_entry(d->se, hwfs_fuse_ino(d->ns, vers), v, strlen(v));
+	}
+	return r;
+}
+
+static json_t *op_rm(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+{
+	const char *v = req_str(req, "version");
+	int r;
+
+	if (!v)
+		return err_reply("rm: missing version");
+	r = remove_and_invalidate(d, v);
+	if (r < 0)
+		return err_reply("cannot remove %s: %s", v, rm_error(r));
+	return ok_reply();
+}
+
+static json_t *op_gc(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+{
+	json_t *keep_j = json_object_get(req, "keep"), *removed = json_array();
+	json_int_t keep = json_is_integer(keep_j) ? json_integer_value(keep_j) : -1;
+	char **names = NULL, *cur = ns_current(d->ns);
+	size_t n = 0, kept = 0;
+
+	if (keep < 0) {
+		free(cur);
+		json_decref(removed);
+		return err_reply("gc: --keep N is required (N >= 0)");
+	}
+	ns_list(d->ns, &names, &n);
+	/* newest first: keep the first @keep sealed ones, and current */
+	for (size_t i = n; i-- > 0;) {
+		struct version *v;
+		int sealed;
+
+		ns_rdlock(d->ns);
+		v = ns_version(d->ns, names[i]);
+		sealed = v && v->state != HWFS_V_OPEN;
+		ns_unlock(d->ns);
+		if (!sealed || (cur && !strcmp(cur, names[i])))
+			continue;
+		if (kept < (size_t)keep) {
+			kept++;
+			continue;
+		}
+		if (remove_and_invalidate(d, names[i]) == 0)
+			json_array_append_new(removed, json_string(names[i]));
+	}
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	free(cur);
+	return json_pack("{s:b, s:o}", "ok", 1, "removed", removed);
+}
+
+/* name -> (hash, len) of every tensor in a snapshot, as a jansson object */
+static json_t *tensor_map(const struct hwfs_vrec *v)
+{
+	json_t *m = json_object();
+
+	for (size_t i = 0; i < v->n_files; i++)
+		for (size_t j = 0; j < v->files[i].n_tensors; j++) {
+			const struct hwfs_tensor *t = &v->files[i].tensors[j];
+
+			json_object_set_new(m, t->name,
+					    json_pack("{s:o, s:I}", "hash", proto_hash_json(&t->hash),
+						      "len", (json_int_t)t->len));
+		}
+	return m;
+}
+
+static json_t *op_diff(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+{
+	const char *a = req_str(req, "a"), *b = req_str(req, "b");
+	struct hwfs_vrec *va = NULL, *vb = NULL;
+	json_t *ma, *mb, *changed, *added, *removed, *val, *res;
+	size_t same = 0, na = 0, nb = 0;
+	uint64_t bytes_changed = 0, new_bytes = 0;
+	hwfs_hash_t *ha = NULL;
+	const char *key;
+	int r;
+
+	if (!a || !b)
+		return err_reply("diff: two versions needed");
+	r = ns_snapshot(d->ns, a, &va);
+	if (r == 0)
+		r = ns_snapshot(d->ns, b, &vb);
+	if (r < 0) {
+		hwfs_vrec_free(va);
+		return err_reply("cannot diff: %s: %s", va ? b : a,
+				 r == -ENOENT ? "no such version" : strerror(-r));
+	}
+	ma = tensor_map(va);
+	mb = tensor_map(vb);
+	changed = json_array();
+	added = json_array();
+	removed = json_array();
+	json_object_foreach(mb, key, val) {
+		json_t *old = json_object_get(ma, key);
+		json_int_t len = json_integer_value(json_object_get(val, "len"));
+
+		if (!old) {
+			json_array_append_new(added, json_string(key));
+			bytes_changed += (uint64_t)len;
+		} else if (!json_equal(old, val)) {
+			json_array_append_new(changed, json_string(key));
+			bytes_changed += (uint64_t)len;
+		} else {
+			same++;
+		}
+	}
+	json_object_foreach(ma, key, val)
+		if (!json_object_get(mb, key))
+			json_array_append_new(removed, json_string(key));
+	/* bytes of B's shards that A does not have: what moving A -> B costs */
+	ha = distinct_shards(va, &na);
+	for (size_t i = 0; i < vb->n_files; i++)
+		for (size_t j = 0; j < vb->files[i].n_ext; j++) {
+			const struct hwfs_extent *e = &vb->files[i].ext[j];
+
+			if (ha && !bsearch(&e->hash, ha, na, sizeof(*ha), cmp_hash))
+				new_bytes += e->len;
+		}
+	{ /* count each new shard once */
+		hwfs_hash_t *hb = distinct_shards(vb, &nb);
+
+		new_bytes = 0;
+		for (size_t i = 0; hb && ha && i < nb; i++)
+			if (!bsearch(&hb[i], ha, na, sizeof(*ha), cmp_hash)) {
+				struct shard *sh = store_get(d->st, &hb[i]);
+
+				if (sh) {
+					new_bytes += sh->size;
+					store_unref(d->st, sh);
+				}
+			}
+		free(hb);
+	}
+	res = json_pack("{s:b, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o}", "ok", 1,
+			"a", a, "b", b, "tensors_same", (json_int_t)same, "tensors_changed",
+			(json_int_t)json_array_size(changed), "tensors_added",
+			(json_int_t)json_array_size(added), "tensors_removed",
+			(json_int_t)json_array_size(removed), "bytes_changed",
+			(json_int_t)bytes_changed, "new_shard_bytes", (json_int_t)new_bytes,
+			"changed", changed, "added", added, "removed", removed);
+	json_decref(ma);
+	json_decref(mb);
+	free(ha);
+	hwfs_vrec_free(va);
+	hwfs_vrec_free(vb);
+	return res;
+}
+
+static json_t *op_manifest(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+{
+	const char *v = req_str(req, "version");
+	struct hwfs_vrec *rec = NULL;
+	char *js = NULL;
+	size_t len;
+	json_t *res;
+	int r;
+
+	if (!v)
+		return err_reply("manifest: missing version");
+	r = ns_snapshot(d->ns, v, &rec);
+	if (r == 0 && rec->state == HWFS_V_OPEN)
+		r = -EBUSY;
+	if (r == 0)
+		r = manifest_build(rec, &js, &len);
+	hwfs_vrec_free(rec);
+	if (r < 0)
+		return err_reply("no manifest for %s: %s", v,
+				 r == -ENOENT ? "no such version"
+				 : r == -EBUSY ? "version is open" : strerror(-r));
+	res = json_pack("{s:b, s:s%}", "ok", 1, "manifest", js, len);
+	free(js);
+	return res;
+}
+
+/* ----------------------------------------------------------- the table */
+
+/*
+ * Every control operation.  mutates: changes the store, the namespace or
+ * `current` (verify records damage), so only root, the mount's owner or
+ * --ctl-group may run it (docs/cli.md, "Permissions").  names: the request
+ * keys that name an existing version; publish's "version" is a new name,
+ * checked by publish itself.
+ */
+static const struct daemon_op ops[] = {
+	{"status", op_status, 0, {NULL, NULL}},
+	{"ls", op_ls, 0, {NULL, NULL}},
+	{"seal", op_seal, 1, {"version", NULL}},
+	{"commit", op_commit, 1, {"version", NULL}},
+	{"publish", op_publish, 1, {NULL, NULL}},
+	{"verify", op_verify, 1, {"version", NULL}},
+	{"rm", op_rm, 1, {"version", NULL}},
+	{"gc", op_gc, 1, {NULL, NULL}},
+	{"diff", op_diff, 0, {"a", "b"}},
+	{"manifest", op_manifest, 0, {"version", NULL}},
+	{"cluster", op_cluster, 0, {NULL, NULL}},
+};
+
+/* The row of @name in ops[], or NULL. */
+const struct daemon_op *daemon_op_find(const char *name)
+{
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(ops); i++)
+		if (!strcmp(ops[i].name, name))
+			return &ops[i];
+	return NULL;
+}
+
+/*
+ * Run @op for @req.  A version name from the client that starts with
+ * NS_HIDDEN_PREFIX names a staging version of the daemon (a publish or a
+ * replicated version in progress): removing, sealing or reading it under its
+ * writer would pull its nodes away, so it is refused here for every
+ * operation, whether or not such a version exists.  Returns the reply.
+ */
+json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req, int fd,
+		       const struct ctl_peer *peer)
+{
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(op->names) && op->names[i]; i++) {
+		const char *v = req_str(req, op->names[i]);
+
+		if (v && !strncmp(v, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
+			return err_reply("%s %s: reserved name (%s* are the daemon's staging "
+					 "versions)", op->name, v, NS_HIDDEN_PREFIX);
+	}
+	return op->fn(d, req, fd, peer);
+}

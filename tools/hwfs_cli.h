@@ -1,0 +1,22 @@
+/*
+ * hwfs_cli.h — what the files of the `hwfs` command share: the error exits
+ * (hwfs.c) and the verbs that start and stop processes (hwfs_daemon.c), which
+ * main()'s table of verbs in hwfs.c dispatches to.
+ */
+#ifndef HWFS_CLI_H
+#define HWFS_CLI_H
+
+#include "hwfs_common.h"
+
+/** Print "hwfs: error: ..." and a newline on stderr and exit(1). */
+void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/** Print "usage: @usage" on stderr and exit(2). */
+void usage_die(const char *usage) __attribute__((noreturn));
+
+/* hwfs_daemon.c: each takes the verb's own argv (argv[0] is the verb), returns the exit status */
+int cmd_mount(int argc, char **argv);
+int cmd_umount(int argc, char **argv);
+int cmd_coord(int argc, char **argv);
+int cmd_keygen(int argc, char **argv);
+
+#endif /* HWFS_CLI_H */
