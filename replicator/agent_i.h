@@ -43,7 +43,7 @@ struct want {
 	struct shard *sh; /* held: one reference, dropped after import */
 	/* arriving in pieces, in order, from one donor */
 	uint64_t got;       /* bytes received */
-	uint64_t roff;      /* its arena range (unbacked, filled with pwrite) */
+	uint64_t roff;      /* its staging range (unbacked, store_stage_write()) */
 	XXH3_state_t *xs;   /* running hash, NULL when nothing is arriving */
 	const void *from;   /* the peer the pieces come from */
 };

@@ -80,7 +80,7 @@ static void drop_partial(struct agent *a, struct want *w)
 		return;
 	XXH3_freeState(w->xs);
 	w->xs = NULL;
-	arena_free(store_arena(a->st), w->roff, w->size);
+	store_stage_free(a->st, w->roff, w->size);
 	w->got = 0;
 	w->from = NULL;
 }
@@ -129,15 +129,6 @@ static void send_have(struct agent *a, const char *name, const hwfs_hash_t *dige
 	agent_send_coord(a, P_HAVE, h, NULL, 0);
 }
 
-/* Free bytes of the store's arena. */
-static uint64_t arena_free_bytes(struct agent *a)
-{
-	struct arena *ar = store_arena(a->st);
-	uint64_t cap = arena_capacity(ar), used = arena_used(ar);
-
-	return cap > used ? cap - used : 0;
-}
-
 /* Why @f is not moving, as a sentence for status ("" when it is). */
 static void fetch_waiting(struct agent *a, const struct fetch *f, char *buf, size_t len)
 {
@@ -148,7 +139,7 @@ static void fetch_waiting(struct agent *a, const struct fetch *f, char *buf, siz
 		return;
 	snprintf(buf, len, "waiting for space: need %s, free %s",
 		 hwfs_fmt_size(f->bytes_needed - f->bytes_held, need, sizeof(need)),
-		 hwfs_fmt_size(arena_free_bytes(a), free_, sizeof(free_)));
+		 hwfs_fmt_size(store_stage_room(a->st), free_, sizeof(free_)));
 }
 
 /* HAVE for a fetch in progress (with why it waits, if it does). */
@@ -188,7 +179,7 @@ static void publish_pulls(struct agent *a)
 			json_object_set_new(e, "waiting", json_string(why));
 			json_object_set_new(e, "need_bytes",
 					    json_integer((json_int_t)(f->bytes_needed - f->bytes_held)));
-			json_object_set_new(e, "free_bytes", json_integer((json_int_t)arena_free_bytes(a)));
+			json_object_set_new(e, "free_bytes", json_integer((json_int_t)store_stage_room(a->st)));
 		}
 		if (e)
 			json_array_append_new(arr, e);
@@ -223,7 +214,7 @@ static void fetch_wait_space(struct agent *a, struct fetch *f)
 				   ? HWFS_MIN(f->space_backoff * 2, hwfs_tun.space_retry_max_ms / 1000.0)
 				   : hwfs_tun.space_retry_ms / 1000.0;
 	f->space_retry_at = now_s() + f->space_backoff;
-	f->space_free = arena_free_bytes(a);
+	f->space_free = store_stage_room(a->st);
 	if (!f->space_wait) {
 		f->space_wait = 1;
 		fetch_waiting(a, f, why, sizeof(why));
@@ -559,7 +550,7 @@ void pull_pump(struct agent *a)
 	for (struct fetch *f = a->fetches, *next; f; f = next) {
 		next = f->next;
 		if (f->space_wait) {
-			uint64_t free_now = arena_free_bytes(a);
+			uint64_t free_now = store_stage_room(a->st);
 			char fb[32];
 
 			if (now < f->space_retry_at && free_now <= f->space_free) {
@@ -664,41 +655,11 @@ void pull_pump(struct agent *a)
 }
 
 /*
- * Put received bytes into their (unbacked) arena range with pwrite: tmpfs
- * allocates the pages without zeroing them first and nothing faults on our
- * mapping — a third of a receiver's CPU time otherwise.  A preallocated arena
- * has every page present and mapped already, and a plain copy is cheaper
- * than going through the page cache.
- */
-static int write_arena(struct agent *a, uint64_t off, const void *buf, size_t len)
-{
-	struct arena *ar = store_arena(a->st);
-	size_t done = 0;
-
-	if (arena_preallocated(ar)) {
-		memcpy(arena_base(ar) + off, buf, len);
-		return 0;
-	}
-	while (done < len) {
-		ssize_t n = pwrite(arena_fd(ar), (const char *)buf + done, len - done,
-				   (off_t)(off + done));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			LOG_ERR("agent: writing a shard into the arena: %s",
-				n < 0 ? strerror(errno) : "short write");
-			return n < 0 ? -errno : -EIO;
-		}
-		done += (size_t)n;
-	}
-	return 0;
-}
-
-/*
  * A SHARD piece.  Pieces of one shard come in order from one donor; the first
- * (offset 0) takes an unbacked arena range, each is pwritten there and added
- * to a running hash, and the last one checks the hash and interns the shard.
+ * (offset 0) takes an unbacked staging range (store_stage_alloc()), each is
+ * written there (store_stage_write(): pwrite, no zero-filled pages) and added
+ * to a running hash, and the last one checks the hash and interns the shard
+ * (store_intern_staged()).
  */
 void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer)
 {
@@ -709,7 +670,7 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 	uint64_t total = json_object_get(m->h, "total") ? proto_int(m, "total") : len;
 	struct shard *sh;
 	XXH128_canonical_t c;
-	int adopted;
+	int r;
 
 	if (proto_hash(m, "hash", &h) < 0)
 		return;
@@ -727,7 +688,7 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 	if (pos == 0) { /* (re)start */
 		drop_partial(a, w);
 		w->xs = XXH3_createState();
-		if (!w->xs || arena_alloc_unbacked(store_arena(a->st), w->size, &w->roff) < 0) {
+		if (!w->xs || store_stage_alloc(a->st, w->size, 1, &w->roff) < 0) {
 			if (w->xs)
 				XXH3_freeState(w->xs);
 			w->xs = NULL;
@@ -739,7 +700,9 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 	} else if (!w->xs || w->from != peer || pos != w->got) {
 		return; /* a stray piece (an old donor's, or out of order): ignore */
 	}
-	if (write_arena(a, w->roff + pos, m->payload, len) < 0) {
+	r = store_stage_write(a->st, w->roff + pos, m->payload, len);
+	if (r < 0) {
+		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
 		fetch_wait_space(a, f); /* frees every partial shard */
 		return;
 	}
@@ -759,16 +722,14 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 		LOG_ERR("agent: bad shard from %s for %s (hash mismatch); asking another donor", from,
 			f->name);
 		report_progress(a, f, f->donor_names[w->donor]);
-		arena_free(store_arena(a->st), w->roff, w->size);
+		store_stage_free(a->st, w->roff, w->size);
 		w->got = 0;
 		serve_abort_forwarded(a, &h);
 		donor_failed(a, f, w->donor, "sent a shard that does not match its hash");
 		next_donor(a, f, w);
 		return;
 	}
-	sh = store_intern(a->st, &h, w->roff, w->size, &adopted);
-	if (!adopted)
-		arena_free(store_arena(a->st), w->roff, w->size);
+	sh = store_intern_staged(a->st, &h, w->roff, w->size);
 	w->got = 0;
 	if (!sh) {
 		fetch_fail(a, f, "out of memory");

@@ -161,7 +161,7 @@ void serve_arrived(struct agent *a, struct shard *sh)
  */
 void serve_forward(struct agent *a, struct want *w)
 {
-	const uint8_t *base = arena_base(store_arena(a->st)) + w->roff;
+	const uint8_t *base = store_stage_data(a->st, w->roff);
 
 	for (struct deferred *d = a->deferred; d; d = d->next) {
 		if (hwfs_hash_cmp(&d->hash, &w->hash))
