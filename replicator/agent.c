@@ -27,7 +27,6 @@
 #include "agent_i.h"
 #include "keys.h"
 #include "manifest.h"
-#include "tunables.h"
 
 static void wake(struct agent *a)
 {
@@ -62,7 +61,8 @@ void agent_send_coord(struct agent *a, enum proto_type t, json_t *fields, const 
  */
 void agent_set_backoff(void *sock)
 {
-	int ivl = 100, max = 2000, linger = 0, sndtimeo = 0;
+	int ivl = (int)hwfs_tun.reconnect_ms, max = (int)hwfs_tun.reconnect_max_ms;
+	int linger = 0, sndtimeo = 0;
 
 	zmq_setsockopt(sock, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
 	zmq_setsockopt(sock, ZMQ_RECONNECT_IVL_MAX, &max, sizeof(max));
@@ -308,9 +308,11 @@ static void drain_queues(struct agent *a)
 		c->id = ++a->next_req;
 		if (op && !strcmp(op, "commit"))
 			agent_send_coord(a, P_COMMIT_REQ,
-				   json_pack("{s:I, s:O, s:i}", "req", (json_int_t)c->id, "version",
-					     json_object_get(c->req, "version"), "deadline_ms", 10000),
-				   NULL, 0);
+					 json_pack("{s:I, s:O, s:i}", "req", (json_int_t)c->id,
+						   "version", json_object_get(c->req, "version"),
+						   "deadline_ms",
+						   (json_int_t)hwfs_tun.commit_deadline_ms),
+					 NULL, 0);
 		else
 			agent_send_coord(a, P_STATUS_REQ, json_pack("{s:I}", "req", (json_int_t)c->id), NULL,
 				   0);
@@ -334,7 +336,7 @@ static void drain_queues(struct agent *a)
 
 static void handle(struct agent *a, void *sock, int is_router, const char *what)
 {
-	for (int k = 0; k < 256; k++) {
+	for (int k = 0; k < HANDLE_BURST; k++) {
 		uint8_t ident[256];
 		size_t ident_len = sizeof(ident);
 		struct proto_msg m;
@@ -392,7 +394,7 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 		}
 		proto_msg_clear(&m);
 		/* a long burst of pieces must not starve the heartbeat */
-		if (now_s() - a->last_hello >= HELLO_EVERY_S)
+		if (now_s() - a->last_hello >= ms_s(hwfs_tun.heartbeat_ms))
 			hello(a);
 	}
 }
@@ -417,7 +419,7 @@ static void *agent_main(void *arg)
 		items[2] = (zmq_pollitem_t){NULL, a->pipe[0], ZMQ_POLLIN, 0};
 		for (p = a->peers, i = 3; p; p = p->next, i++)
 			items[i] = (zmq_pollitem_t){p->sock, 0, ZMQ_POLLIN, 0};
-		if (zmq_poll(items, (int)(3 + np), 100) < 0 && errno != EINTR) {
+		if (zmq_poll(items, (int)(3 + np), LOOP_TICK_MS) < 0 && errno != EINTR) {
 			free(items);
 			break;
 		}
@@ -428,7 +430,7 @@ static void *agent_main(void *arg)
 		for (p = a->peers; p; p = p->next)
 			handle(a, p->sock, 0, p->addr);
 		pull_pump(a);
-		if (now_s() - a->last_hello >= HELLO_EVERY_S)
+		if (now_s() - a->last_hello >= ms_s(hwfs_tun.heartbeat_ms))
 			hello(a);
 	}
 	return NULL;
@@ -588,7 +590,8 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 	int r = 0;
 
 	/* the coordinator answers every heartbeat: silence means it is unreachable */
-	if (now_s() - __atomic_load_n(&a->last_coord_ns, __ATOMIC_RELAXED) / 1e9 > COORD_SILENCE_S)
+	if (now_s() - __atomic_load_n(&a->last_coord_ns, __ATOMIC_RELAXED) / 1e9 >
+	    ms_s(hwfs_tun.coord_silence_ms))
 		return -EHOSTUNREACH;
 	pthread_cond_init(&c.cv, NULL);
 	clock_gettime(CLOCK_REALTIME, &dl);
@@ -607,9 +610,9 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 	while (!c.done && r == 0) {
 		struct timespec slice;
 
-		/* wake twice a second to notice a coordinator that went away */
+		/* wake every CALL_CHECK_MS to notice a coordinator that went away */
 		clock_gettime(CLOCK_REALTIME, &slice);
-		slice.tv_nsec += 500000000;
+		slice.tv_nsec += CALL_CHECK_MS * 1000000L;
 		if (slice.tv_nsec >= 1000000000) {
 			slice.tv_sec++;
 			slice.tv_nsec -= 1000000000;
@@ -619,8 +622,9 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 		if (pthread_cond_timedwait(&c.cv, &a->mu, &slice) == ETIMEDOUT && !c.done) {
 			if (slice.tv_sec == dl.tv_sec && slice.tv_nsec == dl.tv_nsec)
 				r = -ETIMEDOUT;
-			else if (now_s() - __atomic_load_n(&a->last_coord_ns, __ATOMIC_RELAXED) / 1e9 >
-				 COORD_SILENCE_S)
+			else if (now_s() -
+				     __atomic_load_n(&a->last_coord_ns, __ATOMIC_RELAXED) / 1e9 >
+				 ms_s(hwfs_tun.coord_silence_ms))
 				r = -ECONNRESET;
 		}
 	}

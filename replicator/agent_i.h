@@ -17,15 +17,16 @@
 #include "agent.h"
 #include "proto.h"
 #include "store.h"
+#include "tunables.h"
 
-#define WINDOW_BYTES (256ull << 20) /* bytes in flight per version being pulled */
-#define BATCH_BYTES (64ull << 20)   /* bytes asked for in one GET */
-#define PIECE_BYTES (4ull << 20)    /* a shard travels in pieces of this size */
-#define MISSING_RETRY_S 0.2         /* a donor that lacks a shard may not have its plan yet */
-#define MISSING_TRIES 5
-/* donor silence and the pause before going round the donors again: hwfs_tun (tunables.h) */
-#define HELLO_EVERY_S 1.0
-#define COORD_SILENCE_S 3.5 /* no answer to heartbeats for this long: unreachable */
+/*
+ * Policy (windows, periods, timeouts) is in the tunables table (tunables.h,
+ * hwfs_tun); what is left here is granularity, not policy.
+ */
+#define LOOP_TICK_MS 100      /* longest poll: how late a timer of the loop may fire */
+#define CALL_CHECK_MS 500     /* agent_call() looks at the coordinator's silence this often */
+#define PULLS_SNAPSHOT_S 0.25 /* agent_pulls() is at most this old (agent.h) */
+#define HANDLE_BURST 256      /* messages taken from one socket before looking at the others */
 
 /* Where one shard of a version being pulled stands. */
 enum want_state { W_QUEUED, W_INFLIGHT, W_HELD };
@@ -153,6 +154,12 @@ struct agent {
 static inline double now_s(void)
 {
 	return hwfs_mono_s();
+}
+
+/* A tunable in milliseconds (hwfs_tun.*_ms), in the seconds of now_s(). */
+static inline double ms_s(uint64_t ms)
+{
+	return (double)ms / 1000.0;
 }
 
 /* agent.c: the session with the coordinator */

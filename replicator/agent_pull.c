@@ -20,7 +20,6 @@
 #include "agent_i.h"
 #include "keys.h"
 #include "manifest.h"
-#include "tunables.h"
 
 /* The donor connection to @addr, or NULL if none was opened yet. */
 static struct peer *peer_find(struct agent *a, const char *addr)
@@ -211,8 +210,8 @@ static void fetch_wait_space(struct agent *a, struct fetch *f)
 	}
 	f->inflight = 0;
 	f->space_backoff = f->space_backoff > 0
-				   ? HWFS_MIN(f->space_backoff * 2, hwfs_tun.space_retry_max_ms / 1000.0)
-				   : hwfs_tun.space_retry_ms / 1000.0;
+			       ? HWFS_MIN(f->space_backoff * 2, ms_s(hwfs_tun.space_retry_max_ms))
+			       : ms_s(hwfs_tun.space_retry_ms);
 	f->space_retry_at = now_s() + f->space_backoff;
 	f->space_free = store_stage_room(a->st);
 	if (!f->space_wait) {
@@ -295,7 +294,7 @@ static int fetch_complete(const struct fetch *f)
 static void donor_failed(struct agent *a, struct fetch *f, size_t d, const char *why)
 {
 	struct peer *p = d < f->n_donors ? peer_find(a, f->donors[d]) : NULL;
-	double base = hwfs_tun.donor_backoff_ms / 1000.0, cap = hwfs_tun.donor_backoff_max_ms / 1000.0;
+	double base = ms_s(hwfs_tun.donor_backoff_ms), cap = ms_s(hwfs_tun.donor_backoff_max_ms);
 	double prev;
 
 	if (!p)
@@ -504,7 +503,7 @@ static void unsend(struct agent *a, struct fetch *f, size_t d, double now)
 		if (w->state == W_INFLIGHT && w->donor == d && !w->xs && w->not_before <= now &&
 		    w->sent_at == now) {
 			next_donor(a, f, w);
-			w->not_before = now + hwfs_tun.donor_backoff_ms / 1000.0;
+			w->not_before = now + ms_s(hwfs_tun.donor_backoff_ms);
 		}
 	}
 }
@@ -545,7 +544,7 @@ void pull_pump(struct agent *a)
 {
 	double now = now_s();
 
-	if (now - a->last_pulls >= 0.25)
+	if (now - a->last_pulls >= PULLS_SNAPSHOT_S)
 		publish_pulls(a);
 	for (struct fetch *f = a->fetches, *next; f; f = next) {
 		next = f->next;
@@ -554,7 +553,7 @@ void pull_pump(struct agent *a)
 			char fb[32];
 
 			if (now < f->space_retry_at && free_now <= f->space_free) {
-				if (now - f->last_report >= 0.5) {
+				if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
 					report_progress(a, f, NULL);
 					f->last_report = now;
 				}
@@ -565,7 +564,7 @@ void pull_pump(struct agent *a)
 				 free_now > f->space_free ? ", space was freed here" : "");
 			f->space_wait = 0;
 		}
-		if (f->inflight && now - f->last_rx > hwfs_tun.donor_silence_ms / 1000.0) {
+		if (f->inflight && now - f->last_rx > ms_s(hwfs_tun.donor_silence_ms)) {
 			for (size_t d = 0; d < f->n_donors; d++)
 				for (size_t i = 0; i < f->n; i++)
 					if (f->w[i].state == W_INFLIGHT && f->w[i].donor == d) {
@@ -578,7 +577,7 @@ void pull_pump(struct agent *a)
 			f->inflight = 0;
 			f->last_rx = now;
 			LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next "
-				 "donor", f->name, hwfs_tun.donor_silence_ms / 1000.0);
+				 "donor", f->name, ms_s(hwfs_tun.donor_silence_ms));
 		}
 		/*
 		 * Every donor of a shard failed once: not a reason to give up (a
@@ -592,14 +591,15 @@ void pull_pump(struct agent *a)
 			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
 				if (!f->ring_warned)
 					LOG_WARN("agent: every donor of a shard of %s failed once; "
-						 "going round them again after %.1f s", f->name,
-						 hwfs_tun.donor_backoff_ms / 1000.0);
+						 "going round them again after %.1f s",
+						 f->name, ms_s(hwfs_tun.donor_backoff_ms));
 				f->ring_warned = 1;
 				f->w[i].tries = 0;
-				f->w[i].not_before = now + hwfs_tun.donor_backoff_ms / 1000.0;
+				f->w[i].not_before = now + ms_s(hwfs_tun.donor_backoff_ms);
 			}
 		prefer_donors(a, f, now);
-		for (size_t d = 0; d < f->n_donors && f->inflight < WINDOW_BYTES; d++) {
+		for (size_t d = 0; d < f->n_donors && f->inflight < hwfs_tun.pull_window_bytes;
+		     d++) {
 			json_t *hashes = json_array();
 
 			if (donor_off(a, f, d, now)) {
@@ -609,8 +609,9 @@ void pull_pump(struct agent *a)
 			uint64_t batch = 0;
 			struct peer *p;
 
-			for (size_t i = 0; i < f->n && f->inflight + batch < WINDOW_BYTES &&
-					   batch < BATCH_BYTES && json_array_size(hashes) < PROTO_MAX_GET;
+			for (size_t i = 0; i < f->n && f->inflight + batch < hwfs_tun.pull_window_bytes &&
+					   batch < hwfs_tun.get_batch_bytes &&
+					   json_array_size(hashes) < PROTO_MAX_GET;
 			     i++) {
 				struct want *w = &f->w[i];
 
@@ -647,7 +648,8 @@ void pull_pump(struct agent *a)
 			}
 			json_decref(hashes);
 		}
-		if (now - f->last_report >= 0.5) { /* progress for status --cluster */
+		/* progress for status --cluster */
+		if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
 			report_progress(a, f, NULL);
 			f->last_report = now;
 		}
@@ -756,11 +758,11 @@ void pull_on_missing(struct agent *a, struct proto_msg *m)
 	f->inflight -= HWFS_MIN(f->inflight, w->size);
 	w->state = W_QUEUED;
 	drop_partial(a, w);
-	if (++w->misses >= MISSING_TRIES) {
+	if ((uint64_t)++w->misses >= hwfs_tun.missing_tries) {
 		donor_failed(a, f, w->donor, "does not have a shard it was planned to have");
 		next_donor(a, f, w);
 	} else
-		w->not_before = now_s() + MISSING_RETRY_S;
+		w->not_before = now_s() + ms_s(hwfs_tun.missing_retry_ms);
 }
 
 /* agent_stop(), after the thread ended: free every fetch and close every donor socket. */

@@ -96,7 +96,7 @@ static void send_shard_from(struct agent *a, const void *ident, size_t ident_len
 			    struct shard *sh, uint64_t pos)
 {
 	while (pos < sh->size) {
-		uint64_t len = HWFS_MIN(PIECE_BYTES, sh->size - pos);
+		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, sh->size - pos);
 
 		if (send_piece(a, ident, ident_len, req, &sh->hash, pos, len, sh->size, sh, NULL) < 0)
 			break;
@@ -167,7 +167,7 @@ void serve_forward(struct agent *a, struct want *w)
 		if (hwfs_hash_cmp(&d->hash, &w->hash))
 			continue;
 		while (d->sent < w->got) {
-			uint64_t len = HWFS_MIN(PIECE_BYTES, w->got - d->sent);
+			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, w->got - d->sent);
 
 			if (send_piece(a, d->ident, d->ident_len, d->req, &w->hash, d->sent, len,
 				       w->size, NULL, base + d->sent) < 0)
