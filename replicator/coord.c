@@ -950,7 +950,8 @@ int coord_run(const struct coord_opts *o)
 			LOG_WARN("coord: cannot notify the starting process");
 		close(o->notify_fd);
 	}
-	while (!(o->stop ? *o->stop : stop_flag)) {
+	/* the host's thread writes *o->stop: an atomic read (coord.h) */
+	while (!(o->stop ? __atomic_load_n(o->stop, __ATOMIC_ACQUIRE) : stop_flag)) {
 		zmq_pollitem_t it = {c.sock, 0, ZMQ_POLLIN, 0};
 
 		if (zmq_poll(&it, 1, TICK_MS) < 0 && errno != EINTR)
