@@ -520,7 +520,8 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		goto fail;
 	}
 	a->running = 1;
-	*out = a;
+	/* published with release: other threads read the pointer with an acquire load (agent.h) */
+	__atomic_store_n(out, a, __ATOMIC_RELEASE);
 	return 0;
 fail:
 	agent_stop(a);
