@@ -84,13 +84,9 @@ static void drop_partial(struct agent *a, struct want *w)
 	w->from = NULL;
 }
 
-static void fetch_free(struct agent *a, struct fetch *f)
+/* Free @f's donor lists (endpoints, names, keys); it is left with none. */
+static void free_donors(struct fetch *f)
 {
-	for (size_t i = 0; i < f->n; i++) {
-		drop_partial(a, &f->w[i]);
-		if (f->w[i].sh)
-			store_unref(a->st, f->w[i].sh);
-	}
 	for (size_t i = 0; i < f->n_donors; i++) {
 		free(f->donors[i]);
 		free(f->donor_names[i]);
@@ -99,6 +95,18 @@ static void fetch_free(struct agent *a, struct fetch *f)
 	free(f->donors);
 	free(f->donor_names);
 	free(f->donor_keys);
+	f->donors = f->donor_names = f->donor_keys = NULL;
+	f->n_donors = 0;
+}
+
+static void fetch_free(struct agent *a, struct fetch *f)
+{
+	for (size_t i = 0; i < f->n; i++) {
+		drop_partial(a, &f->w[i]);
+		if (f->w[i].sh)
+			store_unref(a->st, f->w[i].sh);
+	}
+	free_donors(f);
 	free(f->w);
 	hwfs_vrec_free(f->rec);
 	free(f->name);
@@ -342,14 +350,7 @@ static int set_donors(struct agent *a, struct fetch *f, json_t *donors, int stri
 	size_t i, n = json_array_size(donors);
 	json_t *d;
 
-	for (i = 0; i < f->n_donors; i++) {
-		free(f->donors[i]);
-		free(f->donor_names[i]);
-		free(f->donor_keys[i]);
-	}
-	free(f->donors);
-	free(f->donor_names);
-	free(f->donor_keys);
+	free_donors(f);
 	f->donors = calloc(n ? n : 1, sizeof(char *));
 	f->donor_names = calloc(n ? n : 1, sizeof(char *));
 	f->donor_keys = calloc(n ? n : 1, sizeof(char *));
