@@ -106,9 +106,15 @@ struct call {
 	struct call *next;
 };
 
-/* The agent: owned by its thread, except the fields said to be shared. */
+/*
+ * The agent.  Its thread owns every field except: those set in agent_start()
+ * before the thread starts and never written again (read by any thread:
+ * listen through agent_endpoint(), pipe[1] through wake()), those marked
+ * "atomic" (read and written only with __atomic builtins) and those marked
+ * "under mu".
+ */
 struct agent {
-	char *node, *listen, *coordinator, *mountpoint;
+	char *node, *listen, *coordinator, *mountpoint; /* set before the thread starts */
 	struct ns *ns;
 	struct store *st;
 	int (*flip_current)(void *arg, const char *version, char *err, size_t errlen);
@@ -118,14 +124,15 @@ struct agent {
 	struct keys *keys;
 	struct peer *peers;
 	pthread_t thread;
-	int running, stop;
-	int pipe[2];
+	int running; /* agent_start()/agent_stop() only */
+	int stop;    /* atomic: agent_stop() asks the thread to end */
+	int pipe[2]; /* the wake-up pipe: set before the thread starts */
 
-	pthread_mutex_t mu; /* guards sealed_q, calls */
+	pthread_mutex_t mu; /* guards sealed_q, n_sealed, the call lists and pulls */
 	char **sealed_q;
 	size_t n_sealed;
 	struct call *calls_new, *calls_wait;
-	uint64_t next_req;
+	uint64_t next_req; /* agent thread only (also used under mu, by drain_queues()) */
 
 	struct fetch *fetches;
 	struct deferred *deferred;
