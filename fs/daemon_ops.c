@@ -21,6 +21,7 @@
 #include "daemon_i.h"
 #include "manifest.h"
 #include "proto.h"
+#include "tunables.h"
 
 /* ----------------------------------------------------------- helpers */
 json_t *err_reply(const char *fmt, ...)
@@ -249,7 +250,7 @@ static json_t *op_commit(struct daemon *d, json_t *req, int fd, const struct ctl
 			return err_reply("cannot commit: %s", err);
 		json_t *call = json_pack("{s:s, s:s}", "op", "commit", "version", v);
 
-		r = agent_call(agent, call, &res, 30000);
+		r = agent_call(agent, call, &res, (int)hwfs_tun.commit_wait_ms);
 		json_decref(call);
 		if (r == -EHOSTUNREACH)
 			return err_reply("cannot commit %s: the coordinator is unreachable", v);
@@ -277,7 +278,7 @@ static json_t *op_cluster(struct daemon *d, json_t *req, int fd, const struct ct
 	if (!agent)
 		return err_reply("this node is not part of a cluster (mounted without --join)");
 	call = json_pack("{s:s}", "op", "cluster");
-	r = agent_call(agent, call, &res, 10000);
+	r = agent_call(agent, call, &res, (int)hwfs_tun.status_wait_ms);
 	if (r < 0) {
 		json_decref(call);
 		return err_reply("the coordinator %s", r == -EHOSTUNREACH ? "is unreachable"

@@ -369,6 +369,13 @@ int store_stage_write(struct store *s, uint64_t off, const void *buf, size_t len
 	return 0;
 }
 
+uint64_t store_stage_room(struct store *s)
+{
+	uint64_t cap = arena_capacity(s->arena), used = arena_used(s->arena);
+
+	return cap > used ? cap - used : 0;
+}
+
 struct shard *store_intern_staged(struct store *s, const hwfs_hash_t *h, uint64_t off,
 				  uint64_t len)
 {

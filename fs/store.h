@@ -100,6 +100,15 @@ int store_stage_write(struct store *s, uint64_t off, const void *buf, size_t len
 struct shard *store_intern_staged(struct store *s, const hwfs_hash_t *h, uint64_t off,
 				  uint64_t len);
 
+/** Read-only pointer to staged bytes at arena offset @off (those written already). */
+static inline const uint8_t *store_stage_data(struct store *s, uint64_t off)
+{
+	return arena_base(store_arena(s)) + off;
+}
+
+/** Free bytes of the arena: how much more staging can take now. */
+uint64_t store_stage_room(struct store *s);
+
 /** Pointer to the first byte of @sh in the arena. */
 static inline const uint8_t *store_shard_data(struct store *s, const struct shard *sh)
 {

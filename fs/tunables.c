@@ -26,6 +26,20 @@ struct hwfs_tunables hwfs_tun = {
 	.donor_backoff_max_ms = 5000,
 	.space_retry_ms = 1000,
 	.space_retry_max_ms = 30000,
+	.pull_window_bytes = 256ull << 20,
+	.get_batch_bytes = 64ull << 20,
+	.piece_bytes = 4ull << 20,
+	.missing_retry_ms = 200,
+	.missing_tries = 5,
+	.progress_ms = 500,
+	.reconnect_ms = 100,
+	.reconnect_max_ms = 2000,
+	.heartbeat_ms = 1000,
+	.coord_silence_ms = 3500,
+	.node_dead_ms = 3000,
+	.commit_deadline_ms = 10000,
+	.commit_wait_ms = 30000,
+	.status_wait_ms = 10000,
 };
 
 struct row {
@@ -53,6 +67,26 @@ static const struct row rows[] = {
 	ROW(donor_backoff_max_ms, 1, 3600000, "largest pause before re-asking a failing donor"),
 	ROW(space_retry_ms, 10, 3600000, "first retry of a pull stopped for lack of space"),
 	ROW(space_retry_max_ms, 10, 3600000, "largest period between retries for lack of space"),
+	ROW(pull_window_bytes, 4096, 1ull << 40,
+	    "shard bytes requested and not yet received, per version being pulled"),
+	ROW(get_batch_bytes, 4096, 1ull << 40, "shard bytes asked for in one GET"),
+	/* the most a receiver accepts is the protocol's PROTO_MAX_PAYLOAD (1 GiB), whatever its own */
+	ROW(piece_bytes, 4096, 1ull << 30, "a shard served to a puller travels in pieces of this size"),
+	ROW(missing_retry_ms, 1, 3600000,
+	    "a donor answered MISSING (it may not have its plan yet): ask it again after this"),
+	ROW(missing_tries, 1, 1000, "MISSING answers from one donor before asking the next one"),
+	ROW(progress_ms, 10, 3600000, "period of a pull's progress reports to the coordinator"),
+	ROW(reconnect_ms, 1, 3600000, "first reconnect delay of a node's sockets"),
+	ROW(reconnect_max_ms, 1, 3600000, "largest reconnect delay (it doubles up to this)"),
+	ROW(heartbeat_ms, 10, 3600000, "period of a node's heartbeat (HELLO) to the coordinator"),
+	ROW(coord_silence_ms, 10, 3600000,
+	    "the coordinator silent this long: unreachable (commits and status fail at once)"),
+	ROW(node_dead_ms, 10, 3600000, "coordinator: a node silent this long is dead"),
+	ROW(commit_deadline_ms, 100, 3600000,
+	    "deadline of a cluster commit: every node's READY, then every node's ACK"),
+	ROW(commit_wait_ms, 100, 3600000, "hwfs commit waits this long for the coordinator's answer"),
+	ROW(status_wait_ms, 100, 3600000,
+	    "hwfs status --cluster waits this long for the coordinator's answer"),
 };
 /* the defaults (hwfs_tun's initial values), for --help */
 static struct hwfs_tunables defaults;

@@ -3,7 +3,9 @@
  *
  * Each tunable has a name, a default, a `hwfs mount -o NAME=VALUE` option and
  * an environment variable (HWFS_NAME in upper case).  Precedence: option >
- * environment > default.  `hwfs mount --help` prints the table.
+ * environment > default.  `hwfs mount --help` prints the table.  The
+ * coordinator (`hwfs coord`, or the one embedded in a daemon) reads the same
+ * table from the environment.
  */
 #ifndef HWFS_TUNABLES_H
 #define HWFS_TUNABLES_H
@@ -27,6 +29,20 @@ struct hwfs_tunables {
 	uint64_t donor_backoff_max_ms; /* cap of the doubling per-donor pause */
 	uint64_t space_retry_ms;       /* first retry of a pull that stopped for lack of space */
 	uint64_t space_retry_max_ms;   /* cap of the doubling retry period */
+	uint64_t pull_window_bytes; /* shard bytes asked for and not yet here, per version pulled */
+	uint64_t get_batch_bytes;   /* shard bytes asked for in one GET */
+	uint64_t piece_bytes;       /* a served shard travels in pieces of this size */
+	uint64_t missing_retry_ms;  /* a donor answered MISSING: ask it again after this */
+	uint64_t missing_tries;     /* MISSING answers before moving on to the next donor */
+	uint64_t progress_ms;       /* period of a pull's progress reports (HAVE, status) */
+	uint64_t reconnect_ms;      /* first reconnect delay of a node's sockets (ZeroMQ) */
+	uint64_t reconnect_max_ms;  /* cap of the doubling reconnect delay */
+	uint64_t heartbeat_ms;      /* period of a node's HELLO to the coordinator */
+	uint64_t coord_silence_ms;  /* no answer from the coordinator this long: unreachable */
+	uint64_t node_dead_ms;      /* coordinator: no HELLO from a node this long: dead */
+	uint64_t commit_deadline_ms; /* a cluster commit's deadline (READY and ACK of every node) */
+	uint64_t commit_wait_ms;     /* how long `hwfs commit` waits for the coordinator's answer */
+	uint64_t status_wait_ms;     /* how long `hwfs status --cluster` waits for it */
 };
 
 /** The process-wide values (defaults until hwfs_tunables_load()). */

@@ -39,7 +39,12 @@ struct agent_opts {
 	void *arg;
 };
 
-/** Start the agent thread. Returns 0 or -errno (e.g. the listen address is taken). */
+/**
+ * Start the agent thread. Returns 0 or -errno (e.g. the listen address is
+ * taken).  *@out is written with a release store: a thread other than the
+ * caller that reads the pointer must load it with __atomic_load_n(...,
+ * __ATOMIC_ACQUIRE) to see a started agent.
+ */
 int agent_start(const struct agent_opts *o, struct agent **out);
 /** Stop the thread and close everything. NULL is a no-op. */
 void agent_stop(struct agent *a);

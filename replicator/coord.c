@@ -1,12 +1,12 @@
 /*
  * coord.c — the coordinator: have-table, planner, two-phase commit.
  *
- * Nodes send HELLO once a second (it doubles as the heartbeat); a node not
- * heard from for NODE_DEAD_S is not alive.  The first HELLO of a node (also
- * after a coordinator restart) is answered with WELCOME, upon which the node
- * announces every version it holds with its manifest, so a restarted
- * coordinator relearns the cluster from the nodes themselves; only the
- * committed version is kept on disk (--state), which is what prevents a
+ * Nodes send HELLO every heartbeat_ms (it is the heartbeat); a node not
+ * heard from for node_dead_ms (tunables.h) is not alive.  The first HELLO of
+ * a node (also after a coordinator restart) is answered with WELCOME, upon
+ * which the node announces every version it holds with its manifest, so a
+ * restarted coordinator relearns the cluster from the nodes themselves; only
+ * the committed version is kept on disk (--state), which is what prevents a
  * restart from forgetting a commit.
  *
  * Planning is deterministic: when a version is announced, the alive nodes
@@ -34,8 +34,10 @@
 #include "proto.h"
 #include "tunables.h"
 
-#define NODE_DEAD_S 3.0
-#define MAX_NODES 1024
+/* policy (node_dead_ms, node_expiry_s) is in the tunables table; these are not policy */
+#define MAX_NODES 1024             /* a memory bound of the have-table (protocol limit) */
+#define TICK_MS 100                /* longest poll: how late a deadline or a death is noticed */
+#define MIN_COMMIT_DEADLINE_MS 100 /* a COMMIT_REQ.deadline_ms below this is raised to it */
 
 struct cnode {
 	char *name;
@@ -113,7 +115,7 @@ static void send_to(struct coord *c, const char *node, enum proto_type t, json_t
 
 static int alive(const struct cnode *n)
 {
-	return hwfs_mono_s() - n->last_seen < NODE_DEAD_S;
+	return hwfs_mono_s() - n->last_seen < (double)hwfs_tun.node_dead_ms / 1000.0;
 }
 
 /* Copy @in to @out (@len bytes) with anything but printable ASCII as '?', for logs. */
@@ -241,14 +243,15 @@ static void cversion_free(struct cversion *v)
 }
 
 /*
- * expire() - forget every node silent for NODE_DEAD_S + node_expiry_s (it
+ * expire() - forget every node silent for node_dead_ms + node_expiry_s (it
  * left, or died for good), then every version no remaining node holds
  * complete: they leave status --cluster and the planner.  A forgotten node
  * that comes back joins as a new one and announces what it holds again.
  */
 static void expire(struct coord *c)
 {
-	double now = hwfs_mono_s(), limit = NODE_DEAD_S + (double)hwfs_tun.node_expiry_s;
+	double now = hwfs_mono_s();
+	double limit = (double)hwfs_tun.node_dead_ms / 1000.0 + (double)hwfs_tun.node_expiry_s;
 	size_t before = c->n_nodes;
 
 	for (size_t i = 0; i < c->n_nodes;) {
@@ -690,7 +693,8 @@ static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m
 			    .req = req, .phase = 1, .pending = json_deep_copy(nodes), .nodes = nodes,
 			    .done = json_array(), .failed = json_object(),
 			    .deadline = hwfs_mono_s() +
-					HWFS_MAX(proto_int(m, "deadline_ms"), 100) / 1000.0};
+					HWFS_MAX(proto_int(m, "deadline_ms"),
+						 MIN_COMMIT_DEADLINE_MS) / 1000.0};
 	snprintf(c->tx.requester, sizeof(c->tx.requester), "%s", from);
 	LOG_INFO("coord: commit %s: prepare on %zu node(s)", name, json_array_size(nodes));
 	tx_send_all(c, P_PREPARE, "digest", v->digest);
@@ -946,10 +950,11 @@ int coord_run(const struct coord_opts *o)
 			LOG_WARN("coord: cannot notify the starting process");
 		close(o->notify_fd);
 	}
-	while (!(o->stop ? *o->stop : stop_flag)) {
+	/* the host's thread writes *o->stop: an atomic read (coord.h) */
+	while (!(o->stop ? __atomic_load_n(o->stop, __ATOMIC_ACQUIRE) : stop_flag)) {
 		zmq_pollitem_t it = {c.sock, 0, ZMQ_POLLIN, 0};
 
-		if (zmq_poll(&it, 1, 100) < 0 && errno != EINTR)
+		if (zmq_poll(&it, 1, TICK_MS) < 0 && errno != EINTR)
 			break;
 		handle(&c);
 		tx_tick(&c);

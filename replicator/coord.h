@@ -28,7 +28,10 @@ struct coord_opts {
 	/*
 	 * Embedded in a node's daemon: stop when *stop becomes non-zero, and
 	 * leave signals to the host.  NULL: a process of its own, stopped by
-	 * SIGINT/SIGTERM.
+	 * SIGINT/SIGTERM.  Another thread writes it while coord_run() reads it:
+	 * coord_run() reads it with __atomic_load_n(), and the writer must use
+	 * __atomic_store_n(stop, 1, __ATOMIC_RELEASE) (volatile is not enough;
+	 * it stays in the type only so existing callers compile).
 	 */
 	volatile int *stop;
 };

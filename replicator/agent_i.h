@@ -1,0 +1,212 @@
+/*
+ * agent_i.h — private declarations shared by the files of the replication
+ * agent: agent.c (the session with the coordinator, the thread, the public
+ * API), agent_pull.c (pulling versions from donors) and agent_serve.c
+ * (serving shards to pullers).  Nothing outside those files includes it; the
+ * public API is agent.h.
+ *
+ * Everything declared here runs on the agent thread unless its comment says
+ * otherwise.
+ */
+#ifndef HWFS_AGENT_I_H
+#define HWFS_AGENT_I_H
+
+#include <pthread.h>
+#include <xxhash.h>
+
+#include "agent.h"
+#include "proto.h"
+#include "store.h"
+#include "tunables.h"
+
+/*
+ * Policy (windows, periods, timeouts) is in the tunables table (tunables.h,
+ * hwfs_tun); what is left here is granularity, not policy.
+ */
+#define LOOP_TICK_MS 100      /* longest poll: how late a timer of the loop may fire */
+#define CALL_CHECK_MS 500     /* agent_call() looks at the coordinator's silence this often */
+#define PULLS_SNAPSHOT_S 0.25 /* agent_pulls() is at most this old (agent.h) */
+#define HANDLE_BURST 256      /* messages taken from one socket before looking at the others */
+
+/* Where one shard of a version being pulled stands. */
+enum want_state { W_QUEUED, W_INFLIGHT, W_HELD };
+
+/* One distinct shard of a version being pulled (agent_pull.c). */
+struct want {
+	hwfs_hash_t hash;
+	uint64_t size;
+	enum want_state state;
+	size_t donor;     /* index into the fetch's donors */
+	size_t tries;     /* donors given up on for this shard */
+	int misses;       /* MISSING answers from the current donor */
+	double not_before;
+	double sent_at;   /* when it was last asked for */
+	struct shard *sh; /* held: one reference, dropped after import */
+	/* arriving in pieces, in order, from one donor */
+	uint64_t got;       /* bytes received */
+	uint64_t roff;      /* its staging range (unbacked, store_stage_write()) */
+	XXH3_state_t *xs;   /* running hash, NULL when nothing is arriving */
+	const void *from;   /* the peer the pieces come from */
+};
+
+/* A version being pulled: its shards, donors and progress (agent_pull.c). */
+struct fetch {
+	char *name;
+	hwfs_hash_t digest;
+	struct hwfs_vrec *rec;
+	struct want *w;
+	size_t n;
+	char **donors; /* endpoints, in preference order */
+	char **donor_names;
+	char **donor_keys; /* CURVE public keys, or NULL entries */
+	size_t n_donors;
+	int stripe;
+	uint64_t bytes_needed, bytes_held, inflight;
+	uint64_t total;   /* distinct shard bytes of the version */
+	double last_rx, last_report;
+	int ring_warned; /* "every donor failed once" logged for this fetch */
+	/* waiting for space: the store could not take the next shard */
+	int space_wait;
+	double space_retry_at, space_backoff; /* next retry; its period (0: never waited) */
+	uint64_t space_free;                  /* free arena bytes when it stopped */
+	struct fetch *next;
+};
+
+/* A GET for a shard still arriving here, answered when it is (agent_serve.c). */
+struct deferred {
+	uint8_t ident[256];
+	size_t ident_len;
+	uint64_t req;
+	hwfs_hash_t hash;
+	uint64_t sent; /* bytes of it forwarded already while it was arriving */
+	struct deferred *next;
+};
+
+/* A DEALER to one donor's serving socket, with its back-off (agent_pull.c). */
+struct peer {
+	char *addr;
+	void *sock;
+	/*
+	 * Per-donor back-off: after a failure (bad or malformed shard, MISSING
+	 * to the end, silence, a GET that could not be sent) the donor is not
+	 * asked again before @until; the pause doubles from donor_backoff_ms up
+	 * to donor_backoff_max_ms and ends with its next good shard.
+	 */
+	double backoff, until;
+	struct peer *next;
+};
+
+/* An agent_call() waiting for the coordinator's answer (agent.c). */
+struct call {
+	uint64_t id;
+	json_t *req;
+	json_t *res;
+	int done;
+	pthread_cond_t cv;
+	struct call *next;
+};
+
+/*
+ * The agent.  Its thread owns every field except: those set in agent_start()
+ * before the thread starts and never written again (read by any thread:
+ * listen through agent_endpoint(), pipe[1] through wake()), those marked
+ * "atomic" (read and written only with __atomic builtins) and those marked
+ * "under mu".
+ */
+struct agent {
+	char *node, *listen, *coordinator, *mountpoint; /* set before the thread starts */
+	struct ns *ns;
+	struct store *st;
+	int (*flip_current)(void *arg, const char *version, char *err, size_t errlen);
+	void *arg;
+
+	void *ctx, *coord, *serve;
+	struct keys *keys;
+	struct peer *peers;
+	pthread_t thread;
+	int running; /* agent_start()/agent_stop() only */
+	int stop;    /* atomic: agent_stop() asks the thread to end */
+	int pipe[2]; /* the wake-up pipe: set before the thread starts */
+
+	pthread_mutex_t mu; /* guards sealed_q, n_sealed, the call lists and pulls */
+	char **sealed_q;
+	size_t n_sealed;
+	struct call *calls_new, *calls_wait;
+	uint64_t next_req; /* agent thread only (also used under mu, by drain_queues()) */
+
+	struct fetch *fetches;
+	struct deferred *deferred;
+	char *pending_commit; /* committed version to flip to once it is here */
+	/*
+	 * The last cluster decision (committed version, epoch) this node applied:
+	 * a different one in a PONG/WELCOME is a commit it missed (it was away,
+	 * or its flip failed) and it flips; the same one is left alone, so a
+	 * `commit --local` override stands until the cluster commits again.
+	 */
+	char *applied;
+	uint64_t applied_epoch, pending_epoch;
+	int flip_failing; /* the last flip to the cluster's version failed (logged once) */
+	double last_hello;
+	int64_t last_coord_ns; /* atomic: monotonic ns of the last coordinator message */
+	int coord_send_failing; /* the last send to the coordinator failed (warned once) */
+	char session[33];      /* this incarnation, so the coordinator notices a restart */
+	uint64_t rx, tx; /* atomic */
+	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
+	uint64_t import_seq;
+	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */
+	double last_pulls;  /* when the agent thread last rebuilt it */
+};
+
+/* Monotonic seconds (the agent's clock for every timer). */
+static inline double now_s(void)
+{
+	return hwfs_mono_s();
+}
+
+/* A tunable in milliseconds (hwfs_tun.*_ms), in the seconds of now_s(). */
+static inline double ms_s(uint64_t ms)
+{
+	return (double)ms / 1000.0;
+}
+
+/* agent.c: the session with the coordinator */
+
+/** Send @t with @fields (consumed) to the coordinator; a failure is logged once. */
+void agent_send_coord(struct agent *a, enum proto_type t, json_t *fields, const void *payload,
+		      size_t len);
+/** Reconnect back-off, no linger, and no blocking send on a DEALER @sock. */
+void agent_set_backoff(void *sock);
+/** Version @name is here complete: flip to it if the cluster committed it meanwhile. */
+void agent_flip_pending(struct agent *a, const char *name);
+
+/* agent_pull.c: pulling versions from donors */
+
+/** The want for shard @h in any fetch (and its fetch in *@fp), or NULL. */
+struct want *pull_find_want(struct agent *a, const hwfs_hash_t *h, struct fetch **fp);
+/** PLAN from the coordinator: start pulling a version, or take its new donors. */
+void pull_on_plan(struct agent *a, struct proto_msg *m);
+/** A SHARD piece from donor socket @peer (named @from in logs). */
+void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer);
+/** MISSING from a donor: ask it again later, or the next donor. */
+void pull_on_missing(struct agent *a, struct proto_msg *m);
+/** Keep every fetch's window full, fail over from silent donors, report progress. */
+void pull_pump(struct agent *a);
+/** agent_stop(): free every fetch and close every donor connection. */
+void pull_free(struct agent *a);
+
+/* agent_serve.c: serving shards to pullers */
+
+/** A GET on the serving socket from puller @ident. */
+void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct proto_msg *m);
+/** A fetch ended: answer the requests that waited on shards it no longer pulls. */
+void serve_flush_deferred(struct agent *a);
+/** Shard @sh arrived and was verified: answer the requests that waited for it. */
+void serve_arrived(struct agent *a, struct shard *sh);
+/** A piece of @w arrived: forward it (cut-through) to the requests waiting for it. */
+void serve_forward(struct agent *a, struct want *w);
+/** Shard @h arrived bad: requests that had part of it forwarded get MISSING. */
+void serve_abort_forwarded(struct agent *a, const hwfs_hash_t *h);
+/** agent_stop(): forget the requests still waiting. */
+void serve_free(struct agent *a);
+
+#endif /* HWFS_AGENT_I_H */

@@ -1,0 +1,786 @@
+/*
+ * agent_pull.c — pulling versions from donors (see agent.h for the model).
+ *
+ * A PLAN from the coordinator becomes a fetch: the version's distinct shards
+ * in manifest order (wants), the ones the store lacks queued, and the donors
+ * to ask.  pull_pump() keeps a window of GETs in flight per fetch, fails over
+ * from silent donors and backs off failing ones (per donor, doubling); SHARD
+ * pieces are written into a staged arena range and hashed as they arrive,
+ * and the last piece's hash decides whether the shard is interned or another
+ * donor is asked.  A fetch that finds no room waits for space.  When every
+ * shard is here the version is built and renamed in through the mount
+ * (materialize()).  Runs on the agent thread only.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "agent_i.h"
+#include "keys.h"
+#include "manifest.h"
+
+/* The donor connection to @addr, or NULL if none was opened yet. */
+static struct peer *peer_find(struct agent *a, const char *addr)
+{
+	for (struct peer *p = a->peers; p; p = p->next)
+		if (!strcmp(p->addr, addr))
+			return p;
+	return NULL;
+}
+
+static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
+{
+	struct peer *p = peer_find(a, addr);
+
+	if (p)
+		return p;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->addr = strdup(addr);
+	p->sock = zmq_socket(a->ctx, ZMQ_DEALER);
+	if (p->sock)
+		agent_set_backoff(p->sock);
+	if (!p->addr || !p->sock ||
+	    zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, a->node, strlen(a->node)) < 0 ||
+	    (a->keys && keys_client(a->keys, p->sock, key) < 0) || zmq_connect(p->sock, addr) < 0) {
+		LOG_ERR("agent: cannot connect to donor %s: %s", addr, zmq_strerror(errno));
+		if (p->sock)
+			zmq_close(p->sock);
+		free(p->addr);
+		free(p);
+		return NULL;
+	}
+	p->next = a->peers;
+	a->peers = p;
+	return p;
+}
+
+/* ------------------------------------------------------------- fetches */
+
+struct want *pull_find_want(struct agent *a, const hwfs_hash_t *h, struct fetch **fp)
+{
+	for (struct fetch *f = a->fetches; f; f = f->next)
+		for (size_t i = 0; i < f->n; i++)
+			if (!hwfs_hash_cmp(&f->w[i].hash, h)) {
+				if (fp)
+					*fp = f;
+				return &f->w[i];
+			}
+	return NULL;
+}
+
+/* Forget a shard that was arriving in pieces (its range goes back). */
+static void drop_partial(struct agent *a, struct want *w)
+{
+	if (!w->xs)
+		return;
+	XXH3_freeState(w->xs);
+	w->xs = NULL;
+	store_stage_free(a->st, w->roff, w->size);
+	w->got = 0;
+	w->from = NULL;
+}
+
+/* Free @f's donor lists (endpoints, names, keys); it is left with none. */
+static void free_donors(struct fetch *f)
+{
+	for (size_t i = 0; i < f->n_donors; i++) {
+		free(f->donors[i]);
+		free(f->donor_names[i]);
+		free(f->donor_keys[i]);
+	}
+	free(f->donors);
+	free(f->donor_names);
+	free(f->donor_keys);
+	f->donors = f->donor_names = f->donor_keys = NULL;
+	f->n_donors = 0;
+}
+
+static void fetch_free(struct agent *a, struct fetch *f)
+{
+	for (size_t i = 0; i < f->n; i++) {
+		drop_partial(a, &f->w[i]);
+		if (f->w[i].sh)
+			store_unref(a->st, f->w[i].sh);
+	}
+	free_donors(f);
+	free(f->w);
+	hwfs_vrec_free(f->rec);
+	free(f->name);
+	free(f);
+}
+
+static void fetch_unlink(struct agent *a, struct fetch *f)
+{
+	struct fetch **pp = &a->fetches;
+
+	while (*pp && *pp != f)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = f->next;
+}
+
+/* HAVE: progress of @name here; @bad_donor names a node that sent a corrupt shard, or NULL. */
+static void send_have(struct agent *a, const char *name, const hwfs_hash_t *digest, int complete,
+		      uint64_t held, uint64_t needed, const char *bad_donor)
+{
+	json_t *h = json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", name, "digest",
+			      proto_hash_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
+			      "bytes_needed", (json_int_t)needed);
+
+	if (bad_donor)
+		json_object_set_new(h, "bad_donor", json_string(bad_donor));
+	agent_send_coord(a, P_HAVE, h, NULL, 0);
+}
+
+/* Why @f is not moving, as a sentence for status ("" when it is). */
+static void fetch_waiting(struct agent *a, const struct fetch *f, char *buf, size_t len)
+{
+	char need[32], free_[32];
+
+	buf[0] = '\0';
+	if (!f->space_wait)
+		return;
+	snprintf(buf, len, "waiting for space: need %s, free %s",
+		 hwfs_fmt_size(f->bytes_needed - f->bytes_held, need, sizeof(need)),
+		 hwfs_fmt_size(store_stage_room(a->st), free_, sizeof(free_)));
+}
+
+/* HAVE for a fetch in progress (with why it waits, if it does). */
+static void report_progress(struct agent *a, struct fetch *f, const char *bad_donor)
+{
+	json_t *h = json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", f->name, "digest",
+			      proto_hash_json(&f->digest), "complete", 0, "bytes_held",
+			      (json_int_t)(f->total - f->bytes_needed + f->bytes_held), "bytes_needed",
+			      (json_int_t)(f->bytes_needed - f->bytes_held));
+	char why[128];
+
+	fetch_waiting(a, f, why, sizeof(why));
+	if (h && bad_donor)
+		json_object_set_new(h, "bad_donor", json_string(bad_donor));
+	if (h && *why)
+		json_object_set_new(h, "waiting", json_string(why));
+	agent_send_coord(a, P_HAVE, h, NULL, 0);
+}
+
+/*
+ * publish_pulls() - rebuild the snapshot agent_pulls() hands to other
+ * threads: one entry per version being pulled.  A failed allocation keeps
+ * the previous snapshot.
+ */
+static void publish_pulls(struct agent *a)
+{
+	json_t *arr = json_array();
+
+	for (struct fetch *f = a->fetches; arr && f; f = f->next) {
+		char why[128];
+		json_t *e = json_pack("{s:s, s:I, s:I}", "version", f->name, "bytes_held",
+				      (json_int_t)(f->total - f->bytes_needed + f->bytes_held),
+				      "bytes_total", (json_int_t)f->total);
+
+		fetch_waiting(a, f, why, sizeof(why));
+		if (e && *why) {
+			json_object_set_new(e, "waiting", json_string(why));
+			json_object_set_new(e, "need_bytes",
+					    json_integer((json_int_t)(f->bytes_needed - f->bytes_held)));
+			json_object_set_new(e, "free_bytes", json_integer((json_int_t)store_stage_room(a->st)));
+		}
+		if (e)
+			json_array_append_new(arr, e);
+	}
+	if (!arr)
+		return;
+	pthread_mutex_lock(&a->mu);
+	json_decref(a->pulls);
+	a->pulls = arr;
+	pthread_mutex_unlock(&a->mu);
+	a->last_pulls = now_s();
+}
+
+/*
+ * fetch_wait_space() - the store cannot take the next shard of @f: stop
+ * asking (what is in flight is dropped, partial shards are freed) and retry
+ * after space_retry_ms, doubling up to space_retry_max_ms, or at once when
+ * the arena's free bytes grow (rm, gc, another version leaving).  Status
+ * and HAVE say why it waits.
+ */
+static void fetch_wait_space(struct agent *a, struct fetch *f)
+{
+	char why[128];
+
+	for (size_t i = 0; i < f->n; i++) {
+		drop_partial(a, &f->w[i]);
+		if (f->w[i].state == W_INFLIGHT)
+			f->w[i].state = W_QUEUED;
+	}
+	f->inflight = 0;
+	f->space_backoff = f->space_backoff > 0
+			       ? HWFS_MIN(f->space_backoff * 2, ms_s(hwfs_tun.space_retry_max_ms))
+			       : ms_s(hwfs_tun.space_retry_ms);
+	f->space_retry_at = now_s() + f->space_backoff;
+	f->space_free = store_stage_room(a->st);
+	if (!f->space_wait) {
+		f->space_wait = 1;
+		fetch_waiting(a, f, why, sizeof(why));
+		LOG_WARN("agent: %s is %s; retrying every %.1f s or more (space_retry_ms), and at once "
+			 "when space is freed here (hwfs rm, hwfs gc)", f->name, why, f->space_backoff);
+	}
+	report_progress(a, f, NULL);
+	publish_pulls(a);
+}
+
+/* Every shard is here: build the version and rename it in through the mount. */
+static void materialize(struct agent *a, struct fetch *f)
+{
+	char hidden[128], from[4096], to[4096];
+	struct version *v;
+	int r, ok = 0;
+
+	snprintf(hidden, sizeof(hidden), NS_HIDDEN_PREFIX "repl-%d-%llu", (int)getpid(),
+		 (unsigned long long)++a->import_seq);
+	r = ns_import(a->ns, hidden, f->rec);
+	if (r < 0) {
+		LOG_ERR("agent: cannot build %s: %s", f->name, strerror(-r));
+		goto out;
+	}
+	snprintf(from, sizeof(from), "%s/versions/%s", a->mountpoint, hidden);
+	snprintf(to, sizeof(to), "%s/versions/%s", a->mountpoint, f->name);
+	if (rename(from, to) < 0) {
+		LOG_ERR("agent: cannot seal %s: %s", f->name, strerror(errno));
+		ns_remove_version(a->ns, hidden);
+		goto out;
+	}
+	ns_rdlock(a->ns);
+	v = ns_version(a->ns, f->name);
+	ok = v && !hwfs_hash_cmp(&v->digest, &f->digest);
+	ns_unlock(a->ns);
+	if (!ok) {
+		LOG_ERR("agent: %s arrived with a digest that does not match its manifest; removed",
+			f->name);
+		ns_remove_version(a->ns, f->name);
+		goto out;
+	}
+	LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
+		 (unsigned long long)f->bytes_held);
+out:
+	if (ok) {
+		send_have(a, f->name, &f->digest, 1, f->total, 0, NULL);
+		agent_flip_pending(a, f->name);
+	} else {
+		report_progress(a, f, NULL);
+	}
+	fetch_unlink(a, f);
+	fetch_free(a, f);
+	serve_flush_deferred(a);
+}
+
+static void fetch_fail(struct agent *a, struct fetch *f, const char *why)
+{
+	LOG_ERR("agent: giving up on %s: %s", f->name, why);
+	report_progress(a, f, NULL);
+	fetch_unlink(a, f);
+	fetch_free(a, f);
+	serve_flush_deferred(a);
+}
+
+static int fetch_complete(const struct fetch *f)
+{
+	for (size_t i = 0; i < f->n; i++)
+		if (f->w[i].state != W_HELD)
+			return 0;
+	return 1;
+}
+
+/*
+ * donor_failed() - donor @d of @f failed (@why): back it off, doubling its
+ * pause up to donor_backoff_max_ms.  Logged when the back-off starts and
+ * when it reaches its cap, not on every failure.
+ */
+static void donor_failed(struct agent *a, struct fetch *f, size_t d, const char *why)
+{
+	struct peer *p = d < f->n_donors ? peer_find(a, f->donors[d]) : NULL;
+	double base = ms_s(hwfs_tun.donor_backoff_ms), cap = ms_s(hwfs_tun.donor_backoff_max_ms);
+	double prev;
+
+	if (!p)
+		return;
+	prev = p->backoff;
+	p->backoff = prev > 0 ? HWFS_MIN(prev * 2, cap) : HWFS_MIN(base, cap);
+	p->until = now_s() + p->backoff;
+	if (prev == 0 || (p->backoff >= cap && prev < cap))
+		LOG_WARN("agent: donor %s (%s) %s: not asked again for %.1f s%s", f->donor_names[d],
+			 p->addr, why, p->backoff,
+			 prev == 0 ? " (doubling while it fails, donor_backoff_ms/_max_ms)"
+				   : " (the cap, until it sends a good shard)");
+}
+
+/* Donor @peer sent a good shard: its back-off ends. */
+static void donor_ok(struct agent *a, const void *peer)
+{
+	for (struct peer *p = a->peers; p; p = p->next)
+		if (p->sock == peer && p->backoff > 0) {
+			LOG_INFO("agent: donor %s sends good shards again", p->addr);
+			p->backoff = p->until = 0;
+		}
+}
+
+/* Is donor @d of @f backing off at @now? */
+static int donor_off(struct agent *a, struct fetch *f, size_t d, double now)
+{
+	struct peer *p = peer_find(a, f->donors[d]);
+
+	return p && p->until > now;
+}
+
+/* Give up on @w's current donor: the next one round the ring. */
+static void next_donor(struct agent *a, struct fetch *f, struct want *w)
+{
+	drop_partial(a, w);
+	w->tries++;
+	w->donor = f->n_donors ? (w->donor + 1) % f->n_donors : 0;
+	w->misses = 0;
+	w->state = W_QUEUED;
+}
+
+static int set_donors(struct agent *a, struct fetch *f, json_t *donors, int stripe)
+{
+	size_t i, n = json_array_size(donors);
+	json_t *d;
+
+	free_donors(f);
+	f->donors = calloc(n ? n : 1, sizeof(char *));
+	f->donor_names = calloc(n ? n : 1, sizeof(char *));
+	f->donor_keys = calloc(n ? n : 1, sizeof(char *));
+	f->n_donors = 0;
+	if (!f->donors || !f->donor_names || !f->donor_keys)
+		return -ENOMEM;
+	json_array_foreach(donors, i, d) {
+		const char *key = json_string_value(json_object_get(d, "key"));
+
+		f->donors[i] = strdup(json_string_value(json_object_get(d, "addr")));
+		f->donor_names[i] = strdup(json_string_value(json_object_get(d, "node")));
+		f->donor_keys[i] = key ? strdup(key) : NULL;
+		f->n_donors++;
+	}
+	/*
+	 * striped: shard k from donor k mod n; a failure moves on round the
+	 * ring.  Requests in flight to the old donors are asked again (a late
+	 * answer to them is ignored).
+	 */
+	f->stripe = stripe && f->n_donors > 1;
+	for (size_t k = 0; k < f->n; k++) {
+		if (f->w[k].state == W_INFLIGHT)
+			f->w[k].state = W_QUEUED;
+		drop_partial(a, &f->w[k]);
+		f->w[k].donor = f->stripe ? k % f->n_donors : 0;
+		f->w[k].tries = 0;
+		f->w[k].misses = 0;
+	}
+	f->inflight = 0;
+	return 0;
+}
+
+void pull_on_plan(struct agent *a, struct proto_msg *m)
+{
+	const char *name = proto_str(m, "version");
+	struct hwfs_vrec *rec = NULL;
+	struct fetch *f;
+	struct version *v;
+	hwfs_hash_t digest, *hs = NULL;
+	char err[256];
+	size_t total = 0, n = 0;
+	int have;
+
+	if (proto_hash(m, "digest", &digest) < 0)
+		return;
+	ns_rdlock(a->ns);
+	v = ns_version(a->ns, name);
+	have = v && v->state == HWFS_V_SEALED && !hwfs_hash_cmp(&v->digest, &digest);
+	ns_unlock(a->ns);
+	if (have) {
+		send_have(a, name, &digest, 1, 0, 0, NULL);
+		return;
+	}
+	if (v) {
+		LOG_ERR("agent: plan for %s, but a different %s exists here; ignored", name, name);
+		return;
+	}
+	for (f = a->fetches; f; f = f->next)
+		if (!strcmp(f->name, name)) { /* a new plan: new donors */
+			set_donors(a, f, json_object_get(m->h, "donors"), proto_bool(m, "stripe"));
+			return;
+		}
+	if (manifest_parse(m->payload, m->payload_len, &rec, err, sizeof(err)) < 0) {
+		LOG_ERR("agent: bad manifest for %s: %s", name, err);
+		return;
+	}
+	if (hwfs_hash_cmp(&rec->digest, &digest) || strcmp(rec->name, name)) {
+		LOG_ERR("agent: manifest for %s does not match its digest or name", name);
+		hwfs_vrec_free(rec);
+		return;
+	}
+	f = calloc(1, sizeof(*f));
+	for (size_t i = 0; i < rec->n_files; i++)
+		total += rec->files[i].n_ext;
+	hs = malloc((total ? total : 1) * sizeof(*hs));
+	if (!f || !hs)
+		goto oom;
+	f->name = strdup(name);
+	f->digest = digest;
+	f->rec = rec;
+	rec = NULL;
+	/* distinct shards, in manifest order of first use */
+	f->w = calloc(total ? total : 1, sizeof(*f->w));
+	if (!f->name || !f->w)
+		goto oom;
+	for (size_t i = 0; i < f->rec->n_files; i++)
+		for (size_t j = 0; j < f->rec->files[i].n_ext; j++) {
+			const struct hwfs_extent *e = &f->rec->files[i].ext[j];
+
+			size_t lo = 0, hi = n;
+
+			while (lo < hi) { /* sorted insert into the set of seen hashes */
+				size_t mid = lo + (hi - lo) / 2;
+				int c = hwfs_hash_cmp(&hs[mid], &e->hash);
+
+				if (c == 0)
+					break;
+				if (c < 0)
+					lo = mid + 1;
+				else
+					hi = mid;
+			}
+			if (lo < hi)
+				continue; /* seen */
+			memmove(hs + lo + 1, hs + lo, (n - lo) * sizeof(*hs));
+			hs[lo] = e->hash;
+			n++;
+			f->w[f->n].hash = e->hash;
+			f->w[f->n].size = e->len;
+			f->total += e->len;
+			f->w[f->n].sh = store_get(a->st, &e->hash);
+			if (f->w[f->n].sh) {
+				f->w[f->n].state = W_HELD;
+			} else {
+				f->w[f->n].state = W_QUEUED;
+				f->bytes_needed += e->len;
+			}
+			f->n++;
+		}
+	free(hs);
+	hs = NULL;
+	if (set_donors(a, f, json_object_get(m->h, "donors"), proto_bool(m, "stripe")) < 0)
+		goto oom;
+	f->last_rx = now_s();
+	f->next = a->fetches;
+	a->fetches = f;
+	LOG_INFO("agent: pulling %s: %llu bytes missing of %zu shards, from %s", name,
+		 (unsigned long long)f->bytes_needed, f->n, f->n_donors ? f->donors[0] : "nobody");
+	if (fetch_complete(f))
+		materialize(a, f);
+	return;
+oom:
+	free(hs);
+	hwfs_vrec_free(rec);
+	if (f)
+		fetch_free(a, f);
+	LOG_ERR("agent: out of memory planning %s", name);
+}
+
+/*
+ * unsend() - a GET to donor @d of @f could not be sent: the shards it asked
+ * for (marked in flight just now, not yet counted in f->inflight) go to
+ * their next donor, asked no sooner than the donor back-off.
+ */
+static void unsend(struct agent *a, struct fetch *f, size_t d, double now)
+{
+	donor_failed(a, f, d, "cannot be reached");
+	for (size_t i = 0; i < f->n; i++) {
+		struct want *w = &f->w[i];
+
+		if (w->state == W_INFLIGHT && w->donor == d && !w->xs && w->not_before <= now &&
+		    w->sent_at == now) {
+			next_donor(a, f, w);
+			w->not_before = now + ms_s(hwfs_tun.donor_backoff_ms);
+		}
+	}
+}
+
+/*
+ * prefer_donors() - a queued shard whose donor is backing off goes to the
+ * next donor round the ring that is not (if any: else it waits for the
+ * first back-off to end).
+ */
+static void prefer_donors(struct agent *a, struct fetch *f, double now)
+{
+	char *off;
+
+	if (f->n_donors < 2 || !(off = calloc(f->n_donors, 1)))
+		return;
+	for (size_t d = 0; d < f->n_donors; d++)
+		off[d] = (char)donor_off(a, f, d, now);
+	for (size_t i = 0; i < f->n; i++) {
+		struct want *w = &f->w[i];
+
+		if (w->state != W_QUEUED || !off[w->donor])
+			continue;
+		for (size_t k = 1; k < f->n_donors; k++) {
+			size_t d = (w->donor + k) % f->n_donors;
+
+			if (!off[d]) {
+				w->donor = d;
+				w->misses = 0;
+				break;
+			}
+		}
+	}
+	free(off);
+}
+
+/* Keep each fetch's window full: GET batches from each want's donor. */
+void pull_pump(struct agent *a)
+{
+	double now = now_s();
+
+	if (now - a->last_pulls >= PULLS_SNAPSHOT_S)
+		publish_pulls(a);
+	for (struct fetch *f = a->fetches, *next; f; f = next) {
+		next = f->next;
+		if (f->space_wait) {
+			uint64_t free_now = store_stage_room(a->st);
+			char fb[32];
+
+			if (now < f->space_retry_at && free_now <= f->space_free) {
+				if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
+					report_progress(a, f, NULL);
+					f->last_report = now;
+				}
+				continue;
+			}
+			LOG_INFO("agent: %s: retrying (%s free%s)", f->name,
+				 hwfs_fmt_size(free_now, fb, sizeof(fb)),
+				 free_now > f->space_free ? ", space was freed here" : "");
+			f->space_wait = 0;
+		}
+		if (f->inflight && now - f->last_rx > ms_s(hwfs_tun.donor_silence_ms)) {
+			for (size_t d = 0; d < f->n_donors; d++)
+				for (size_t i = 0; i < f->n; i++)
+					if (f->w[i].state == W_INFLIGHT && f->w[i].donor == d) {
+						donor_failed(a, f, d, "is silent");
+						break;
+					}
+			for (size_t i = 0; i < f->n; i++)
+				if (f->w[i].state == W_INFLIGHT)
+					next_donor(a, f, &f->w[i]);
+			f->inflight = 0;
+			f->last_rx = now;
+			LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next "
+				 "donor", f->name, ms_s(hwfs_tun.donor_silence_ms));
+		}
+		/*
+		 * Every donor of a shard failed once: not a reason to give up (a
+		 * busy machine makes donors look silent, a dead donor may come
+		 * back).  Start round the ring again after a pause (once: the
+		 * pause used to be renewed on every pass, so the shard was never
+		 * asked for again); the coordinator re-plans if a donor died or
+		 * came back.
+		 */
+		for (size_t i = 0; i < f->n; i++)
+			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
+				if (!f->ring_warned)
+					LOG_WARN("agent: every donor of a shard of %s failed once; "
+						 "going round them again after %.1f s",
+						 f->name, ms_s(hwfs_tun.donor_backoff_ms));
+				f->ring_warned = 1;
+				f->w[i].tries = 0;
+				f->w[i].not_before = now + ms_s(hwfs_tun.donor_backoff_ms);
+			}
+		prefer_donors(a, f, now);
+		for (size_t d = 0; d < f->n_donors && f->inflight < hwfs_tun.pull_window_bytes;
+		     d++) {
+			json_t *hashes = json_array();
+
+			if (donor_off(a, f, d, now)) {
+				json_decref(hashes);
+				continue;
+			}
+			uint64_t batch = 0;
+			struct peer *p;
+
+			for (size_t i = 0; i < f->n && f->inflight + batch < hwfs_tun.pull_window_bytes &&
+					   batch < hwfs_tun.get_batch_bytes &&
+					   json_array_size(hashes) < PROTO_MAX_GET;
+			     i++) {
+				struct want *w = &f->w[i];
+
+				if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
+					continue;
+				json_array_append_new(hashes, proto_hash_json(&w->hash));
+				w->state = W_INFLIGHT;
+				w->sent_at = now;
+				batch += w->size;
+			}
+			p = json_array_size(hashes) ? peer_get(a, f->donors[d], f->donor_keys[d]) : NULL;
+			if (p) {
+				json_t *g = json_pack("{s:I, s:O}", "req", (json_int_t)++a->next_req,
+						      "hashes", hashes);
+				int r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
+
+				json_decref(g);
+				if (r < 0) {
+					/*
+					 * Nothing went out (no connection to the donor): nothing
+					 * is in flight.  Ask again after a pause, the next donor
+					 * first.
+					 */
+					LOG_WARN("agent: GET to %s: %s; asking the next donor", f->donors[d],
+						 r == -EAGAIN ? "no connection" : strerror(-r));
+					unsend(a, f, d, now);
+				} else {
+					f->inflight += batch;
+					if (f->inflight == batch)
+						f->last_rx = now;
+				}
+			} else if (json_array_size(hashes)) {
+				unsend(a, f, d, now);
+			}
+			json_decref(hashes);
+		}
+		/* progress for status --cluster */
+		if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
+			report_progress(a, f, NULL);
+			f->last_report = now;
+		}
+	}
+}
+
+/*
+ * A SHARD piece.  Pieces of one shard come in order from one donor; the first
+ * (offset 0) takes an unbacked staging range (store_stage_alloc()), each is
+ * written there (store_stage_write(): pwrite, no zero-filled pages) and added
+ * to a running hash, and the last one checks the hash and interns the shard
+ * (store_intern_staged()).
+ */
+void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer)
+{
+	struct fetch *f = NULL;
+	struct want *w;
+	hwfs_hash_t h;
+	uint64_t pos = proto_int(m, "offset"), len = m->payload_len;
+	uint64_t total = json_object_get(m->h, "total") ? proto_int(m, "total") : len;
+	struct shard *sh;
+	XXH128_canonical_t c;
+	int r;
+
+	if (proto_hash(m, "hash", &h) < 0)
+		return;
+	w = pull_find_want(a, &h, &f);
+	if (!w || w->state != W_INFLIGHT)
+		return; /* late duplicate, or a shard we stopped asking for */
+	f->last_rx = now_s();
+	if (total != w->size || pos + len > total || len == 0) {
+		LOG_ERR("agent: malformed piece from %s for %s; asking another donor", from, f->name);
+		f->inflight -= HWFS_MIN(f->inflight, w->size);
+		donor_failed(a, f, w->donor, "sent a malformed piece");
+		next_donor(a, f, w);
+		return;
+	}
+	if (pos == 0) { /* (re)start */
+		drop_partial(a, w);
+		w->xs = XXH3_createState();
+		if (!w->xs || store_stage_alloc(a->st, w->size, 1, &w->roff) < 0) {
+			if (w->xs)
+				XXH3_freeState(w->xs);
+			w->xs = NULL;
+			fetch_wait_space(a, f);
+			return;
+		}
+		XXH3_128bits_reset(w->xs);
+		w->from = peer;
+	} else if (!w->xs || w->from != peer || pos != w->got) {
+		return; /* a stray piece (an old donor's, or out of order): ignore */
+	}
+	r = store_stage_write(a->st, w->roff + pos, m->payload, len);
+	if (r < 0) {
+		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
+		fetch_wait_space(a, f); /* frees every partial shard */
+		return;
+	}
+	XXH3_128bits_update(w->xs, m->payload, len);
+	w->got += len;
+	__atomic_add_fetch(&a->rx, len, __ATOMIC_RELAXED);
+	if (w->got < w->size) {
+		serve_forward(a, w);
+		return;
+	}
+	/* the last piece: is it the shard that was asked for? */
+	XXH128_canonicalFromHash(&c, XXH3_128bits_digest(w->xs));
+	XXH3_freeState(w->xs);
+	w->xs = NULL;
+	f->inflight -= HWFS_MIN(f->inflight, w->size);
+	if (memcmp(c.digest, h.b, HWFS_HASH_LEN)) {
+		LOG_ERR("agent: bad shard from %s for %s (hash mismatch); asking another donor", from,
+			f->name);
+		report_progress(a, f, f->donor_names[w->donor]);
+		store_stage_free(a->st, w->roff, w->size);
+		w->got = 0;
+		serve_abort_forwarded(a, &h);
+		donor_failed(a, f, w->donor, "sent a shard that does not match its hash");
+		next_donor(a, f, w);
+		return;
+	}
+	sh = store_intern_staged(a->st, &h, w->roff, w->size);
+	w->got = 0;
+	if (!sh) {
+		fetch_fail(a, f, "out of memory");
+		return;
+	}
+	w->sh = sh;
+	w->state = W_HELD;
+	donor_ok(a, peer);
+	f->bytes_held += w->size;
+	f->space_backoff = 0; /* it fits again: a later shortage starts the back-off afresh */
+	serve_arrived(a, sh);
+	if (fetch_complete(f))
+		materialize(a, f);
+}
+
+void pull_on_missing(struct agent *a, struct proto_msg *m)
+{
+	struct fetch *f = NULL;
+	struct want *w;
+	hwfs_hash_t h;
+
+	if (proto_hash(m, "hash", &h) < 0 || !(w = pull_find_want(a, &h, &f)) || w->state != W_INFLIGHT)
+		return;
+	f->inflight -= HWFS_MIN(f->inflight, w->size);
+	w->state = W_QUEUED;
+	drop_partial(a, w);
+	if ((uint64_t)++w->misses >= hwfs_tun.missing_tries) {
+		donor_failed(a, f, w->donor, "does not have a shard it was planned to have");
+		next_donor(a, f, w);
+	} else
+		w->not_before = now_s() + ms_s(hwfs_tun.missing_retry_ms);
+}
+
+/* agent_stop(), after the thread ended: free every fetch and close every donor socket. */
+void pull_free(struct agent *a)
+{
+	while (a->fetches) {
+		struct fetch *f = a->fetches;
+
+		a->fetches = f->next;
+		fetch_free(a, f);
+	}
+	while (a->peers) {
+		struct peer *p = a->peers;
+
+		a->peers = p->next;
+		zmq_close(p->sock); /* LINGER 0: agent_set_backoff() */
+		free(p->addr);
+		free(p);
+	}
+}
