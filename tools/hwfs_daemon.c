@@ -197,7 +197,8 @@ int cmd_coord(int argc, char **argv)
 			o.keys = optarg;
 			break;
 		case 'h':
-			printf("usage: %s\n", usage);
+			printf("usage: %s\n\n", usage);
+			hwfs_tunables_print(stdout); /* the coordinator reads the same table */
 			return 0;
 		default:
 			usage_die(usage);
