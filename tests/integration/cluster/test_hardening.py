@@ -91,6 +91,28 @@ def test_paused_node_flips_to_the_commit_it_missed(net, tmp_path):
         f"C is up and holds v2 but its current is still {c.current()} 15 s after the commit"
 
 
+@pytest.mark.limit(120)
+def test_node_paused_through_a_commit_flips_after_resume(net, tmp_path):
+    """The finding as reported: C (holding v2) is paused until it is dead, v2 is committed on
+    A and B (committed there), C is resumed: it rejoins and flips to v2 by itself.  (The
+    variant above, C returning inside the commit, is the one that failed before the fix.)"""
+    ring(net, ["A", "B", "C"])
+    a, b, c = net["A"], net["B"], net["C"]
+    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 2 << 20, seed=815), "v1"))
+    a.run("commit", "v1")
+    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 2 << 20, seed=816), "v2"))
+    stopped(c)
+    try:
+        net.wait_dead("C", viewer=a)
+        cp = a.run("commit", "v2", check=False)
+        assert cp.returncode == 0, f"commit of v2 with C dead exited {cp.returncode}: {cp.stdout} {cp.stderr}"
+        assert net.currents([a, b]) == {x: ("versions/v2", "v2") for x in "AB"}, net.currents()
+    finally:
+        resume(c)
+    assert poll(lambda: c.current() == ("versions/v2", "v2"), timeout=15, interval=0.2), \
+        f"C is back, holds v2, but its current is still {c.current()} 15 s after SIGCONT"
+
+
 @pytest.mark.limit(180)
 def test_publisher_killed_mid_transfer_and_restarted(net, tmp_path):
     """A publishes a big v1 (star: B and C pull from A alone) and is killed -9 while they are
