@@ -1,7 +1,8 @@
 /*
  * tunables.c — the table behind tunables.h.  Adding a tunable means one field
- * in struct hwfs_tunables and one row below; parsing, environment lookup and
- * the --help listing follow from the row.
+ * in struct hwfs_tunables and one row below (name, default, range, help);
+ * the defaults, parsing, environment lookup and the --help listing all follow
+ * from the row.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -10,100 +11,65 @@
 
 #include "tunables.h"
 
-struct hwfs_tunables hwfs_tun = {
-	.max_shard = 64ull << 20,
-	.fixed_chunk = 4ull << 20,
-	.staging_min = 256ull << 10,
-	.staging_step = 256ull << 20,
-	.read_ahead_kb = 8192,
-	.max_threads = 8,
-	.max_background = 64,
-	.publish_io = 8ull << 20,
-	.ctl_drain_ms = 10000,
-	.node_expiry_s = 600,
-	.donor_silence_ms = 5000,
-	.donor_backoff_ms = 200,
-	.donor_backoff_max_ms = 5000,
-	.space_retry_ms = 1000,
-	.space_retry_max_ms = 30000,
-	.pull_window_bytes = 256ull << 20,
-	.get_batch_bytes = 64ull << 20,
-	.piece_bytes = 4ull << 20,
-	.missing_retry_ms = 200,
-	.missing_tries = 5,
-	.progress_ms = 500,
-	.reconnect_ms = 100,
-	.reconnect_max_ms = 2000,
-	.heartbeat_ms = 1000,
-	.coord_silence_ms = 3500,
-	.node_dead_ms = 3000,
-	.commit_deadline_ms = 10000,
-	.commit_wait_ms = 30000,
-	.status_wait_ms = 10000,
-};
-
 struct row {
 	const char *name;
 	size_t field; /* offsetof into struct hwfs_tunables */
-	uint64_t min, max;
+	uint64_t def, min, max;
 	const char *help;
 };
 
-#define ROW(n, lo, hi, h) {#n, offsetof(struct hwfs_tunables, n), lo, hi, h}
+/* ROW(name, default, min, max, help): the one place a tunable is defined. */
+#define ROW(n, d, lo, hi, h) {#n, offsetof(struct hwfs_tunables, n), d, lo, hi, h}
 static const struct row rows[] = {
-	ROW(max_shard, 4096, 1ull << 30, "largest shard; tensors above it are cut in pieces"),
-	ROW(fixed_chunk, 4096, 1ull << 30, "shard size for files that are not safetensors"),
-	ROW(staging_min, 4096, 1ull << 30, "first staging allocation of a file being written"),
-	ROW(staging_step, 1ull << 20, 1ull << 34, "largest staging growth step"),
-	ROW(read_ahead_kb, 128, 1u << 20, "read-ahead of the mount (bdi read_ahead_kb)"),
-	ROW(max_threads, 1, 256, "FUSE worker threads"),
-	ROW(max_background, 1, 65535, "async FUSE requests in flight (read-ahead)"),
-	ROW(publish_io, 4096, 1ull << 30, "read size of hwfs publish"),
-	ROW(ctl_drain_ms, 1, 3600000, "at shutdown, wait this long (ms) for control connections"),
-	ROW(node_expiry_s, 1, 1ull << 32,
+	ROW(max_shard, 64ull << 20, 4096, 1ull << 30, "largest shard; tensors above it are cut in pieces"),
+	ROW(fixed_chunk, 4ull << 20, 4096, 1ull << 30, "shard size for files that are not safetensors"),
+	ROW(staging_min, 256ull << 10, 4096, 1ull << 30, "first staging allocation of a file being written"),
+	ROW(staging_step, 256ull << 20, 1ull << 20, 1ull << 34, "largest staging growth step"),
+	ROW(read_ahead_kb, 8192, 128, 1u << 20, "read-ahead of the mount (bdi read_ahead_kb)"),
+	ROW(max_threads, 8, 1, 256, "FUSE worker threads"),
+	ROW(max_background, 64, 1, 65535, "async FUSE requests in flight (read-ahead)"),
+	ROW(publish_io, 8ull << 20, 4096, 1ull << 30, "read size of hwfs publish"),
+	ROW(ctl_drain_ms, 10000, 1, 3600000, "at shutdown, wait this long (ms) for control connections"),
+	ROW(node_expiry_s, 600, 1, 1ull << 32,
 	    "coordinator: a node dead this long is forgotten, with the versions no live node holds"),
-	ROW(donor_silence_ms, 100, 3600000, "a donor silent this long with requests out: next donor"),
-	ROW(donor_backoff_ms, 1, 3600000, "first pause before re-asking a donor that failed"),
-	ROW(donor_backoff_max_ms, 1, 3600000, "largest pause before re-asking a failing donor"),
-	ROW(space_retry_ms, 10, 3600000, "first retry of a pull stopped for lack of space"),
-	ROW(space_retry_max_ms, 10, 3600000, "largest period between retries for lack of space"),
-	ROW(pull_window_bytes, 4096, 1ull << 40,
+	ROW(donor_silence_ms, 5000, 100, 3600000, "a donor silent this long with requests out: next donor"),
+	ROW(donor_backoff_ms, 200, 1, 3600000, "first pause before re-asking a donor that failed"),
+	ROW(donor_backoff_max_ms, 5000, 1, 3600000, "largest pause before re-asking a failing donor"),
+	ROW(space_retry_ms, 1000, 10, 3600000, "first retry of a pull stopped for lack of space"),
+	ROW(space_retry_max_ms, 30000, 10, 3600000, "largest period between retries for lack of space"),
+	ROW(pull_window_bytes, 256ull << 20, 4096, 1ull << 40,
 	    "shard bytes requested and not yet received, per version being pulled"),
-	ROW(get_batch_bytes, 4096, 1ull << 40, "shard bytes asked for in one GET"),
+	ROW(get_batch_bytes, 64ull << 20, 4096, 1ull << 40, "shard bytes asked for in one GET"),
 	/* the most a receiver accepts is the protocol's PROTO_MAX_PAYLOAD (1 GiB), whatever its own */
-	ROW(piece_bytes, 4096, 1ull << 30, "a shard served to a puller travels in pieces of this size"),
-	ROW(missing_retry_ms, 1, 3600000,
+	ROW(piece_bytes, 4ull << 20, 4096, 1ull << 30, "a shard served to a puller travels in pieces of this size"),
+	ROW(missing_retry_ms, 200, 1, 3600000,
 	    "a donor answered MISSING (it may not have its plan yet): ask it again after this"),
-	ROW(missing_tries, 1, 1000, "MISSING answers from one donor before asking the next one"),
-	ROW(progress_ms, 10, 3600000, "period of a pull's progress reports to the coordinator"),
-	ROW(reconnect_ms, 1, 3600000, "first reconnect delay of a node's sockets"),
-	ROW(reconnect_max_ms, 1, 3600000, "largest reconnect delay (it doubles up to this)"),
-	ROW(heartbeat_ms, 10, 3600000, "period of a node's heartbeat (HELLO) to the coordinator"),
-	ROW(coord_silence_ms, 10, 3600000,
+	ROW(missing_tries, 5, 1, 1000, "MISSING answers from one donor before asking the next one"),
+	ROW(progress_ms, 500, 10, 3600000, "period of a pull's progress reports to the coordinator"),
+	ROW(reconnect_ms, 100, 1, 3600000, "first reconnect delay of a node's sockets"),
+	ROW(reconnect_max_ms, 2000, 1, 3600000, "largest reconnect delay (it doubles up to this)"),
+	ROW(heartbeat_ms, 1000, 10, 3600000, "period of a node's heartbeat (HELLO) to the coordinator"),
+	ROW(coord_silence_ms, 3500, 10, 3600000,
 	    "the coordinator silent this long: unreachable (commits and status fail at once)"),
-	ROW(node_dead_ms, 10, 3600000, "coordinator: a node silent this long is dead"),
-	ROW(commit_deadline_ms, 100, 3600000,
+	ROW(node_dead_ms, 3000, 10, 3600000, "coordinator: a node silent this long is dead"),
+	ROW(commit_deadline_ms, 10000, 100, 3600000,
 	    "deadline of a cluster commit: every node's READY, then every node's ACK"),
-	ROW(commit_wait_ms, 100, 3600000, "hwfs commit waits this long for the coordinator's answer"),
-	ROW(status_wait_ms, 100, 3600000,
+	ROW(commit_wait_ms, 30000, 100, 3600000, "hwfs commit waits this long for the coordinator's answer"),
+	ROW(status_wait_ms, 10000, 100, 3600000,
 	    "hwfs status --cluster waits this long for the coordinator's answer"),
 };
-/* the defaults (hwfs_tun's initial values), for --help */
-static struct hwfs_tunables defaults;
-static int defaults_taken;
-
-/* Remember hwfs_tun's initial values (the defaults) before anything changes them. */
-static void take_defaults(void)
-{
-	if (!defaults_taken) {
-		defaults = hwfs_tun;
-		defaults_taken = 1;
-	}
-}
-
 static uint64_t *field(struct hwfs_tunables *t, const struct row *r)
 {
 	return (uint64_t *)((char *)t + r->field);
+}
+
+struct hwfs_tunables hwfs_tun;
+
+/* Every tunable at its default, before main() (unit tests read them too). */
+__attribute__((constructor)) static void set_defaults(void)
+{
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++)
+		*field(&hwfs_tun, &rows[i]) = rows[i].def;
 }
 
 static int set_row(const struct row *r, const char *val)
@@ -120,7 +86,6 @@ int hwfs_tunables_set(const char *opt)
 {
 	const char *eq = strchr(opt, '=');
 
-	take_defaults();
 	if (!eq)
 		return -ENOENT;
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++)
@@ -132,7 +97,6 @@ int hwfs_tunables_set(const char *opt)
 
 int hwfs_tunables_load(const char *const *opts, size_t n_opts)
 {
-	take_defaults();
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++) {
 		char env[64];
 		const char *v;
@@ -158,12 +122,9 @@ int hwfs_tunables_load(const char *const *opts, size_t n_opts)
 
 void hwfs_tunables_print(FILE *f)
 {
-	take_defaults();
 	fprintf(f, "Tunables (-o NAME=VALUE, or environment HWFS_NAME):\n");
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++) {
-		uint64_t d = *field((struct hwfs_tunables *)&defaults, &rows[i]);
-
-		fprintf(f, "  %-20s default %-12llu %s\n", rows[i].name, (unsigned long long)d,
-			rows[i].help);
+		fprintf(f, "  %-20s default %-12llu %s\n", rows[i].name,
+			(unsigned long long)rows[i].def, rows[i].help);
 	}
 }
