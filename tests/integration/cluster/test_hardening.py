@@ -181,3 +181,30 @@ def test_bad_donors_are_backed_off(net, tmp_path):
     assert all(n <= 12 for n in asked.values()), f"bad donors asked {asked} times in 6 s"
     assert not c.visible("v1")
     print(f"requests to the bad donors in 6 s: {asked}")
+
+
+@pytest.mark.xfail(strict=True, reason="the applied decision (agent->applied, applied_epoch) "
+                   "lives in memory only: a restarted daemon re-applies the WELCOME's decision "
+                   "and undoes a commit --local override; fix: keep it in the index meta table")
+@pytest.mark.limit(120)
+def test_local_override_survives_a_restart_of_the_node(net, tmp_path):
+    """docs/protocol.md: a `commit --local` override stands until the cluster commits
+    again.  B overrides the cluster's v2 with v1 locally, then its daemon is restarted
+    (umount, mount on the same store): the cluster has not committed anything since, so
+    B's WELCOME repeats the decision B had already applied, and B must stay on v1."""
+    ring(net, ["A", "B"])
+    a, b = net["A"], net["B"]
+    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 1 << 20, seed=831), "v1"))
+    a.run("commit", "v1")
+    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 1 << 20, seed=832), "v2"))
+    a.run("commit", "v2")
+    assert net.currents() == {x: ("versions/v2", "v2") for x in "AB"}, net.currents()
+    b.run("commit", "--local", "v1")
+    assert b.current() == ("versions/v1", "v1")
+    b.remount()
+    # B's own status --cluster goes through its agent thread after the WELCOME (one
+    # socket, in order): once it lists B alive, the WELCOME has been handled.
+    net.wait_alive(["B"], viewer=b)
+    assert b.current() == ("versions/v1", "v1"), \
+        f"B's local override was undone by its restart: current is {b.current()}"
+    assert a.current() == ("versions/v2", "v2")
