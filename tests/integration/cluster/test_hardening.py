@@ -208,3 +208,40 @@ def test_local_override_survives_a_restart_of_the_node(net, tmp_path):
     assert b.current() == ("versions/v1", "v1"), \
         f"B's local override was undone by its restart: current is {b.current()}"
     assert a.current() == ("versions/v2", "v2")
+
+
+@pytest.mark.limit(120)
+def test_flip_during_shutdown_writes_nothing_under_the_bare_mountpoint(net, tmp_path):
+    """A is being unmounted while a commit of v2 waits for B (paused): A's mount is
+    already gone but its agent still runs (the shutdown drains control connections
+    first).  When B resumes and the coordinator sends COMMIT, A's flip must fail, not
+    create `current` in the bare mountpoint directory and ACK a flip that its store
+    never recorded."""
+    from conftest import is_mounted
+    ring(net, ["A", "B"])
+    a, b = net["A"], net["B"]
+    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 1 << 20, seed=841), "v1"))
+    a.run("commit", "v1")
+    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 1 << 20, seed=842), "v2"))
+    stopped(b)
+    try:
+        commit = subprocess.Popen([HWFS, "commit", "v2", "-m", a.mnt], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        assert poll(lambda: "commit v2: prepare on 2" in net.coord.log_text(), timeout=5), \
+            net.coord.log_tail()
+        umount = subprocess.Popen([HWFS, "umount", a.mnt], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        assert poll(lambda: not is_mounted(a.mnt), timeout=5, interval=0.02), "A stayed mounted"
+    finally:
+        resume(b)
+    out, err = commit.communicate(timeout=TIMEOUT)
+    umount.communicate(timeout=TIMEOUT)
+    a.mounted = False
+    assert poll(lambda: not pid_alive_any(a.pids), timeout=15), "A's daemon did not exit"
+    left = os.listdir(a.mnt)
+    assert left == [], f"A's flip wrote {left} into its bare mountpoint (commit said: {out} {err})"
+
+
+def pid_alive_any(pids):
+    from conftest import pid_alive
+    return any(pid_alive(p) for p in pids)
