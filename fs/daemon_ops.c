@@ -184,6 +184,17 @@ int flip_current(void *arg, const char *v, char *err, size_t errlen)
 		snprintf(err, errlen, "symlink: %s", strerror(errno));
 		return r;
 	}
+	/*
+	 * Shutdown sets d->stopping before it unmounts: seen here, the symlink
+	 * may have landed in the bare mountpoint directory, and so would the
+	 * rename.  Checked after the symlink, so an unmount cannot slip in
+	 * between the check and a symlink that did reach the mount.
+	 */
+	if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE)) {
+		unlink(tmp);
+		snprintf(err, errlen, "the daemon is shutting down");
+		return -ESHUTDOWN;
+	}
 	if (rename(tmp, cur) < 0) {
 		r = -errno;
 		unlink(tmp);

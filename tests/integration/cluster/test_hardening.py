@@ -203,3 +203,67 @@ def test_bad_donors_are_backed_off(net, tmp_path):
     assert all(n <= 12 for n in asked.values()), f"bad donors asked {asked} times in 6 s"
     assert not c.visible("v1")
     print(f"requests to the bad donors in 6 s: {asked}")
+
+
+@pytest.mark.xfail(strict=True, reason="the applied decision (agent->applied, applied_epoch) "
+                   "lives in memory only: a restarted daemon re-applies the WELCOME's decision "
+                   "and undoes a commit --local override; fix: keep it in the index meta table")
+@pytest.mark.limit(120)
+def test_local_override_survives_a_restart_of_the_node(net, tmp_path):
+    """docs/protocol.md: a `commit --local` override stands until the cluster commits
+    again.  B overrides the cluster's v2 with v1 locally, then its daemon is restarted
+    (umount, mount on the same store): the cluster has not committed anything since, so
+    B's WELCOME repeats the decision B had already applied, and B must stay on v1."""
+    ring(net, ["A", "B"])
+    a, b = net["A"], net["B"]
+    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 1 << 20, seed=831), "v1"))
+    a.run("commit", "v1")
+    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 1 << 20, seed=832), "v2"))
+    a.run("commit", "v2")
+    assert net.currents() == {x: ("versions/v2", "v2") for x in "AB"}, net.currents()
+    b.run("commit", "--local", "v1")
+    assert b.current() == ("versions/v1", "v1")
+    b.remount()
+    # B's own status --cluster goes through its agent thread after the WELCOME (one
+    # socket, in order): once it lists B alive, the WELCOME has been handled.
+    net.wait_alive(["B"], viewer=b)
+    assert b.current() == ("versions/v1", "v1"), \
+        f"B's local override was undone by its restart: current is {b.current()}"
+    assert a.current() == ("versions/v2", "v2")
+
+
+@pytest.mark.limit(120)
+def test_flip_during_shutdown_writes_nothing_under_the_bare_mountpoint(net, tmp_path):
+    """A is being unmounted while a commit of v2 waits for B (paused): A's mount is
+    already gone but its agent still runs (the shutdown drains control connections
+    first).  When B resumes and the coordinator sends COMMIT, A's flip must fail, not
+    create `current` in the bare mountpoint directory and ACK a flip that its store
+    never recorded."""
+    from conftest import is_mounted
+    ring(net, ["A", "B"])
+    a, b = net["A"], net["B"]
+    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 1 << 20, seed=841), "v1"))
+    a.run("commit", "v1")
+    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 1 << 20, seed=842), "v2"))
+    stopped(b)
+    try:
+        commit = subprocess.Popen([HWFS, "commit", "v2", "-m", a.mnt], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        assert poll(lambda: "commit v2: prepare on 2" in net.coord.log_text(), timeout=5), \
+            net.coord.log_tail()
+        umount = subprocess.Popen([HWFS, "umount", a.mnt], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        assert poll(lambda: not is_mounted(a.mnt), timeout=5, interval=0.02), "A stayed mounted"
+    finally:
+        resume(b)
+    out, err = commit.communicate(timeout=TIMEOUT)
+    umount.communicate(timeout=TIMEOUT)
+    a.mounted = False
+    assert poll(lambda: not pid_alive_any(a.pids), timeout=15), "A's daemon did not exit"
+    left = os.listdir(a.mnt)
+    assert left == [], f"A's flip wrote {left} into its bare mountpoint (commit said: {out} {err})"
+
+
+def pid_alive_any(pids):
+    from conftest import pid_alive
+    return any(pid_alive(p) for p in pids)
