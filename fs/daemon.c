@@ -131,8 +131,8 @@ static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char 
 }
 
 /*
- * One control connection: learn who calls (SO_PEERCRED), read one request,
- * authorize it and run it through the table of operations (daemon_ops.c),
+ * One control connection: learn who calls (SO_PEERCRED), read one request
+ * (at most CTL_MAX_REQUEST bytes: anyone may connect), authorize it and run it through the table of operations (daemon_ops.c),
  * send the reply, and take the connection off the live list.
  */
 static void *conn_main(void *arg)
@@ -143,15 +143,19 @@ static void *conn_main(void *arg)
 	json_t *req = NULL, *res;
 	const struct daemon_op *op;
 	const char *name;
+	int r;
 
 	ctl_reader_init(&rd, c->fd);
+	rd.max = CTL_MAX_REQUEST; /* read before we know the verb: see ctl.h */
 	memset(&peer, 0, sizeof(peer));
 	if (ctl_peer(c->fd, &peer) < 0) {
 		res = err_reply("permission denied: cannot tell who is calling");
 		goto reply;
 	}
-	if (ctl_recv(&rd, &req) < 0) {
-		res = err_reply("malformed request");
+	if ((r = ctl_recv(&rd, &req)) < 0) {
+		res = r == -EMSGSIZE ? err_reply("request too long (the limit is %u bytes)",
+						 CTL_MAX_REQUEST)
+				     : err_reply("malformed request");
 		goto reply;
 	}
 	name = req_str(req, "op");
