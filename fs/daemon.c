@@ -97,6 +97,13 @@ static void conn_done(struct conn *c)
 	pthread_mutex_unlock(&d->conn_mu);
 }
 
+/* Is @p root, the mount's owner or a member of --ctl-group?  Returns 1 or 0. */
+int daemon_peer_privileged(const struct daemon *d, const struct ctl_peer *p)
+{
+	return p->uid == 0 || p->uid == d->owner ||
+	       (d->o->ctl_gid >= 0 && ctl_peer_in_group(p, (gid_t)d->o->ctl_gid));
+}
+
 /*
  * May @p run @op (docs/cli.md, "Permissions")?  Mutating verbs (@mutates, from
  * the table of operations): root, the mount's owner or a member of
@@ -111,8 +118,7 @@ static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char 
 	struct node *root;
 	uint32_t bit;
 
-	if (p->uid == 0 || p->uid == d->owner ||
-	    (d->o->ctl_gid >= 0 && ctl_peer_in_group(p, (gid_t)d->o->ctl_gid)))
+	if (daemon_peer_privileged(d, p))
 		return NULL;
 	if (mutates)
 		return d->group_name[0]

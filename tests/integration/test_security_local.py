@@ -238,3 +238,32 @@ def test_unprivileged_long_request_is_refused_early(mount_factory):
     ans = json.loads(cp.stdout)
     assert ans["ok"] is False and "too long" in ans["error"], ans
     assert m.status()["pid"] > 0  # the daemon is still there and answers
+
+
+def test_private_version_manifest_and_diff_need_read_access(mount_factory, shared_src):
+    """`manifest` and `diff` show names, sizes, modes, tensor names and the
+    hashes of every shard (a 7-byte secret's hash is a brute-force away from
+    the secret): a caller who may read the mount but not a version's files
+    gets neither, as `ls` and `cat` through the mount would refuse him."""
+    m = mount_factory(long_store=True, umask=0)
+    two_versions(m, shared_src)
+    priv = os.path.join(shared_src, "priv")
+    os.mkdir(priv, 0o700)
+    with open(os.path.join(priv, "secret-token.txt"), "w") as f:
+        f.write("hunter2")
+    os.chmod(os.path.join(priv, "secret-token.txt"), 0o600)
+    save_model(os.path.join(priv, "model.safetensors"), make_tensors(3, n=3))  # 0600
+    m.run("publish", priv, "private")
+    for verb in (["manifest", "private"], ["diff", "v1", "private"], ["diff", "private", "v1"]):
+        cp = as_user(m, *verb)
+        assert_error_line(cp, "permission denied", "private")
+        assert "secret-token" not in cp.stdout + cp.stderr
+    # an open directory is not enough when one file in it is private
+    os.chmod(priv, 0o755)
+    m.run("publish", priv, "half")
+    cp = as_user(m, "manifest", "half")
+    assert_error_line(cp, "permission denied", "half")
+    # readable versions still work for anyone, private ones for root and the owner
+    cp = as_user(m, "manifest", "v1")
+    assert cp.returncode == 0 and "model.safetensors" in cp.stdout, cp.stderr
+    assert "secret-token.txt" in m.run("manifest", "private").stdout
