@@ -148,6 +148,7 @@ void ctl_reader_init(struct ctl_reader *rd, int fd)
 {
 	memset(rd, 0, sizeof(*rd));
 	rd->fd = fd;
+	rd->max = CTL_MAX_LINE;
 }
 
 void ctl_reader_free(struct ctl_reader *rd)
@@ -170,12 +171,12 @@ int ctl_recv(struct ctl_reader *rd, json_t **msg)
 		if (nl)
 			break;
 		scan = rd->len;
+		if (rd->len >= rd->max)
+			return -EMSGSIZE;
 		if (rd->len == rd->cap) {
-			size_t ncap = rd->cap ? rd->cap * 2 : 65536;
+			size_t ncap = HWFS_MIN(rd->cap ? rd->cap * 2 : 65536, rd->max);
 			char *nb;
 
-			if (rd->cap >= CTL_MAX_LINE)
-				return -EBADMSG;
 			nb = realloc(rd->buf, ncap);
 			if (!nb)
 				return -ENOMEM;

@@ -9,7 +9,10 @@
  *   progress  {"progress": {"done": N, "total": M}}     (zero or more)
  *   answer    {"ok": true, ...}  or  {"ok": false, "error": "one line"}
  * Lines are limited to CTL_MAX_LINE bytes; a longer or malformed line is an
- * error, never a crash.
+ * error, never a crash.  The daemon reads requests with the much smaller
+ * CTL_MAX_REQUEST: it reads a request before it knows who may run the verb,
+ * so any local user could otherwise make it buffer CTL_MAX_LINE per
+ * connection.
  */
 #ifndef HWFS_CTL_H
 #define HWFS_CTL_H
@@ -20,6 +23,8 @@
 #include "hwfs_common.h"
 
 #define CTL_MAX_LINE (256u << 20)
+/* the longest request the daemon reads: an op, a version name and a path fit many times */
+#define CTL_MAX_REQUEST (64u << 10)
 
 /**
  * Listen on @path (replacing a stale socket) and give the socket file @mode
@@ -52,15 +57,17 @@ struct ctl_reader {
 	int fd;
 	char *buf;
 	size_t len, cap;
+	size_t max; /* longest line accepted: CTL_MAX_LINE unless set after ctl_reader_init() */
 };
 
-/** Start reading @fd. */
+/** Start reading @fd, accepting lines up to CTL_MAX_LINE bytes (see rd->max). */
 void ctl_reader_init(struct ctl_reader *rd, int fd);
 /** Free the buffer (the fd stays open). */
 void ctl_reader_free(struct ctl_reader *rd);
 /**
  * Receive one line into *@msg (new reference). Returns 0, -EPIPE at EOF,
- * -EBADMSG (not a JSON object, or longer than CTL_MAX_LINE), -errno.
+ * -EMSGSIZE (longer than rd->max: nothing more is read), -EBADMSG (not a JSON
+ * object), -errno.
  */
 int ctl_recv(struct ctl_reader *rd, json_t **msg);
 

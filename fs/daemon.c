@@ -97,6 +97,13 @@ static void conn_done(struct conn *c)
 	pthread_mutex_unlock(&d->conn_mu);
 }
 
+/* Is @p root, the mount's owner or a member of --ctl-group?  Returns 1 or 0. */
+int daemon_peer_privileged(const struct daemon *d, const struct ctl_peer *p)
+{
+	return p->uid == 0 || p->uid == d->owner ||
+	       (d->o->ctl_gid >= 0 && ctl_peer_in_group(p, (gid_t)d->o->ctl_gid));
+}
+
 /*
  * May @p run @op (docs/cli.md, "Permissions")?  Mutating verbs (@mutates, from
  * the table of operations): root, the mount's owner or a member of
@@ -111,8 +118,7 @@ static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char 
 	struct node *root;
 	uint32_t bit;
 
-	if (p->uid == 0 || p->uid == d->owner ||
-	    (d->o->ctl_gid >= 0 && ctl_peer_in_group(p, (gid_t)d->o->ctl_gid)))
+	if (daemon_peer_privileged(d, p))
 		return NULL;
 	if (mutates)
 		return d->group_name[0]
@@ -131,8 +137,8 @@ static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char 
 }
 
 /*
- * One control connection: learn who calls (SO_PEERCRED), read one request,
- * authorize it and run it through the table of operations (daemon_ops.c),
+ * One control connection: learn who calls (SO_PEERCRED), read one request
+ * (at most CTL_MAX_REQUEST bytes: anyone may connect), authorize it and run it through the table of operations (daemon_ops.c),
  * send the reply, and take the connection off the live list.
  */
 static void *conn_main(void *arg)
@@ -143,15 +149,19 @@ static void *conn_main(void *arg)
 	json_t *req = NULL, *res;
 	const struct daemon_op *op;
 	const char *name;
+	int r;
 
 	ctl_reader_init(&rd, c->fd);
+	rd.max = CTL_MAX_REQUEST; /* read before we know the verb: see ctl.h */
 	memset(&peer, 0, sizeof(peer));
 	if (ctl_peer(c->fd, &peer) < 0) {
 		res = err_reply("permission denied: cannot tell who is calling");
 		goto reply;
 	}
-	if (ctl_recv(&rd, &req) < 0) {
-		res = err_reply("malformed request");
+	if ((r = ctl_recv(&rd, &req)) < 0) {
+		res = r == -EMSGSIZE ? err_reply("request too long (the limit is %u bytes)",
+						 CTL_MAX_REQUEST)
+				     : err_reply("malformed request");
 		goto reply;
 	}
 	name = req_str(req, "op");

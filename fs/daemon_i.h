@@ -63,13 +63,18 @@ struct daemon_op {
 	const char *names[2]; /* request keys naming an existing version (NULL: unused) */
 };
 
+/** Is @p root, the mount's owner or a member of --ctl-group?  Returns 1 or 0. */
+int daemon_peer_privileged(const struct daemon *d, const struct ctl_peer *p);
+
 /** The row of operation @name, or NULL when there is no such operation. */
 const struct daemon_op *daemon_op_find(const char *name);
 
 /**
  * daemon_op_call() - run @op for @req: refuse a request that names a version
- * with the reserved prefix (NS_HIDDEN_PREFIX: the daemon's own staging), else
- * call the handler.  Returns the reply.
+ * with the reserved prefix (NS_HIDDEN_PREFIX: the daemon's own staging), and
+ * a read-only request of a caller who is not privileged for a version whose
+ * files it could not read through the mount; else call the handler.  Returns
+ * the reply.
  */
 json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req, int fd,
 		       const struct ctl_peer *peer);

@@ -569,6 +569,65 @@ static json_t *op_manifest(struct daemon *d, json_t *req, int fd, const struct c
 	return res;
 }
 
+/* ----------------------------------------------------------- who may read a version */
+
+/* The rwx bits (0..7) of @n that apply to @p, as the kernel picks them. */
+static uint32_t peer_bits(const struct ctl_peer *p, const struct node *n)
+{
+	if (p->uid == n->uid)
+		return (n->mode >> 6) & 7;
+	if (ctl_peer_in_group(p, n->gid))
+		return (n->mode >> 3) & 7;
+	return n->mode & 7;
+}
+
+/*
+ * Could @p read everything below @n (ns lock held) through the mount: list
+ * and enter every directory, read every file?  Symlinks carry no data of
+ * their own.  Returns 1 or 0.
+ */
+static int peer_reads_tree(const struct ctl_peer *p, const struct node *n)
+{
+	switch (n->type) {
+	case NT_LNK:
+	case NT_RLNK:
+		return 1;
+	case NT_REG:
+	case NT_TENSOR:
+		return (peer_bits(p, n) & 4) != 0;
+	default:
+		if ((peer_bits(p, n) & 5) != 5)
+			return 0;
+		for (size_t i = 0; i < n->nkids; i++)
+			if (!peer_reads_tree(p, n->kids[i]))
+				return 0;
+		return 1;
+	}
+}
+
+/*
+ * May @p, who is not privileged, see the manifest of version @name (names,
+ * sizes, modes, tensor names, shard hashes)?  Only when it could read all of
+ * it through the mount: search the root and versions/, read every directory
+ * and file of the version.  An unknown version is left to the handler (it
+ * answers "no such version").  Returns 1 or 0.
+ */
+static int peer_may_read_version(struct daemon *d, const struct ctl_peer *p, const char *name)
+{
+	struct node *root, *vers;
+	struct version *v;
+	int ok;
+
+	ns_rdlock(d->ns);
+	root = ns_root(d->ns);
+	vers = ns_child(root, "versions");
+	v = ns_version(d->ns, name);
+	ok = !v || ((peer_bits(p, root) & 1) && vers && (peer_bits(p, vers) & 1) &&
+		    peer_reads_tree(p, v->root));
+	ns_unlock(d->ns);
+	return ok;
+}
+
 /* ----------------------------------------------------------- the table */
 
 /*
@@ -606,7 +665,10 @@ const struct daemon_op *daemon_op_find(const char *name)
  * NS_HIDDEN_PREFIX names a staging version of the daemon (a publish or a
  * replicated version in progress): removing, sealing or reading it under its
  * writer would pull its nodes away, so it is refused here for every
- * operation, whether or not such a version exists.  Returns the reply.
+ * operation, whether or not such a version exists.  A read-only operation
+ * (diff, manifest) shows every name, size and shard hash of a version, so a
+ * caller who is not privileged (daemon_peer_privileged) gets it only for a
+ * version it could read whole through the mount.  Returns the reply.
  */
 json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req, int fd,
 		       const struct ctl_peer *peer)
@@ -617,6 +679,10 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 		if (v && !strncmp(v, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
 			return err_reply("%s %s: reserved name (%s* are the daemon's staging "
 					 "versions)", op->name, v, NS_HIDDEN_PREFIX);
+		if (v && !op->mutates && !daemon_peer_privileged(d, peer) &&
+		    !peer_may_read_version(d, peer, v))
+			return err_reply("permission denied: %s %s needs read access to every "
+					 "file of %s", op->name, v, v);
 	}
 	return op->fn(d, req, fd, peer);
 }

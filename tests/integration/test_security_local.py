@@ -6,6 +6,7 @@ store path too long for a unix socket address: the case where the socket used
 to fall back to a /tmp path whose mode came from the umask.
 """
 
+import json
 import os
 import shutil
 import stat
@@ -205,3 +206,64 @@ def test_umount_waits_for_control_connections(tmp_path):
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
         shutil.rmtree(store, ignore_errors=True)
         log.close()
+
+
+_LONG_REQUEST = r"""
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(sys.argv[1])
+chunk = b"x" * 65536
+try:
+    for _ in range(int(sys.argv[2])):  # one line without its newline
+        s.sendall(chunk)
+    s.shutdown(socket.SHUT_WR)
+except (BrokenPipeError, ConnectionResetError):
+    pass  # the daemon stopped reading: its answer is still queued for us
+print(s.makefile("rb").readline().decode())
+"""
+
+
+def test_unprivileged_long_request_is_refused_early(mount_factory):
+    """Anyone may connect, and the daemon reads the request before it knows the
+    verb: the request line is bounded by what a request needs, not by the
+    256 MiB an answer (a manifest) may take, so nobody can make the (root)
+    daemon buffer hundreds of MiB per connection."""
+    m = mount_factory(long_store=True, umask=0)
+    ctl = os.getxattr(m.mnt, "user.hwfs.control").decode()
+    cp = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                         "python3", "-c", _LONG_REQUEST, ctl, "64"],  # 4 MiB
+                        capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
+    assert cp.returncode == 0, cp.stderr
+    ans = json.loads(cp.stdout)
+    assert ans["ok"] is False and "too long" in ans["error"], ans
+    assert m.status()["pid"] > 0  # the daemon is still there and answers
+
+
+def test_private_version_manifest_and_diff_need_read_access(mount_factory, shared_src):
+    """`manifest` and `diff` show names, sizes, modes, tensor names and the
+    hashes of every shard (a 7-byte secret's hash is a brute-force away from
+    the secret): a caller who may read the mount but not a version's files
+    gets neither, as `ls` and `cat` through the mount would refuse him."""
+    m = mount_factory(long_store=True, umask=0)
+    two_versions(m, shared_src)
+    priv = os.path.join(shared_src, "priv")
+    os.mkdir(priv, 0o700)
+    with open(os.path.join(priv, "secret-token.txt"), "w") as f:
+        f.write("hunter2")
+    os.chmod(os.path.join(priv, "secret-token.txt"), 0o600)
+    save_model(os.path.join(priv, "model.safetensors"), make_tensors(3, n=3))  # 0600
+    m.run("publish", priv, "private")
+    for verb in (["manifest", "private"], ["diff", "v1", "private"], ["diff", "private", "v1"]):
+        cp = as_user(m, *verb)
+        assert_error_line(cp, "permission denied", "private")
+        assert "secret-token" not in cp.stdout + cp.stderr
+    # an open directory is not enough when one file in it is private
+    os.chmod(priv, 0o755)
+    m.run("publish", priv, "half")
+    cp = as_user(m, "manifest", "half")
+    assert_error_line(cp, "permission denied", "half")
+    # readable versions still work for anyone, private ones for root and the owner
+    cp = as_user(m, "manifest", "v1")
+    assert cp.returncode == 0 and "model.safetensors" in cp.stdout, cp.stderr
+    assert "secret-token.txt" in m.run("manifest", "private").stdout
