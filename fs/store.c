@@ -325,10 +325,25 @@ int store_set_state(struct store *s, const char *name, enum hwfs_vstate st)
 
 int store_set_current(struct store *s, const char *name)
 {
+	return store_meta_set(s, "current", name);
+}
+
+int store_meta_get(struct store *s, const char *key, char **val)
+{
 	int r;
 
 	pthread_mutex_lock(&s->ix_lock);
-	r = index_meta_set(s->index, "current", name);
+	r = index_meta_get(s->index, key, val);
+	pthread_mutex_unlock(&s->ix_lock);
+	return r;
+}
+
+int store_meta_set(struct store *s, const char *key, const char *val)
+{
+	int r;
+
+	pthread_mutex_lock(&s->ix_lock);
+	r = index_meta_set(s->index, key, val);
 	pthread_mutex_unlock(&s->ix_lock);
 	return r;
 }

@@ -69,6 +69,13 @@ int store_delete_version(struct store *s, const char *name);
 int store_set_state(struct store *s, const char *name, enum hwfs_vstate st);
 /** Record @name as the committed version (NULL: none). */
 int store_set_current(struct store *s, const char *name);
+/**
+ * store_meta_get() - a small named value kept with the index (*@val
+ * malloc'd).  Returns 0, -ENOENT when unset, or -EIO.
+ */
+int store_meta_get(struct store *s, const char *key, char **val);
+/** Set (or, with @val NULL, delete) a named value. Returns 0 or -EIO. */
+int store_meta_set(struct store *s, const char *key, const char *val);
 
 /*
  * Staging: arena ranges that become shards once their bytes are in and

@@ -96,16 +96,42 @@ out:
 	return r;
 }
 
-/* Remember the cluster decision (@version, @epoch) as applied here. */
+/* Where the applied decision is kept in the store: "EPOCH VERSION". */
+#define APPLIED_KEY "cluster_applied"
+
+/*
+ * Remember the cluster decision (@version, @epoch) as applied here, in memory
+ * and in the store: a node restarted after a `commit --local` override must
+ * not take the decision it had already applied for one it missed.
+ */
 static void set_applied(struct agent *a, const char *version, uint64_t epoch)
 {
-	char *v = strdup(version);
+	char *v = strdup(version), buf[64 + 4096];
 
 	if (!v)
 		return; /* retried on the next heartbeat answer */
 	free(a->applied);
 	a->applied = v;
 	a->applied_epoch = epoch;
+	snprintf(buf, sizeof(buf), "%llu %s", (unsigned long long)epoch, version);
+	if (store_meta_set(a->st, APPLIED_KEY, buf) < 0)
+		LOG_WARN("agent: cannot record the applied commit %s in the store", version);
+}
+
+/* The decision applied before a restart (see set_applied), if any. */
+static void load_applied(struct agent *a)
+{
+	char *val = NULL, *sp;
+	unsigned long long epoch;
+
+	if (store_meta_get(a->st, APPLIED_KEY, &val) < 0)
+		return;
+	sp = strchr(val, ' ');
+	if (sp && sp[1] && sscanf(val, "%llu ", &epoch) == 1) {
+		a->applied = strdup(sp + 1);
+		a->applied_epoch = epoch;
+	}
+	free(val);
 }
 
 /*
@@ -455,6 +481,7 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 	a->arg = o->arg;
 	if (!a->node || !a->listen || !a->coordinator || !a->mountpoint)
 		goto fail;
+	load_applied(a);
 	{
 		hwfs_hash_t h;
 		struct {

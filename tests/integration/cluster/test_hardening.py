@@ -205,9 +205,6 @@ def test_bad_donors_are_backed_off(net, tmp_path):
     print(f"requests to the bad donors in 6 s: {asked}")
 
 
-@pytest.mark.xfail(strict=True, reason="the applied decision (agent->applied, applied_epoch) "
-                   "lives in memory only: a restarted daemon re-applies the WELCOME's decision "
-                   "and undoes a commit --local override; fix: keep it in the index meta table")
 @pytest.mark.limit(120)
 def test_local_override_survives_a_restart_of_the_node(net, tmp_path):
     """docs/protocol.md: a `commit --local` override stands until the cluster commits
