@@ -136,9 +136,16 @@ static void node_release_data(struct ns *ns, struct node *n)
 	if (n->type == NT_REG) {
 		if (n->pins)
 			return;
+		/*
+		 * Under the file's mutex: a truncate by path (setattr, no open
+		 * handle to count) may be using the writer; it finishes first,
+		 * and any later one sees the node detached (EROFS).
+		 */
+		pthread_mutex_lock(&n->mu);
 		writer_abort(n->w);
 		node_set_writer(n, NULL);
 		ingest_result_clear(ns->st, &n->data);
+		pthread_mutex_unlock(&n->mu);
 	} else if (n->type == NT_TENSOR && n->tfile) {
 		struct node *f = n->tfile;
 
