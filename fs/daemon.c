@@ -76,8 +76,26 @@ static int start_coord(struct daemon *d, char *msg, size_t len)
 struct conn {
 	struct daemon *d;
 	int fd;
+	uid_t uid;                /* the caller (SO_PEERCRED) */
 	struct conn *prev, *next; /* d->conns, under d->conn_mu */
 };
+
+/*
+ * Whether user @uid already holds its share of live connections (conn_mu
+ * held).  Each connection has a thread: without a cap, any local user could
+ * open connections until the daemon cannot start a thread for anyone else.
+ * Root is not capped.
+ */
+static int conn_over_limit(struct daemon *d, uid_t uid)
+{
+	uint64_t n = 0;
+
+	if (uid == 0)
+		return 0;
+	for (struct conn *c = d->conns; c; c = c->next)
+		n += c->uid == uid;
+	return n >= hwfs_tun.ctl_conns_per_uid;
+}
 
 /* Take @c off the daemon's list of live connections and wake a waiting shutdown. */
 static void conn_done(struct conn *c)
@@ -208,7 +226,26 @@ static void *ctl_main(void *arg)
 		}
 		c->d = d;
 		c->fd = fd;
+		c->uid = (uid_t)-1; /* unknown: counted as one user */
+		{
+			struct ucred cr;
+			socklen_t len = sizeof(cr);
+
+			if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0)
+				c->uid = cr.uid;
+		}
 		pthread_mutex_lock(&d->conn_mu);
+		if (conn_over_limit(d, c->uid)) {
+			static const char busy[] = "{\"ok\": false, \"error\": \"too many control "
+						   "connections from this user\"}\n";
+
+			pthread_mutex_unlock(&d->conn_mu);
+			/* best effort: a caller that misses it sees the socket closed */
+			send(fd, busy, sizeof(busy) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+			close(fd);
+			free(c);
+			continue;
+		}
 		if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE) ||
 		    pthread_create(&t, NULL, conn_main, c) != 0) {
 			pthread_mutex_unlock(&d->conn_mu);

@@ -30,6 +30,8 @@ static const struct row rows[] = {
 	ROW(max_background, 64, 1, 65535, "async FUSE requests in flight (read-ahead)"),
 	ROW(publish_io, 8ull << 20, 4096, 1ull << 30, "read size of hwfs publish"),
 	ROW(ctl_drain_ms, 10000, 1, 3600000, "at shutdown, wait this long (ms) for control connections"),
+	ROW(ctl_conns_per_uid, 64, 1, 65536,
+	    "live control connections one user (other than root) may hold; more are refused"),
 	ROW(node_expiry_s, 600, 1, 1ull << 32,
 	    "coordinator: a node dead this long is forgotten, with the versions no live node holds"),
 	ROW(donor_silence_ms, 5000, 100, 3600000, "a donor silent this long with requests out: next donor"),

@@ -22,6 +22,7 @@ struct hwfs_tunables {
 	uint64_t max_background;/* FUSE async requests in flight (read-ahead) */
 	uint64_t publish_io;    /* read size of `hwfs publish` */
 	uint64_t ctl_drain_ms;  /* at shutdown, wait this long for control connections */
+	uint64_t ctl_conns_per_uid; /* live control connections one non-root uid may hold */
 	/* replication (replicator/, docs/protocol.md) */
 	uint64_t node_expiry_s;        /* coordinator forgets a node dead this long, and its versions */
 	uint64_t donor_silence_ms;     /* a donor silent this long with requests out: next donor */

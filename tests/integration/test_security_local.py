@@ -267,3 +267,48 @@ def test_private_version_manifest_and_diff_need_read_access(mount_factory, share
     cp = as_user(m, "manifest", "v1")
     assert cp.returncode == 0 and "model.safetensors" in cp.stdout, cp.stderr
     assert "secret-token.txt" in m.run("manifest", "private").stdout
+
+
+_HOLD_CONNECTIONS = r"""
+import json, socket, sys
+path, n = sys.argv[1], int(sys.argv[2])
+held, refused = [], 0
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    held.append(s)
+for s in held[-4:]:  # the last ones are over the limit: the daemon answers and closes them
+    s.settimeout(10)
+    data = s.recv(4096)
+    if data and "too many control connections" in json.loads(data)["error"]:
+        refused += 1
+s = held[0]  # one under the limit still works
+s.sendall(b'{"op": "status"}\n')
+s.settimeout(10)
+ok = json.loads(s.makefile().readline())["ok"]
+print(json.dumps({"refused": refused, "first_ok": ok}))
+sys.stdout.flush()
+"""
+
+
+def test_unprivileged_user_cannot_exhaust_control_connections(mount_factory):
+    """Each control connection has a thread: a user who may connect must not be able to
+    hold so many that the daemon cannot serve anyone else.  Past ctl_conns_per_uid (8
+    here) the daemon answers "too many control connections" and closes; connections
+    under the limit, and other users (root here), are served meanwhile."""
+    m = mount_factory(long_store=True, umask=0, extra=("-o", "ctl_conns_per_uid=8"))
+    ctl = os.getxattr(m.mnt, "user.hwfs.control").decode()
+    holder = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                               "python3", "-c", _HOLD_CONNECTIONS, ctl, "12"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        out, err = holder.communicate(timeout=TIMEOUT)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    assert holder.returncode == 0, err
+    ans = json.loads(out)
+    assert ans == {"refused": 4, "first_ok": True}, ans
+    assert m.status()["pid"] > 0  # root is served
+    cp = as_user(m, "status")  # nobody again, once its connections are gone
+    assert cp.returncode == 0, cp.stderr
