@@ -100,10 +100,25 @@ static int publish_file(struct publish *p, struct node *dir, const char *name, c
 	uint64_t off = 0;
 	int fd, r;
 
-	fd = open(src, O_RDONLY | O_CLOEXEC);
+	struct stat now;
+
+	/*
+	 * The entry may have been swapped since the walk's lstat (a symlink, a
+	 * FIFO that would block for ever, another file whose owner and mode the
+	 * version would then record): open without following or blocking, and
+	 * go on only with the very file that was looked at.
+	 */
+	fd = open(src, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0) {
-		snprintf(p->err, sizeof(p->err), "%s: %s", src, strerror(errno));
-		return -errno;
+		r = -errno;
+		snprintf(p->err, sizeof(p->err), "%s: %s", src, strerror(-r));
+		return r;
+	}
+	if (fstat(fd, &now) < 0 || !S_ISREG(now.st_mode) || now.st_dev != st->st_dev ||
+	    now.st_ino != st->st_ino) {
+		snprintf(p->err, sizeof(p->err), "%s: changed while it was being published", src);
+		close(fd);
+		return -EAGAIN;
 	}
 	r = ns_create_file(ns, dir, name, st->st_mode, st->st_uid, st->st_gid, &n);
 	if (r < 0) {
