@@ -38,6 +38,7 @@
 #define MAX_NODES 1024             /* a memory bound of the have-table (protocol limit) */
 #define TICK_MS 100                /* longest poll: how late a deadline or a death is noticed */
 #define MIN_COMMIT_DEADLINE_MS 100 /* a COMMIT_REQ.deadline_ms below this is raised to it */
+#define MAX_COMMIT_DEADLINE_MS 3600000 /* and one above (the tunable's own bound) cut to it */
 
 struct cnode {
 	char *name;
@@ -693,8 +694,9 @@ static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m
 			    .req = req, .phase = 1, .pending = json_deep_copy(nodes), .nodes = nodes,
 			    .done = json_array(), .failed = json_object(),
 			    .deadline = hwfs_mono_s() +
-					HWFS_MAX(proto_int(m, "deadline_ms"),
-						 MIN_COMMIT_DEADLINE_MS) / 1000.0};
+					HWFS_MIN(HWFS_MAX(proto_int(m, "deadline_ms"),
+							  MIN_COMMIT_DEADLINE_MS),
+						 MAX_COMMIT_DEADLINE_MS) / 1000.0};
 	snprintf(c->tx.requester, sizeof(c->tx.requester), "%s", from);
 	LOG_INFO("coord: commit %s: prepare on %zu node(s)", name, json_array_size(nodes));
 	tx_send_all(c, P_PREPARE, "digest", v->digest);
