@@ -544,56 +544,81 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	replan_pullers_of(c, n);
 }
 
+/*
+ * check_manifest() - does the manifest of an ANNOUNCE describe version @name
+ * with digest @digest?  Returns 0 with its shard bytes in *@bytes, or -EINVAL
+ * with the reason logged: a node would refuse such a plan, and the first
+ * announcer of a name must not poison it for everyone.
+ */
+static int check_manifest(const char *from, const char *name, const char *digest,
+			  const struct proto_msg *m, uint64_t *bytes)
+{
+	struct hwfs_vrec *rec = NULL;
+	char err[256], hex[HWFS_HASH_HEX];
+	hwfs_hash_t d;
+	int r = -EINVAL;
+
+	if (manifest_parse(m->payload, m->payload_len, &rec, err, sizeof(err)) < 0) {
+		LOG_ERR("coord: %s announced %s with a bad manifest: %s", from, name, err);
+		return r;
+	}
+	if (strcmp(rec->name, name)) {
+		LOG_ERR("coord: %s announced %s with the manifest of %s; ignored", from, name,
+			rec->name);
+	} else if (manifest_digest(rec, &d) < 0 || (hwfs_hash_hex(&d, hex), strcmp(hex, digest))) {
+		LOG_ERR("coord: %s announced %s with digest %s, but its manifest's is %s; ignored",
+			from, name, digest, hex);
+	} else {
+		*bytes = manifest_shard_bytes(rec);
+		r = 0;
+	}
+	hwfs_vrec_free(rec);
+	return r;
+}
+
 static void on_announce(struct coord *c, const char *from, struct proto_msg *m)
 {
 	const char *name = proto_str(m, "version"), *digest = proto_str(m, "digest");
 	struct cnode *n = node_find(c, from);
-	struct cversion *v = version_find(c, name);
+	struct cversion *v = version_find(c, name), *nv;
+	uint64_t bytes = 0;
 
 	if (!n)
 		return;
-	if (v && strcmp(v->digest, digest)) {
-		LOG_ERR("coord: %s announced %s with digest %s, but the cluster has %s; ignored", from,
-			name, digest, v->digest);
-		return;
-	}
-	set_have(n, name, digest, 1, v ? (json_int_t)v->bytes : 0, 0);
-	if (!v) {
-		struct cversion *nv = realloc(c->vers, (c->n_vers + 1) * sizeof(*nv));
-
-		if (!nv)
+	if (v) { /* a known version announced again: a receiver finished, or a node rejoined */
+		if (strcmp(v->digest, digest)) {
+			LOG_ERR("coord: %s announced %s with digest %s, but the cluster has %s; "
+				"ignored", from, name, digest, v->digest);
 			return;
-		c->vers = nv;
-		v = &c->vers[c->n_vers++];
-		memset(v, 0, sizeof(*v));
-		v->name = strdup(name);
-		snprintf(v->digest, sizeof(v->digest), "%s", digest);
-		v->manifest = malloc(m->payload_len ? m->payload_len : 1);
-		if (v->manifest)
-			memcpy(v->manifest, m->payload, m->payload_len);
-		v->mlen = m->payload_len;
-		v->origin = strdup(from);
-		{
-			struct hwfs_vrec *rec = NULL;
-			char err[256];
-
-			if (manifest_parse(m->payload, m->payload_len, &rec, err, sizeof(err)) < 0) {
-				LOG_ERR("coord: %s announced %s with a bad manifest: %s", from, name,
-					err);
-				free(v->name);
-				free(v->manifest);
-				free(v->origin);
-				c->n_vers--;
-				return;
-			}
-			v->bytes = manifest_shard_bytes(rec);
-			hwfs_vrec_free(rec);
 		}
 		set_have(n, name, digest, 1, (json_int_t)v->bytes, 0);
-		LOG_INFO("coord: %s announced %s", from, name);
-		plan_all(c, v);
+		return;
 	}
-	/* a known version announced again: a receiver finished, or a node rejoined */
+	if (check_manifest(from, name, digest, m, &bytes) < 0)
+		return;
+	nv = realloc(c->vers, (c->n_vers + 1) * sizeof(*nv));
+	if (!nv)
+		return;
+	c->vers = nv;
+	v = &c->vers[c->n_vers];
+	memset(v, 0, sizeof(*v));
+	v->name = strdup(name);
+	v->manifest = malloc(m->payload_len ? m->payload_len : 1);
+	v->origin = strdup(from);
+	if (!v->name || !v->manifest || !v->origin) {
+		free(v->name);
+		free(v->manifest);
+		free(v->origin);
+		return;
+	}
+	c->n_vers++;
+	snprintf(v->digest, sizeof(v->digest), "%s", digest);
+	memcpy(v->manifest, m->payload, m->payload_len);
+	v->mlen = m->payload_len;
+	v->bytes = bytes;
+	set_have(n, name, digest, 1, (json_int_t)v->bytes, 0);
+	LOG_INFO("coord: %s announced %s", from, name);
+	plan_all(c, v);
 }
 
 static void on_have(struct coord *c, const char *from, struct proto_msg *m)

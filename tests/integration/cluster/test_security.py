@@ -5,6 +5,7 @@ Clusters come from the ``net`` fixture of cluster/conftest.py (a coordinator and
 started one at a time, all cleaned up after the test).
 """
 
+import json
 import os
 import shutil
 import signal
@@ -280,3 +281,29 @@ def test_keygen(tmp_path):
     assert_error_line(cp, "exists")
     assert open(os.path.join(d, "key")).read() == before, "a second keygen changed DIR/key"
     assert keygen(str(tmp_path / "k2")) != p, "two keygens made the same key"
+
+
+@pytest.mark.limit(90)
+def test_a_joined_peer_cannot_announce_a_manifest_that_is_not_the_versions(net, tmp_path):
+    """A peer that joined a keyless (--insecure) cluster announces "v9" with v1's manifest,
+    then "v8" with a real manifest but a made-up digest: nodes would refuse either plan, and
+    the first announcer of a name must not poison it, so the coordinator ignores both (logs
+    why) and neither name enters the cluster view."""
+    ring(net, ["A", "B"])
+    a = net["A"]
+    d1 = net.publish("A", random_model(tmp_path / "m1", 1 << 20, seed=731), "v1")
+    net.wait_version("v1", d1)
+    manifest = a.run("manifest", "v1").stdout.encode()
+    with Rogue(net.coord.url, "rogue") as r:
+        r.send("HELLO", node="rogue", listen="tcp://127.0.0.1:1", versions=[], current=None)
+        assert any(x["t"] == "WELCOME" for x in r.received(5000)), "the rogue was not welcomed"
+        r.send("ANNOUNCE", payload=manifest, version="v9", digest=d1)
+        r.send("ANNOUNCE", payload=manifest, version="v1", digest="0" * 32)
+        r.send("ANNOUNCE", payload=manifest.replace(b'"v1"', b'"v8"', 1), version="v8", digest="1" * 32)
+        ignored = poll(lambda: net.coord.log_text().count("ignored") >= 3 or None, timeout=10)
+    log = net.coord.log_text()
+    assert ignored, f"the coordinator did not refuse the three announcements:\n{net.coord.log_tail()}"
+    assert "with the manifest of v1" in log and "but its manifest's is" in log, net.coord.log_tail()
+    cs = a.try_cluster_status()
+    assert "v9" not in json.dumps(cs) and "v8" not in json.dumps(cs), cs
+    assert node_view(cs, "A") is not None, cs
