@@ -245,6 +245,22 @@ void ns_open_ref(struct node *n)
 }
 
 /*
+ * Finish the writer of file @n, if it has one (n->mu held): its tail is cut
+ * and its data final.  Out of memory there loses the data: that is logged
+ * and kept in n->write_error, so the version will not seal without --force.
+ */
+void node_finish_writer(struct node *n)
+{
+	if (!n->w)
+		return;
+	if (writer_finish(n->w, &n->data) < 0) {
+		LOG_ERR("file %s: out of memory while finishing; data lost", n->name);
+		n->write_error = ENOMEM;
+	}
+	node_set_writer(n, NULL);
+}
+
+/*
  * Take an open reference on @n unless it is detached (removed).  The shared
  * lock orders this against detach_tree() (exclusive lock): either the removal
  * sees the reference and keeps the node's data for this opener, or the opener
@@ -274,13 +290,8 @@ void ns_release(struct ns *ns, struct node *n)
 	 */
 	if (n->type == NT_REG) {
 		pthread_mutex_lock(&n->mu);
-		if (n->w && __atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 1) {
-			if (writer_finish(n->w, &n->data) < 0) {
-				LOG_ERR("file %s: out of memory while finishing; data lost", n->name);
-				n->write_error = ENOMEM;
-			}
-			node_set_writer(n, NULL);
-		}
+		if (__atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 1)
+			node_finish_writer(n);
 		pthread_mutex_unlock(&n->mu);
 	}
 	/*

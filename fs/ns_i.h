@@ -89,6 +89,9 @@ static inline void node_set_writer(struct node *n, struct writer *w)
 	__atomic_store_n(&n->w, w, __ATOMIC_RELEASE);
 }
 
+/** Finish file @n's writer, if any (n->mu held); out of memory sets write_error. */
+void node_finish_writer(struct node *n);
+
 /* ns_tensors.c */
 
 /** Whether string @s ends with @suffix. */

@@ -420,31 +420,13 @@ void ns_version_usage(struct ns *ns, struct version *v, uint64_t *bytes, uint64_
 
 /* ------------------------------------------------------------------- seal */
 
-static void finish_files(struct ns *ns, struct node *n)
-{
-	for (size_t i = 0; i < n->nkids; i++) {
-		struct node *k = n->kids[i];
-
-		if (k->type == NT_DIR) {
-			finish_files(ns, k);
-		} else if (k->type == NT_REG) {
-			pthread_mutex_lock(&k->mu);
-			if (k->w && writer_finish(k->w, &k->data) < 0) {
-				LOG_ERR("file %s: out of memory while finishing; data lost", k->name);
-				k->write_error = ENOMEM;
-			}
-			node_set_writer(k, NULL);
-			pthread_mutex_unlock(&k->mu);
-		}
-	}
-}
-
 /*
- * Append to @err (at @*pos, NUL-terminated, @len bytes) "write to PATH failed
- * (REASON)" for every file under @n whose write failed; returns how many there
- * are.  Paths that do not fit are counted, not named.  Lock held.
+ * Finish every file under @n (each one's writer, under its mutex), and append
+ * to @err (at @*pos, NUL-terminated, @len bytes) "write to PATH failed
+ * (REASON)" for every file whose write failed; returns how many there are.
+ * Paths that do not fit are counted, not named.  Lock held.
  */
-static size_t failed_writes(const struct node *n, char *err, size_t len, size_t *pos)
+static size_t finish_files(struct node *n, char *err, size_t len, size_t *pos)
 {
 	size_t count = 0;
 
@@ -453,12 +435,13 @@ static size_t failed_writes(const struct node *n, char *err, size_t len, size_t 
 		int e;
 
 		if (k->type == NT_DIR) {
-			count += failed_writes(k, err, len, pos);
+			count += finish_files(k, err, len, pos);
 			continue;
 		}
 		if (k->type != NT_REG)
 			continue;
 		pthread_mutex_lock(&k->mu);
+		node_finish_writer(k);
 		e = k->write_error;
 		pthread_mutex_unlock(&k->mu);
 		if (!e)
@@ -507,8 +490,7 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name, unsigned flag
 	 * other versions never wait on sqlite.
 	 */
 	ns_rdlock(ns);
-	finish_files(ns, v->root);
-	nfail = failed_writes(v->root, why, sizeof(why), &pos);
+	nfail = finish_files(v->root, why, sizeof(why), &pos);
 	if (nfail && !(flags & NS_SEAL_FORCE)) {
 		ns_unlock(ns);
 		if (err)
