@@ -68,21 +68,44 @@ static int may_add(const struct node *dir)
 	}
 }
 
-/* A new node in a directory of an open version (exclusive lock held). */
-static int add_child(struct ns *ns, struct node *dir, enum ntype type, const char *name,
-		     uint32_t mode, uint32_t uid, uint32_t gid, struct node **out)
+/*
+ * May entry @name of @type go in @dir (exclusive lock held)?  0, or the errno
+ * to answer.  A file or directory needs a directory it may go in, then a free
+ * name.  A symlink needs a free name first; in the root it is a version link,
+ * which may go there, and named `current` it commits the version @target names.
+ */
+static int may_add_entry(struct ns *ns, struct node *dir, enum ntype type, const char *name,
+			 const char *target)
 {
-	struct node *n;
-	int r = may_add(dir);
+	int r;
 
-	if (r < 0)
-		return r;
+	if (type != NT_LNK) {
+		r = may_add(dir);
+		return r < 0 ? r : ns_child(dir, name) ? -EEXIST : 0;
+	}
 	if (ns_child(dir, name))
 		return -EEXIST;
-	n = node_new(ns, type, name, mode, uid, gid);
+	if (dir->type != NT_ROOT)
+		return may_add(dir);
+	return strcmp(name, "current") ? 0 : commit_locked(ns, target);
+}
+
+/*
+ * A new node in @dir that may_add_entry() allowed (exclusive lock held).
+ * @target: a symlink's target (copied), NULL for other types.  Returns 0
+ * with *@out, or -ENOMEM.
+ */
+static int add_child(struct ns *ns, struct node *dir, enum ntype type, const char *name,
+		     uint32_t mode, uint32_t uid, uint32_t gid, const char *target,
+		     struct node **out)
+{
+	struct node *n = node_new(ns, type, name, mode, uid, gid);
+	int r;
+
 	if (!n)
 		return -ENOMEM;
-	r = kid_insert(dir, n);
+	n->target = target ? strdup(target) : NULL;
+	r = target && !n->target ? -ENOMEM : kid_insert(dir, n);
 	if (r < 0) {
 		node_free(ns, n);
 		return r;
@@ -92,40 +115,14 @@ static int add_child(struct ns *ns, struct node *dir, enum ntype type, const cha
 	return 0;
 }
 
-int ns_mkdir(struct ns *ns, struct node *dir, const char *name, uint32_t mode, uint32_t uid,
-	     uint32_t gid, struct node **out)
-{
-	struct node *n = NULL;
-	int r;
-
-	if (!valid_name(name))
-		return -EINVAL;
-	ns_wrlock(ns);
-	if (dir->type == NT_VERSIONS) {
-		struct version *v;
-
-		r = -EEXIST;
-		if (ns_child(dir, name))
-			goto out;
-		r = version_new(ns, name, HWFS_V_OPEN, 0, mode, uid, gid, &v);
-		if (r < 0)
-			goto out;
-		n = v->root;
-	} else {
-		r = add_child(ns, dir, NT_DIR, name, S_IFDIR | (mode & 07777), uid, gid, &n);
-		if (r < 0)
-			goto out;
-	}
-	ns_lookup_ref(n);
-	*out = n;
-	r = 0;
-out:
-	ns_unlock(ns);
-	return r;
-}
-
-int ns_create_file(struct ns *ns, struct node *dir, const char *name, uint32_t mode,
-		   uint32_t uid, uint32_t gid, struct node **out)
+/*
+ * A new directory, file or symlink for the kernel: @name checked, the entry
+ * added under the exclusive lock (a symlink in the root is a version link)
+ * and returned with one lookup reference.  Returns 0 or -errno.
+ */
+static int new_entry(struct ns *ns, struct node *dir, enum ntype type, const char *name,
+		     uint32_t mode, uint32_t uid, uint32_t gid, const char *target,
+		     struct node **out)
 {
 	struct node *n;
 	int r;
@@ -133,7 +130,10 @@ int ns_create_file(struct ns *ns, struct node *dir, const char *name, uint32_t m
 	if (!valid_name(name))
 		return -EINVAL;
 	ns_wrlock(ns);
-	r = add_child(ns, dir, NT_REG, name, S_IFREG | (mode & 07777), uid, gid, &n);
+	r = may_add_entry(ns, dir, type, name, target);
+	if (r == 0)
+		r = add_child(ns, dir, type == NT_LNK && dir->type == NT_ROOT ? NT_RLNK : type,
+			      name, mode, uid, gid, target, &n);
 	if (r == 0) {
 		ns_lookup_ref(n);
 		*out = n;
@@ -142,45 +142,39 @@ int ns_create_file(struct ns *ns, struct node *dir, const char *name, uint32_t m
 	return r;
 }
 
-int ns_symlink(struct ns *ns, struct node *dir, const char *name, const char *target,
-	       uint32_t uid, uint32_t gid, struct node **out)
+int ns_mkdir(struct ns *ns, struct node *dir, const char *name, uint32_t mode, uint32_t uid,
+	     uint32_t gid, struct node **out)
 {
-	struct node *n;
+	struct version *v;
 	int r;
 
+	if (dir->type != NT_VERSIONS)
+		return new_entry(ns, dir, NT_DIR, name, S_IFDIR | (mode & 07777), uid, gid, NULL,
+				 out);
+	/* mkdir in versions/ opens a version */
 	if (!valid_name(name))
 		return -EINVAL;
 	ns_wrlock(ns);
-	r = -EEXIST;
-	if (ns_child(dir, name))
-		goto out;
-	if (dir->type == NT_ROOT) {
-		if (!strcmp(name, "current")) {
-			r = commit_locked(ns, target);
-			if (r < 0)
-				goto out;
-		}
-	} else {
-		r = may_add(dir);
-		if (r < 0)
-			goto out;
+	r = ns_child(dir, name) ? -EEXIST
+				: version_new(ns, name, HWFS_V_OPEN, 0, mode, uid, gid, &v);
+	if (r == 0) {
+		ns_lookup_ref(v->root);
+		*out = v->root;
 	}
-	r = -ENOMEM;
-	n = node_new(ns, dir->type == NT_ROOT ? NT_RLNK : NT_LNK, name, S_IFLNK | 0777, uid, gid);
-	if (!n)
-		goto out;
-	n->target = strdup(target);
-	if (!n->target || kid_insert(dir, n) < 0) {
-		node_free(ns, n);
-		goto out;
-	}
-	dir->mtime_ns = dir->ctime_ns = n->mtime_ns;
-	ns_lookup_ref(n);
-	*out = n;
-	r = 0;
-out:
 	ns_unlock(ns);
 	return r;
+}
+
+int ns_create_file(struct ns *ns, struct node *dir, const char *name, uint32_t mode,
+		   uint32_t uid, uint32_t gid, struct node **out)
+{
+	return new_entry(ns, dir, NT_REG, name, S_IFREG | (mode & 07777), uid, gid, NULL, out);
+}
+
+int ns_symlink(struct ns *ns, struct node *dir, const char *name, const char *target,
+	       uint32_t uid, uint32_t gid, struct node **out)
+{
+	return new_entry(ns, dir, NT_LNK, name, S_IFLNK | 0777, uid, gid, target, out);
 }
 
 int ns_unlink(struct ns *ns, struct node *dir, const char *name, int is_dir)
