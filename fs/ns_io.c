@@ -148,13 +148,13 @@ static int read_bounce(struct ns *ns, const struct ingest_result *d, uint64_t of
 static int read_extents(struct ns *ns, const struct ingest_result *d, uint64_t off, size_t len,
 			int (*emit)(void *, const struct iovec *, int), void *arg)
 {
-	struct iovec iov_small[32] = {{0}}, *iov = iov_small;
+	struct iovec iov_small[32], *iov = iov_small;
 	int cnt = 0, cap = (int)HWFS_ARRAY_SIZE(iov_small), r;
 	uint64_t off0 = off;
 	size_t i, len0;
 
 	if (off >= d->size)
-		return emit(arg, iov, 0);
+		return emit(arg, NULL, 0);
 	len0 = len = (size_t)HWFS_MIN((uint64_t)len, d->size - off);
 	i = fext_find(d->ext, d->n_ext, off);
 	while (len && i < d->n_ext) {
@@ -165,14 +165,15 @@ static int read_extents(struct ns *ns, const struct ingest_result *d, uint64_t o
 		if (cnt && (uint8_t *)iov[cnt - 1].iov_base + iov[cnt - 1].iov_len == p) {
 			iov[cnt - 1].iov_len += n;
 		} else {
-			if (cnt == NS_READ_IOV_MAX) {
-				r = read_bounce(ns, d, off0, len0, emit, arg);
-				goto out;
-			}
 			if (cnt == cap) {
 				int ncap = HWFS_MIN(cap * 4, NS_READ_IOV_MAX);
-				struct iovec *ni = malloc(sizeof(*ni) * (size_t)ncap);
+				struct iovec *ni;
 
+				if (cnt == NS_READ_IOV_MAX) { /* more runs than a reply takes */
+					r = read_bounce(ns, d, off0, len0, emit, arg);
+					goto out;
+				}
+				ni = malloc(sizeof(*ni) * (size_t)ncap);
 				if (!ni) {
 					r = -ENOMEM;
 					goto out;
