@@ -55,7 +55,7 @@ int hwfs_tunables_load(const char *const *opts, size_t n_opts);
 /** Try one "name=value"; returns 0, -ENOENT (not a tunable) or -EINVAL. */
 int hwfs_tunables_set(const char *opt);
 
-/** Print the table (name, default, current, env, meaning) to @f. */
+/** Print the table (name, default, meaning) to @f, for --help. */
 void hwfs_tunables_print(FILE *f);
 
 #endif /* HWFS_TUNABLES_H */
