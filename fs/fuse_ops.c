@@ -169,13 +169,13 @@ static void hwfs_readlink(fuse_req_t req, fuse_ino_t ino)
  * Whether @name in @dir is reserved for the daemon: `versions/.hwfs-*` is the
  * staging of publish and of replicated versions, which the daemon creates
  * through ns.c directly, never through a FUSE request.  Requests that would
- * create such an entry get EPERM (renaming a staging version *away* from the
- * prefix is how the daemon seals it, so the source name is not checked).
+ * create such an entry get EPERM, and readdir does not list it (renaming a
+ * staging version *away* from the prefix is how the daemon seals it, so the
+ * source name is not checked).
  */
 static int reserved_name(const struct node *dir, const char *name)
 {
-	return dir->type == NT_VERSIONS &&
-	       !strncmp(name, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX));
+	return dir->type == NT_VERSIONS && ns_hidden_name(name);
 }
 
 static void reply_new(fuse_req_t req, int r, struct node *n)
@@ -420,8 +420,7 @@ static void hwfs_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		} else if ((size_t)(i - 2) < n->nkids) {
 			struct node *k = n->kids[i - 2];
 
-			if (n->type == NT_VERSIONS &&
-			    !strncmp(k->name, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
+			if (reserved_name(n, k->name)) /* staging versions are not listed */
 				continue;
 			name = k->name;
 			st.st_ino = k->ino;

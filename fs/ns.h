@@ -34,6 +34,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "ingest.h"
@@ -267,5 +268,11 @@ uint64_t ns_next_ino(struct ns *ns);
 
 /** Prefix of hidden versions (staging of `hwfs publish`): not listed by readdir. */
 #define NS_HIDDEN_PREFIX ".hwfs-"
+
+/** Whether version name @name has the hidden (reserved) prefix. */
+static inline int ns_hidden_name(const char *name)
+{
+	return !strncmp(name, NS_HIDDEN_PREFIX, sizeof(NS_HIDDEN_PREFIX) - 1);
+}
 
 #endif /* HWFS_NS_H */

@@ -382,7 +382,7 @@ int ns_list(struct ns *ns, char ***names, size_t *n)
 		return -ENOMEM;
 	}
 	for (size_t i = 0; i < ns->nvers; i++)
-		if (strncmp(ns->vers[i]->name, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
+		if (!ns_hidden_name(ns->vers[i]->name))
 			v[k++] = strdup(ns->vers[i]->name);
 	ns_unlock(ns);
 	*names = v;
@@ -469,8 +469,7 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name, unsigned flag
 	struct version *v;
 	int r;
 
-	if (new_name && (!valid_name(new_name) ||
-			 !strncmp(new_name, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX))))
+	if (new_name && (!valid_name(new_name) || ns_hidden_name(new_name)))
 		return -EINVAL;
 	ns_wrlock(ns);
 	v = ns_version(ns, name);
