@@ -1,8 +1,9 @@
 /*
  * ctl.c — framing of the control channel (see ctl.h): JSON objects, one per
- * line, over a unix stream socket.  Reads are buffered per call and bounded
- * by CTL_MAX_LINE; the reader consumes exactly one line, so a connection can
- * carry progress lines followed by the answer.
+ * line, over a unix stream socket.  Reads are buffered per connection and
+ * bounded by the reader's max (CTL_MAX_LINE, CTL_MAX_REQUEST in the daemon);
+ * the reader consumes exactly one line, so a connection can carry progress
+ * lines followed by the answer.  Who calls is the kernel's word (ctl_peer).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>

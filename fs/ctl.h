@@ -3,8 +3,9 @@
  *
  * A unix stream socket (path published by the mount as the root xattr
  * `user.hwfs.control`; docs/cli.md, "Permissions", says where it lives and
- * who may do what: the daemon checks every connection's SO_PEERCRED).  Each connection carries one request and its answer,
- * all as JSON objects, one per line:
+ * who may do what: the daemon checks every connection's SO_PEERCRED).  Each
+ * connection carries one request and its answer, all as JSON objects, one
+ * per line:
  *   request   {"op": "seal", "version": "v1", ...}
  *   progress  {"progress": {"done": N, "total": M}}     (zero or more)
  *   answer    {"ok": true, ...}  or  {"ok": false, "error": "one line"}

@@ -30,6 +30,7 @@
 #include "daemon_i.h"
 #include "tunables.h"
 
+/* The embedded coordinator's thread (--coordinator): coord_run() until d->coord_stop. */
 static void *coord_main(void *arg)
 {
 	struct daemon *d = arg;
@@ -69,14 +70,13 @@ static int start_coord(struct daemon *d, char *msg, size_t len)
 	return -EIO;
 }
 
-/* ----------------------------------------------------------- helpers */
-
 /* ----------------------------------------------------------- control socket */
 
 struct conn {
 	struct daemon *d;
 	int fd;
-	uid_t uid;                /* the caller (SO_PEERCRED) */
+	int peer_r;               /* ctl_peer()'s result; < 0: the caller is unknown */
+	struct ctl_peer peer;     /* the caller, taken once at accept */
 	struct conn *prev, *next; /* d->conns, under d->conn_mu */
 };
 
@@ -93,11 +93,19 @@ static int conn_over_limit(struct daemon *d, uid_t uid)
 	if (uid == 0)
 		return 0;
 	for (struct conn *c = d->conns; c; c = c->next)
-		n += c->uid == uid;
+		n += c->peer.uid == uid;
 	return n >= hwfs_tun.ctl_conns_per_uid;
 }
 
-/* Take @c off the daemon's list of live connections and wake a waiting shutdown. */
+/* Free @c, closing its socket (it is on no list). */
+static void conn_free(struct conn *c)
+{
+	close(c->fd);
+	ctl_peer_free(&c->peer);
+	free(c);
+}
+
+/* Take @c off the daemon's list of live connections, free it and wake a waiting shutdown. */
 static void conn_done(struct conn *c)
 {
 	struct daemon *d = c->d;
@@ -109,8 +117,7 @@ static void conn_done(struct conn *c)
 		d->conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	close(c->fd);
-	free(c);
+	conn_free(c);
 	pthread_cond_broadcast(&d->conn_cv);
 	pthread_mutex_unlock(&d->conn_mu);
 }
@@ -120,6 +127,16 @@ int daemon_peer_privileged(const struct daemon *d, const struct ctl_peer *p)
 {
 	return p->uid == 0 || p->uid == d->owner ||
 	       (d->o->ctl_gid >= 0 && ctl_peer_in_group(p, (gid_t)d->o->ctl_gid));
+}
+
+/* The rwx bits (0..7) of @n that apply to @p, as the kernel picks them. */
+uint32_t daemon_peer_bits(const struct ctl_peer *p, const struct node *n)
+{
+	if (p->uid == n->uid)
+		return (n->mode >> 6) & 7;
+	if (ctl_peer_in_group(p, n->gid))
+		return (n->mode >> 3) & 7;
+	return n->mode & 7;
 }
 
 /*
@@ -133,8 +150,7 @@ int daemon_peer_privileged(const struct daemon *d, const struct ctl_peer *p)
 static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char *op,
 			 int mutates)
 {
-	struct node *root;
-	uint32_t bit;
+	uint32_t bits;
 
 	if (daemon_peer_privileged(d, p))
 		return NULL;
@@ -145,25 +161,23 @@ static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char 
 			       : err_reply("permission denied: %s needs root or the mount's owner "
 					   "(uid %u)", op, (unsigned)d->owner);
 	ns_rdlock(d->ns);
-	root = ns_root(d->ns);
-	bit = p->uid == root->uid ? S_IRUSR : ctl_peer_in_group(p, root->gid) ? S_IRGRP : S_IROTH;
-	bit &= root->mode;
+	bits = daemon_peer_bits(p, ns_root(d->ns));
 	ns_unlock(d->ns);
-	if (bit && geteuid() == 0)
+	if ((bits & 4) && geteuid() == 0)
 		return NULL;
 	return err_reply("permission denied: %s needs read access to the mount", op);
 }
 
 /*
- * One control connection: learn who calls (SO_PEERCRED), read one request
- * (at most CTL_MAX_REQUEST bytes: anyone may connect), authorize it and run it through the table of operations (daemon_ops.c),
- * send the reply, and take the connection off the live list.
+ * One control connection: read one request (at most CTL_MAX_REQUEST bytes:
+ * anyone may connect), authorize the caller taken at accept (SO_PEERCRED),
+ * run it through the table of operations (daemon_ops.c), send the reply, and
+ * take the connection off the live list.
  */
 static void *conn_main(void *arg)
 {
 	struct conn *c = arg;
 	struct ctl_reader rd;
-	struct ctl_peer peer;
 	json_t *req = NULL, *res;
 	const struct daemon_op *op;
 	const char *name;
@@ -171,8 +185,7 @@ static void *conn_main(void *arg)
 
 	ctl_reader_init(&rd, c->fd);
 	rd.max = CTL_MAX_REQUEST; /* read before we know the verb: see ctl.h */
-	memset(&peer, 0, sizeof(peer));
-	if (ctl_peer(c->fd, &peer) < 0) {
+	if (c->peer_r < 0) {
 		res = err_reply("permission denied: cannot tell who is calling");
 		goto reply;
 	}
@@ -186,11 +199,11 @@ static void *conn_main(void *arg)
 	op = name ? daemon_op_find(name) : NULL;
 	if (!name)
 		res = err_reply("request without op");
-	else if ((res = authorize(c->d, &peer, name, op && op->mutates)))
-		LOG_WARN("control: refused %s to uid %u (pid %d)", name, (unsigned)peer.uid,
-			 (int)peer.pid);
+	else if ((res = authorize(c->d, &c->peer, name, op && op->mutates)))
+		LOG_WARN("control: refused %s to uid %u (pid %d)", name, (unsigned)c->peer.uid,
+			 (int)c->peer.pid);
 	else if (op)
-		res = daemon_op_call(c->d, op, req, c->fd, &peer);
+		res = daemon_op_call(c->d, op, req, c->fd, &c->peer);
 	else
 		res = err_reply("unknown op: %s", name);
 reply:
@@ -199,18 +212,23 @@ reply:
 		json_decref(res);
 	}
 	json_decref(req);
-	ctl_peer_free(&peer);
 	ctl_reader_free(&rd);
 	conn_done(c);
 	return NULL;
 }
 
+/*
+ * The accept loop of the control socket: learn who calls, refuse a user over
+ * ctl_conns_per_uid (with a one-line answer) and, unless shutdown began, put
+ * the connection on the live list and start its thread.  Ends when the
+ * listening socket is shut down.
+ */
 static void *ctl_main(void *arg)
 {
 	struct daemon *d = arg;
 
 	for (;;) {
-		int fd = accept4(d->ctl_fd, NULL, NULL, SOCK_CLOEXEC);
+		int fd = accept4(d->ctl_fd, NULL, NULL, SOCK_CLOEXEC), over;
 		struct conn *c;
 		pthread_t t;
 
@@ -226,40 +244,31 @@ static void *ctl_main(void *arg)
 		}
 		c->d = d;
 		c->fd = fd;
-		c->uid = (uid_t)-1; /* unknown: counted as one user */
-		{
-			struct ucred cr;
-			socklen_t len = sizeof(cr);
-
-			if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0)
-				c->uid = cr.uid;
-		}
+		c->peer_r = ctl_peer(fd, &c->peer);
+		if (c->peer_r < 0)
+			c->peer.uid = (uid_t)-1; /* unknown: counted as one user */
 		pthread_mutex_lock(&d->conn_mu);
-		if (conn_over_limit(d, c->uid)) {
+		over = conn_over_limit(d, c->peer.uid);
+		if (!over && !__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE) &&
+		    pthread_create(&t, NULL, conn_main, c) == 0) {
+			/* on the list before conn_main can take itself off (it needs conn_mu) */
+			c->next = d->conns;
+			if (d->conns)
+				d->conns->prev = c;
+			d->conns = c;
+			pthread_detach(t);
+			pthread_mutex_unlock(&d->conn_mu);
+			continue;
+		}
+		pthread_mutex_unlock(&d->conn_mu);
+		if (over) {
 			static const char busy[] = "{\"ok\": false, \"error\": \"too many control "
 						   "connections from this user\"}\n";
 
-			pthread_mutex_unlock(&d->conn_mu);
 			/* best effort: a caller that misses it sees the socket closed */
 			send(fd, busy, sizeof(busy) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-			close(fd);
-			free(c);
-			continue;
 		}
-		if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE) ||
-		    pthread_create(&t, NULL, conn_main, c) != 0) {
-			pthread_mutex_unlock(&d->conn_mu);
-			close(fd);
-			free(c);
-			continue;
-		}
-		/* on the list before conn_main can take itself off (it needs conn_mu) */
-		c->next = d->conns;
-		if (d->conns)
-			d->conns->prev = c;
-		d->conns = c;
-		pthread_detach(t);
-		pthread_mutex_unlock(&d->conn_mu);
+		conn_free(c);
 	}
 	return NULL;
 }
@@ -305,6 +314,7 @@ static int drain_conns(struct daemon *d)
 
 /* ----------------------------------------------------------- life cycle */
 
+/* Write @msg ("ok\n" or "error: ...\n") to the starting process, once: the fd is closed. */
 static void notify(const struct daemon_opts *o, const char *msg)
 {
 	if (o->notify_fd >= 0) {
@@ -381,6 +391,7 @@ fail:
 	return r;
 }
 
+/* After FUSE init, off the FUSE thread: set the read-ahead, then tell the starter "ok". */
 static void *post_init(void *arg)
 {
 	struct daemon *d = arg;
@@ -390,6 +401,10 @@ static void *post_init(void *arg)
 	return NULL;
 }
 
+/*
+ * fsctx's init hook, called inside FUSE's init handler: post_init() stats the
+ * mount, which waits for this very handler, so it runs in its own thread.
+ */
 static void on_init(void *arg)
 {
 	pthread_t t;

@@ -290,12 +290,10 @@ static json_t *op_cluster(struct daemon *d, json_t *req, int fd, const struct ct
 		return err_reply("this node is not part of a cluster (mounted without --join)");
 	call = json_pack("{s:s}", "op", "cluster");
 	r = agent_call(agent, call, &res, (int)hwfs_tun.status_wait_ms);
-	if (r < 0) {
-		json_decref(call);
+	json_decref(call);
+	if (r < 0)
 		return err_reply("the coordinator %s", r == -EHOSTUNREACH ? "is unreachable"
 								 : "did not answer");
-	}
-	json_decref(call);
 	out = json_pack("{s:b, s:O}", "ok", 1, "cluster", json_object_get(res, "cluster"));
 	json_decref(res);
 	return out;
@@ -468,7 +466,7 @@ static json_t *op_diff(struct daemon *d, json_t *req, int fd, const struct ctl_p
 	json_t *ma, *mb, *changed, *added, *removed, *val, *res;
 	size_t same = 0, na = 0, nb = 0;
 	uint64_t bytes_changed = 0, new_bytes = 0;
-	hwfs_hash_t *ha = NULL;
+	hwfs_hash_t *ha = NULL, *hb = NULL;
 	const char *key;
 	int r;
 
@@ -504,30 +502,18 @@ static json_t *op_diff(struct daemon *d, json_t *req, int fd, const struct ctl_p
 	json_object_foreach(ma, key, val)
 		if (!json_object_get(mb, key))
 			json_array_append_new(removed, json_string(key));
-	/* bytes of B's shards that A does not have: what moving A -> B costs */
+	/* bytes of B's distinct shards that A does not have: what moving A -> B costs */
 	ha = distinct_shards(va, &na);
-	for (size_t i = 0; i < vb->n_files; i++)
-		for (size_t j = 0; j < vb->files[i].n_ext; j++) {
-			const struct hwfs_extent *e = &vb->files[i].ext[j];
+	hb = distinct_shards(vb, &nb);
+	for (size_t i = 0; hb && ha && i < nb; i++)
+		if (!bsearch(&hb[i], ha, na, sizeof(*ha), cmp_hash)) {
+			struct shard *sh = store_get(d->st, &hb[i]);
 
-			if (ha && !bsearch(&e->hash, ha, na, sizeof(*ha), cmp_hash))
-				new_bytes += e->len;
-		}
-	{ /* count each new shard once */
-		hwfs_hash_t *hb = distinct_shards(vb, &nb);
-
-		new_bytes = 0;
-		for (size_t i = 0; hb && ha && i < nb; i++)
-			if (!bsearch(&hb[i], ha, na, sizeof(*ha), cmp_hash)) {
-				struct shard *sh = store_get(d->st, &hb[i]);
-
-				if (sh) {
-					new_bytes += sh->size;
-					store_unref(d->st, sh);
-				}
+			if (sh) {
+				new_bytes += sh->size;
+				store_unref(d->st, sh);
 			}
-		free(hb);
-	}
+		}
 	res = json_pack("{s:b, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o}", "ok", 1,
 			"a", a, "b", b, "tensors_same", (json_int_t)same, "tensors_changed",
 			(json_int_t)json_array_size(changed), "tensors_added",
@@ -538,6 +524,7 @@ static json_t *op_diff(struct daemon *d, json_t *req, int fd, const struct ctl_p
 	json_decref(ma);
 	json_decref(mb);
 	free(ha);
+	free(hb);
 	hwfs_vrec_free(va);
 	hwfs_vrec_free(vb);
 	return res;
@@ -571,16 +558,6 @@ static json_t *op_manifest(struct daemon *d, json_t *req, int fd, const struct c
 
 /* ----------------------------------------------------------- who may read a version */
 
-/* The rwx bits (0..7) of @n that apply to @p, as the kernel picks them. */
-static uint32_t peer_bits(const struct ctl_peer *p, const struct node *n)
-{
-	if (p->uid == n->uid)
-		return (n->mode >> 6) & 7;
-	if (ctl_peer_in_group(p, n->gid))
-		return (n->mode >> 3) & 7;
-	return n->mode & 7;
-}
-
 /*
  * Could @p read everything below @n (ns lock held) through the mount: list
  * and enter every directory, read every file?  Symlinks carry no data of
@@ -594,9 +571,9 @@ static int peer_reads_tree(const struct ctl_peer *p, const struct node *n)
 		return 1;
 	case NT_REG:
 	case NT_TENSOR:
-		return (peer_bits(p, n) & 4) != 0;
+		return (daemon_peer_bits(p, n) & 4) != 0;
 	default:
-		if ((peer_bits(p, n) & 5) != 5)
+		if ((daemon_peer_bits(p, n) & 5) != 5)
 			return 0;
 		for (size_t i = 0; i < n->nkids; i++)
 			if (!peer_reads_tree(p, n->kids[i]))
@@ -622,7 +599,7 @@ static int peer_may_read_version(struct daemon *d, const struct ctl_peer *p, con
 	root = ns_root(d->ns);
 	vers = ns_child(root, "versions");
 	v = ns_version(d->ns, name);
-	ok = !v || ((peer_bits(p, root) & 1) && vers && (peer_bits(p, vers) & 1) &&
+	ok = !v || ((daemon_peer_bits(p, root) & 1) && vers && (daemon_peer_bits(p, vers) & 1) &&
 		    peer_reads_tree(p, v->root));
 	ns_unlock(d->ns);
 	return ok;

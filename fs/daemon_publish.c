@@ -97,10 +97,9 @@ static int publish_file(struct publish *p, struct node *dir, const char *name, c
 {
 	struct ns *ns = p->d->ns;
 	struct node *n;
+	struct stat now;
 	uint64_t off = 0;
 	int fd, r;
-
-	struct stat now;
 
 	/*
 	 * The entry may have been swapped since the walk's lstat (a symlink, a

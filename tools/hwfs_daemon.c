@@ -89,11 +89,13 @@ static pid_t spawn_daemon(const char *log, int (*run)(void *arg, int notify_fd),
 	die("the %s exited during start-up%s%s", what, log ? "; see " : "", log ? log : "");
 }
 
+/* What the daemon process of `hwfs mount` runs with; it frees the two paths. */
 struct mount_run {
 	struct daemon_opts *o;
 	char *mnt, *store;
 };
 
+/* spawn_daemon()'s @run for `hwfs mount`: the node's daemon (fs/daemon.c). */
 static int run_mount(void *arg, int notify_fd)
 {
 	struct mount_run *m = arg;
@@ -106,6 +108,7 @@ static int run_mount(void *arg, int notify_fd)
 	return r;
 }
 
+/* spawn_daemon()'s @run for `hwfs coord`: a stand-alone coordinator. */
 static int run_coord(void *arg, int notify_fd)
 {
 	struct coord_opts *o = arg;
@@ -279,9 +282,20 @@ static int mounted_as(const char *path, const char *fstype)
 	return found;
 }
 
-static int is_mounted(const char *path)
+/*
+ * The pid of the daemon serving @mnt, from its root xattr user.hwfs.pid
+ * (0 when unparsable), or -errno when @mnt does not answer it (ENODATA: not
+ * an hwfs mount; ENOTCONN or ECONNABORTED: a mount whose daemon is gone).
+ */
+static pid_t mount_pid(const char *mnt)
 {
-	return mounted_as(path, NULL);
+	char buf[32];
+	ssize_t n = getxattr(mnt, "user.hwfs.pid", buf, sizeof(buf) - 1);
+
+	if (n <= 0)
+		return n < 0 ? -errno : -ENODATA;
+	buf[n] = '\0';
+	return (pid_t)atoi(buf);
 }
 
 /* Is process @pid still running (a zombie has exited: its files are closed)? */
@@ -302,6 +316,7 @@ static int alive(pid_t pid)
 	return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
 }
 
+/* @p made absolute (resolved when it exists, else joined to the cwd); NULL without memory. */
 static char *abs_path(const char *p)
 {
 	char *r = realpath(p, NULL), cwd[PATH_MAX];
@@ -376,14 +391,12 @@ static int lazy_unmount(const char *mnt)
 static void clear_dead_mounts(const char *mnt)
 {
 	for (int i = 0; i < HWFS_MAX_STACKED && mounted_as(mnt, HWFS_FSTYPE); i++) {
-		char buf[32];
-		ssize_t n = getxattr(mnt, "user.hwfs.pid", buf, sizeof(buf) - 1);
+		pid_t pid = mount_pid(mnt);
 
-		if (n > 0) {
-			buf[n] = '\0';
-			if (alive((pid_t)atoi(buf)))
+		if (pid >= 0) {
+			if (alive(pid))
 				return; /* a live daemon */
-		} else if (errno != ENOTCONN && errno != ECONNABORTED) {
+		} else if (pid != -ENOTCONN && pid != -ECONNABORTED) {
 			return; /* not ours to judge: the checks that follow report it */
 		}
 		fprintf(stderr, "hwfs: clearing the dead mount on %s (its daemon is gone)\n", mnt);
@@ -497,7 +510,7 @@ int cmd_mount(int argc, char **argv)
 	mnt = realpath(argv[optind], NULL);
 	if (!mnt || stat(mnt, &st) < 0 || !S_ISDIR(st.st_mode))
 		die("mount point %s: %s", argv[optind], mnt ? "not a directory" : strerror(errno));
-	if (getxattr(mnt, "user.hwfs.pid", buf, sizeof(buf)) > 0)
+	if (mount_pid(mnt) >= 0)
 		die("%s is already an hwfs mount", mnt);
 	if (mkdir(store, 0700) < 0 && errno != EEXIST)
 		die("store %s: %s", store, strerror(errno));
@@ -529,9 +542,8 @@ int cmd_mount(int argc, char **argv)
 int cmd_umount(int argc, char **argv)
 {
 	static const char usage[] = "hwfs umount MOUNTPOINT";
-	char *mnt, buf[32];
-	ssize_t n;
-	pid_t pid = 0;
+	char *mnt;
+	pid_t pid;
 
 	if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
 		printf("usage: %s\n", usage);
@@ -542,12 +554,8 @@ int cmd_umount(int argc, char **argv)
 	mnt = abs_path(argv[1]);
 	if (!mnt)
 		die("out of memory");
-	n = getxattr(mnt, "user.hwfs.pid", buf, sizeof(buf) - 1);
-	if (n > 0) {
-		buf[n] = '\0';
-		pid = (pid_t)atoi(buf);
-	}
-	if (!is_mounted(mnt)) {
+	pid = mount_pid(mnt);
+	if (!mounted_as(mnt, NULL)) {
 		free(mnt);
 		return 0; /* already unmounted (e.g. by fusermount3 -u) */
 	}

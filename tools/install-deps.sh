@@ -11,7 +11,8 @@ set -uo pipefail
 DEB_PKGS=(build-essential pkg-config iproute2 libfuse3-dev fuse3 libsqlite3-dev libzmq3-dev
           libxxhash-dev libjansson-dev libcmocka-dev inotify-tools attr rsync
           python3 python3-pip)
-# Python import name -> pip distribution name (identical for all of ours).
+# Python modules, by import name; each is also what pip installs (PyPI's `zmq`
+# is a stub that depends on pyzmq).
 PY_MODS=(numpy safetensors pytest zmq)
 PYTHON=${PYTHON:-python3}
 

@@ -95,14 +95,16 @@ def _unescape_mount_field(s):
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
 
 
-def is_mounted(path):
+def mount_entries(path):
+    """The lines of /proc/mounts whose mount point is @path (one per stacked mount)."""
     path = os.path.realpath(path)
     with open("/proc/mounts") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 1 and _unescape_mount_field(fields[1]) == path:
-                return True
-    return False
+        return [line for line in f
+                if len(line.split()) > 1 and _unescape_mount_field(line.split()[1]) == path]
+
+
+def is_mounted(path):
+    return bool(mount_entries(path))
 
 
 # --------------------------------------------------------------------------

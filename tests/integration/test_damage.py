@@ -39,8 +39,7 @@ def test_verify_detects_damage(mount_factory, src):
     assert m.version("good")["state"] == "sealed"
     js = m.run("verify", "bad", "--json", check=False)
     assert js.returncode != 0
-    if js.stdout.strip():
-        json.loads(js.stdout)
+    assert json.loads(js.stdout)["intact"] is False, js.stdout
 
 
 def test_damaged_version_cannot_be_committed(mount_factory, src):

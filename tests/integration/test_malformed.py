@@ -81,7 +81,10 @@ def test_malformed_via_publish(mount, src):
     assert_tree_equal(src, mount.vpath("p"))
 
 
-def test_non_safetensors_name_is_not_parsed(mount, src):
+def test_only_safetensors_names_report_parse_errors(mount, src):
+    """Tensors are found by content whatever the name (see
+    test_hardening.py::test_hf_cache_blobs_get_a_tensor_view), but only a file
+    named *.safetensors that fails to parse is reported in `errors`."""
     t = make_tensors(601, n=2)
     save_model(src / "weights.bin", t)  # valid safetensors bytes, other name
     (src / "notes.safetensors.txt").write_bytes(CASES["invalid_json"])

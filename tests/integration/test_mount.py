@@ -5,7 +5,7 @@ import shutil
 import signal
 
 from conftest import (HEX32, HWFS, assert_same_file, assert_tree_equal, is_mounted, make_tensors,
-                      random_file, save_model, sh, tensor_bytes, wait_dead)
+                      mount_entries, random_file, save_model, sh, tensor_bytes, wait_dead)
 
 
 def test_root_lists_versions(mount):
@@ -117,12 +117,6 @@ def test_status_json_fields(mount_factory, src):
     assert v2["seq"] > v["seq"]
 
 
-def _mount_entries(path):
-    path = os.path.realpath(path)
-    with open("/proc/mounts") as f:
-        return [line for line in f if len(line.split()) > 1 and line.split()[1] == path]
-
-
 def test_mount_after_kill9_replaces_the_dead_mount(mount, src):
     """kill -9, then `hwfs mount` on the same mount point: one mount, data readable."""
     random_file(src / "blob.bin", 300_000, seed=5)
@@ -133,13 +127,13 @@ def test_mount_after_kill9_replaces_the_dead_mount(mount, src):
         assert wait_dead(mount.pid, 10)
         mount.mounted = False
         mount.mount()  # the dead mount is still there: hwfs mount must clear it
-        entries = _mount_entries(mount.mnt)
+        entries = mount_entries(mount.mnt)
         assert len(entries) == 1, f"cycle {cycle}: {len(entries)} mounts on {mount.mnt}: {entries}"
         assert_same_file(src / "blob.bin", mount.path("current", "blob.bin"))
     # a live hwfs mount is still refused
     cp = sh([HWFS, "mount", mount.mnt, "--store", mount.store], check=False)
     assert cp.returncode != 0 and "already" in cp.stderr, cp.stderr
-    assert len(_mount_entries(mount.mnt)) == 1
+    assert len(mount_entries(mount.mnt)) == 1
 
 
 def test_fusermount_exec_failure_is_reported(mount, tmp_path):

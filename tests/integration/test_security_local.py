@@ -9,13 +9,15 @@ to fall back to a /tmp path whose mode came from the umask.
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
 
 import pytest
 
-from conftest import HWFS, TIMEOUT, assert_error_line, make_tensors, save_model
+from conftest import (HWFS, TIMEOUT, assert_error_line, is_mounted, make_tensors, poll,
+                      random_file, save_model, sh)
 
 NOBODY = 65534
 GROUP = 4242  # a gid no test user has unless given with --groups
@@ -144,7 +146,6 @@ def test_publish_reads_sources_as_the_caller(mount_factory, shared_src):
 
 
 def _ctl_connect(mnt):
-    import socket
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(TIMEOUT)
     s.connect(os.getxattr(mnt, "user.hwfs.control").decode())
@@ -156,10 +157,6 @@ def test_umount_waits_for_control_connections(tmp_path):
     """`hwfs umount` while one control connection idles and another publishes:
     the daemon stops the publish, closes both and exits 0 (no use after free;
     run with HWFS_BIN=build-asan/hwfs to have ASan check it)."""
-    import json
-
-    from conftest import is_mounted, poll, random_file, sh
-
     mnt, store, big = tmp_path / "mnt", "/dev/shm/" + tmp_path.name + "-store", tmp_path / "big"
     mnt.mkdir()
     for i in range(8):
