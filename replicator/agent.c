@@ -70,7 +70,6 @@ void agent_set_backoff(void *sock)
 	zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof(sndtimeo));
 }
 
-
 /*
  * flip_to() - point current at the cluster's committed @version (nothing to
  * do when it does already).  Returns 0 or the -errno of the flip, logged once
@@ -135,6 +134,20 @@ static void load_applied(struct agent *a)
 }
 
 /*
+ * Flip to the cluster's committed @version (decision @epoch) and, once that
+ * worked, record it as applied: nothing is pending any more.  A failed flip
+ * leaves everything as it was (retried on the next heartbeat answer).
+ */
+static void apply_commit(struct agent *a, const char *version, uint64_t epoch)
+{
+	if (flip_to(a, version) < 0)
+		return;
+	set_applied(a, version, epoch);
+	free(a->pending_commit);
+	a->pending_commit = NULL;
+}
+
+/*
  * learn_commit() - the coordinator's last decision (@committed, @epoch) from
  * a WELCOME or PONG.  A decision this node has not applied yet is applied:
  * flip now if the version is here complete, else once it arrives
@@ -161,11 +174,7 @@ static void learn_commit(struct agent *a, const char *committed, uint64_t epoch)
 		}
 		return;
 	}
-	if (flip_to(a, committed) == 0) {
-		set_applied(a, committed, epoch);
-		free(a->pending_commit);
-		a->pending_commit = NULL;
-	}
+	apply_commit(a, committed, epoch);
 }
 
 /*
@@ -175,11 +184,8 @@ static void learn_commit(struct agent *a, const char *committed, uint64_t epoch)
  */
 void agent_flip_pending(struct agent *a, const char *name)
 {
-	if (a->pending_commit && !strcmp(a->pending_commit, name) && flip_to(a, name) == 0) {
-		set_applied(a, name, a->pending_epoch);
-		free(a->pending_commit);
-		a->pending_commit = NULL;
-	}
+	if (a->pending_commit && !strcmp(a->pending_commit, name))
+		apply_commit(a, name, a->pending_epoch);
 }
 
 /* ------------------------------------------------------------- coordinator */
@@ -611,15 +617,20 @@ void agent_sealed(void *agent, const char *name)
 	wake(a);
 }
 
+/* The coordinator answers every heartbeat: has it been silent past coord_silence_ms?  Any thread. */
+static int coord_silent(struct agent *a)
+{
+	return now_s() - __atomic_load_n(&a->last_coord_ns, __ATOMIC_RELAXED) / 1e9 >
+	       ms_s(hwfs_tun.coord_silence_ms);
+}
+
 int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 {
 	struct call c = {.req = req};
 	struct timespec dl;
 	int r = 0;
 
-	/* the coordinator answers every heartbeat: silence means it is unreachable */
-	if (now_s() - __atomic_load_n(&a->last_coord_ns, __ATOMIC_RELAXED) / 1e9 >
-	    ms_s(hwfs_tun.coord_silence_ms))
+	if (coord_silent(a)) /* unreachable */
 		return -EHOSTUNREACH;
 	pthread_cond_init(&c.cv, NULL);
 	clock_gettime(CLOCK_REALTIME, &dl);
@@ -650,9 +661,7 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 		if (pthread_cond_timedwait(&c.cv, &a->mu, &slice) == ETIMEDOUT && !c.done) {
 			if (slice.tv_sec == dl.tv_sec && slice.tv_nsec == dl.tv_nsec)
 				r = -ETIMEDOUT;
-			else if (now_s() -
-				     __atomic_load_n(&a->last_coord_ns, __ATOMIC_RELAXED) / 1e9 >
-				 ms_s(hwfs_tun.coord_silence_ms))
+			else if (coord_silent(a))
 				r = -ECONNRESET;
 		}
 	}

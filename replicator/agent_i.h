@@ -61,7 +61,8 @@ struct fetch {
 	char **donor_keys; /* CURVE public keys, or NULL entries */
 	size_t n_donors;
 	int stripe;
-	uint64_t bytes_needed, bytes_held, inflight;
+	uint64_t bytes_needed; /* shard bytes missing when the pull began */
+	uint64_t bytes_held;   /* of those, pulled since */
 	uint64_t total;   /* distinct shard bytes of the version */
 	double last_rx, last_report;
 	int ring_warned; /* "every donor failed once" logged for this fetch */

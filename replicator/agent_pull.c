@@ -123,17 +123,45 @@ static void fetch_unlink(struct agent *a, struct fetch *f)
 		*pp = f->next;
 }
 
-/* HAVE: progress of @name here; @bad_donor names a node that sent a corrupt shard, or NULL. */
+/*
+ * HAVE: progress of @name here.  @bad_donor names a node that sent a corrupt
+ * shard (or NULL), @waiting says why the pull does not move (NULL or "").
+ */
 static void send_have(struct agent *a, const char *name, const hwfs_hash_t *digest, int complete,
-		      uint64_t held, uint64_t needed, const char *bad_donor)
+		      uint64_t held, uint64_t needed, const char *bad_donor, const char *waiting)
 {
 	json_t *h = json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", name, "digest",
 			      proto_hash_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
 			      "bytes_needed", (json_int_t)needed);
 
-	if (bad_donor)
+	if (h && bad_donor)
 		json_object_set_new(h, "bad_donor", json_string(bad_donor));
+	if (h && waiting && *waiting)
+		json_object_set_new(h, "waiting", json_string(waiting));
 	agent_send_coord(a, P_HAVE, h, NULL, 0);
+}
+
+/* Bytes of @f's distinct shards that are not here yet. */
+static uint64_t fetch_missing(const struct fetch *f)
+{
+	return f->bytes_needed - f->bytes_held;
+}
+
+/* Bytes of @f's distinct shards that are here (held before the pull, or pulled since). */
+static uint64_t fetch_held(const struct fetch *f)
+{
+	return f->total - fetch_missing(f);
+}
+
+/* Bytes of @f asked for and not answered yet: the sizes of its wants in flight. */
+static uint64_t fetch_inflight(const struct fetch *f)
+{
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < f->n; i++)
+		if (f->w[i].state == W_INFLIGHT)
+			n += f->w[i].size;
+	return n;
 }
 
 /* Why @f is not moving, as a sentence for status ("" when it is). */
@@ -145,25 +173,17 @@ static void fetch_waiting(struct agent *a, const struct fetch *f, char *buf, siz
 	if (!f->space_wait)
 		return;
 	snprintf(buf, len, "waiting for space: need %s, free %s",
-		 hwfs_fmt_size(f->bytes_needed - f->bytes_held, need, sizeof(need)),
+		 hwfs_fmt_size(fetch_missing(f), need, sizeof(need)),
 		 hwfs_fmt_size(store_stage_room(a->st), free_, sizeof(free_)));
 }
 
 /* HAVE for a fetch in progress (with why it waits, if it does). */
 static void report_progress(struct agent *a, struct fetch *f, const char *bad_donor)
 {
-	json_t *h = json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", f->name, "digest",
-			      proto_hash_json(&f->digest), "complete", 0, "bytes_held",
-			      (json_int_t)(f->total - f->bytes_needed + f->bytes_held), "bytes_needed",
-			      (json_int_t)(f->bytes_needed - f->bytes_held));
 	char why[128];
 
 	fetch_waiting(a, f, why, sizeof(why));
-	if (h && bad_donor)
-		json_object_set_new(h, "bad_donor", json_string(bad_donor));
-	if (h && *why)
-		json_object_set_new(h, "waiting", json_string(why));
-	agent_send_coord(a, P_HAVE, h, NULL, 0);
+	send_have(a, f->name, &f->digest, 0, fetch_held(f), fetch_missing(f), bad_donor, why);
 }
 
 /*
@@ -178,14 +198,14 @@ static void publish_pulls(struct agent *a)
 	for (struct fetch *f = a->fetches; arr && f; f = f->next) {
 		char why[128];
 		json_t *e = json_pack("{s:s, s:I, s:I}", "version", f->name, "bytes_held",
-				      (json_int_t)(f->total - f->bytes_needed + f->bytes_held),
+				      (json_int_t)fetch_held(f),
 				      "bytes_total", (json_int_t)f->total);
 
 		fetch_waiting(a, f, why, sizeof(why));
 		if (e && *why) {
 			json_object_set_new(e, "waiting", json_string(why));
 			json_object_set_new(e, "need_bytes",
-					    json_integer((json_int_t)(f->bytes_needed - f->bytes_held)));
+					    json_integer((json_int_t)fetch_missing(f)));
 			json_object_set_new(e, "free_bytes", json_integer((json_int_t)store_stage_room(a->st)));
 		}
 		if (e)
@@ -216,7 +236,6 @@ static void fetch_wait_space(struct agent *a, struct fetch *f)
 		if (f->w[i].state == W_INFLIGHT)
 			f->w[i].state = W_QUEUED;
 	}
-	f->inflight = 0;
 	f->space_backoff = f->space_backoff > 0
 			       ? HWFS_MIN(f->space_backoff * 2, ms_s(hwfs_tun.space_retry_max_ms))
 			       : ms_s(hwfs_tun.space_retry_ms);
@@ -267,7 +286,7 @@ static void materialize(struct agent *a, struct fetch *f)
 		 (unsigned long long)f->bytes_held);
 out:
 	if (ok) {
-		send_have(a, f->name, &f->digest, 1, f->total, 0, NULL);
+		send_have(a, f->name, &f->digest, 1, f->total, 0, NULL, NULL);
 		agent_flip_pending(a, f->name);
 	} else {
 		report_progress(a, f, NULL);
@@ -379,7 +398,6 @@ static int set_donors(struct agent *a, struct fetch *f, json_t *donors, int stri
 		f->w[k].tries = 0;
 		f->w[k].misses = 0;
 	}
-	f->inflight = 0;
 	return 0;
 }
 
@@ -401,7 +419,7 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	have = v && v->state == HWFS_V_SEALED && !hwfs_hash_cmp(&v->digest, &digest);
 	ns_unlock(a->ns);
 	if (have) {
-		send_have(a, name, &digest, 1, 0, 0, NULL);
+		send_have(a, name, &digest, 1, 0, 0, NULL, NULL);
 		return;
 	}
 	if (v) {
@@ -492,8 +510,8 @@ oom:
 
 /*
  * unsend() - a GET to donor @d of @f could not be sent: the shards it asked
- * for (marked in flight just now, not yet counted in f->inflight) go to
- * their next donor, asked no sooner than the donor back-off.
+ * for (marked in flight just now) go to their next donor, asked no sooner
+ * than the donor back-off.
  */
 static void unsend(struct agent *a, struct fetch *f, size_t d, double now)
 {
@@ -548,6 +566,8 @@ void pull_pump(struct agent *a)
 	if (now - a->last_pulls >= PULLS_SNAPSHOT_S)
 		publish_pulls(a);
 	for (struct fetch *f = a->fetches, *next; f; f = next) {
+		uint64_t inflight;
+
 		next = f->next;
 		if (f->space_wait) {
 			uint64_t free_now = store_stage_room(a->st);
@@ -565,7 +585,8 @@ void pull_pump(struct agent *a)
 				 free_now > f->space_free ? ", space was freed here" : "");
 			f->space_wait = 0;
 		}
-		if (f->inflight && now - f->last_rx > ms_s(hwfs_tun.donor_silence_ms)) {
+		inflight = fetch_inflight(f);
+		if (inflight && now - f->last_rx > ms_s(hwfs_tun.donor_silence_ms)) {
 			for (size_t d = 0; d < f->n_donors; d++)
 				for (size_t i = 0; i < f->n; i++)
 					if (f->w[i].state == W_INFLIGHT && f->w[i].donor == d) {
@@ -575,7 +596,7 @@ void pull_pump(struct agent *a)
 			for (size_t i = 0; i < f->n; i++)
 				if (f->w[i].state == W_INFLIGHT)
 					next_donor(a, f, &f->w[i]);
-			f->inflight = 0;
+			inflight = 0;
 			f->last_rx = now;
 			LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next "
 				 "donor", f->name, ms_s(hwfs_tun.donor_silence_ms));
@@ -599,8 +620,7 @@ void pull_pump(struct agent *a)
 				f->w[i].not_before = now + ms_s(hwfs_tun.donor_backoff_ms);
 			}
 		prefer_donors(a, f, now);
-		for (size_t d = 0; d < f->n_donors && f->inflight < hwfs_tun.pull_window_bytes;
-		     d++) {
+		for (size_t d = 0; d < f->n_donors && inflight < hwfs_tun.pull_window_bytes; d++) {
 			json_t *hashes = json_array();
 
 			if (donor_off(a, f, d, now)) {
@@ -610,7 +630,7 @@ void pull_pump(struct agent *a)
 			uint64_t batch = 0;
 			struct peer *p;
 
-			for (size_t i = 0; i < f->n && f->inflight + batch < hwfs_tun.pull_window_bytes &&
+			for (size_t i = 0; i < f->n && inflight + batch < hwfs_tun.pull_window_bytes &&
 					   batch < hwfs_tun.get_batch_bytes &&
 					   json_array_size(hashes) < PROTO_MAX_GET;
 			     i++) {
@@ -640,8 +660,8 @@ void pull_pump(struct agent *a)
 						 r == -EAGAIN ? "no connection" : strerror(-r));
 					unsend(a, f, d, now);
 				} else {
-					f->inflight += batch;
-					if (f->inflight == batch)
+					inflight += batch;
+					if (inflight == batch) /* nothing was in flight: the silence clock starts */
 						f->last_rx = now;
 				}
 			} else if (json_array_size(hashes)) {
@@ -683,7 +703,6 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 	f->last_rx = now_s();
 	if (total != w->size || pos + len > total || len == 0) {
 		LOG_ERR("agent: malformed piece from %s for %s; asking another donor", from, f->name);
-		f->inflight -= HWFS_MIN(f->inflight, w->size);
 		donor_failed(a, f, w->donor, "sent a malformed piece");
 		next_donor(a, f, w);
 		return;
@@ -720,7 +739,6 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 	XXH128_canonicalFromHash(&c, XXH3_128bits_digest(w->xs));
 	XXH3_freeState(w->xs);
 	w->xs = NULL;
-	f->inflight -= HWFS_MIN(f->inflight, w->size);
 	if (memcmp(c.digest, h.b, HWFS_HASH_LEN)) {
 		LOG_ERR("agent: bad shard from %s for %s (hash mismatch); asking another donor", from,
 			f->name);
@@ -756,7 +774,6 @@ void pull_on_missing(struct agent *a, struct proto_msg *m)
 
 	if (proto_hash(m, "hash", &h) < 0 || !(w = pull_find_want(a, &h, &f)) || w->state != W_INFLIGHT)
 		return;
-	f->inflight -= HWFS_MIN(f->inflight, w->size);
 	w->state = W_QUEUED;
 	drop_partial(a, w);
 	if ((uint64_t)++w->misses >= hwfs_tun.missing_tries) {

@@ -92,8 +92,8 @@ static void send_missing(struct agent *a, const void *ident, size_t ident_len, u
 }
 
 /* Send shard @sh from byte @pos on, in pieces; drops the caller's reference. */
-static void send_shard_from(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
-			    struct shard *sh, uint64_t pos)
+static void send_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+		       struct shard *sh, uint64_t pos)
 {
 	while (pos < sh->size) {
 		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, sh->size - pos);
@@ -103,12 +103,6 @@ static void send_shard_from(struct agent *a, const void *ident, size_t ident_len
 		pos += len;
 	}
 	store_unref(a->st, sh);
-}
-
-static void send_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
-		       struct shard *sh)
-{
-	send_shard_from(a, ident, ident_len, req, sh, 0);
 }
 
 /*
@@ -127,7 +121,7 @@ void serve_flush_deferred(struct agent *a)
 		}
 		sh = store_get(a->st, &d->hash);
 		if (sh) {
-			send_shard(a, d->ident, d->ident_len, d->req, sh);
+			send_shard(a, d->ident, d->ident_len, d->req, sh, 0);
 		} else {
 			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
 		}
@@ -147,7 +141,7 @@ void serve_arrived(struct agent *a, struct shard *sh)
 			continue;
 		}
 		store_ref(a->st, sh);
-		send_shard_from(a, d->ident, d->ident_len, d->req, sh, d->sent);
+		send_shard(a, d->ident, d->ident_len, d->req, sh, d->sent);
 		*pp = d->next;
 		free(d);
 	}
@@ -210,7 +204,7 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 			continue;
 		sh = store_get(a->st, &h);
 		if (sh) {
-			send_shard(a, ident, ident_len, req, sh);
+			send_shard(a, ident, ident_len, req, sh, 0);
 			continue;
 		}
 		w = pull_find_want(a, &h, NULL);

@@ -72,10 +72,6 @@ ANY_PORT = "tcp://127.0.0.1:*"
 LISTENING = re.compile(r"coord: listening on (tcp://\S+)")
 
 
-def port_of(url):
-    return int(url.rsplit(":", 1)[1])
-
-
 def tail(path, n=60):
     try:
         with open(path, errors="replace") as f:
@@ -172,7 +168,6 @@ class Coordinator:
 
     def __init__(self, workdir):
         self.url = ANY_PORT  # the bound endpoint once started (a restart reuses it)
-        self.port = None
         self.state = os.path.join(workdir, "coord-state")
         os.makedirs(self.state, exist_ok=True)
         self.logpath = os.path.join(workdir, "coord.log")
@@ -211,10 +206,10 @@ class Coordinator:
                 f.seek(start)
                 m = LISTENING.search(f.read().decode(errors="replace"))
             if m:
-                self.url, self.port = m.group(1), port_of(m.group(1))
+                self.url = m.group(1)
                 return
             if time.monotonic() >= end:
-                pytest.fail(f"coordinator did not accept connections on {self.url} within "
+                pytest.fail(f"coordinator did not log the endpoint it listens on ({self.url}) within "
                             f"{COORD_READY_TIMEOUT:.0f}s\nlog:\n{self.log_tail()}", pytrace=False)
             time.sleep(0.05)
 
@@ -260,13 +255,11 @@ class ClusterNode(HwfsMount):
         self.coord_url = coord_url
         self.preallocate = preallocate
         self.url = ANY_PORT  # the bound endpoint once mounted (a remount reuses it)
-        self.port = None
 
     def mount(self):
         st = super().mount()
         if self.url == ANY_PORT:
             self.url = st["listen"]
-            self.port = port_of(self.url)
         return st
 
     def __repr__(self):
@@ -589,10 +582,6 @@ def pytest_runtest_makereport(item, call):
 
 CHUNK = 4 << 20  # fixed_chunk: shard size of files that are not safetensors
 STATUS_TIMEOUT = 25  # status --cluster answers or fails within ~10 s
-
-
-# --------------------------------------------------------------------------
-# processes
 
 
 class Coord(Coordinator):
@@ -927,10 +916,6 @@ def ring(net, names, **coord_kw):
     for name in names:
         net.add(name)
     return net.wait_alive(names, viewer=net[names[0]])
-
-
-# --------------------------------------------------------------------------
-# tests
 
 
 # --------------------------------------------------------------------------

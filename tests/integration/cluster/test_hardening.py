@@ -12,9 +12,17 @@ import time
 
 import pytest
 
-from conftest import HWFS, TIMEOUT, poll, sh
+from conftest import HWFS, TIMEOUT, is_mounted, pid_alive, poll, sh
 
 from .conftest import assert_identical, corrupt_chunk, node_view, random_model, ring, version_view
+
+
+def v1_committed_v2_everywhere(net, tmp_path, seed, size=2 << 20):
+    """A publishes v1 (random, @seed) and commits it once every node holds it, then
+    publishes v2 (@seed + 1) and waits until every node holds it too (not committed)."""
+    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", size, seed=seed), "v1"))
+    net["A"].run("commit", "v1")
+    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", size, seed=seed + 1), "v2"))
 
 
 @pytest.mark.limit(120)
@@ -24,9 +32,7 @@ def test_commit_reports_a_node_whose_flip_failed(net, tmp_path):
     committed and C failed with the reason, and exits 3 (partial), not 0."""
     ring(net, ["A", "B", "C"])
     a, c = net["A"], net["C"]
-    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 2 << 20, seed=801), "v1"))
-    a.run("commit", "v1")
-    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 2 << 20, seed=802), "v2"))
+    v1_committed_v2_everywhere(net, tmp_path, seed=801)
 
     held = os.open(c.vpath("v1", "config.json"), os.O_RDONLY)  # keeps C's FUSE connection alive
     try:
@@ -64,9 +70,7 @@ def test_paused_node_flips_to_the_commit_it_missed(net, tmp_path):
     After SIGCONT C is up and flips to v2 by itself."""
     ring(net, ["A", "B", "C", "D"], topology="star")
     a, b, c, d = (net[x] for x in "ABCD")
-    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 2 << 20, seed=811), "v1"))
-    a.run("commit", "v1")
-    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 2 << 20, seed=812), "v2"))
+    v1_committed_v2_everywhere(net, tmp_path, seed=811)
 
     stopped(c)
     try:
@@ -98,9 +102,7 @@ def test_node_paused_through_a_commit_flips_after_resume(net, tmp_path):
     variant above, C returning inside the commit, is the one that failed before the fix.)"""
     ring(net, ["A", "B", "C"])
     a, b, c = net["A"], net["B"], net["C"]
-    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 2 << 20, seed=815), "v1"))
-    a.run("commit", "v1")
-    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 2 << 20, seed=816), "v2"))
+    v1_committed_v2_everywhere(net, tmp_path, seed=815)
     stopped(c)
     try:
         net.wait_dead("C", viewer=a)
@@ -213,9 +215,7 @@ def test_local_override_survives_a_restart_of_the_node(net, tmp_path):
     B's WELCOME repeats the decision B had already applied, and B must stay on v1."""
     ring(net, ["A", "B"])
     a, b = net["A"], net["B"]
-    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 1 << 20, seed=831), "v1"))
-    a.run("commit", "v1")
-    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 1 << 20, seed=832), "v2"))
+    v1_committed_v2_everywhere(net, tmp_path, seed=831, size=1 << 20)
     a.run("commit", "v2")
     assert net.currents() == {x: ("versions/v2", "v2") for x in "AB"}, net.currents()
     b.run("commit", "--local", "v1")
@@ -236,12 +236,9 @@ def test_flip_during_shutdown_writes_nothing_under_the_bare_mountpoint(net, tmp_
     first).  When B resumes and the coordinator sends COMMIT, A's flip must fail, not
     create `current` in the bare mountpoint directory and ACK a flip that its store
     never recorded."""
-    from conftest import is_mounted
     ring(net, ["A", "B"])
     a, b = net["A"], net["B"]
-    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 1 << 20, seed=841), "v1"))
-    a.run("commit", "v1")
-    net.wait_version("v2", net.publish("A", random_model(tmp_path / "m2", 1 << 20, seed=842), "v2"))
+    v1_committed_v2_everywhere(net, tmp_path, seed=841, size=1 << 20)
     stopped(b)
     try:
         commit = subprocess.Popen([HWFS, "commit", "v2", "-m", a.mnt], stdout=subprocess.PIPE,
@@ -256,11 +253,6 @@ def test_flip_during_shutdown_writes_nothing_under_the_bare_mountpoint(net, tmp_
     out, err = commit.communicate(timeout=TIMEOUT)
     umount.communicate(timeout=TIMEOUT)
     a.mounted = False
-    assert poll(lambda: not pid_alive_any(a.pids), timeout=15), "A's daemon did not exit"
+    assert poll(lambda: not any(pid_alive(p) for p in a.pids), timeout=15), "A's daemon did not exit"
     left = os.listdir(a.mnt)
     assert left == [], f"A's flip wrote {left} into its bare mountpoint (commit said: {out} {err})"
-
-
-def pid_alive_any(pids):
-    from conftest import pid_alive
-    return any(pid_alive(p) for p in pids)

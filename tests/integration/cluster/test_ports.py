@@ -4,6 +4,7 @@ The fixtures used to pick a "free" port by binding port 0 and closing it, then
 hand it to a daemon: another process could take it in between.  Now every
 coordinator and node is asked for `tcp://127.0.0.1:*` and the fixtures read the
 bound endpoint back (the coordinator's log line, `hwfs status --json` "listen").
+An embedded coordinator on `*` is test_latejoin.py's test_embedded_coordinator.
 """
 
 import re
@@ -42,11 +43,3 @@ def test_daemons_asked_for_port_0_get_distinct_working_ports(net, tmp_path):
     cs = b.try_cluster_status()
     addrs = sorted(n["addr"] for n in cs["nodes"])
     assert addrs == sorted([a.url, b.url]), cs
-
-
-def test_embedded_coordinator_on_port_0(net):
-    a = net.add("A", embedded="tcp://127.0.0.1:*")
-    url = a.status()["coordinator"]
-    assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", url), url
-    net.add("B", coord_url=url, viewer=a)
-    net.wait_alive(["A", "B"], viewer=a)
