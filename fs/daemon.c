@@ -14,6 +14,7 @@
  * any namespace or index lock while the kernel calls back into us.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <malloc.h>
@@ -24,6 +25,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -355,6 +357,39 @@ static void set_read_ahead(struct daemon *d)
  * request from SO_PEERCRED (authorize()), not by file modes.  Returns 0 with
  * d->ctl_path set, or -errno with a sentence in @msg.
  */
+/*
+ * Remove the sockets in the shared control directory @dir that no daemon
+ * listens on any more (left by a daemon killed with SIGKILL).  A socket is
+ * judged by connecting to it, not by its name's pid, so the socket of a
+ * live daemon in another pid namespace is never taken away.
+ */
+static void sweep_dead_sockets(const char *dir)
+{
+	DIR *dh = opendir(dir);
+	struct dirent *e;
+
+	if (!dh)
+		return;
+	while ((e = readdir(dh))) {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		size_t n = strlen(e->d_name);
+		int fd;
+
+		if (n < 6 || strcmp(e->d_name + n - 5, ".sock") ||
+		    (size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, e->d_name) >=
+			    sizeof(sa.sun_path))
+			continue;
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			break;
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno == ECONNREFUSED &&
+		    unlink(sa.sun_path) == 0)
+			LOG_INFO("removed %s (its daemon is gone)", sa.sun_path);
+		close(fd);
+	}
+	closedir(dh);
+}
+
 static int make_ctl_dir(struct daemon *d, char *msg, size_t len)
 {
 	const char *base = getenv("XDG_RUNTIME_DIR");
@@ -374,6 +409,7 @@ static int make_ctl_dir(struct daemon *d, char *msg, size_t len)
 		}
 		if (chmod(d->ctl_dir, 0755) < 0)
 			goto fail;
+		sweep_dead_sockets(d->ctl_dir);
 		snprintf(d->ctl_path, sizeof(d->ctl_path), "%s/%d.sock", d->ctl_dir, (int)getpid());
 		return 0;
 	}

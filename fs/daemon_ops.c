@@ -653,7 +653,7 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(op->names) && op->names[i]; i++) {
 		const char *v = req_str(req, op->names[i]);
 
-		if (v && !strncmp(v, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
+		if (v && ns_hidden_name(v))
 			return err_reply("%s %s: reserved name (%s* are the daemon's staging "
 					 "versions)", op->name, v, NS_HIDDEN_PREFIX);
 		if (v && !op->mutates && !daemon_peer_privileged(d, peer) &&

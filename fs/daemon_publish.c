@@ -301,15 +301,15 @@ json_t *op_publish(struct daemon *d, json_t *req, int fd, const struct ctl_peer 
 	if (!src || !v)
 		return err_reply("publish: missing source or version");
 	if (!*v || strchr(v, '/') || !strcmp(v, ".") || !strcmp(v, "..") || strlen(v) > 255 ||
-	    !strncmp(v, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
+	    ns_hidden_name(v))
 		return err_reply("invalid version name: %s", v);
 	if (cred_enter(peer, &cred) < 0)
 		return err_reply("permission denied: this daemon (uid %u) cannot read files as "
 				 "uid %u", (unsigned)geteuid(), (unsigned)peer->uid);
-	if (stat(src, &st) < 0 || !S_ISDIR(st.st_mode)) {
-		r = errno;
+	r = stat(src, &st) < 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+	if (r) {
 		cred_leave(&cred);
-		return err_reply("%s: %s", src, r == EACCES ? strerror(r) : "not a directory");
+		return err_reply("%s: %s", src, strerror(r));
 	}
 	ns_rdlock(d->ns);
 	r = ns_version(d->ns, v) ? -EEXIST : 0;

@@ -11,9 +11,9 @@ set -uo pipefail
 DEB_PKGS=(build-essential pkg-config iproute2 libfuse3-dev fuse3 libsqlite3-dev libzmq3-dev
           libxxhash-dev libjansson-dev libcmocka-dev inotify-tools attr rsync
           python3 python3-pip)
-# Python modules, by import name; each is also what pip installs (PyPI's `zmq`
-# is a stub that depends on pyzmq).
-PY_MODS=(numpy safetensors pytest zmq)
+# Python modules as IMPORT_NAME:PIP_NAME (the pip name is the import name when
+# no ':' is given).
+PY_MODS=(numpy safetensors pytest zmq:pyzmq)
 PYTHON=${PYTHON:-python3}
 
 die() {
@@ -64,15 +64,17 @@ fi
 command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found"
 missing_py=()
 for m in "${PY_MODS[@]}"; do
-	"$PYTHON" -c "import $m" >/dev/null 2>&1 || missing_py+=("$m")
+	"$PYTHON" -c "import ${m%%:*}" >/dev/null 2>&1 || missing_py+=("$m")
 done
 
 if [ "${#missing_py[@]}" -gt 0 ]; then
-	echo "install-deps: installing Python modules: ${missing_py[*]}"
+	echo "install-deps: installing Python modules: ${missing_py[*]#*:}"
 	"$PYTHON" -m pip --version >/dev/null 2>&1 ||
 		die "$PYTHON -m pip is not available (install python3-pip for this interpreter)"
 	export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
-	for m in "${missing_py[@]}"; do
+	for spec in "${missing_py[@]}"; do
+		m=${spec#*:}   # what pip installs
+		mod=${spec%%:*} # what python imports
 		log=$(mktemp)
 		if ! "$PYTHON" -m pip install -q "$m" >"$log" 2>&1; then
 			if grep -qi 'externally-managed-environment\|externally managed' "$log"; then
@@ -88,8 +90,8 @@ if [ "${#missing_py[@]}" -gt 0 ]; then
 			fi
 		fi
 		rm -f "$log"
-		"$PYTHON" -c "import $m" >/dev/null 2>&1 ||
-			die "module $m still cannot be imported by $PYTHON after pip install"
+		"$PYTHON" -c "import $mod" >/dev/null 2>&1 ||
+			die "module $mod still cannot be imported by $PYTHON after pip install"
 	done
 fi
 exit 0

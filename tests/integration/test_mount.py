@@ -156,3 +156,17 @@ def test_fusermount_exec_failure_is_reported(mount, tmp_path):
     assert cp.returncode == 1, f"exit {cp.returncode}: {cp.stdout!r} {cp.stderr!r}"
     assert cp.stderr.count("hwfs: error:") == 1 and "dead mount" in cp.stderr, cp.stderr
     assert is_mounted(mount.mnt)  # the dead mount, untouched outside the namespace
+
+
+def test_dead_daemons_control_socket_is_removed(mount):
+    """A root daemon's control socket lives in the shared /run/hwfs; one killed with
+    SIGKILL cannot remove it.  The next daemon removes every socket there that no
+    daemon listens on, and leaves the live ones (its own, and any other mount's)."""
+    ctl = os.getxattr(mount.mnt, "user.hwfs.control").decode()
+    assert os.path.dirname(ctl) == "/run/hwfs", ctl
+    mount.kill9()
+    assert os.path.exists(ctl), "the killed daemon's socket is gone already: nothing to test"
+    mount.mount()
+    assert not os.path.exists(ctl), f"{ctl} of the killed daemon is still there"
+    live = os.getxattr(mount.mnt, "user.hwfs.control").decode()
+    assert os.path.exists(live) and mount.status()["pid"] > 0
