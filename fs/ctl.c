@@ -120,29 +120,63 @@ int ctl_connect(const char *path)
 	return fd;
 }
 
-int ctl_send(int fd, json_t *msg)
+/*
+ * Write all of @s (@len bytes) to @fd; the first sendmsg() carries @passfd as
+ * SCM_RIGHTS when it is >= 0.  Returns 0 or -errno.
+ */
+static int send_all(int fd, const char *s, size_t len, int passfd)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		union {
+			char buf[CMSG_SPACE(sizeof(int))];
+			struct cmsghdr align;
+		} u;
+		struct iovec iov = {(void *)(s + done), len - done};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+		ssize_t n;
+
+		if (passfd >= 0 && done == 0) {
+			struct cmsghdr *cm;
+
+			memset(&u, 0, sizeof(u));
+			mh.msg_control = u.buf;
+			mh.msg_controllen = sizeof(u.buf);
+			cm = CMSG_FIRSTHDR(&mh);
+			cm->cmsg_level = SOL_SOCKET;
+			cm->cmsg_type = SCM_RIGHTS;
+			cm->cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(cm), &passfd, sizeof(int));
+		}
+		n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		done += (size_t)n;
+	}
+	return 0;
+}
+
+int ctl_send_fd(int fd, json_t *msg, int passfd)
 {
 	char *s = json_dumps(msg, JSON_COMPACT);
-	size_t len, done = 0;
-	int r = 0;
+	size_t len;
+	int r;
 
 	if (!s)
 		return -ENOMEM;
 	len = strlen(s);
 	s[len] = '\n'; /* replace the NUL: we write len + 1 bytes */
-	while (done < len + 1) {
-		ssize_t n = send(fd, s + done, len + 1 - done, MSG_NOSIGNAL);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			r = -errno;
-			break;
-		}
-		done += (size_t)n;
-	}
+	r = send_all(fd, s, len + 1, passfd);
 	free(s);
 	return r;
+}
+
+int ctl_send(int fd, json_t *msg)
+{
+	return ctl_send_fd(fd, msg, -1);
 }
 
 void ctl_reader_init(struct ctl_reader *rd, int fd)
@@ -150,6 +184,7 @@ void ctl_reader_init(struct ctl_reader *rd, int fd)
 	memset(rd, 0, sizeof(*rd));
 	rd->fd = fd;
 	rd->max = CTL_MAX_LINE;
+	rd->passed_fd = -1;
 }
 
 void ctl_reader_free(struct ctl_reader *rd)
@@ -157,6 +192,54 @@ void ctl_reader_free(struct ctl_reader *rd)
 	free(rd->buf);
 	rd->buf = NULL;
 	rd->len = rd->cap = 0;
+	if (rd->passed_fd >= 0)
+		close(rd->passed_fd);
+	rd->passed_fd = -1;
+}
+
+/*
+ * One read into @buf: recvmsg() that keeps the first descriptor passed with
+ * SCM_RIGHTS in rd->passed_fd (any further ones are closed: a peer cannot
+ * make us leak descriptors).  Returns the byte count, 0 at EOF, or -1/errno.
+ */
+static ssize_t read_some(struct ctl_reader *rd, char *buf, size_t len)
+{
+	union {
+		char buf[CMSG_SPACE(4 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = {buf, len};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf)};
+	ssize_t n = recvmsg(rd->fd, &mh, MSG_CMSG_CLOEXEC);
+
+	if (n < 0)
+		return n;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		size_t nfd;
+
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < nfd; i++) {
+			int f;
+
+			memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			if (rd->passed_fd < 0)
+				rd->passed_fd = f;
+			else
+				close(f);
+		}
+	}
+	return n;
+}
+
+int ctl_take_fd(struct ctl_reader *rd)
+{
+	int f = rd->passed_fd;
+
+	rd->passed_fd = -1;
+	return f;
 }
 
 int ctl_recv(struct ctl_reader *rd, json_t **msg)
@@ -184,7 +267,7 @@ int ctl_recv(struct ctl_reader *rd, json_t **msg)
 			rd->buf = nb;
 			rd->cap = ncap;
 		}
-		n = read(rd->fd, rd->buf + rd->len, rd->cap - rd->len);
+		n = read_some(rd, rd->buf + rd->len, rd->cap - rd->len);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)

@@ -53,18 +53,31 @@ int ctl_peer_in_group(const struct ctl_peer *p, gid_t gid);
 int ctl_connect(const char *path);
 /** Send @msg as one line (does not steal the reference). Returns 0 or -errno. */
 int ctl_send(int fd, json_t *msg);
+/**
+ * ctl_send_fd() - like ctl_send(), and pass descriptor @passfd (>= 0) with the
+ * line (SCM_RIGHTS on its first byte; the caller keeps its own copy).
+ * Returns 0 or -errno.
+ */
+int ctl_send_fd(int fd, json_t *msg, int passfd);
 /** A buffered line reader over one connection. */
 struct ctl_reader {
 	int fd;
 	char *buf;
 	size_t len, cap;
 	size_t max; /* longest line accepted: CTL_MAX_LINE unless set after ctl_reader_init() */
+	int passed_fd; /* first descriptor received with SCM_RIGHTS, or -1 (ctl_take_fd) */
 };
 
 /** Start reading @fd, accepting lines up to CTL_MAX_LINE bytes (see rd->max). */
 void ctl_reader_init(struct ctl_reader *rd, int fd);
-/** Free the buffer (the fd stays open). */
+/** Free the buffer and close an untaken passed descriptor (rd->fd stays open). */
 void ctl_reader_free(struct ctl_reader *rd);
+/**
+ * ctl_take_fd() - the descriptor that arrived with SCM_RIGHTS while reading
+ * (close-on-exec), now the caller's; -1 when none did.  Only the first one
+ * is kept; any further descriptors are closed as they arrive.
+ */
+int ctl_take_fd(struct ctl_reader *rd);
 /**
  * Receive one line into *@msg (new reference). Returns 0, -EPIPE at EOF,
  * -EMSGSIZE (longer than rd->max: nothing more is read), -EBADMSG (not a JSON
