@@ -232,8 +232,8 @@ int engines_watch(struct engines *reg, int fd, pid_t pid, const char *name, stru
 		r = -ENOMEM;
 		goto out;
 	}
-	/* the first line on an empty socket: a blocking send cannot stall here */
-	r = send(fd, line, len, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -EPIPE;
+	/* the first line, on an empty socket: it fits whole, or the client is gone */
+	r = send(fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)len ? 0 : -EPIPE;
 	if (r < 0)
 		goto out;
 	w->next = reg->watchers;
