@@ -98,6 +98,27 @@ def test_loaded_engines_let_the_commit_through_and_see_it(cluster, models):
     cluster["A"].run("commit", "v1")  # leave the cluster as the other tests expect it
 
 
+@pytest.mark.limit(120)
+def test_an_engine_that_goes_away_stops_holding_the_commit(cluster, models):
+    """C's engine gets PREPARE and disconnects without a report: C's agent, woken by the
+    disconnect, answers READY, and the commit goes through on every node."""
+    cluster.ensure_version("v1", models)
+    cluster.ensure_committed("v1")
+    cluster.ensure_version("v2", models)
+    ec = engine(cluster["C"], "eng-gone")
+    try:
+        p = commit_async(cluster["A"], "v2")
+        prepare_of(ec, "v2")
+        assert p.poll() is None, "the commit did not wait for C's engine"
+    finally:
+        ec.close()
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, out + err
+    for n in cluster:
+        assert n.current() == ("versions/v2", "v2"), f"{n.name}: {n.current()}"
+    cluster["A"].run("commit", "v1")
+
+
 @pytest.mark.limit(90)
 def test_coordinator_keeps_only_sane_engine_reports(net):
     """A joined peer's HELLO claims engines with hostile values: the coordinator keeps at most
