@@ -491,6 +491,7 @@ int daemon_run(const struct daemon_opts *o)
 	}
 	/* seals reach the watchers (and, once joined, the agent): set before FUSE runs */
 	ns_set_seal_hook(d.ns, daemon_sealed, &d);
+	ns_set_current_hook(d.ns, daemon_current, &d);
 	if (o->preallocate) {
 		/* After ns_create(): its trim has punched stale pages, these are clean. */
 		r = arena_preallocate(store_arena(d.st), 1);
@@ -602,8 +603,10 @@ out:
 		fuse_opt_free_args(&args);
 		return r;
 	}
-	if (d.ns)
+	if (d.ns) {
 		ns_set_seal_hook(d.ns, NULL, NULL);
+		ns_set_current_hook(d.ns, NULL, NULL);
+	}
 	if (d.agent) {
 		engines_set_wake(d.engines, NULL, NULL);
 		agent_stop(d.agent);

@@ -34,6 +34,17 @@ void daemon_sealed(void *arg, const char *name)
 		agent_sealed(agent, name);
 }
 
+/*
+ * Current hook: "current" to the watchers and engines, after any commit
+ * through the mount (hwfs commit, the agent's COMMIT, a manual mv -T).
+ */
+void daemon_current(void *arg, const char *name)
+{
+	struct daemon *d = arg;
+
+	engines_event(d->engines, "current", name);
+}
+
 /* The agent's barrier hook: engines_barrier() on this daemon's registry. */
 int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,
 		   size_t errlen)

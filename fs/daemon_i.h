@@ -103,6 +103,8 @@ int flip_current(void *arg, const char *v, char *err, size_t errlen);
 
 /** The seal hook of the namespace: tell the watchers ("arrived") and the agent. */
 void daemon_sealed(void *arg, const char *name);
+/** Current hook (daemon_engines.c): {"event": "current"} to the watchers after a commit. */
+void daemon_current(void *arg, const char *name);
 
 /** The agent's barrier hook: engines_barrier() on the daemon's registry. */
 int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,

@@ -163,8 +163,8 @@ static json_t *op_seal(struct daemon *d, json_t *req, struct ctl_reader *rd, con
 
 /*
  * Flip `current` through the mount so inotify watchers see IN_MOVED_TO: a
- * fresh symlink in the root renamed onto `current`; then tell the watchers
- * and engines ({"event": "current"}).  Never called from a FUSE request
+ * fresh symlink in the root renamed onto `current` (the namespace's current
+ * hook then tells the watchers and engines, {"event": "current"}).  Never called from a FUSE request
  * handler.  Returns 0 or -errno with a sentence in @err.
  */
 int flip_current(void *arg, const char *v, char *err, size_t errlen)
@@ -206,8 +206,7 @@ int flip_current(void *arg, const char *v, char *err, size_t errlen)
 					    : r == -EIO   ? "version is damaged" : strerror(-r));
 		return r;
 	}
-	engines_event(d->engines, "current", v);
-	return 0;
+	return 0; /* the namespace's current hook told the watchers (daemon_current) */
 }
 
 /*

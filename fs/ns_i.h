@@ -21,6 +21,10 @@ struct ns {
 	struct node orphans;       /* list head: detached nodes still referenced */
 	void (*seal_hook)(void *arg, const char *name);
 	void *seal_hook_arg;
+	void (*current_hook)(void *arg, const char *name);
+	void *current_hook_arg;
+	/* set by commit_locked() under the exclusive lock, taken by ns_unlock_commit() */
+	char committed[512];
 	uint64_t next_ino; /* atomic */
 	uint64_t next_seq;
 };
@@ -72,6 +76,12 @@ int load_version(struct ns *ns, struct hwfs_vrec *rec);
 int set_current_node(struct ns *ns, const char *name);
 /** Commit the version a new `current` symlink's @target names: 0 or -errno. */
 int commit_locked(struct ns *ns, const char *target);
+/**
+ * ns_unlock_commit() - release the exclusive lock, then, when commit_locked()
+ * succeeded under it, call the current hook with the version now committed
+ * (outside the lock: the hook may take other locks).
+ */
+void ns_unlock_commit(struct ns *ns);
 
 /*
  * n->w of a regular file changes only under n->mu, but the read path and

@@ -138,7 +138,7 @@ static int new_entry(struct ns *ns, struct node *dir, enum ntype type, const cha
 		ns_lookup_ref(n);
 		*out = n;
 	}
-	ns_unlock(ns);
+	ns_unlock_commit(ns);
 	return r;
 }
 
@@ -320,7 +320,7 @@ int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *
 			s->mtime_ns = s->ctime_ns;
 	}
 out:
-	ns_unlock(ns);
+	ns_unlock_commit(ns);
 	return r;
 }
 

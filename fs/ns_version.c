@@ -642,7 +642,29 @@ int commit_locked(struct ns *ns, const char *target)
 		LOG_WARN("commit refused: %s", err);
 		return r;
 	}
-	return store_set_current(ns->st, name);
+	r = store_set_current(ns->st, name);
+	if (r == 0)
+		snprintf(ns->committed, sizeof(ns->committed), "%s", name);
+	return r;
+}
+
+void ns_unlock_commit(struct ns *ns)
+{
+	char name[sizeof(ns->committed)];
+	void (*hook)(void *, const char *) = ns->current_hook;
+	void *arg = ns->current_hook_arg;
+
+	memcpy(name, ns->committed, sizeof(name));
+	ns->committed[0] = '\0';
+	ns_unlock(ns);
+	if (name[0] && hook)
+		hook(arg, name);
+}
+
+void ns_set_current_hook(struct ns *ns, void (*hook)(void *arg, const char *name), void *arg)
+{
+	ns->current_hook = hook;
+	ns->current_hook_arg = arg;
 }
 
 char *ns_current(struct ns *ns)

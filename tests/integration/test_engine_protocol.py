@@ -251,6 +251,10 @@ def test_watch_reports_arrived_current_removed(mount, tmp_path):
         assert w.line() == {"event": "arrived", "version": "v3"}
         m.run("gc", "--keep", "0")
         assert w.line() == {"event": "removed", "version": "v3"}
+        # a manual commit through the mount is an event too
+        os.symlink("versions/v2", m.path(".tmp-flip"))
+        os.rename(m.path(".tmp-flip"), m.path("current"))
+        assert w.line() == {"event": "current", "version": "v2"}
     with Conn(m.mnt, {"op": "watch"}) as w2:
         assert w2.line() == {"ok": True, "current": "v2"}
 
