@@ -164,6 +164,17 @@ def test_kill9_engine_releases_registration_and_lease(mount, src, tmp_path, proc
     eng2.wait_serving("v1")
 
 
+def test_engine_exits_1_when_the_daemon_goes(mount, src, tmp_path, procs):
+    publish(mount, src, "v1", make_tensors(seed=6, n=2))
+    mount.run("commit", "v1")
+    eng = start_engine(procs, mount, "e1", tmp_path)
+    eng.wait_serving("v1")
+    mount.umount()
+    assert eng.proc.wait(timeout=20) == 1, eng.log()
+    assert "closed the event stream" in eng.log()
+    assert not os.path.exists(eng.sock), "the engine left its socket behind"
+
+
 def test_engine_refuses_other_shapes_and_local_commit_aborts(mount, src, tmp_path, procs):
     t1 = make_tensors(seed=4)
     publish(mount, src, "v1", t1)
