@@ -74,9 +74,11 @@ $(BUILD)/libhwfs-core.a: $(CORE_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+LD      ?= ld
+OBJCOPY ?= objcopy
 $(BUILD)/libhwfs.a: $(CLIENT_OBJS)
-	ld -r -o $(BUILD)/client/libhwfs.o $^
-	objcopy --localize-hidden $(BUILD)/client/libhwfs.o
+	$(LD) -r -o $(BUILD)/client/libhwfs.o $^
+	$(OBJCOPY) --localize-hidden $(BUILD)/client/libhwfs.o
 	rm -f $@ && ar rcs $@ $(BUILD)/client/libhwfs.o
 
 $(BUILD)/libhwfs.so.$(LIBHWFS_VERSION): $(CLIENT_OBJS) fs/libhwfs.map

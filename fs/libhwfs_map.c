@@ -106,9 +106,10 @@ static int read_extents(json_t *f, const char *path, uint64_t fsize, uint64_t ar
 			struct extent **ext, size_t *n)
 {
 	json_t *arr = json_object_get(f, "extents"), *e;
-	struct extent *x;
+	struct extent *x = NULL;
 	uint64_t end = 0;
 	size_t i;
+	int r = 0;
 
 	if (!json_is_array(arr))
 		return lib_fail(-EPROTO, "malformed map answer: %s has no extents", path);
@@ -121,23 +122,29 @@ static int read_extents(json_t *f, const char *path, uint64_t fsize, uint64_t ar
 
 		if (json_array_size(e) != 3 || !json_is_integer(a) || !json_is_integer(b) ||
 		    !json_is_integer(c) || json_integer_value(a) < 0 ||
-		    json_integer_value(b) < 0 || json_integer_value(c) < 0)
-			goto bad;
+		    json_integer_value(b) < 0 || json_integer_value(c) < 0) {
+			r = -EPROTO;
+			goto out;
+		}
 		x[i].off = (uint64_t)json_integer_value(a);
 		x[i].len = (uint64_t)json_integer_value(b);
 		x[i].aoff = (uint64_t)json_integer_value(c);
 		if (x[i].off < end || x[i].len > fsize || x[i].off > fsize - x[i].len ||
-		    x[i].len > arena_len || x[i].aoff > arena_len - x[i].len)
-			goto bad;
+		    x[i].len > arena_len || x[i].aoff > arena_len - x[i].len) {
+			r = -EPROTO;
+			goto out;
+		}
 		end = x[i].off + x[i].len;
 	}
 	*ext = x;
 	*n = json_array_size(arr);
-	return 0;
-bad:
+	x = NULL;
+out:
 	free(x);
-	return lib_fail(-EPROTO, "malformed map answer: extent %zu of %s is out of order or "
-				 "outside the file or the arena", i, path);
+	if (r < 0)
+		lib_fail(r, "malformed map answer: extent %zu of %s is out of order or outside "
+			    "the file or the arena", i, path);
+	return r;
 }
 
 /*
@@ -232,27 +239,28 @@ static int stitch(struct hwfs_map *m, int afd, const struct pieces *pc, uint64_t
 	size_t total = page_up(pad + len, page);
 	char *base = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 			  -1, 0);
+	int r = 0;
 
 	if (base == MAP_FAILED)
 		return -errno;
-	for (size_t i = 0; i < pc->n; i++) {
+	for (size_t i = 0; i < pc->n && r == 0; i++) {
 		uint64_t head = i == 0 ? pad : 0, span = page_up(head + pc->p[i].len, page);
 
 		if (mmap(base + at, span, PROT_READ, MAP_SHARED | MAP_FIXED, afd,
-			 (off_t)(pc->p[i].aoff - head)) == MAP_FAILED) {
-			int r = -errno;
-
-			munmap(base, total);
-			return r;
-		}
+			 (off_t)(pc->p[i].aoff - head)) == MAP_FAILED)
+			r = -errno;
 		at += span;
 	}
-	if (add_region(m, base, total, 0, cap) < 0) {
-		munmap(base, total);
-		return -ENOMEM;
-	}
+	if (r == 0)
+		r = add_region(m, base, total, 0, cap);
+	if (r < 0)
+		goto out;
 	*data = base + pad;
-	return 0;
+	base = NULL;
+out:
+	if (base)
+		munmap(base, total);
+	return r;
 }
 
 /*

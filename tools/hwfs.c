@@ -590,7 +590,7 @@ static const struct verb {
 	{"gc", cmd_gc, "--keep N", "keep N newest versions"},
 	{"manifest", cmd_manifest, "V", "print V's manifest"},
 	{"watch", cmd_watch, "[--engine NAME] [--on-arrive CMD] [--on-commit CMD]",
-	 "follow versions; run hooks; answer commits as an engine"},
+	 "follow events; run hooks; be an engine"},
 	{"coord", cmd_coord, "--listen tcp://HOST:PORT [--state DIR]", "run a coordinator"},
 	{"keygen", cmd_keygen, "DIR", "make a CURVE key pair"},
 };

@@ -214,6 +214,7 @@ static int fix_model(struct engine *e, const struct hwfs_map *m)
 	return 0;
 }
 
+/* Free the model fix_model() made. */
 static void free_model(struct engine *e)
 {
 	for (size_t i = 0; i < e->n_model; i++) {
@@ -701,6 +702,12 @@ static int run(struct engine *e)
 	return e->gone;
 }
 
+/*
+ * Listen, register, serve `current`, follow events; on the way out stop the
+ * server thread, unregister, unmap every version and remove the socket.
+ * Exit status: 0 after a signal, 1 when setting up failed or the daemon went
+ * away, 2 for a usage error.
+ */
 int main(int argc, char **argv)
 {
 	struct engine e = {.sigfd = -1, .listen_fd = -1, .wake = {-1, -1}};

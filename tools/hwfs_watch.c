@@ -30,6 +30,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -103,7 +104,7 @@ static int signalled(struct watch *s)
 static void exec_hook(struct watch *s, const char *cmd, const char *event, const char *version,
 		      int errfd)
 {
-	char path[4096];
+	char path[PATH_MAX];
 	sigset_t none;
 
 	sigemptyset(&none);
@@ -365,6 +366,11 @@ static void watch_opts(int argc, char **argv, struct watch *s)
 		usage_die(WATCH_USAGE);
 }
 
+/*
+ * `hwfs watch`: open the watch (registering the engine), bring the server to
+ * `current`, then print and act on events until a signal (returns 0) or the
+ * daemon goes away (exits 1).
+ */
 int cmd_watch(int argc, char **argv)
 {
 	struct watch s = {.sigfd = -1};

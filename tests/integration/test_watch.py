@@ -97,3 +97,15 @@ def test_failing_on_arrive_refuses_a_local_commit(mount, src, tmp_path, procs):
     assert "bad weights in bad2" in st["reason"], st
     assert w.stop() == 0
     assert poll(lambda: engine_state(mount, "hooked") is None)
+
+
+def test_engine_names_are_checked_and_unique(mount, procs):
+    w = WatchProc(mount.mnt, "--engine", "dup").start()
+    procs.append(w)
+    w.wait_line("registered as engine dup on " + mount.mnt)
+    for name, words in (("dup", "an engine named dup is already registered"),
+                        ("bad name!", "invalid engine name")):
+        cp = mount.run("watch", "--engine", name, check=False, timeout=20)
+        assert_error_line(cp, words)
+    cp = mount.run("watch", "extra-argument", check=False)
+    assert cp.returncode == 2 and cp.stderr.startswith("usage: hwfs watch"), cp
