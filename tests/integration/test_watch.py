@@ -109,3 +109,18 @@ def test_engine_names_are_checked_and_unique(mount, procs):
         assert_error_line(cp, words)
     cp = mount.run("watch", "extra-argument", check=False)
     assert cp.returncode == 2 and cp.stderr.startswith("usage: hwfs watch"), cp
+
+
+def test_prepare_of_a_version_that_arrived_before_the_watch_runs_on_arrive(mount, src, tmp_path, procs):
+    publish(mount, src, "v1")  # before the engine: it never sees v1 arrive
+    log = tmp_path / "hooks"
+    w = WatchProc(mount.mnt, "--engine", "late", "--on-arrive", f"echo arrive $HWFS_VERSION >> {log}",
+                  "--on-commit", f"echo commit $HWFS_VERSION >> {log}").start()
+    procs.append(w)
+    w.wait_line("registered as engine late on " + mount.mnt)
+    mount.run("commit", "v1")
+    w.wait_line("swapped v1 (pause ", prefix=True)
+    assert w.lines[1:] == ["prepare v1", "loaded v1", "current v1"] + w.lines[4:], w.lines
+    assert log.read_text() == "arrive v1\ncommit v1\n"
+    st = engine_state(mount, "late")
+    assert poll(lambda: (engine_state(mount, "late") or {}).get("serving") == "v1"), st
