@@ -16,6 +16,8 @@ import pytest
 from conftest import poll
 from engine_proc import EngineProc, engine_state, procs  # noqa: F401 (procs: fixture)
 
+from .conftest import node_view
+
 NODES = ("A", "B", "C")
 ENGINE_DEADLINE_MS = 3000  # well below commit_deadline_ms (10 s)
 
@@ -78,6 +80,17 @@ def test_commit_reaches_every_engine(net, procs, tmp_path, models):
     for name in NODES:
         st = engine_state(net[name], f"e-{name}")
         assert st["serving"] == "v2" and st["swaps"] >= 1 and st["last_swap_pause_us"] >= 1, st
+
+    # every node's engine as the coordinator shows it (from the nodes' heartbeats), and
+    # the text of `hwfs status --cluster`
+    def served():
+        cs = net["A"].try_cluster_status()
+        return cs and all([e.get("serving") for e in (node_view(cs, n) or {}).get("engines", [])] == ["v2"]
+                          for n in NODES)
+    assert poll(served, timeout=10), net["A"].try_cluster_status()
+    text = net["B"].run("status", "--cluster").stdout
+    for name in NODES:
+        assert f"engine:  e-{name} (pid {engines[name].pid}): serving v2" in text, text
 
 
 @pytest.mark.limit(90)
