@@ -280,6 +280,28 @@ def test_hotswap_tied_weights_zero_copy(mount):
     assert poll(lambda: engine_record(mount, "tied") is None, 10)
 
 
+def test_hotswap_copies_hold_no_lease(mount):
+    """zero_copy=False: the module gets its own writable copies, so the engine
+    holds no lease once a version is loaded; the swap still gives exactly a
+    fresh from_pretrained's answers."""
+    save_version(mount, "v1", tiny(1))
+    mount.run("commit", "v1")
+    model = tiny(3)
+    with HotSwap(model, mount.mnt, engine="copies", zero_copy=False) as hs:
+        assert hs.version == "v1"
+        assert poll(lambda: mount.status()["leases"] == [], 10), mount.status()["leases"]
+        with torch.no_grad():
+            model.model.norm.weight.mul_(1.0)  # a write in place: fine on a copy
+        with hs.serving():
+            assert torch.equal(logits(model), logits(fresh(mount, "v1")))
+        save_version(mount, "v2", perturbed(tiny(1), 8))
+        mount.run("commit", "v2")
+        assert hs.wait_version("v2", timeout=20), hs.error
+        with hs.serving():
+            assert torch.equal(logits(model), logits(fresh(mount, "v2")))
+        assert poll(lambda: mount.status()["leases"] == [], 10), mount.status()["leases"]
+
+
 def test_hotswap_swap_waits_for_requests_in_flight(mount):
     """A request running under hs.serving() when `current` flips finishes on
     the old weights: the swap waits for it (swap_pending), then happens."""
