@@ -272,8 +272,12 @@ int ctl_recv(struct ctl_reader *rd, json_t **msg)
 			continue;
 		if (n < 0)
 			return -errno;
-		if (n == 0)
-			return rd->len ? -EBADMSG : -EPIPE;
+		if (n == 0) { /* a last line cut short is malformed, once; then EOF */
+			if (!rd->len)
+				return -EPIPE;
+			rd->len = 0;
+			return -EBADMSG;
+		}
 		rd->len += (size_t)n;
 	}
 	*msg = json_loadb(rd->buf, (size_t)(nl - rd->buf), JSON_REJECT_DUPLICATES, &jerr);

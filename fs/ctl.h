@@ -81,7 +81,7 @@ int ctl_take_fd(struct ctl_reader *rd);
 /**
  * Receive one line into *@msg (new reference). Returns 0, -EPIPE at EOF,
  * -EMSGSIZE (longer than rd->max: nothing more is read), -EBADMSG (not a JSON
- * object), -errno.
+ * object; a last line cut short by EOF is this once, then -EPIPE), -errno.
  */
 int ctl_recv(struct ctl_reader *rd, json_t **msg);
 

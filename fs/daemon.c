@@ -142,9 +142,9 @@ uint32_t daemon_peer_bits(const struct ctl_peer *p, const struct node *n)
 }
 
 /*
- * May @p run @op (docs/cli.md, "Permissions")?  Mutating verbs (@mutates, from
- * the table of operations): root, the mount's owner or a member of
- * --ctl-group.  Read-only verbs: those, and whoever the mount's root
+ * May @p run @op (docs/cli.md, "Permissions")?  Mutating and privileged verbs
+ * (@mutates, from the table of operations: its mutates or privileged column):
+ * root, the mount's owner or a member of --ctl-group.  Read-only verbs: those, and whoever the mount's root
  * directory lets read it (only a daemon run as root mounts with allow_other;
  * otherwise nobody else can reach the mount).
  * Returns NULL when allowed, else the error reply.
@@ -174,7 +174,8 @@ static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char 
  * One control connection: read one request (at most CTL_MAX_REQUEST bytes:
  * anyone may connect), authorize the caller taken at accept (SO_PEERCRED),
  * run it through the table of operations (daemon_ops.c), send the reply, and
- * take the connection off the live list.
+ * take the connection off the live list.  A long-lived operation (map, watch,
+ * engine) answers by itself and returns only when the connection ends.
  */
 static void *conn_main(void *arg)
 {
@@ -201,11 +202,11 @@ static void *conn_main(void *arg)
 	op = name ? daemon_op_find(name) : NULL;
 	if (!name)
 		res = err_reply("request without op");
-	else if ((res = authorize(c->d, &c->peer, name, op && op->mutates)))
+	else if ((res = authorize(c->d, &c->peer, name, op && (op->mutates || op->privileged))))
 		LOG_WARN("control: refused %s to uid %u (pid %d)", name, (unsigned)c->peer.uid,
 			 (int)c->peer.pid);
 	else if (op)
-		res = daemon_op_call(c->d, op, req, c->fd, &c->peer);
+		res = daemon_op_call(c->d, op, req, &rd, &c->peer);
 	else
 		res = err_reply("unknown op: %s", name);
 reply:
@@ -483,6 +484,13 @@ int daemon_run(const struct daemon_opts *o)
 		snprintf(msg, sizeof(msg), "error: cannot load index: %s\n", strerror(-r));
 		goto fail;
 	}
+	r = engines_create(d.ns, &d.engines);
+	if (r < 0) {
+		snprintf(msg, sizeof(msg), "error: %s\n", strerror(-r));
+		goto fail;
+	}
+	/* seals reach the watchers (and, once joined, the agent): set before FUSE runs */
+	ns_set_seal_hook(d.ns, daemon_sealed, &d);
 	if (o->preallocate) {
 		/* After ns_create(): its trim has punched stale pages, these are clean. */
 		r = arena_preallocate(store_arena(d.st), 1);
@@ -546,7 +554,7 @@ int daemon_run(const struct daemon_opts *o)
 		/* joining our own coordinator: at the port it bound (tcp://HOST:* allowed) */
 		const char *join = o->coordinator && d.coord_ep[0] ? d.coord_ep : o->join;
 		struct agent_opts ao = {o->node, o->listen, join, o->mountpoint, o->keys, d.ns,
-					d.st, flip_current, &d};
+					d.st, flip_current, &d, daemon_barrier, daemon_engines_json};
 
 		struct agent *agent = NULL;
 
@@ -557,7 +565,8 @@ int daemon_run(const struct daemon_opts *o)
 				 r == -EADDRINUSE ? "listen address in use" : strerror(-r));
 			goto fail;
 		}
-		ns_set_seal_hook(d.ns, agent_sealed, d.agent);
+		/* engine reports and disconnects wake the agent's pending barrier */
+		engines_set_wake(d.engines, agent_wake, d.agent);
 	}
 	LOG_INFO("mounted %s (store %s, pid %d)", o->mountpoint, store_dir(d.st), (int)getpid());
 	cfg = fuse_loop_cfg_create();
@@ -593,8 +602,10 @@ out:
 		fuse_opt_free_args(&args);
 		return r;
 	}
-	if (d.agent) {
+	if (d.ns)
 		ns_set_seal_hook(d.ns, NULL, NULL);
+	if (d.agent) {
+		engines_set_wake(d.engines, NULL, NULL);
 		agent_stop(d.agent);
 	}
 	if (d.coord_running) {
@@ -612,6 +623,7 @@ out:
 		fuse_session_destroy(d.se);
 	}
 	pthread_cond_destroy(&d.conn_cv);
+	engines_destroy(d.engines);
 	ns_destroy(d.ns);
 	store_close(d.st);
 	fuse_opt_free_args(&args);

@@ -2,8 +2,10 @@
  * daemon_i.h — private declarations shared by the files of the daemon:
  * daemon.c (the life of one node: start-up, shutdown, FUSE session, control
  * socket and its connections), daemon_ops.c (the table of control operations
- * and their handlers) and daemon_publish.c (`hwfs publish`).  Nothing outside
- * those files includes it; the public API is daemon.h.
+ * and their handlers), daemon_publish.c (`hwfs publish`) and
+ * daemon_engines.c (map, watch and engine: the long-lived operations of
+ * docs/engines.md).  Nothing outside those files includes it; the public API
+ * is daemon.h.
  */
 #ifndef HWFS_DAEMON_I_H
 #define HWFS_DAEMON_I_H
@@ -12,6 +14,7 @@
 #include "coord.h"
 #include "ctl.h"
 #include "daemon.h"
+#include "engines.h"
 #include "fuse_ops.h"
 #include "ns.h"
 
@@ -37,6 +40,8 @@ struct daemon {
 	struct conn *conns; /* under conn_mu */
 	int stopping;       /* atomic: set once shutdown begins */
 	uint64_t counter; /* atomic: unique names for temporary entries */
+	struct engines *engines; /* watchers, engines, leases: made before the control
+				  * thread starts, freed after every connection ended */
 	struct agent *agent; /* replication, when joined: set once, after the control
 			      * thread started, so read it with daemon_agent() */
 	pthread_t coord_thread; /* embedded coordinator (--coordinator) */
@@ -48,11 +53,14 @@ struct daemon {
 };
 
 /*
- * A control operation's handler: the reply to request @req from @peer on the
- * connection @fd (publish sends progress on it), never NULL unless out of
- * memory.  Errors are replies too ({"ok": false, "error": ...}).
+ * A control operation's handler: the reply to request @req from @peer, read
+ * by @rd from the connection rd->fd (publish sends progress on it), never
+ * NULL unless out of memory.  Errors are replies too ({"ok": false, "error":
+ * ...}).  A long-lived operation (map, watch, engine) sends its own first
+ * reply, keeps the connection (reading more lines with @rd) until the client
+ * closes it or shutdown shuts it down, and returns NULL: nothing more is sent.
  */
-typedef json_t *(*daemon_op_fn)(struct daemon *d, json_t *req, int fd,
+typedef json_t *(*daemon_op_fn)(struct daemon *d, json_t *req, struct ctl_reader *rd,
 				const struct ctl_peer *peer);
 
 /* One row of the table of control operations (daemon_ops.c). */
@@ -60,6 +68,8 @@ struct daemon_op {
 	const char *name;   /* the request's "op" */
 	daemon_op_fn fn;
 	int mutates;        /* changes the store, the namespace or `current`: owner only */
+	int privileged;     /* owner only although it changes nothing (map: the arena's
+			     * bytes; engine: it can hold up commits) */
 	const char *names[2]; /* request keys naming an existing version (NULL: unused) */
 };
 
@@ -78,8 +88,8 @@ const struct daemon_op *daemon_op_find(const char *name);
  * files it could not read through the mount; else call the handler.  Returns
  * the reply.
  */
-json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req, int fd,
-		       const struct ctl_peer *peer);
+json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req,
+		       struct ctl_reader *rd, const struct ctl_peer *peer);
 
 /** {"ok": false, "error": the formatted sentence}. */
 json_t *err_reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -91,8 +101,25 @@ const char *req_str(json_t *req, const char *key);
 /** Flip `current` to version @v through the mount (daemon_ops.c); the agent's commit hook. */
 int flip_current(void *arg, const char *v, char *err, size_t errlen);
 
+/** The seal hook of the namespace: tell the watchers ("arrived") and the agent. */
+void daemon_sealed(void *arg, const char *name);
+
+/** The agent's barrier hook: engines_barrier() on the daemon's registry. */
+int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,
+		   size_t errlen);
+
+/** The agent's HELLO hook: this node's engines (engines_json()). */
+json_t *daemon_engines_json(void *arg);
+
+/* daemon_engines.c: the long-lived operations (daemon_op_fn) */
+json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer);
+json_t *op_watch(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		 const struct ctl_peer *peer);
+json_t *op_engine(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		  const struct ctl_peer *peer);
+
 /** `hwfs publish` (daemon_publish.c), a daemon_op_fn. */
-json_t *op_publish(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer);
+json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer);
 
 /*
  * The agent, or NULL when the node is not joined (yet).  Control threads run

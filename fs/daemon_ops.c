@@ -87,7 +87,7 @@ static json_t *versions_json(struct daemon *d)
 
 /* ----------------------------------------------------------- operations */
 
-static json_t *op_status(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	struct agent *agent = daemon_agent(d);
 	uint64_t used, count;
@@ -104,6 +104,8 @@ static json_t *op_status(struct daemon *d, json_t *req, int fd, const struct ctl
 		      "current", cur ? json_string(cur) : json_null(), "versions",
 		      versions_json(d));
 	free(cur);
+	json_object_set_new(r, "engines", engines_json(d->engines) ?: json_array());
+	json_object_set_new(r, "leases", engines_leases_json(d->engines) ?: json_array());
 	if (agent) {
 		uint64_t rx, tx, rq;
 
@@ -121,7 +123,7 @@ static json_t *op_status(struct daemon *d, json_t *req, int fd, const struct ctl
 	return r;
 }
 
-static json_t *op_ls(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+static json_t *op_ls(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	return json_pack("{s:b, s:o}", "ok", 1, "versions", versions_json(d));
 }
@@ -144,7 +146,7 @@ static const char *seal_error(int r)
 	}
 }
 
-static json_t *op_seal(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+static json_t *op_seal(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	unsigned flags = json_is_true(json_object_get(req, "force")) ? NS_SEAL_FORCE : 0;
@@ -161,8 +163,9 @@ static json_t *op_seal(struct daemon *d, json_t *req, int fd, const struct ctl_p
 
 /*
  * Flip `current` through the mount so inotify watchers see IN_MOVED_TO: a
- * fresh symlink in the root renamed onto `current`.  Never called from a FUSE
- * request handler.  Returns 0 or -errno with a sentence in @err.
+ * fresh symlink in the root renamed onto `current`; then tell the watchers
+ * and engines ({"event": "current"}).  Never called from a FUSE request
+ * handler.  Returns 0 or -errno with a sentence in @err.
  */
 int flip_current(void *arg, const char *v, char *err, size_t errlen)
 {
@@ -203,6 +206,7 @@ int flip_current(void *arg, const char *v, char *err, size_t errlen)
 					    : r == -EIO   ? "version is damaged" : strerror(-r));
 		return r;
 	}
+	engines_event(d->engines, "current", v);
 	return 0;
 }
 
@@ -242,7 +246,7 @@ static json_t *commit_reply(const char *v, json_t *res)
 	return out;
 }
 
-static json_t *op_commit(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+static json_t *op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	int local = json_is_true(json_object_get(req, "local"));
@@ -275,12 +279,18 @@ static json_t *op_commit(struct daemon *d, json_t *req, int fd, const struct ctl
 		}
 		return commit_reply(v, res);
 	}
-	if (flip_current(d, v, err, sizeof(err)) < 0)
+	/* local: this node's engines must have @v loaded first (docs/engines.md) */
+	ns_rdlock(d->ns);
+	int r = ns_check_committable(d->ns, v, err, sizeof(err));
+	ns_unlock(d->ns);
+	if (r == 0)
+		r = engines_barrier_wait(d->engines, v, err, sizeof(err));
+	if (r < 0 || flip_current(d, v, err, sizeof(err)) < 0)
 		return err_reply("cannot commit %s: %s", v, err);
 	return json_pack("{s:b, s:s}", "ok", 1, "current", v);
 }
 
-static json_t *op_cluster(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+static json_t *op_cluster(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	struct agent *agent = daemon_agent(d);
 	json_t *call, *res = NULL, *out;
@@ -326,7 +336,7 @@ static hwfs_hash_t *distinct_shards(const struct hwfs_vrec *v, size_t *n)
 	return h;
 }
 
-static json_t *op_verify(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	struct hwfs_vrec *rec = NULL;
@@ -378,6 +388,11 @@ static const char *rm_error(int r)
 			      : strerror(-r);
 }
 
+/*
+ * Remove version @v (rm, gc), drop the kernel's entry of it and tell the
+ * watchers ({"event": "removed"}).  A leased version's shards stay until the
+ * lease ends (the map handler holds references).  Returns 0 or -errno.
+ */
 static int remove_and_invalidate(struct daemon *d, const char *v)
 {
 	struct node *vers;
@@ -388,11 +403,12 @@ static int remove_and_invalidate(struct daemon *d, const char *v)
 		vers = ns_child(ns_root(d->ns), "versions");
 		ns_unlock(d->ns);
 		fuse_lowlevel_notify_inval_entry(d->se, hwfs_fuse_ino(d->ns, vers), v, strlen(v));
+		engines_event(d->engines, "removed", v);
 	}
 	return r;
 }
 
-static json_t *op_rm(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+static json_t *op_rm(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	int r;
@@ -405,7 +421,7 @@ static json_t *op_rm(struct daemon *d, json_t *req, int fd, const struct ctl_pee
 	return ok_reply();
 }
 
-static json_t *op_gc(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+static json_t *op_gc(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	json_t *keep_j = json_object_get(req, "keep"), *removed = json_array();
 	json_int_t keep = json_is_integer(keep_j) ? json_integer_value(keep_j) : -1;
@@ -459,7 +475,7 @@ static json_t *tensor_map(const struct hwfs_vrec *v)
 	return m;
 }
 
-static json_t *op_diff(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	const char *a = req_str(req, "a"), *b = req_str(req, "b");
 	struct hwfs_vrec *va = NULL, *vb = NULL;
@@ -530,7 +546,7 @@ static json_t *op_diff(struct daemon *d, json_t *req, int fd, const struct ctl_p
 	return res;
 }
 
-static json_t *op_manifest(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+static json_t *op_manifest(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	struct hwfs_vrec *rec = NULL;
@@ -610,22 +626,29 @@ static int peer_may_read_version(struct daemon *d, const struct ctl_peer *p, con
 /*
  * Every control operation.  mutates: changes the store, the namespace or
  * `current` (verify records damage), so only root, the mount's owner or
- * --ctl-group may run it (docs/cli.md, "Permissions").  names: the request
- * keys that name an existing version; publish's "version" is a new name,
- * checked by publish itself.
+ * --ctl-group may run it (docs/cli.md, "Permissions").  privileged: changes
+ * nothing but needs the same callers (map hands out the arena, which holds
+ * every version's bytes; a registered engine can hold up commits).  names:
+ * the request keys that name an existing version; publish's "version" is a
+ * new name, checked by publish itself.
  */
 static const struct daemon_op ops[] = {
-	{"status", op_status, 0, {NULL, NULL}},
-	{"ls", op_ls, 0, {NULL, NULL}},
-	{"seal", op_seal, 1, {"version", NULL}},
-	{"commit", op_commit, 1, {"version", NULL}},
-	{"publish", op_publish, 1, {NULL, NULL}},
-	{"verify", op_verify, 1, {"version", NULL}},
-	{"rm", op_rm, 1, {"version", NULL}},
-	{"gc", op_gc, 1, {NULL, NULL}},
-	{"diff", op_diff, 0, {"a", "b"}},
-	{"manifest", op_manifest, 0, {"version", NULL}},
-	{"cluster", op_cluster, 0, {NULL, NULL}},
+	/* name       handler      mutates privileged  names */
+	{"status", op_status, 0, 0, {NULL, NULL}},
+	{"ls", op_ls, 0, 0, {NULL, NULL}},
+	{"seal", op_seal, 1, 0, {"version", NULL}},
+	{"commit", op_commit, 1, 0, {"version", NULL}},
+	{"publish", op_publish, 1, 0, {NULL, NULL}},
+	{"verify", op_verify, 1, 0, {"version", NULL}},
+	{"rm", op_rm, 1, 0, {"version", NULL}},
+	{"gc", op_gc, 1, 0, {NULL, NULL}},
+	{"diff", op_diff, 0, 0, {"a", "b"}},
+	{"manifest", op_manifest, 0, 0, {"version", NULL}},
+	{"cluster", op_cluster, 0, 0, {NULL, NULL}},
+	/* long-lived (docs/engines.md): the connection stays open */
+	{"map", op_map, 0, 1, {"version", NULL}},
+	{"watch", op_watch, 0, 0, {NULL, NULL}},
+	{"engine", op_engine, 0, 1, {NULL, NULL}},
 };
 
 /* The row of @name in ops[], or NULL. */
@@ -647,8 +670,8 @@ const struct daemon_op *daemon_op_find(const char *name)
  * caller who is not privileged (daemon_peer_privileged) gets it only for a
  * version it could read whole through the mount.  Returns the reply.
  */
-json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req, int fd,
-		       const struct ctl_peer *peer)
+json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req,
+		       struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(op->names) && op->names[i]; i++) {
 		const char *v = req_str(req, op->names[i]);
@@ -661,5 +684,5 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 			return err_reply("permission denied: %s %s needs read access to every "
 					 "file of %s", op->name, v, v);
 	}
-	return op->fn(d, req, fd, peer);
+	return op->fn(d, req, rd, peer);
 }

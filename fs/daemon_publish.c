@@ -288,10 +288,10 @@ fail:
  * publish: the source tree is read with the caller's permissions (cred_enter),
  * so a caller may not make the daemon read what it could not read itself.
  */
-json_t *op_publish(struct daemon *d, json_t *req, int fd, const struct ctl_peer *peer)
+json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	const char *src = req_str(req, "src"), *v = req_str(req, "version");
-	struct publish p = {.d = d, .fd = fd};
+	struct publish p = {.d = d, .fd = rd->fd};
 	char hidden[600], from[4096], to[4096];
 	struct fs_cred cred;
 	struct node *root;

@@ -59,6 +59,9 @@ static const struct row rows[] = {
 	ROW(commit_wait_ms, 30000, 100, 3600000, "hwfs commit waits this long for the coordinator's answer"),
 	ROW(status_wait_ms, 10000, 100, 3600000,
 	    "hwfs status --cluster waits this long for the coordinator's answer"),
+	ROW(engine_deadline_ms, 8000, 10, 3600000,
+	    "a commit waits this long for each registered engine to report the version loaded; "
+	    "keep it below commit_deadline_ms"),
 };
 static uint64_t *field(struct hwfs_tunables *t, const struct row *r)
 {

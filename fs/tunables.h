@@ -44,6 +44,8 @@ struct hwfs_tunables {
 	uint64_t commit_deadline_ms; /* a cluster commit's deadline (READY and ACK of every node) */
 	uint64_t commit_wait_ms;     /* how long `hwfs commit` waits for the coordinator's answer */
 	uint64_t status_wait_ms;     /* how long `hwfs status --cluster` waits for it */
+	/* engines (docs/engines.md) */
+	uint64_t engine_deadline_ms; /* the commit barrier waits this long for every engine's report */
 };
 
 /** The process-wide values (defaults until hwfs_tunables_load()). */

@@ -28,6 +28,7 @@
 #include "keys.h"
 #include "manifest.h"
 
+/* Make the loop's zmq_poll() return now (any thread; never blocks). */
 static void wake(struct agent *a)
 {
 	char c = 1;
@@ -232,6 +233,8 @@ static void hello(struct agent *a)
 			      "versions", vers, "current", cur ? json_string(cur) : json_null());
 
 	json_object_set_new(h, "session", json_string(a->session));
+	if (a->engines) /* the coordinator shows them in `hwfs status --cluster` */
+		json_object_set_new(h, "engines", a->engines(a->arg) ?: json_array());
 	if (a->keys) /* pullers reach our data socket with it */
 		json_object_set_new(h, "key", json_string(keys_public(a->keys)));
 	agent_send_coord(a, P_HELLO, h, NULL, 0);
@@ -255,14 +258,75 @@ static void on_welcome(struct agent *a, struct proto_msg *m)
 	learn_commit(a, proto_str(m, "committed"), proto_int(m, "epoch"));
 }
 
+/* Monotonic nanoseconds: when a PREPARE arrived, for the barrier hook. */
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Answer PREPARE @txid of @name: READY, @ok or not because of @reason. */
+static void send_ready(struct agent *a, uint64_t txid, const char *name, int ok,
+		       const char *reason)
+{
+	agent_send_coord(a, P_READY,
+			 json_pack("{s:I, s:s, s:b, s:s}", "txid", (json_int_t)txid, "version", name,
+				   "ok", ok, "reason", reason),
+			 NULL, 0);
+}
+
+/* Forget the PREPARE waiting for the engine barrier, if any. */
+static void prep_clear(struct agent *a)
+{
+	free(a->prep_version);
+	a->prep_version = NULL;
+}
+
+/*
+ * barrier_check() - ask the engine barrier again about the PREPARE that
+ * waits for it (every pass of the loop, and at once when agent_wake() says an
+ * engine reported); once it is decided, answer READY and forget it.
+ */
+static void barrier_check(struct agent *a)
+{
+	char err[600];
+	int r;
+
+	if (!a->prep_version)
+		return;
+	r = a->barrier(a->arg, a->prep_version, a->prep_started, err, sizeof(err));
+	if (r == -EINPROGRESS)
+		return;
+	if (r < 0)
+		LOG_INFO("agent: not ready for %s: %s", a->prep_version, err);
+	send_ready(a, a->prep_txid, a->prep_version, r == 0, r == 0 ? "ready" : err);
+	prep_clear(a);
+}
+
+/*
+ * on_prepare() - the coordinator asks whether this node can flip to a
+ * version: it must be here sealed, intact and with the cluster's digest, and
+ * then every engine registered here must have it loaded (the barrier hook,
+ * which may take a while: READY is then sent by barrier_check()).  A newer
+ * PREPARE replaces one still waiting (the coordinator runs one commit at a
+ * time).
+ */
 static void on_prepare(struct agent *a, struct proto_msg *m)
 {
 	const char *name = proto_str(m, "version");
+	uint64_t txid = proto_int(m, "txid");
 	hwfs_hash_t digest;
 	char err[256] = "";
 	struct version *v;
 	int r;
 
+	if (!name) {
+		LOG_WARN("agent: PREPARE without a version ignored");
+		return;
+	}
+	prep_clear(a);
 	ns_rdlock(a->ns);
 	r = ns_check_committable(a->ns, name, err, sizeof(err));
 	v = ns_version(a->ns, name);
@@ -271,10 +335,18 @@ static void on_prepare(struct agent *a, struct proto_msg *m)
 		snprintf(err, sizeof(err), "%s here differs from the cluster's", name);
 	}
 	ns_unlock(a->ns);
-	agent_send_coord(a, P_READY,
-		   json_pack("{s:I, s:s, s:b, s:s}", "txid", (json_int_t)proto_int(m, "txid"),
-			     "version", name, "ok", r == 0, "reason", r == 0 ? "ready" : err),
-		   NULL, 0);
+	if (r == 0 && a->barrier) {
+		a->prep_version = strdup(name);
+		if (a->prep_version) {
+			a->prep_txid = txid;
+			a->prep_started = mono_ns();
+			barrier_check(a); /* with no engine: READY right now, as before */
+			return;
+		}
+		r = -ENOMEM;
+		snprintf(err, sizeof(err), "out of memory");
+	}
+	send_ready(a, txid, name, r == 0, r == 0 ? "ready" : err);
 }
 
 static void on_commit(struct agent *a, struct proto_msg *m)
@@ -406,6 +478,8 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 		case P_ABORT:
 			LOG_INFO("agent: commit of %s aborted: %s", proto_str(&m, "version"),
 				 proto_str(&m, "reason"));
+			if (a->prep_version && proto_int(&m, "txid") == a->prep_txid)
+				prep_clear(a); /* decided: no READY is wanted any more */
 			break;
 		case P_COMMIT_RES:
 		case P_STATUS_RES:
@@ -462,6 +536,7 @@ static void *agent_main(void *arg)
 		for (p = a->peers; p; p = p->next)
 			handle(a, p->sock, 0, p->addr);
 		pull_pump(a);
+		barrier_check(a);
 		if (now_s() - a->last_hello >= ms_s(hwfs_tun.heartbeat_ms))
 			hello(a);
 	}
@@ -485,6 +560,8 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 	a->st = o->st;
 	a->flip_current = o->flip_current;
 	a->arg = o->arg;
+	a->barrier = o->barrier;
+	a->engines = o->engines;
 	if (!a->node || !a->listen || !a->coordinator || !a->mountpoint)
 		goto fail;
 	load_applied(a);
@@ -590,6 +667,7 @@ void agent_stop(struct agent *a)
 	if (a->pipe[1] >= 0)
 		close(a->pipe[1]);
 	free(a->pending_commit);
+	free(a->prep_version);
 	free(a->applied);
 	json_decref(a->pulls);
 	free(a->node);
@@ -598,6 +676,11 @@ void agent_stop(struct agent *a)
 	free(a->mountpoint);
 	pthread_mutex_destroy(&a->mu);
 	free(a);
+}
+
+void agent_wake(void *agent)
+{
+	wake(agent);
 }
 
 void agent_sealed(void *agent, const char *name)

@@ -37,6 +37,18 @@ struct agent_opts {
 	/* Flip MOUNT/current to versions/@version through the mount (daemon.c). */
 	int (*flip_current)(void *arg, const char *version, char *err, size_t errlen);
 	void *arg;
+	/*
+	 * The engine barrier (docs/engines.md), or NULL: are the node's engines
+	 * ready for a commit of @version, asked at PREPARE and again on every
+	 * pass of the loop while pending?  Must not block.  Returns 0 (ready),
+	 * -EINPROGRESS (ask again; agent_wake() says when something changed) or
+	 * another -errno with the reason in @err (READY not ok).  @started_ns
+	 * (monotonic) is when the PREPARE arrived.
+	 */
+	int (*barrier)(void *arg, const char *version, uint64_t started_ns, char *err,
+		       size_t errlen);
+	/* This node's engines for the HELLO (a new JSON array), or NULL: none sent. */
+	json_t *(*engines)(void *arg);
 };
 
 /**
@@ -51,6 +63,13 @@ void agent_stop(struct agent *a);
 
 /** Seal hook (any thread): announce version @name to the coordinator. */
 void agent_sealed(void *agent, const char *name);
+
+/**
+ * agent_wake() - (any thread, never blocks) make the agent's loop run a pass
+ * now: an engine reported or went away, so a pending barrier is re-checked
+ * at once rather than at the next poll timeout.
+ */
+void agent_wake(void *agent);
 
 /**
  * agent_call() - ask the coordinator (any thread, blocking up to @timeout_ms):

@@ -120,6 +120,9 @@ struct agent {
 	struct store *st;
 	int (*flip_current)(void *arg, const char *version, char *err, size_t errlen);
 	void *arg;
+	int (*barrier)(void *arg, const char *version, uint64_t started_ns, char *err,
+		       size_t errlen);
+	json_t *(*engines)(void *arg);
 
 	void *ctx, *coord, *serve;
 	struct keys *keys;
@@ -138,6 +141,13 @@ struct agent {
 	struct fetch *fetches;
 	struct deferred *deferred;
 	char *pending_commit; /* committed version to flip to once it is here */
+	/*
+	 * A PREPARE whose READY waits for the engine barrier (agent.c): its
+	 * txid, version (NULL: none pending) and arrival (monotonic ns).  A newer
+	 * PREPARE replaces it; an ABORT of its txid forgets it.
+	 */
+	char *prep_version;
+	uint64_t prep_txid, prep_started;
 	/*
 	 * The last cluster decision (committed version, epoch) this node applied:
 	 * a different one in a PONG/WELCOME is a commit it missed (it was away,

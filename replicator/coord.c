@@ -29,6 +29,7 @@
 #include <zmq.h>
 
 #include "coord.h"
+#include "engines.h"
 #include "keys.h"
 #include "manifest.h"
 #include "proto.h"
@@ -39,6 +40,8 @@
 #define TICK_MS 100                /* longest poll: how late a deadline or a death is noticed */
 #define MIN_COMMIT_DEADLINE_MS 100 /* a COMMIT_REQ.deadline_ms below this is raised to it */
 #define MAX_COMMIT_DEADLINE_MS 3600000 /* and one above (the tunable's own bound) cut to it */
+#define MAX_NODE_ENGINES 64        /* engines of one node kept from its HELLO (a memory bound) */
+#define MAX_VERSION_NAME 255       /* longest version name (ns_tree.c, valid_name) */
 
 struct cnode {
 	char *name;
@@ -52,6 +55,7 @@ struct cnode {
 	uint64_t bad_shards; /* reported by its pullers */
 	uint64_t join_seq;
 	json_t *versions; /* name -> {digest, complete, bytes_held, bytes_needed} */
+	json_t *engines;  /* its engines as of its last HELLO (checked: engines_from_hello) */
 };
 
 struct cversion {
@@ -234,6 +238,7 @@ static void cnode_free(struct cnode *n)
 	free(n->bound_key);
 	free(n->session);
 	json_decref(n->versions);
+	json_decref(n->engines);
 }
 
 static void cversion_free(struct cversion *v)
@@ -460,6 +465,75 @@ static void replan_pullers_of(struct coord *c, struct cnode *holder)
 	}
 }
 
+/* @v if it is a plausible version name (1-255 bytes, no control character), else NULL. */
+static const char *version_or_null(json_t *v)
+{
+	const char *s = json_string_value(v);
+	size_t n = s ? strlen(s) : 0;
+
+	if (n < 1 || n > MAX_VERSION_NAME)
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+			return NULL;
+	return s;
+}
+
+/* @v as a JSON integer if it is one in [0, PROTO_MAX_INT], else JSON null. */
+static json_t *count_or_null(json_t *v)
+{
+	return json_is_integer(v) && json_integer_value(v) >= 0 &&
+			       (uint64_t)json_integer_value(v) <= PROTO_MAX_INT
+		       ? json_integer(json_integer_value(v))
+		       : json_null();
+}
+
+/*
+ * engines_from_hello() - the engines a node reports in its HELLO (its
+ * `hwfs status` "engines"), as the coordinator keeps and shows them: at most
+ * MAX_NODE_ENGINES entries; an entry without a valid engine name is left out;
+ * any other field that is not what it should be (a state other than the four,
+ * a version name that cannot be one, a reason over ENGINE_REASON_MAX bytes, a
+ * negative or huge number) becomes null.  A node is trusted with its own
+ * engines, not with the coordinator's memory or the shape of its answers.
+ * Returns a new array (NULL without memory).
+ */
+static json_t *engines_from_hello(json_t *in)
+{
+	static const char *const states[] = {"idle", "loading", "loaded", "refused"};
+	json_t *out = json_array(), *e;
+	size_t i;
+
+	json_array_foreach(in, i, e) {
+		const char *name = json_string_value(json_object_get(e, "name"));
+		const char *state = json_string_value(json_object_get(e, "state"));
+		const char *reason = json_string_value(json_object_get(e, "reason"));
+		const char *sv = version_or_null(json_object_get(e, "serving"));
+		const char *sh = version_or_null(json_object_get(e, "shadow"));
+		int known = 0;
+
+		if (!out || json_array_size(out) >= MAX_NODE_ENGINES)
+			break;
+		if (!name || !engines_valid_name(name))
+			continue;
+		for (size_t k = 0; state && k < HWFS_ARRAY_SIZE(states); k++)
+			known |= !strcmp(state, states[k]);
+		if (reason && strlen(reason) > ENGINE_REASON_MAX)
+			reason = NULL;
+		json_array_append_new(
+			out, json_pack("{s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name", name, "pid",
+				       count_or_null(json_object_get(e, "pid")), "serving",
+				       sv ? json_string(sv) : json_null(), "shadow",
+				       sh ? json_string(sh) : json_null(), "state",
+				       known ? json_string(state) : json_null(), "reason",
+				       reason ? json_string(reason) : json_null(),
+				       "last_swap_pause_us",
+				       count_or_null(json_object_get(e, "last_swap_pause_us")),
+				       "swaps", count_or_null(json_object_get(e, "swaps"))));
+	}
+	return out;
+}
+
 static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 {
 	struct cnode *n = node_find(c, from);
@@ -522,6 +596,10 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	}
 	n->last_seen = hwfs_mono_s();
 	n->welcome_due = 0;
+	json_decref(n->engines); /* a node that sends none (an older one) shows none */
+	n->engines = json_is_array(json_object_get(m->h, "engines"))
+			     ? engines_from_hello(json_object_get(m->h, "engines"))
+			     : NULL;
 	json_array_foreach(vers, i, e) {
 		const char *vn = json_string_value(json_object_get(e, "name"));
 		struct cversion *v = version_find(c, vn);
@@ -834,10 +912,15 @@ static void on_status(struct coord *c, const char *from, struct proto_msg *m)
 				json_object_set(ve, "waiting", json_object_get(e, "waiting"));
 			json_array_append_new(vers, ve);
 		}
-		json_array_append_new(nodes, json_pack("{s:s, s:s, s:b, s:I, s:o}", "name", n->name,
-						       "addr", n->addr ?: "", "alive", alive(n),
-						       "bad_shards", (json_int_t)n->bad_shards,
-						       "versions", vers));
+		/* a dead node's engines are gone with it (their connections ended) */
+		json_array_append_new(nodes, json_pack("{s:s, s:s, s:b, s:I, s:o, s:o}", "name",
+						       n->name, "addr", n->addr ?: "", "alive",
+						       alive(n), "bad_shards",
+						       (json_int_t)n->bad_shards, "versions", vers,
+						       "engines",
+						       n->engines && alive(n)
+							       ? json_deep_copy(n->engines)
+							       : json_array()));
 	}
 	send_to(c, from, P_STATUS_RES,
 		json_pack("{s:I, s:{s:s, s:o, s:o, s:I}}", "req", (json_int_t)proto_int(m, "req"),

@@ -6,21 +6,21 @@
  * is in hwfs_daemon.c, and what the two share is declared in hwfs_cli.h.
  *
  * `hwfs mount` starts a daemon (fs/daemon.c) and returns once the mount
- * answers; every other verb finds the daemon of a mount through the root
- * xattr `user.hwfs.control` (the control socket) and speaks the JSON-lines
- * protocol of ctl.h.  Output is for people by default and the daemon's JSON
- * with --json.  Exit status: 0 on success, 1 with one `hwfs: error:` line on
- * stderr otherwise, 2 for usage errors.
+ * answers; every other verb asks the daemon of a mount through libhwfs
+ * (include/hwfs.h: hwfs_open finds it by the root xattr `user.hwfs.control`,
+ * hwfs_call sends one request of the JSON-lines protocol of ctl.h), and
+ * `hwfs watch` (hwfs_watch.c) follows its events.  Output is for people by
+ * default and the daemon's JSON with --json.  Exit status: 0 on success, 1
+ * with one `hwfs: error:` line on stderr otherwise, 2 for usage errors.
  */
 #define _GNU_SOURCE
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/xattr.h>
 #include <unistd.h>
 
-#include "ctl.h"
+#include "hwfs_api.h" /* first: the public API beside hwfs_common.h */
 #include "hwfs_cli.h"
 
 static const char *g_mount;
@@ -57,71 +57,64 @@ static const char *default_mount(void)
 
 /* ------------------------------------------------------------ the channel */
 
-static int connect_mount(void)
-{
-	char path[4096];
-	ssize_t n = getxattr(g_mount, "user.hwfs.control", path, sizeof(path) - 1);
-	int fd;
+/* The progress bar of one request: when it started, whether it was drawn. */
+struct progress {
+	double t0;
+	int tty, drawn;
+};
 
-	if (n < 0)
-		die("%s is not an hwfs mount (or its daemon is gone): %s", g_mount,
-		    strerror(errno));
-	path[n] = '\0';
-	fd = ctl_connect(path);
-	if (fd < 0)
-		die("cannot reach the daemon of %s at %s: %s", g_mount, path, strerror(-fd));
-	return fd;
-}
-
-static void draw_progress(uint64_t done, uint64_t total, double t0)
+/* libhwfs progress callback: redraw the bar on a terminal. */
+static void draw_progress(void *arg, uint64_t done, uint64_t total)
 {
+	struct progress *p = arg;
 	int width = 40, fill = total ? (int)((double)done / (double)total * width) : width;
-	double dt = hwfs_mono_s() - t0;
+	double dt = hwfs_mono_s() - p->t0;
 	char a[32], b[32];
 
+	if (!p->tty)
+		return;
 	fprintf(stderr, "\r[%.*s%*s] %s / %s  %.2f GB/s ", fill,
 		"########################################", width - fill, "",
 		hwfs_fmt_size(done, a, sizeof(a)), hwfs_fmt_size(total, b, sizeof(b)),
 		dt > 0 ? (double)done / dt / 1e9 : 0.0);
 	fflush(stderr);
+	p->drawn = 1;
 }
 
-/* Send @req (stolen) and return the final answer; dies on {"ok": false}. */
+/* The handle on g_mount's daemon, opened on first use; dies when it is no hwfs mount. */
+static struct hwfs *mount_handle(void)
+{
+	static struct hwfs *h;
+
+	if (!h && hwfs_open(g_mount, &h) < 0)
+		die("%s", hwfs_errmsg());
+	return h;
+}
+
+/*
+ * Send @req (stolen) through hwfs_call() and return the final answer; dies
+ * when the daemon cannot be asked and, with @die_on_error, on {"ok": false}.
+ */
 static json_t *call(json_t *req, int die_on_error)
 {
-	int fd = connect_mount(), tty = isatty(2), drawn = 0;
-	double t0 = hwfs_mono_s();
-	struct ctl_reader rd;
-	json_t *res = NULL;
+	struct progress p = {hwfs_mono_s(), isatty(2), 0};
+	char *line = json_dumps(req, JSON_COMPACT), *reply = NULL;
+	json_t *res;
 	int r;
 
-	r = ctl_send(fd, req);
 	json_decref(req);
-	if (r < 0)
-		die("cannot send to the daemon: %s", strerror(-r));
-	ctl_reader_init(&rd, fd);
-	for (;;) {
-		json_t *prog;
-
-		r = ctl_recv(&rd, &res);
-		if (r < 0)
-			die("no answer from the daemon: %s",
-			    r == -EPIPE ? "connection closed" : strerror(-r));
-		prog = json_object_get(res, "progress");
-		if (!prog)
-			break;
-		if (tty) {
-			draw_progress((uint64_t)json_integer_value(json_object_get(prog, "done")),
-				      (uint64_t)json_integer_value(json_object_get(prog, "total")),
-				      t0);
-			drawn = 1;
-		}
-		json_decref(res);
-	}
-	if (drawn)
+	if (!line)
+		die("out of memory");
+	r = hwfs_call(mount_handle(), line, draw_progress, &p, &reply);
+	free(line);
+	if (p.drawn)
 		fputc('\n', stderr);
-	ctl_reader_free(&rd);
-	close(fd);
+	if (r < 0)
+		die("%s", hwfs_errmsg());
+	res = json_loads(reply, 0, NULL);
+	free(reply);
+	if (!res)
+		die("malformed answer from the daemon");
 	if (die_on_error && !json_is_true(json_object_get(res, "ok"))) {
 		json_t *e = json_object_get(res, "error");
 
@@ -227,6 +220,47 @@ static void print_versions_table(json_t *vers)
 	}
 }
 
+/*
+ * One line per registered engine of @engines (status's "engines"): what it
+ * serves, the version it shadow-loads and how that stands, its last swap.
+ */
+static void print_engines(const char *indent, json_t *engines)
+{
+	size_t k;
+	json_t *e;
+
+	json_array_foreach(engines, k, e) {
+		json_t *shadow = json_object_get(e, "shadow"), *reason = json_object_get(e, "reason");
+
+		printf("%sengine:  %s (pid %lld): serving %s", indent, jstr(e, "name"),
+		       (long long)jint(e, "pid"),
+		       json_is_string(json_object_get(e, "serving")) ? jstr(e, "serving")
+								     : "nothing");
+		if (json_is_string(shadow))
+			printf(", shadow %s %s%s%s", json_string_value(shadow), jstr(e, "state"),
+			       json_is_string(reason) ? ": " : "",
+			       json_is_string(reason) ? json_string_value(reason) : "");
+		if (jint(e, "swaps"))
+			printf("; last swap paused %lld us (%lld swaps)",
+			       (long long)jint(e, "last_swap_pause_us"), (long long)jint(e, "swaps"));
+		printf("\n");
+	}
+}
+
+/* One line for the leases of status: each mapped version and the pid holding it. */
+static void print_leases(json_t *leases)
+{
+	size_t k;
+	json_t *l;
+
+	if (!json_array_size(leases))
+		return;
+	printf("leases: ");
+	json_array_foreach(leases, k, l)
+		printf("%s %s (pid %lld)", k ? "," : "", jstr(l, "version"), (long long)jint(l, "pid"));
+	printf("\n");
+}
+
 /* Print the cluster table once; returns how many (node, version) are still replicating. */
 static int print_cluster(json_t *cl)
 {
@@ -251,6 +285,7 @@ static int print_cluster(json_t *cl)
 									: "replicating");
 			busy += !complete && json_is_true(json_object_get(n, "alive"));
 		}
+		print_engines("    ", json_object_get(n, "engines"));
 	}
 	return busy;
 }
@@ -307,6 +342,8 @@ static int cmd_status(int argc, char **argv)
 						? jstr(res, "current")
 						: "(none)");
 		print_versions_table(json_object_get(res, "versions"));
+		print_engines("", json_object_get(res, "engines"));
+		print_leases(json_object_get(res, "leases"));
 		if (json_object_get(res, "node")) {
 			json_t *rep = json_object_get(res, "replication");
 
@@ -552,6 +589,8 @@ static const struct verb {
 	{"rm", cmd_rm, "V", "remove V"},
 	{"gc", cmd_gc, "--keep N", "keep N newest versions"},
 	{"manifest", cmd_manifest, "V", "print V's manifest"},
+	{"watch", cmd_watch, "[--engine NAME] [--on-arrive CMD] [--on-commit CMD]",
+	 "follow versions; run hooks; answer commits as an engine"},
 	{"coord", cmd_coord, "--listen tcp://HOST:PORT [--state DIR]", "run a coordinator"},
 	{"keygen", cmd_keygen, "DIR", "make a CURVE key pair"},
 };

@@ -1,7 +1,8 @@
 /*
  * hwfs_cli.h — what the files of the `hwfs` command share: the error exits
- * (hwfs.c) and the verbs that start and stop processes (hwfs_daemon.c), which
- * main()'s table of verbs in hwfs.c dispatches to.
+ * (hwfs.c), the verbs that start and stop processes (hwfs_daemon.c) and
+ * `hwfs watch` (hwfs_watch.c), which main()'s table of verbs in hwfs.c
+ * dispatches to.
  */
 #ifndef HWFS_CLI_H
 #define HWFS_CLI_H
@@ -18,5 +19,8 @@ int cmd_mount(int argc, char **argv);
 int cmd_umount(int argc, char **argv);
 int cmd_coord(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
+
+/* hwfs_watch.c */
+int cmd_watch(int argc, char **argv);
 
 #endif /* HWFS_CLI_H */

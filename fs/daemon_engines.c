@@ -1,0 +1,326 @@
+/*
+ * daemon_engines.c — the long-lived control operations of docs/engines.md:
+ * `map` (a read-only descriptor of the arena, the version's extents and
+ * tensors, and a lease on its shards), `watch` (events) and `engine` (events,
+ * prepare, reports), plus the daemon's hooks that feed the registry
+ * (engines.c): seals, the agent's barrier and the engines in its heartbeat.
+ *
+ * Each operation runs on its connection's thread (daemon.c, conn_main): it
+ * sends its first reply itself, then blocks reading the connection until the
+ * client closes it (or dies: the kernel closes it) or shutdown shuts it down,
+ * cleans up and returns NULL, so that nothing more is sent.  Reading is how
+ * the end is noticed; what a map or watch client sends is read and dropped.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon_i.h"
+#include "proto.h"
+
+/* ----------------------------------------------------------- hooks */
+
+void daemon_sealed(void *arg, const char *name)
+{
+	struct daemon *d = arg;
+	struct agent *agent = daemon_agent(d);
+
+	engines_event(d->engines, "arrived", name);
+	if (agent)
+		agent_sealed(agent, name);
+}
+
+int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,
+		   size_t errlen)
+{
+	struct daemon *d = arg;
+
+	return engines_barrier(d->engines, version, started_ns, err, errlen);
+}
+
+json_t *daemon_engines_json(void *arg)
+{
+	struct daemon *d = arg;
+
+	return engines_json(d->engines);
+}
+
+/*
+ * Block until the client closes the connection @fd (or shutdown shuts it
+ * down), reading and dropping whatever it sends.  Returns nothing: every
+ * end (EOF, reset, shutdown) is the end.
+ */
+static void wait_for_close(int fd)
+{
+	char buf[4096];
+
+	for (;;) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+
+		if (n > 0 || (n < 0 && errno == EINTR))
+			continue;
+		return;
+	}
+}
+
+/* ----------------------------------------------------------- map */
+
+/* A lease: the shards one map connection holds (one reference per extent). */
+struct map_lease {
+	struct shard **sh;
+	size_t n;
+};
+
+/* Drop every reference @ml holds and free it. */
+static void map_lease_drop(struct daemon *d, struct map_lease *ml)
+{
+	for (size_t i = 0; i < ml->n; i++)
+		store_unref(d->st, ml->sh[i]);
+	free(ml->sh);
+	ml->sh = NULL;
+	ml->n = 0;
+}
+
+/*
+ * One regular file of a snapshot as `map` describes it: path, size, extents
+ * [[file_off, len, arena_off], ...] (each extent is one whole shard, whose
+ * reference is taken into @ml) and tensors.  Returns the object, or NULL with
+ * *@r = -ENOENT (a shard is gone: the version was removed meanwhile), -EIO
+ * (an extent that is not its whole shard) or -ENOMEM.
+ */
+static json_t *map_file(struct daemon *d, const struct hwfs_frec *f, struct map_lease *ml,
+			int *r)
+{
+	json_t *ext = json_array(), *tens = json_array(), *out = NULL;
+
+	*r = -ENOMEM;
+	if (!ext || !tens)
+		goto out;
+	for (size_t i = 0; i < f->n_ext; i++) {
+		const struct hwfs_extent *e = &f->ext[i];
+		struct shard *sh = store_get(d->st, &e->hash);
+
+		if (!sh) {
+			*r = -ENOENT;
+			goto out;
+		}
+		ml->sh[ml->n++] = sh;
+		if (sh->size != e->len) {
+			*r = -EIO;
+			goto out;
+		}
+		if (json_array_append_new(ext, json_pack("[I, I, I]", (json_int_t)e->off,
+							 (json_int_t)e->len, (json_int_t)sh->off)))
+			goto out;
+	}
+	for (size_t i = 0; i < f->n_tensors; i++) {
+		const struct hwfs_tensor *t = &f->tensors[i];
+		json_t *shape = json_array();
+
+		for (uint32_t k = 0; shape && k < t->ndim; k++)
+			json_array_append_new(shape, json_integer((json_int_t)t->shape[k]));
+		if (!shape || json_array_append_new(tens, json_pack("{s:s, s:s, s:o, s:I, s:I, s:o}",
+								   "name", t->name, "dtype",
+								   t->dtype, "shape", shape, "off",
+								   (json_int_t)t->off, "len",
+								   (json_int_t)t->len, "hash",
+								   proto_hash_json(&t->hash))))
+			goto out;
+	}
+	out = json_pack("{s:s, s:I, s:O, s:O}", "path", f->path, "size", (json_int_t)f->size,
+			"extents", ext, "tensors", tens);
+	*r = out ? 0 : -ENOMEM;
+out:
+	json_decref(ext);
+	json_decref(tens);
+	return out;
+}
+
+/*
+ * Open the arena file read-only for a client: by its path in the store (not
+ * a dup of our read-write descriptor), checked to be the very file the
+ * daemon maps.  Returns the descriptor or -errno.
+ */
+static int open_arena_ro(struct daemon *d)
+{
+	char path[4096];
+	struct stat a, b;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/arena", store_dir(d->st));
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &a) < 0 || fstat(arena_fd(store_arena(d->st)), &b) < 0 ||
+	    a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+		close(fd);
+		return -ESTALE;
+	}
+	return fd;
+}
+
+/*
+ * op_map() - {"op": "map", "version": V}: a sealed, intact version's layout
+ * in the arena and a read-only descriptor of the arena, and a lease on its
+ * shards until the connection closes (docs/engines.md).  The references are
+ * taken before the reply, so the bytes the client is told about can never be
+ * freed or reused while it may read them.  Returns an error reply, or NULL
+ * once the lease ended (the reply was sent here).
+ */
+json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+{
+	const char *v = req_str(req, "version");
+	struct map_lease ml = {NULL, 0};
+	struct hwfs_vrec *rec = NULL;
+	struct lease *l = NULL;
+	json_t *files = NULL, *res = NULL;
+	char err[512];
+	size_t total = 0;
+	int afd = -1, r;
+
+	if (!v)
+		return err_reply("map: missing version");
+	ns_rdlock(d->ns);
+	r = ns_check_committable(d->ns, v, err, sizeof(err));
+	ns_unlock(d->ns);
+	if (r < 0)
+		return err_reply("cannot map %s: %s", v, err);
+	r = ns_snapshot(d->ns, v, &rec);
+	if (r == 0 && rec->state != HWFS_V_SEALED)
+		r = rec->state == HWFS_V_OPEN ? -EBUSY : -EIO; /* changed meanwhile */
+	if (r < 0)
+		goto fail;
+	for (size_t i = 0; i < rec->n_files; i++)
+		total += rec->files[i].n_ext;
+	ml.sh = malloc((total ? total : 1) * sizeof(*ml.sh));
+	files = json_array();
+	r = ml.sh && files ? 0 : -ENOMEM;
+	for (size_t i = 0; r == 0 && i < rec->n_files; i++) {
+		json_t *f;
+
+		if (rec->files[i].kind != HWFS_K_REG)
+			continue;
+		f = map_file(d, &rec->files[i], &ml, &r);
+		if (f)
+			json_array_append_new(files, f);
+	}
+	if (r < 0)
+		goto fail;
+	afd = open_arena_ro(d);
+	if (afd < 0) {
+		r = afd;
+		goto fail;
+	}
+	r = engines_lease_add(d->engines, v, peer->pid, &l);
+	if (r < 0)
+		goto fail;
+	res = json_pack("{s:b, s:s, s:o, s:I, s:I, s:O}", "ok", 1, "version", v, "digest",
+			proto_hash_json(&rec->digest), "arena_size",
+			(json_int_t)arena_capacity(store_arena(d->st)), "page_size",
+			(json_int_t)sysconf(_SC_PAGESIZE), "files", files);
+	if (!res) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	r = ctl_send_fd(rd->fd, res, afd);
+	json_decref(res);
+	res = NULL;
+	close(afd);
+	afd = -1;
+	if (r == 0)
+		wait_for_close(rd->fd); /* the lease lives as long as the connection */
+	goto out;
+fail:
+	res = err_reply("cannot map %s: %s", v,
+			r == -ENOENT   ? "no such version (it was removed)"
+			: r == -EBUSY  ? "version is open (not sealed)"
+			: r == -EIO    ? "version is damaged"
+			: r == -ESTALE ? "the arena file in the store was replaced"
+				       : strerror(-r));
+out:
+	if (afd >= 0)
+		close(afd);
+	engines_lease_del(d->engines, l);
+	map_lease_drop(d, &ml);
+	json_decref(files);
+	hwfs_vrec_free(rec);
+	return res;
+}
+
+/* ----------------------------------------------------------- watch, engine */
+
+/*
+ * Register the connection as a watcher (@name NULL) or engine @name and keep
+ * it until it ends; an engine's lines are its reports (at most
+ * CTL_MAX_REQUEST bytes each).  A line that is not JSON is ignored (the first
+ * one is logged); a longer one ends the connection, since the stream cannot
+ * be read on after it.  Returns an error reply, or NULL when the connection
+ * ended after the first reply.
+ */
+static json_t *watch_conn(struct daemon *d, struct ctl_reader *rd, const struct ctl_peer *peer,
+			  const char *name)
+{
+	struct watcher *w = NULL;
+	int r = engines_watch(d->engines, rd->fd, peer->pid, name, &w), logged = 0;
+
+	if (r == -EINVAL)
+		return err_reply("invalid engine name (1-%d characters of A-Z a-z 0-9 . _ -)",
+				 ENGINE_NAME_MAX);
+	if (r == -EEXIST)
+		return err_reply("an engine named %s is already registered on this node", name);
+	if (r == -ENOMEM)
+		return err_reply("out of memory");
+	if (r < 0)
+		return NULL; /* the client is gone already */
+	if (!name) {
+		wait_for_close(rd->fd);
+		goto out;
+	}
+	rd->max = CTL_MAX_REQUEST;
+	for (;;) {
+		json_t *msg = NULL;
+
+		r = ctl_recv(rd, &msg);
+		if (r == 0) {
+			engines_report(d->engines, w, msg);
+			json_decref(msg);
+			continue;
+		}
+		if (r == -EBADMSG) {
+			if (!logged++)
+				LOG_WARN("engines: engine %s (pid %d) sent a line that is not a JSON "
+					 "object; ignored (later ones silently)", name, (int)peer->pid);
+			continue;
+		}
+		if (r == -EMSGSIZE)
+			LOG_WARN("engines: engine %s (pid %d) sent a line over %u bytes; dropped",
+				 name, (int)peer->pid, CTL_MAX_REQUEST);
+		break; /* EOF, shutdown, or the line above */
+	}
+out:
+	engines_unwatch(d->engines, w);
+	return NULL;
+}
+
+/* op_watch() - {"op": "watch"}: events until the connection closes (docs/engines.md). */
+json_t *op_watch(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+{
+	return watch_conn(d, rd, peer, NULL);
+}
+
+/*
+ * op_engine() - {"op": "engine", "name": N}: register engine N on this node
+ * until the connection closes; its reports feed the commit barrier.
+ */
+json_t *op_engine(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		  const struct ctl_peer *peer)
+{
+	const char *name = req_str(req, "name");
+
+	if (!name)
+		return err_reply("engine: missing name");
+	return watch_conn(d, rd, peer, name);
+}

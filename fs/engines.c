@@ -1,0 +1,567 @@
+/*
+ * engines.c — the registry of watchers, engines and leases, the event
+ * fan-out and the commit barrier (see engines.h and docs/engines.md).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "engines.h"
+#include "tunables.h"
+
+/* What an engine's shadow version is doing (docs/engines.md, status "state"). */
+enum eng_state { ENG_IDLE, ENG_LOADING, ENG_LOADED, ENG_REFUSED };
+
+static const char *const state_names[] = {"idle", "loading", "loaded", "refused"};
+
+struct watcher {
+	int fd;                         /* the connection (owned by its handler) */
+	pid_t pid;
+	int engine;                     /* 1: a registered engine */
+	char name[ENGINE_NAME_MAX + 1]; /* engines only */
+	pthread_mutex_t send_mu;        /* one writer at a time on fd */
+	int dead;                       /* dropped: no more sends, not counted by the barrier */
+	/* engine state, under reg->mu */
+	char *serving, *shadow, *reason;
+	enum eng_state state;
+	uint64_t last_pause_us, swaps;
+	int bad_logged;        /* an ignored report of this engine was logged */
+	char *prep_version;    /* the barrier that last sent it "prepare" ... */
+	uint64_t prep_started; /* ... and when that barrier began */
+	struct watcher *next;
+};
+
+struct lease {
+	char *version;
+	pid_t pid;
+	struct lease *next;
+};
+
+struct engines {
+	struct ns *ns;
+	pthread_mutex_t mu;
+	pthread_cond_t cv; /* CLOCK_MONOTONIC: a report or a disconnect happened */
+	struct watcher *watchers;
+	struct lease *leases;
+	void (*wake)(void *arg);
+	void *wake_arg;
+};
+
+uint64_t engines_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int engines_create(struct ns *ns, struct engines **out)
+{
+	struct engines *reg = calloc(1, sizeof(*reg));
+	pthread_condattr_t ca;
+
+	if (!reg)
+		return -ENOMEM;
+	reg->ns = ns;
+	pthread_mutex_init(&reg->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&reg->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	*out = reg;
+	return 0;
+}
+
+void engines_destroy(struct engines *reg)
+{
+	if (!reg)
+		return;
+	if (reg->watchers || reg->leases)
+		LOG_ERR("engines: registry freed with watchers or leases left");
+	pthread_cond_destroy(&reg->cv);
+	pthread_mutex_destroy(&reg->mu);
+	free(reg);
+}
+
+void engines_set_wake(struct engines *reg, void (*wake)(void *arg), void *arg)
+{
+	pthread_mutex_lock(&reg->mu);
+	reg->wake = wake;
+	reg->wake_arg = arg;
+	pthread_mutex_unlock(&reg->mu);
+}
+
+int engines_valid_name(const char *name)
+{
+	size_t n = strlen(name);
+
+	if (n < 1 || n > ENGINE_NAME_MAX)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = name[i];
+
+		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+		      c == '.' || c == '_' || c == '-'))
+			return 0;
+	}
+	return 1;
+}
+
+/* Tell whoever waits on a barrier that something changed (reg->mu held). */
+static void barrier_kick(struct engines *reg)
+{
+	pthread_cond_broadcast(&reg->cv);
+	if (reg->wake)
+		reg->wake(reg->wake_arg);
+}
+
+/* Free @w and its strings (it is on no list). */
+static void watcher_free(struct watcher *w)
+{
+	pthread_mutex_destroy(&w->send_mu);
+	free(w->serving);
+	free(w->shadow);
+	free(w->reason);
+	free(w->prep_version);
+	free(w);
+}
+
+/*
+ * Send the @len bytes of @line to @w (reg->mu held), all at once or not at
+ * all: a socket that cannot take the whole line now (its reader is behind, or
+ * gone) would otherwise make us block or leave half a line.  Such a watcher
+ * is dropped: marked dead and its socket shut down, so that its connection
+ * thread sees EOF and unregisters it.  Returns 0 or -EPIPE (dropped).
+ */
+static int send_line(struct watcher *w, const char *line, size_t len)
+{
+	ssize_t n;
+	int r = 0;
+
+	pthread_mutex_lock(&w->send_mu);
+	if (w->dead) {
+		r = -EPIPE;
+		goto out;
+	}
+	do
+		n = send(w->fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n == (ssize_t)len)
+		goto out;
+	w->dead = 1;
+	shutdown(w->fd, SHUT_RDWR);
+	if (w->engine)
+		LOG_WARN("engines: engine %s (pid %d) dropped: %s", w->name, (int)w->pid,
+			 n >= 0 || errno == EAGAIN ? "it does not read its events (socket buffer full)"
+						   : strerror(errno));
+	else
+		LOG_WARN("engines: watcher (pid %d) dropped: %s", (int)w->pid,
+			 n >= 0 || errno == EAGAIN ? "it does not read its events (socket buffer full)"
+						   : strerror(errno));
+	r = -EPIPE;
+out:
+	pthread_mutex_unlock(&w->send_mu);
+	return r;
+}
+
+/* @msg (not consumed) as one line ending in '\n' (malloc'd; length in *@len), or NULL. */
+static char *line_of(json_t *msg, size_t *len)
+{
+	char *s = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
+	char *l;
+
+	if (!s)
+		return NULL;
+	*len = strlen(s);
+	l = realloc(s, *len + 2);
+	if (!l) {
+		free(s);
+		return NULL;
+	}
+	l[(*len)++] = '\n';
+	l[*len] = '\0';
+	return l;
+}
+
+/* The live engine named @name (reg->mu held), or NULL. */
+static struct watcher *engine_find(struct engines *reg, const char *name)
+{
+	for (struct watcher *w = reg->watchers; w; w = w->next)
+		if (w->engine && !w->dead && !strcmp(w->name, name))
+			return w;
+	return NULL;
+}
+
+int engines_watch(struct engines *reg, int fd, pid_t pid, const char *name, struct watcher **out)
+{
+	struct watcher *w;
+	char *cur = NULL, *line = NULL;
+	json_t *reply = NULL;
+	size_t len;
+	int r = 0;
+
+	if (name && !engines_valid_name(name))
+		return -EINVAL;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->fd = fd;
+	w->pid = pid;
+	pthread_mutex_init(&w->send_mu, NULL);
+	if (name) {
+		w->engine = 1;
+		snprintf(w->name, sizeof(w->name), "%s", name);
+	}
+	pthread_mutex_lock(&reg->mu);
+	if (name && engine_find(reg, name)) {
+		r = -EEXIST;
+		goto out;
+	}
+	/*
+	 * `current` is read, and the reply sent, under reg->mu: a flip that
+	 * happens after this read sends its event after the reply (events are
+	 * sent under reg->mu too), so the watcher misses none.
+	 */
+	cur = ns_current(reg->ns);
+	reply = json_pack("{s:b, s:o}", "ok", 1, "current", cur ? json_string(cur) : json_null());
+	line = line_of(reply, &len);
+	if (!line) {
+		r = -ENOMEM;
+		goto out;
+	}
+	/* the first line, on an empty socket: it fits whole, or the client is gone */
+	r = send(fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)len ? 0 : -EPIPE;
+	if (r < 0)
+		goto out;
+	w->next = reg->watchers;
+	reg->watchers = w;
+	*out = w;
+	w = NULL;
+	if (name)
+		LOG_INFO("engines: engine %s registered (pid %d)", name, (int)pid);
+out:
+	pthread_mutex_unlock(&reg->mu);
+	if (w)
+		watcher_free(w);
+	json_decref(reply);
+	free(line);
+	free(cur);
+	return r;
+}
+
+void engines_unwatch(struct engines *reg, struct watcher *w)
+{
+	pthread_mutex_lock(&reg->mu);
+	for (struct watcher **pp = &reg->watchers; *pp; pp = &(*pp)->next)
+		if (*pp == w) {
+			*pp = w->next;
+			break;
+		}
+	if (w->engine) {
+		LOG_INFO("engines: engine %s (pid %d) unregistered", w->name, (int)w->pid);
+		barrier_kick(reg); /* it stops counting */
+	}
+	pthread_mutex_unlock(&reg->mu);
+	watcher_free(w);
+}
+
+/* Replace *@slot with a copy of @s (NULL: clear).  Returns 0 or -ENOMEM (unchanged). */
+static int set_str(char **slot, const char *s)
+{
+	char *c = NULL;
+
+	if (s && !(c = strdup(s)))
+		return -ENOMEM;
+	free(*slot);
+	*slot = c;
+	return 0;
+}
+
+/*
+ * A refusal reason fit to show: at most ENGINE_REASON_MAX bytes, cut on a
+ * UTF-8 character boundary, control characters turned into spaces (it ends up
+ * in one-line error messages).  Returns a malloc'd string or NULL.
+ */
+static char *clean_reason(const char *s)
+{
+	size_t n = strlen(s);
+	char *c;
+
+	if (n > ENGINE_REASON_MAX) {
+		n = ENGINE_REASON_MAX;
+		while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+			n--;
+	}
+	c = strndup(s, n);
+	for (size_t i = 0; c && i < n; i++)
+		if ((unsigned char)c[i] < 0x20 || c[i] == 0x7f)
+			c[i] = ' ';
+	return c;
+}
+
+/* Does this node hold sealed version @v (not open, not a staging name)?  No lock held. */
+static int version_known(struct engines *reg, const char *v)
+{
+	struct version *ver;
+	int ok;
+
+	if (ns_hidden_name(v))
+		return 0;
+	ns_rdlock(reg->ns);
+	ver = ns_version(reg->ns, v);
+	ok = ver && __atomic_load_n(&ver->state, __ATOMIC_ACQUIRE) != HWFS_V_OPEN;
+	ns_unlock(reg->ns);
+	return ok;
+}
+
+int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
+{
+	json_t *pj = json_object_get(msg, "pause_us");
+	const char *what = json_string_value(json_object_get(msg, "report"));
+	const char *v = json_string_value(json_object_get(msg, "version"));
+	const char *why = json_string_value(json_object_get(msg, "reason"));
+	const char *bad = NULL;
+	char *reason = NULL;
+	int r = 0;
+
+	if (!w->engine)
+		bad = "it is not a registered engine";
+	else if (!what || !v)
+		bad = "it needs \"report\" and \"version\" strings";
+	else if (strcmp(what, "loading") && strcmp(what, "loaded") && strcmp(what, "refused") &&
+		 strcmp(what, "swapped"))
+		bad = "unknown report";
+	else if (!version_known(reg, v))
+		bad = "no such sealed version here";
+	if (bad) {
+		if (!w->bad_logged) {
+			w->bad_logged = 1;
+			LOG_WARN("engines: ignored a report from %s (pid %d): %s (later ones are "
+				 "ignored silently)", w->engine ? w->name : "a watcher", (int)w->pid,
+				 bad);
+		}
+		return -EINVAL;
+	}
+	if (!strcmp(what, "refused") &&
+	    !(reason = clean_reason(why && *why ? why : "no reason given")))
+		return -ENOMEM;
+	pthread_mutex_lock(&reg->mu);
+	if (!strcmp(what, "loading") || !strcmp(what, "loaded")) {
+		r = set_str(&w->shadow, v);
+		if (r == 0) {
+			w->state = !strcmp(what, "loading") ? ENG_LOADING : ENG_LOADED;
+			set_str(&w->reason, NULL);
+		}
+	} else if (!strcmp(what, "refused")) {
+		r = set_str(&w->shadow, v);
+		if (r == 0) {
+			w->state = ENG_REFUSED;
+			free(w->reason);
+			w->reason = reason;
+			reason = NULL;
+		}
+	} else { /* swapped */
+		/* the first report of an engine serving what it loaded at start is not a swap */
+		int swap = w->serving && strcmp(w->serving, v);
+
+		r = set_str(&w->serving, v);
+		if (r == 0 && swap) {
+			w->swaps++;
+			w->last_pause_us = json_is_integer(pj) && json_integer_value(pj) > 0
+						   ? (uint64_t)json_integer_value(pj)
+						   : 0;
+		}
+		if (r == 0 && w->shadow && !strcmp(w->shadow, v)) {
+			set_str(&w->shadow, NULL);
+			set_str(&w->reason, NULL);
+			w->state = ENG_IDLE;
+		}
+	}
+	if (r == 0)
+		barrier_kick(reg);
+	pthread_mutex_unlock(&reg->mu);
+	free(reason);
+	return r;
+}
+
+void engines_event(struct engines *reg, const char *event, const char *version)
+{
+	json_t *msg;
+	char *line;
+	size_t len;
+
+	if (!version || ns_hidden_name(version))
+		return;
+	msg = json_pack("{s:s, s:s}", "event", event, "version", version);
+	line = line_of(msg, &len);
+	json_decref(msg);
+	if (!line) {
+		LOG_ERR("engines: no memory for the %s event of %s", event, version);
+		return;
+	}
+	pthread_mutex_lock(&reg->mu);
+	for (struct watcher *w = reg->watchers; w; w = w->next)
+		if (send_line(w, line, len) < 0 && w->engine)
+			barrier_kick(reg); /* a dropped engine stops counting */
+	pthread_mutex_unlock(&reg->mu);
+	free(line);
+}
+
+/* Has engine @w got @v ready: it serves it, or reported it loaded?  (reg->mu held) */
+static int engine_ready(const struct watcher *w, const char *v)
+{
+	return (w->serving && !strcmp(w->serving, v)) ||
+	       (w->shadow && !strcmp(w->shadow, v) && w->state == ENG_LOADED);
+}
+
+/* engines_barrier() with reg->mu held. */
+static int barrier_locked(struct engines *reg, const char *v, uint64_t started_ns, char *err,
+			  size_t errlen)
+{
+	struct watcher *refused = NULL, *waiting = NULL;
+	uint64_t ms = hwfs_tun.engine_deadline_ms;
+
+	for (struct watcher *w = reg->watchers; w; w = w->next) {
+		if (!w->engine || w->dead || engine_ready(w, v))
+			continue;
+		/* first sight in this barrier: ask it to load (a refused one may try again) */
+		if (w->prep_started != started_ns || !w->prep_version || strcmp(w->prep_version, v)) {
+			json_t *msg = json_pack("{s:s, s:s}", "event", "prepare", "version", v);
+			size_t len;
+			char *line = line_of(msg, &len);
+
+			json_decref(msg);
+			if (line && set_str(&w->prep_version, v) == 0)
+				w->prep_started = started_ns;
+			if (line && send_line(w, line, len) < 0) {
+				free(line);
+				continue; /* dropped: it stops counting */
+			}
+			free(line);
+		}
+		if (w->shadow && !strcmp(w->shadow, v) && w->state == ENG_REFUSED) {
+			if (!refused)
+				refused = w;
+		} else if (!waiting) {
+			waiting = w;
+		}
+	}
+	if (refused) {
+		snprintf(err, errlen, "engine %s refused %s: %s", refused->name, v,
+			 refused->reason ? refused->reason : "no reason given");
+		return -ECANCELED;
+	}
+	if (!waiting)
+		return 0;
+	if (engines_now_ns() - started_ns >= ms * 1000000ull) {
+		snprintf(err, errlen, "engine %s did not report %s loaded within %llu ms",
+			 waiting->name, v, (unsigned long long)ms);
+		return -ECANCELED;
+	}
+	return -EINPROGRESS;
+}
+
+int engines_barrier(struct engines *reg, const char *version, uint64_t started_ns, char *err,
+		    size_t errlen)
+{
+	int r;
+
+	pthread_mutex_lock(&reg->mu);
+	r = barrier_locked(reg, version, started_ns, err, errlen);
+	pthread_mutex_unlock(&reg->mu);
+	return r;
+}
+
+int engines_barrier_wait(struct engines *reg, const char *version, char *err, size_t errlen)
+{
+	uint64_t started = engines_now_ns();
+	uint64_t until = started + hwfs_tun.engine_deadline_ms * 1000000ull;
+	struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
+	int r;
+
+	pthread_mutex_lock(&reg->mu);
+	/* past the deadline barrier_locked() decides, so the wait ends */
+	while ((r = barrier_locked(reg, version, started, err, errlen)) == -EINPROGRESS)
+		pthread_cond_timedwait(&reg->cv, &reg->mu, &ts);
+	pthread_mutex_unlock(&reg->mu);
+	return r;
+}
+
+int engines_lease_add(struct engines *reg, const char *version, pid_t pid, struct lease **out)
+{
+	struct lease *l = calloc(1, sizeof(*l));
+
+	if (!l || !(l->version = strdup(version))) {
+		free(l);
+		return -ENOMEM;
+	}
+	l->pid = pid;
+	pthread_mutex_lock(&reg->mu);
+	l->next = reg->leases;
+	reg->leases = l;
+	pthread_mutex_unlock(&reg->mu);
+	*out = l;
+	return 0;
+}
+
+void engines_lease_del(struct engines *reg, struct lease *l)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&reg->mu);
+	for (struct lease **pp = &reg->leases; *pp; pp = &(*pp)->next)
+		if (*pp == l) {
+			*pp = l->next;
+			break;
+		}
+	pthread_mutex_unlock(&reg->mu);
+	free(l->version);
+	free(l);
+}
+
+/* A JSON string of @s, or null. */
+static json_t *str_or_null(const char *s)
+{
+	return s ? json_string(s) : json_null();
+}
+
+json_t *engines_json(struct engines *reg)
+{
+	json_t *arr = json_array();
+
+	if (!arr)
+		return NULL;
+	pthread_mutex_lock(&reg->mu);
+	for (struct watcher *w = reg->watchers; w; w = w->next) {
+		if (!w->engine || w->dead)
+			continue;
+		json_array_append_new(
+			arr, json_pack("{s:s, s:i, s:o, s:o, s:s, s:o, s:o, s:I}", "name", w->name,
+				       "pid", (int)w->pid, "serving", str_or_null(w->serving),
+				       "shadow", str_or_null(w->shadow), "state",
+				       state_names[w->state], "reason", str_or_null(w->reason),
+				       "last_swap_pause_us",
+				       w->swaps ? json_integer((json_int_t)w->last_pause_us)
+						: json_null(),
+				       "swaps", (json_int_t)w->swaps));
+	}
+	pthread_mutex_unlock(&reg->mu);
+	return arr;
+}
+
+json_t *engines_leases_json(struct engines *reg)
+{
+	json_t *arr = json_array();
+
+	if (!arr)
+		return NULL;
+	pthread_mutex_lock(&reg->mu);
+	for (struct lease *l = reg->leases; l; l = l->next)
+		json_array_append_new(arr, json_pack("{s:s, s:i}", "version", l->version, "pid",
+						     (int)l->pid));
+	pthread_mutex_unlock(&reg->mu);
+	return arr;
+}

@@ -1,0 +1,256 @@
+/*
+ * libhwfs_watch.c — events and engines (docs/engines.md): {"op": "watch"}
+ * and {"op": "engine"} keep their connection open, and the open connection
+ * is the watch (and the engine's registration).  The daemon writes one event
+ * per line; an engine writes its reports on the same connection.
+ *
+ * The socket is non-blocking once the first answer is read: hwfs_watch_next()
+ * waits with poll() for at most its timeout, and a line that arrives in
+ * several reads is kept in the reader until it is whole.  Reports may come
+ * from another thread than the one reading events; they are written under a
+ * mutex so that two reports never interleave.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "libhwfs_i.h"
+
+struct hwfs_watch {
+	int fd;
+	struct ctl_reader rd;
+	int engine;                /* registered as an engine: reports allowed */
+	pthread_mutex_t send_lock; /* one report on the wire at a time */
+};
+
+int hwfs_watch_open(struct hwfs *h, const char *engine, char **current, struct hwfs_watch **out)
+{
+	json_t *req = engine ? json_pack("{s:s, s:s}", "op", "engine", "name", engine)
+			     : json_pack("{s:s}", "op", "watch");
+	struct hwfs_watch *w = calloc(1, sizeof(*w));
+	json_t *res = NULL;
+	const char *cur;
+	char *cur_copy = NULL;
+	int r, fl;
+
+	lib_clear_error();
+	if (w) {
+		w->fd = -1;
+		ctl_reader_init(&w->rd, -1);
+		pthread_mutex_init(&w->send_lock, NULL);
+	}
+	if (!req || !w) {
+		r = lib_fail(-ENOMEM, "out of memory");
+		goto out;
+	}
+	w->engine = engine != NULL;
+	w->fd = lib_connect(h);
+	if (w->fd < 0) {
+		r = w->fd;
+		goto out;
+	}
+	w->rd.fd = w->fd;
+	r = lib_exchange(w->fd, &w->rd, req, NULL, NULL, &res);
+	if (r < 0 || (r = lib_check(res)) < 0)
+		goto out;
+	/* events are short lines: never buffer more than a request's worth */
+	w->rd.max = CTL_MAX_REQUEST;
+	fl = fcntl(w->fd, F_GETFL);
+	if (fl < 0 || fcntl(w->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+		r = lib_fail(-errno, "cannot set up the watch: %s", strerror(errno));
+		goto out;
+	}
+	cur = lib_jstr(res, "current");
+	if (current && cur && !(cur_copy = strdup(cur))) {
+		r = lib_fail(-ENOMEM, "out of memory");
+		goto out;
+	}
+	if (current)
+		*current = cur_copy;
+	*out = w;
+	w = NULL;
+out:
+	json_decref(req);
+	json_decref(res);
+	hwfs_watch_close(w);
+	return r;
+}
+
+int hwfs_watch_fd(const struct hwfs_watch *w)
+{
+	return w->fd;
+}
+
+/* Milliseconds left until @end (CLOCK_MONOTONIC), at least 0. */
+static int ms_left(const struct timespec *end)
+{
+	struct timespec now;
+	int64_t ms;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	ms = (int64_t)(end->tv_sec - now.tv_sec) * 1000 + (end->tv_nsec - now.tv_nsec) / 1000000;
+	return ms < 0 ? 0 : ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+/*
+ * Fill @ev from event line @msg.  Returns 0, 1 for a line that is no event
+ * this library knows (skipped: a newer daemon may say more), -EPROTO.
+ */
+static int parse_event(json_t *msg, struct hwfs_event *ev)
+{
+	static const struct {
+		const char *name;
+		enum hwfs_event_type type;
+	} types[] = {
+		{"arrived", HWFS_EV_ARRIVED},
+		{"current", HWFS_EV_CURRENT},
+		{"prepare", HWFS_EV_PREPARE},
+		{"removed", HWFS_EV_REMOVED},
+	};
+	const char *e = lib_jstr(msg, "event"), *v = lib_jstr(msg, "version");
+
+	if (!e)
+		return 1;
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(types); i++) {
+		if (strcmp(e, types[i].name))
+			continue;
+		if (!v || !*v || strlen(v) >= sizeof(ev->version))
+			return lib_fail(-EPROTO, "malformed %s event from the daemon", e);
+		ev->type = types[i].type;
+		strcpy(ev->version, v);
+		return 0;
+	}
+	return 1;
+}
+
+int hwfs_watch_next(struct hwfs_watch *w, int timeout_ms, struct hwfs_event *ev)
+{
+	struct timespec end;
+	json_t *msg;
+	int r;
+
+	lib_clear_error();
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	if (timeout_ms > 0) {
+		end.tv_sec += timeout_ms / 1000;
+		end.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+		if (end.tv_nsec >= 1000000000) {
+			end.tv_sec++;
+			end.tv_nsec -= 1000000000;
+		}
+	}
+	for (;;) {
+		struct pollfd p = {.fd = w->fd, .events = POLLIN};
+		int wait;
+
+		r = ctl_recv(&w->rd, &msg);
+		if (r == 0) {
+			r = parse_event(msg, ev);
+			json_decref(msg);
+			if (r <= 0)
+				return r;
+			continue;
+		}
+		if (r == -EPIPE)
+			return lib_fail(-EPIPE, "the daemon closed the event stream (unmounted or "
+						"stopped)");
+		if (r == -EBADMSG || r == -EMSGSIZE)
+			return lib_fail(-EPROTO, "malformed event from the daemon");
+		if (r != -EAGAIN)
+			return lib_fail(r, "cannot read events: %s", strerror(-r));
+		wait = timeout_ms < 0 ? -1 : timeout_ms == 0 ? 0 : ms_left(&end);
+		if (wait == 0)
+			return lib_fail(-ETIMEDOUT, "no event within %d ms", timeout_ms);
+		r = poll(&p, 1, wait);
+		if (r < 0)
+			return lib_fail(-errno, "waiting for events: %s", strerror(errno));
+		if (r == 0)
+			return lib_fail(-ETIMEDOUT, "no event within %d ms", timeout_ms);
+	}
+}
+
+/*
+ * Write all of @s (@len bytes) to the non-blocking socket @fd, waiting for
+ * room when it is full.  Returns 0 or -errno (-EPIPE: the daemon is gone).
+ */
+static int send_line(int fd, const char *s, size_t len)
+{
+	while (len) {
+		ssize_t n = send(fd, s, len, MSG_NOSIGNAL);
+
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			struct pollfd p = {.fd = fd, .events = POLLOUT};
+
+			if (poll(&p, 1, -1) < 0 && errno != EINTR)
+				return -errno;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return errno == ECONNRESET ? -EPIPE : -errno;
+		s += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int hwfs_engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *version,
+		       const char *reason, uint64_t pause_us)
+{
+	static const char *const names[] = {
+		[HWFS_LOADING] = "loading",
+		[HWFS_LOADED] = "loaded",
+		[HWFS_REFUSED] = "refused",
+		[HWFS_SWAPPED] = "swapped",
+	};
+	json_t *msg = NULL;
+	char *s = NULL;
+	size_t len;
+	int r;
+
+	lib_clear_error();
+	if (!w->engine)
+		return lib_fail(-EINVAL, "not an engine: this watch was opened without a name");
+	if ((unsigned)what >= HWFS_ARRAY_SIZE(names) || !names[what] || !version || !*version)
+		return lib_fail(-EINVAL, "invalid report");
+	msg = json_pack("{s:s, s:s}", "report", names[what], "version", version);
+	if (msg && what == HWFS_REFUSED)
+		json_object_set_new(msg, "reason", json_string(reason ? reason : "no reason given"));
+	if (msg && what == HWFS_SWAPPED)
+		json_object_set_new(msg, "pause_us", json_integer((json_int_t)pause_us));
+	s = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
+	if (!s) {
+		r = lib_fail(-ENOMEM, "out of memory");
+		goto out;
+	}
+	len = strlen(s);
+	s[len] = '\n'; /* the NUL becomes the newline: len + 1 bytes go out */
+	pthread_mutex_lock(&w->send_lock);
+	r = send_line(w->fd, s, len + 1);
+	pthread_mutex_unlock(&w->send_lock);
+	if (r < 0)
+		lib_fail(r, "cannot report to the daemon: %s",
+			 r == -EPIPE ? "it closed the connection" : strerror(-r));
+out:
+	free(s);
+	json_decref(msg);
+	return r;
+}
+
+void hwfs_watch_close(struct hwfs_watch *w)
+{
+	if (!w)
+		return;
+	if (w->fd >= 0)
+		close(w->fd);
+	ctl_reader_free(&w->rd);
+	pthread_mutex_destroy(&w->send_lock);
+	free(w);
+}

@@ -1,0 +1,413 @@
+"""The daemon side of engines (docs/engines.md), spoken directly over the control socket.
+
+map: the arena's bytes through the passed read-only descriptor are the version's bytes, the
+lease keeps them (after `hwfs rm`, gc, and new versions that would reuse the space) until the
+connection closes or its process dies.  watch: arrived / current / removed events.  engine:
+the local commit barrier (loaded, refused, silent, gone), names, reports, status.  Who may do
+what, and hostile clients (garbage, huge lines, clients that never read).
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (HWFS, TIMEOUT, find_all, flip_byte, make_tensors, pid_alive, poll,
+                      random_file, readlink_or_none, save_model)
+from engine_proto import Conn, Mapping, call, ctl_path, tensor_bytes_of
+
+NOBODY = 65534
+HERE = Path(__file__).resolve().parent
+
+
+def publish_model(m, root, version, seed, n=4, extra_file=False):
+    """Publish a safetensors model (make_tensors(@seed, @n)) as @version; its tensors."""
+    t = make_tensors(seed, n=n)
+    d = Path(root) / version
+    save_model(d / "model.safetensors", t)
+    if extra_file:
+        random_file(d / "blob.bin", 3 * 1024 * 1024 + 17, seed=seed)
+    m.run("publish", d, version)
+    return t, d
+
+
+def engine(m, name):
+    """A registered engine connection (its first reply checked)."""
+    c = Conn(m.mnt, {"op": "engine", "name": name})
+    first = c.line()
+    assert first and first.get("ok"), f"engine {name} registration: {first}"
+    return c
+
+
+def commit_async(m, version, *extra):
+    """`hwfs commit VERSION` in the background: a Popen (the barrier blocks it)."""
+    return subprocess.Popen([HWFS, "commit", version, *extra, "-m", m.mnt], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(p, timeout=TIMEOUT):
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out + err
+
+
+def engines_of(m):
+    return {e["name"]: e for e in m.status()["engines"]}
+
+
+# ---------------------------------------------------------------------- map
+
+
+def test_map_gives_the_versions_bytes(mount, tmp_path):
+    m = mount
+    t, src = publish_model(m, tmp_path, "v1", seed=11, extra_file=True)
+    with Mapping(m.mnt, "v1") as mp:
+        assert mp.ok, mp.reply
+        r = mp.reply
+        assert r["version"] == "v1" and r["digest"] == m.version("v1")["digest"]
+        assert r["page_size"] == os.sysconf("SC_PAGE_SIZE")
+        assert sorted(f["path"] for f in r["files"]) == ["blob.bin", "model.safetensors"]
+        for f in r["files"]:
+            # extents sorted by file offset, covering the file exactly
+            pos = 0
+            for foff, flen, aoff in f["extents"]:
+                assert foff == pos and flen > 0 and 0 <= aoff and aoff + flen <= r["arena_size"]
+                pos += flen
+            assert pos == f["size"] == os.path.getsize(src / f["path"])
+            assert mp.read(f["path"], 0, f["size"]) == (src / f["path"]).read_bytes()
+        st = mp.file("model.safetensors")["tensors"]
+        assert sorted(x["name"] for x in st) == sorted(t)
+        for name, arr in t.items():
+            meta, data = mp.tensor("model.safetensors", name)
+            assert data == tensor_bytes_of(arr), name
+            assert meta["dtype"] == "F32" and meta["shape"] == list(arr.shape)
+            assert meta["len"] == arr.nbytes and len(meta["hash"]) == 32
+        assert mp.file("blob.bin")["tensors"] == []
+        # the descriptor is read-only: the arena cannot be written through it
+        fd = mp.conn.fds[0]
+        with pytest.raises(OSError):
+            os.pwrite(fd, b"x", 0)
+        assert m.status()["leases"] == [{"version": "v1", "pid": os.getpid()}]
+    assert poll(lambda: m.status()["leases"] == []), m.status()["leases"]
+
+
+def test_map_refuses_what_is_not_sealed_and_intact(mount_factory, tmp_path):
+    m = mount_factory(capacity="64M")  # a small arena to search for the bytes to damage
+    t, _ = publish_model(m, tmp_path, "v1", seed=12)
+    os.mkdir(m.vpath("open1"))
+    for version, words in (("nope", "no such version"), ("open1", "open"),
+                           (".hwfs-x", "reserved")):
+        r = call(m.mnt, {"op": "map", "version": version})
+        assert r["ok"] is False and words in r["error"], (version, r)
+    assert call(m.mnt, {"op": "map"})["error"] == "map: missing version"
+    # damage one tensor's bytes in the arena: verify marks v1 damaged, map refuses it
+    arena = os.path.join(m.store, "arena")
+    needle = tensor_bytes_of(next(iter(t.values())))[:4096]
+    hits = find_all(arena, needle)
+    assert hits, "tensor bytes not found in the arena"
+    flip_byte(arena, hits[0] + 100)
+    m.run("verify", "v1", check=False)
+    assert m.version("v1")["state"] == "damaged"
+    r = call(m.mnt, {"op": "map", "version": "v1"})
+    assert r["ok"] is False and "damaged" in r["error"], r
+
+
+def test_lease_keeps_bytes_after_rm_and_reuse(mount_factory, tmp_path):
+    m = mount_factory(capacity="48M")
+    publish_model(m, tmp_path, "v1", seed=21, n=6)
+    m.run("commit", "v1")
+    t2, _ = publish_model(m, tmp_path, "v2", seed=22, n=6)
+    used_before = m.used_bytes()
+    with Mapping(m.mnt, "v2") as mp:
+        assert mp.ok, mp.reply
+        want = {n: tensor_bytes_of(a) for n, a in t2.items()}
+
+        def intact():
+            return all(mp.tensor("model.safetensors", n)[1] == b for n, b in want.items())
+
+        m.run("rm", "v2")
+        assert "v2" not in os.listdir(m.path("versions"))
+        assert intact(), "bytes changed after rm"
+        assert m.used_bytes() == used_before, "rm of a leased version freed its shards"
+        # new versions now take free space: never the leased shards' ranges
+        for i, seed in enumerate((23, 24)):
+            publish_model(m, tmp_path, f"v{3 + i}", seed=seed, n=6)
+        m.run("gc", "--keep", "0")
+        assert intact(), "bytes changed after new versions and gc"
+        assert m.status()["leases"] == [{"version": "v2", "pid": os.getpid()}]
+        with_lease = m.used_bytes()
+    # the lease ended with the connection: v2's shards go
+    assert poll(lambda: m.used_bytes() < with_lease), (with_lease, m.used_bytes())
+    assert m.status()["leases"] == []
+
+
+# A client process holding one map/watch/engine connection: prints "ok" or the daemon's
+# error, then holds the connection until stdin closes or it is killed.  Standard library
+# only: it also runs as an unprivileged user, under the system's python3.
+CLIENT = textwrap.dedent("""
+    import json, os, socket, sys
+    what, mnt, arg = sys.argv[1:4]
+    req = {"op": what}
+    if what == "map":
+        req["version"] = arg
+    elif what == "engine":
+        req["name"] = arg
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.getxattr(mnt, "user.hwfs.control").decode())
+    s.sendall((json.dumps(req) + "\\n").encode())
+    buf, fds = b"", []
+    while b"\\n" not in buf:
+        data, f, _, _ = socket.recv_fds(s, 1 << 20, 4)
+        if not data:
+            break
+        buf, fds = buf + data, fds + f
+    r = json.loads(buf.split(b"\\n")[0])
+    print("ok" if r.get("ok") else r["error"], flush=True)
+    sys.stdin.read()
+""")
+
+
+def client(m, what, arg="", user=None):
+    """A CLIENT process (as @user when given); (Popen, its first output line)."""
+    py = sys.executable
+    cmd = [py, "-c", CLIENT, what, m.mnt, arg]
+    if user is not None:  # our interpreter may live where that user cannot reach
+        py = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups",
+               py, "-c", CLIENT, what, m.mnt, arg]
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd="/")
+    line = p.stdout.readline().strip()
+    return p, line
+
+
+def test_lease_ends_when_the_client_is_killed(mount, tmp_path):
+    m = mount
+    publish_model(m, tmp_path, "v1", seed=31)
+    publish_model(m, tmp_path, "v2", seed=32)
+    m.run("commit", "v1")
+    p, line = client(m, "map", "v2")
+    try:
+        assert line == "ok", (line, p.stderr.read() if p.poll() is not None else "")
+        assert m.status()["leases"] == [{"version": "v2", "pid": p.pid}]
+        m.run("rm", "v2")
+        held = m.used_bytes()
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert poll(lambda: m.status()["leases"] == []), m.status()["leases"]
+    assert m.used_bytes() < held
+
+
+def test_unprivileged_caller_may_watch_but_not_map_or_register(mount, tmp_path):
+    m = mount
+    publish_model(m, tmp_path, "v1", seed=41)
+    for what, arg, word in (("map", "v1", "permission denied: map needs root"),
+                            ("engine", "e1", "permission denied: engine needs root")):
+        p, line = client(m, what, arg, user=NOBODY)
+        p.stdin.close()
+        p.wait(timeout=10)
+        assert word in line, (what, line, p.stderr.read())
+    assert m.status()["engines"] == [] and m.status()["leases"] == []
+    p, line = client(m, "watch", user=NOBODY)
+    try:
+        assert line == "ok", (line, p.stderr.read() if p.poll() is not None else "")
+    finally:
+        p.stdin.close()
+        p.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------- watch
+
+
+def test_watch_reports_arrived_current_removed(mount, tmp_path):
+    m = mount
+    with Conn(m.mnt, {"op": "watch"}) as w:
+        assert w.line() == {"ok": True, "current": None}
+        publish_model(m, tmp_path, "v1", seed=51)
+        assert w.line() == {"event": "arrived", "version": "v1"}
+        m.run("commit", "v1")
+        assert w.line() == {"event": "current", "version": "v1"}
+        os.mkdir(m.vpath("v2"))
+        Path(m.vpath("v2", "x.bin")).write_bytes(b"x" * 5000)
+        m.run("seal", "v2")
+        assert w.line() == {"event": "arrived", "version": "v2"}
+        m.run("commit", "v2")
+        assert w.line() == {"event": "current", "version": "v2"}
+        m.run("rm", "v1")
+        assert w.line() == {"event": "removed", "version": "v1"}
+        publish_model(m, tmp_path, "v3", seed=53)
+        assert w.line() == {"event": "arrived", "version": "v3"}
+        m.run("gc", "--keep", "0")
+        assert w.line() == {"event": "removed", "version": "v3"}
+    with Conn(m.mnt, {"op": "watch"}) as w2:
+        assert w2.line() == {"ok": True, "current": "v2"}
+
+
+# ---------------------------------------------------------------------- the local barrier
+
+
+def test_local_commit_waits_for_the_engine_to_load(mount, tmp_path):
+    m = mount
+    publish_model(m, tmp_path, "v1", seed=61)
+    m.run("commit", "v1")
+    publish_model(m, tmp_path, "v2", seed=62)
+    e = engine(m, "llama-a")
+    e.send({"report": "swapped", "version": "v1", "pause_us": 0})  # serving v1 at start
+    assert poll(lambda: engines_of(m)["llama-a"]["serving"] == "v1")
+    p = commit_async(m, "v2")
+    assert e.event(skip=("arrived",)) == {"event": "prepare", "version": "v2"}
+    assert p.poll() is None, "commit finished before the engine reported"
+    assert readlink_or_none(m.path("current")) == "versions/v1"
+    e.send({"report": "loading", "version": "v2"})
+    assert poll(lambda: engines_of(m)["llama-a"]["state"] == "loading")
+    e.send({"report": "loaded", "version": "v2"})
+    rc, out = finish(p)
+    assert rc == 0, out
+    assert e.event() == {"event": "current", "version": "v2"}
+    e.send({"report": "swapped", "version": "v2", "pause_us": 180})
+    assert poll(lambda: engines_of(m)["llama-a"]["swaps"] == 1)
+    st = engines_of(m)["llama-a"]
+    assert st == {"name": "llama-a", "pid": os.getpid(), "serving": "v2", "shadow": None,
+                  "state": "idle", "reason": None, "last_swap_pause_us": 180, "swaps": 1}
+    # an engine that serves the version already is ready at once: no prepare, no wait
+    rc, out = finish(commit_async(m, "v2"))
+    assert rc == 0, out
+    e.close()
+
+
+def test_local_commit_refused_by_an_engine(mount, tmp_path):
+    m = mount
+    publish_model(m, tmp_path, "v1", seed=71)
+    m.run("commit", "v1")
+    publish_model(m, tmp_path, "v2", seed=72)
+    ok = engine(m, "ok-engine")
+    bad = engine(m, "bad-engine")
+    p = commit_async(m, "v2")
+    for e in (ok, bad):
+        assert e.event(skip=("arrived",)) == {"event": "prepare", "version": "v2"}
+    ok.send({"report": "loaded", "version": "v2"})
+    bad.send({"report": "refused", "version": "v2", "reason": "tensor w: shape [8, 8], model has [4, 4]"})
+    rc, out = finish(p)
+    assert rc != 0 and "engine bad-engine refused v2: tensor w: shape [8, 8], model has [4, 4]" in out, out
+    assert readlink_or_none(m.path("current")) == "versions/v1"
+    assert m.status()["current"] == "v1"
+    st = engines_of(m)["bad-engine"]
+    assert st["state"] == "refused" and st["shadow"] == "v2" and "shape [8, 8]" in st["reason"]
+    # a refusal stands until the engine says otherwise; a new commit asks it again
+    p = commit_async(m, "v2")
+    assert bad.event() == {"event": "prepare", "version": "v2"}
+    rc, out = finish(p)
+    assert rc != 0 and "engine bad-engine refused v2" in out, out
+    bad.send({"report": "loaded", "version": "v2"})
+    assert poll(lambda: engines_of(m)["bad-engine"]["state"] == "loaded")
+    rc, out = finish(commit_async(m, "v2"))
+    assert rc == 0, out
+    ok.close()
+    bad.close()
+
+
+def test_local_commit_fails_when_an_engine_stays_silent(mount_factory, tmp_path):
+    m = mount_factory(extra=["-o", "engine_deadline_ms=300"])
+    publish_model(m, tmp_path, "v1", seed=81)
+    m.run("commit", "v1")
+    publish_model(m, tmp_path, "v2", seed=82)
+    with Conn(m.mnt, {"op": "engine", "name": "sleepy"}) as e:
+        assert e.line()["ok"]
+        rc, out = finish(commit_async(m, "v2"))
+        assert rc != 0 and "engine sleepy did not report v2 loaded within 300 ms" in out, out
+        assert e.event(skip=("arrived",)) == {"event": "prepare", "version": "v2"}
+    assert readlink_or_none(m.path("current")) == "versions/v1"
+
+
+def test_engine_that_disconnects_stops_counting(mount, tmp_path):
+    m = mount
+    publish_model(m, tmp_path, "v1", seed=91)
+    e = engine(m, "quitter")
+    p = commit_async(m, "v1")
+    assert e.event(skip=("arrived",)) == {"event": "prepare", "version": "v1"}
+    assert p.poll() is None
+    e.close()
+    rc, out = finish(p)
+    assert rc == 0, out
+    assert readlink_or_none(m.path("current")) == "versions/v1"
+    assert m.status()["engines"] == []
+
+
+def test_commit_with_no_engine_and_local_flag(mount, tmp_path):
+    """No engine registered: commit does not wait (and --local on a lone node is the same)."""
+    m = mount
+    publish_model(m, tmp_path, "v1", seed=95)
+    with Conn(m.mnt, {"op": "watch"}) as w:  # a watcher is not an engine: it never holds a commit
+        assert w.line()["ok"]
+        m.run("commit", "v1", "--local")
+        assert w.event(skip=("arrived",)) == {"event": "current", "version": "v1"}
+
+
+# ---------------------------------------------------------------------- names, reports, hostile clients
+
+
+def test_engine_names(mount):
+    m = mount
+    for bad in ("", "a" * 65, "has space", "sl/ash", "ünï", "a\nb"):
+        r = call(m.mnt, {"op": "engine", "name": bad})
+        assert r["ok"] is False and "invalid engine name" in r["error"], (bad, r)
+    assert call(m.mnt, {"op": "engine"})["error"] == "engine: missing name"
+    e = engine(m, "A-z_0.9" + "x" * 57)
+    r = call(m.mnt, {"op": "engine", "name": "A-z_0.9" + "x" * 57})
+    assert r["ok"] is False and "already registered" in r["error"], r
+    e.close()
+    # the name is free again once its connection is gone
+    assert poll(lambda: m.status()["engines"] == [])
+    engine(m, "A-z_0.9" + "x" * 57).close()
+
+
+def test_hostile_engine_is_ignored_then_dropped(mount, tmp_path):
+    m = mount
+    publish_model(m, tmp_path, "v1", seed=101)
+    e = engine(m, "evil")
+    for junk in (b"not json\n", b"[1, 2]\n", b"\n", b"{\"report\": 5}\n",
+                 b"{\"report\": \"loaded\"}\n", b"{\"report\": \"loaded\", \"version\": \"nope\"}\n",
+                 b"{\"report\": \"exploded\", \"version\": \"v1\"}\n",
+                 b"{\"report\": \"loaded\", \"version\": \".hwfs-x\"}\n",
+                 b"{\"report\": \"refused\", \"version\": \"v1\", \"reason\": \"" + b"r" * 5000 + b"\"}\n"):
+        e.send(junk)
+    assert poll(lambda: engines_of(m)["evil"]["state"] == "refused")
+    st = engines_of(m)["evil"]
+    assert st["shadow"] == "v1" and len(st["reason"]) == 512  # cut to ENGINE_REASON_MAX
+    # a line over CTL_MAX_REQUEST (64 KiB) cannot be read past: the engine is dropped
+    e.send(b"{\"report\": \"" + b"x" * (70 << 10))
+    assert e.wait_eof(), "the daemon kept an engine that sent an over-long line"
+    assert poll(lambda: m.status()["engines"] == [])
+    e.close()
+    m.run("commit", "v1")  # nothing left to wait for
+
+
+def test_watcher_that_never_reads_is_dropped(mount, tmp_path):
+    m = mount
+    publish_model(m, tmp_path, "v1", seed=111)
+    publish_model(m, tmp_path, "v2", seed=112)
+    lazy = Conn(m.mnt, {"op": "watch"})
+    lazy.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    log = os.path.join(m.store, "hwfs.log")
+    dropped = lambda: "watcher (pid %d) dropped" % os.getpid() in Path(log).read_text(errors="replace")
+    for i in range(5000):  # each commit sends it one event; its socket fills long before
+        r = call(m.mnt, {"op": "commit", "version": "v1" if i % 2 else "v2"})
+        assert r["ok"], r
+        if i % 50 == 0 and dropped():
+            break
+    assert dropped(), "a watcher that never reads was kept"
+    assert lazy.wait_eof(), "the dropped watcher's socket was not closed"
+    lazy.close()
+    m.run("commit", "v1")

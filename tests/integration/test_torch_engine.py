@@ -1,0 +1,353 @@
+"""hwfs.torch: a real transformers model served by HotSwap while a trainer
+process writes new versions into a real mount, and swap_in_place.
+
+Tiny Llama configs on the CPU (hidden 64, two layers) keep each test to a few
+seconds; torch runs on one thread in every process so that logits computed in
+different processes can be compared bit for bit.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import REPO, assert_error_line, poll, readlink_or_none
+
+PYDIR = REPO / "tools" / "python"
+os.environ.setdefault("HWFS_LIBRARY", str(REPO / "build" / "libhwfs.so.1"))
+if str(PYDIR) not in sys.path:
+    sys.path.insert(0, str(PYDIR))
+
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import hwfs  # noqa: E402
+from hwfs.torch import HotSwap, swap_in_place, tensors  # noqa: E402
+
+torch.set_num_threads(1)
+
+GATE = "model.layers.0.mlp.gate_proj.weight"
+N_PARAMS = 21  # distinct parameters of the untied two-layer model below
+
+
+def child_env():
+    env = dict(os.environ, PYTHONPATH=str(PYDIR), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    env.setdefault("HWFS_LIBRARY", str(REPO / "build" / "libhwfs.so.1"))
+    return env
+
+
+# A trainer: writes version V into the mount with save_pretrained, either a
+# fresh model (seed) or the version FROM with every weight perturbed.
+TRAINER = textwrap.dedent('''
+    import sys, torch
+    torch.set_num_threads(1)
+    from transformers import LlamaConfig, LlamaForCausalLM
+    mnt, version, seed, frm, tie = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
+    torch.manual_seed(seed)
+    if frm == "-":
+        cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                          tie_word_embeddings=tie)
+        model = LlamaForCausalLM(cfg)
+    else:
+        model = LlamaForCausalLM.from_pretrained(f"{mnt}/versions/{frm}")
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(f"{mnt}/versions/{version}")
+''')
+
+# A server: serves the version `current` names with HotSwap as engine NAME,
+# answering the same request in a loop until DIR/stop appears; DIR/state.json
+# says what it serves, DIR/answers.pt holds every distinct answer, how often
+# it came and under which served version.
+SERVER = textwrap.dedent('''
+    import hashlib, json, os, sys, time, torch
+    torch.set_num_threads(1)
+    from transformers import AutoConfig, LlamaForCausalLM
+    from hwfs.torch import HotSwap
+    mnt, engine, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    cfg = AutoConfig.from_pretrained(f"{mnt}/current")
+    torch.manual_seed(12345)  # weights the versions will replace
+    model = LlamaForCausalLM(cfg).eval()
+    hs = HotSwap(model, mnt, engine=engine)
+    x = (torch.arange(24) * 7 % cfg.vocab_size).view(1, 24)
+    answers, counts, last = {}, {}, 0.0
+
+    def state(final=False):
+        tmp = f"{out}/state.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"version": hs.version, "counts": counts, "pause_us": hs.last_pause_us,
+                       "swaps": hs.swaps, "error": hs.error, "final": final}, f)
+        os.rename(tmp, f"{out}/state.json")
+
+    while not os.path.exists(f"{out}/stop"):
+        with hs.serving():
+            with torch.no_grad():
+                logits = model(x).logits
+            v = hs.version
+        key = hashlib.sha256(logits.numpy().tobytes()).hexdigest()
+        rec = answers.setdefault(key, [logits, 0, set()])
+        rec[1] += 1
+        rec[2].add(v)
+        counts[v] = counts.get(v, 0) + 1
+        if time.monotonic() - last > 0.05:
+            state()
+            last = time.monotonic()
+    hs.close()
+    torch.save([(t, n, sorted(vs)) for t, n, vs in answers.values()], f"{out}/answers.pt")
+    state(final=True)
+''')
+
+
+def run_trainer(mount, tmp_path, version, seed, frm="-", tie=False):
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    cp = subprocess.run([sys.executable, str(script), mount.mnt, version, str(seed), frm,
+                         "1" if tie else "0"], capture_output=True, text=True, timeout=60,
+                        env=child_env())
+    assert cp.returncode == 0, f"trainer failed writing {version}:\n{cp.stderr}"
+
+
+def tiny(seed, tie=False, intermediate=128):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=intermediate,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64, tie_word_embeddings=tie)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def perturbed(model, seed):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def save_version(mount, version, model):
+    model.save_pretrained(mount.vpath(version))
+    mount.run("seal", version)
+
+
+def fresh(mount, version):
+    return LlamaForCausalLM.from_pretrained(mount.vpath(version)).eval()
+
+
+INPUT = (torch.arange(24) * 7 % 128).view(1, 24)
+
+
+def logits(model):
+    with torch.no_grad():
+        return model(INPUT).logits
+
+
+def engine_record(mount, name):
+    for e in mount.status().get("engines", []):
+        if e["name"] == name:
+            return e
+    return None
+
+
+def read_state(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.limit(180)
+def test_hotswap_server_answers_v1_or_v2_never_a_mix(mount, tmp_path):
+    """The issue's scenario: a trainer process writes v1 (save_pretrained
+    into the mount), it is sealed and committed; a server process serves it
+    with HotSwap and answers a fixed request in a loop while the trainer
+    writes v2 and it is sealed; `hwfs commit v2` passes the engine barrier;
+    afterwards the server answers exactly what a fresh from_pretrained of v2
+    answers, and every answer of the whole run was exactly v1's or v2's."""
+    run_trainer(mount, tmp_path, "v1", seed=1)
+    mount.run("seal", "v1")
+    mount.run("commit", "v1")
+
+    out = tmp_path / "server"
+    out.mkdir()
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    log = open(tmp_path / "server.log", "w")
+    srv = subprocess.Popen([sys.executable, str(script), mount.mnt, "llama-a", str(out)],
+                           stdout=log, stderr=subprocess.STDOUT, env=child_env())
+    try:
+        st = poll(lambda: (s := read_state(out / "state.json")) and s["version"] == "v1" and s,
+                  timeout=60, interval=0.1)
+        assert st, f"server never served v1:\n{(tmp_path / 'server.log').read_text()}"
+        e = engine_record(mount, "llama-a")
+        assert e and e["serving"] == "v1" and e["pid"] == srv.pid, mount.status().get("engines")
+
+        run_trainer(mount, tmp_path, "v2", seed=2, frm="v1")  # while the server answers
+        mount.run("seal", "v2")
+        served_v1 = read_state(out / "state.json")["counts"]["v1"]
+        cp = mount.run("commit", "v2")
+        assert readlink_or_none(mount.path("current")) == "versions/v2", cp.stdout
+
+        st = poll(lambda: (s := read_state(out / "state.json")) and s["counts"].get("v2", 0) >= 5 and s,
+                  timeout=30, interval=0.1)
+        assert st, f"server never served v2: {read_state(out / 'state.json')}\n" \
+                   f"{(tmp_path / 'server.log').read_text()}"
+        assert st["error"] is None and st["swaps"] == 1 and st["pause_us"] >= 1
+        assert served_v1 > 0
+        e = engine_record(mount, "llama-a")
+        assert e["serving"] == "v2" and e["last_swap_pause_us"] == st["pause_us"], e
+
+        (out / "stop").touch()
+        srv.wait(timeout=60)
+        assert srv.returncode == 0, (tmp_path / "server.log").read_text()
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+        log.close()
+
+    ref = {"v1": logits(fresh(mount, "v1")), "v2": logits(fresh(mount, "v2"))}
+    assert not torch.equal(ref["v1"], ref["v2"])
+    answers = torch.load(out / "answers.pt")
+    seen = set()
+    for t, n, versions in answers:
+        match = [v for v in ("v1", "v2") if torch.equal(t, ref[v])]
+        assert match, f"{n} answers (served as {versions}) equal neither v1's nor v2's logits"
+        assert versions == match, f"answers equal to {match}'s logits were served as {versions}"
+        seen.add(match[0])
+    assert seen == {"v1", "v2"}
+    # the last answer, after the commit, was v2's: the final state says v2
+    assert read_state(out / "state.json")["version"] == "v2"
+
+
+def test_hotswap_tied_weights_zero_copy(mount):
+    """In-process HotSwap of a model with tied embeddings: it serves `current`
+    from the mapping itself (no copy), shadow-loads an arriving version,
+    swaps it at the commit, then equals a fresh from_pretrained, the tie kept,
+    and the old version's lease is gone."""
+    save_version(mount, "v1", tiny(1, tie=True))
+    mount.run("commit", "v1")
+    model = tiny(99, tie=True)
+    with HotSwap(model, mount.mnt, engine="tied") as hs:
+        assert hs.version == "v1"
+        with hs.serving():
+            assert torch.equal(logits(model), logits(fresh(mount, "v1")))
+        emb = model.model.embed_tokens.weight
+        assert model.lm_head.weight is emb
+        with hwfs.open(mount.mnt) as m, m.map("v1") as v:
+            assert emb.data_ptr() == v.address("model.embed_tokens.weight")
+        e = engine_record(mount, "tied")
+        assert e["serving"] == "v1" and e["pid"] == os.getpid()
+
+        save_version(mount, "v2", perturbed(tiny(1, tie=True), 5))
+        assert poll(lambda: hs.shadow == "v2", timeout=20), hs.error
+        assert poll(lambda: (engine_record(mount, "tied") or {}).get("state") == "loaded", 10)
+        mount.run("commit", "v2")
+        assert hs.wait_version("v2", timeout=20), hs.error
+        with hs.serving():
+            assert torch.equal(logits(model), logits(fresh(mount, "v2")))
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        assert hs.swaps == 1 and hs.last_pause_us >= 1 and hs.error is None
+        e = engine_record(mount, "tied")
+        assert e["serving"] == "v2" and e["last_swap_pause_us"] == hs.last_pause_us, e
+        assert poll(lambda: [x["version"] for x in mount.status()["leases"]] == ["v2"], 10), \
+            mount.status()["leases"]
+    # closed: unregistered; the module still holds (and leases) v2
+    assert poll(lambda: engine_record(mount, "tied") is None, 10)
+
+
+def test_hotswap_refuses_wrong_shape_and_dtype(mount):
+    """A version whose tensor has another shape (prepared by the commit,
+    having arrived before the engine started) or another dtype (refused on
+    arrival) is refused naming the tensor and both shapes; `hwfs commit`
+    fails naming the engine and the tensor; current and the served version
+    stay v1."""
+    save_version(mount, "v1", tiny(1))
+    mount.run("commit", "v1")
+    save_version(mount, "wide", tiny(2, intermediate=96))  # before the engine exists
+    model = tiny(3)
+    with HotSwap(model, mount.mnt, engine="shape-check") as hs:
+        ref = logits(fresh(mount, "v1"))
+        cp = mount.run("commit", "wide", check=False)
+        assert_error_line(cp, "shape-check", "refused", GATE, "[96, 64]", "[128, 64]")
+        assert readlink_or_none(mount.path("current")) == "versions/v1"
+        assert hs.refused["wide"] == f"tensor {GATE}: shape [96, 64], model has [128, 64]"
+
+        save_version(mount, "half", tiny(4).half())  # after: refused on arrival
+        assert poll(lambda: "half" in hs.refused, timeout=20), hs.error
+        assert "dtype F16, model has torch.float32" in hs.refused["half"]
+        e = engine_record(mount, "shape-check")
+        assert e["state"] == "refused" and e["reason"] == hs.refused["half"], e
+        cp = mount.run("commit", "half", check=False)
+        assert_error_line(cp, "shape-check", "refused", "dtype F16")
+        assert readlink_or_none(mount.path("current")) == "versions/v1"
+        assert hs.version == "v1" and hs.swaps == 0
+        with hs.serving():
+            assert torch.equal(logits(model), ref)
+
+
+def test_swap_in_place(mount):
+    """swap_in_place copies a version into the module's own tensors (same
+    storage), after which it equals a fresh from_pretrained; a version with a
+    wrong shape raises ValueError naming the tensor and changes nothing; no
+    lease is left behind."""
+    save_version(mount, "v1", tiny(1))
+    save_version(mount, "v2", perturbed(tiny(1), 6))
+    save_version(mount, "wide", tiny(2, intermediate=96))
+    model = fresh(mount, "v1")
+    ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
+    assert swap_in_place(model, "v2", mount.mnt) == N_PARAMS
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == ptrs
+    assert torch.equal(logits(model), logits(fresh(mount, "v2")))
+
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(ValueError, match=GATE.replace(".", r"\.") + r".*\[96, 64\].*\[128, 64\]"):
+        with hwfs.open(mount.mnt) as m:
+            swap_in_place(model, "wide", m)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), f"{n} changed by a refused swap_in_place"
+    assert mount.status()["leases"] == []
+
+
+def test_torch_tensors_zero_copy_dtypes(mount):
+    """hwfs.torch.tensors gives every tensor with its dtype (BF16 included)
+    equal to safetensors.torch's reading, over the mapping's own bytes; the
+    numpy view of BF16 holds the same bits; a tensor keeps the mapping alive."""
+    import gc
+
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(0)
+    t = {"bf": torch.randn(64, 33, generator=g).to(torch.bfloat16),
+         "f16": torch.randn(7, 5, generator=g).half(),
+         "i64": torch.arange(-50, 50, dtype=torch.int64),
+         "u8": torch.arange(255, dtype=torch.uint8),
+         "mask": torch.arange(10) % 3 == 0}
+    os.makedirs(mount.vpath("v1"))
+    save_file(t, mount.vpath("v1", "w.safetensors"))
+    mount.run("seal", "v1")
+    want = load_file(mount.vpath("v1", "w.safetensors"))
+    with hwfs.open(mount.mnt) as m:
+        v = m.map("v1")
+        got = tensors(v)
+        assert sorted(got) == sorted(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+            assert got[k].data_ptr() == v.address(k), k
+        bits = np.asarray(v["bf"]).view(np.uint16)
+        assert np.array_equal(bits, want["bf"].view(torch.int16).numpy().view(np.uint16))
+        v.close()
+        gc.collect()
+        assert not v.unmapped
+        assert torch.equal(got["bf"], want["bf"])
+        del got, bits
+        gc.collect()
+        assert v.unmapped

@@ -1,0 +1,414 @@
+/*
+ * hwfs_watch.c — `hwfs watch`: follow a node's versions, run hooks, and
+ * optionally answer the commit barrier as an engine (docs/engines.md, the
+ * first of the four ways; docs/cli.md, "watch").
+ *
+ *   hwfs watch [-m MOUNT] [--engine NAME] [--on-arrive CMD] [--on-commit CMD]
+ *
+ * Every event is printed on stdout, one per line ("arrived v2", "current v2",
+ * "prepare v2", "removed v1"), and so is every report an engine sends
+ * ("loaded v2", "refused v2: REASON", "swapped v2 (pause N us)").  A hook is
+ * `/bin/sh -c CMD` with HWFS_VERSION, HWFS_PATH (MOUNT/versions/V),
+ * HWFS_MOUNT and HWFS_EVENT in its environment; its stdout is ours, its
+ * stderr is passed through to ours and its last line is kept as the reason
+ * of a refusal.
+ *
+ * As an engine (--engine NAME): a version that arrives, or that a commit
+ * prepares before it arrived here, runs --on-arrive: exit 0 reports it
+ * loaded, anything else refused ("on-arrive hook exited N: LAST LINE"), which
+ * aborts a commit of it.  `current` flipping runs --on-commit and reports
+ * swapped, its run time being the pause.  At start, the version `current`
+ * names goes through the same two hooks, so the server behind them is
+ * brought to it, and is reported swapped with pause 0 (start-up is no
+ * serving pause).  Without --engine the hooks run the same way and nothing is
+ * reported.
+ *
+ * SIGINT and SIGTERM end the watch with exit 0 (a running hook gets
+ * SIGTERM); the daemon going away ends it with exit 1.  The command is one
+ * thread: signals arrive through a signalfd, polled beside the watch.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hwfs_api.h" /* first: the public API beside hwfs_common.h */
+#include "hwfs_cli.h"
+
+#define WATCH_USAGE                                                                              \
+	"hwfs watch [-m MOUNT] [--engine NAME] [--on-arrive CMD] [--on-commit CMD]"
+#define REASON_MAX 512 /* longest refusal reason kept (the last line of a hook's stderr) */
+
+/* What the engine reported for a version it handled (arrived or prepared). */
+struct handled {
+	char version[sizeof(((struct hwfs_event *)0)->version)];
+	int loaded; /* 1: loaded; 0: refused for @reason */
+	char reason[REASON_MAX];
+};
+
+struct watch {
+	const char *mount, *engine, *on_arrive, *on_commit;
+	struct hwfs_watch *w;
+	int sigfd;
+	int stop; /* SIGINT or SIGTERM arrived */
+	struct handled *done;
+	size_t n_done, cap_done;
+};
+
+/* Print one line on stdout, at once (a pipe reader waits for it). */
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	putchar('\n');
+	fflush(stdout);
+}
+
+/* Microseconds of the monotonic clock. */
+static uint64_t mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* Has SIGINT or SIGTERM arrived? Reads the signalfd without waiting. */
+static int signalled(struct watch *s)
+{
+	struct signalfd_siginfo si;
+
+	while (read(s->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+		s->stop = 1;
+	return s->stop;
+}
+
+/*
+ * Child side of run_hook(): signals back to normal, the environment, stderr
+ * to @errfd, then /bin/sh -c @cmd.  Never returns.
+ */
+static void exec_hook(struct watch *s, const char *cmd, const char *event, const char *version,
+		      int errfd)
+{
+	char path[4096];
+	sigset_t none;
+
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	snprintf(path, sizeof(path), "%s/versions/%s", s->mount, version);
+	if (setenv("HWFS_VERSION", version, 1) < 0 || setenv("HWFS_PATH", path, 1) < 0 ||
+	    setenv("HWFS_MOUNT", s->mount, 1) < 0 || setenv("HWFS_EVENT", event, 1) < 0 ||
+	    dup2(errfd, 2) < 0)
+		_exit(127);
+	execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+	_exit(127);
+}
+
+/*
+ * Keep the last non-empty line of @buf (@len bytes, cut at newlines by the
+ * caller's @line buffer) in @last.
+ */
+static void keep_last_line(char *line, size_t *used, const char *buf, size_t len, char *last)
+{
+	for (size_t i = 0; i < len; i++) {
+		if (buf[i] == '\n') {
+			line[*used] = '\0';
+			if (*used)
+				snprintf(last, REASON_MAX, "%s", line);
+			*used = 0;
+		} else if (*used + 1 < REASON_MAX) {
+			line[(*used)++] = buf[i];
+		}
+	}
+}
+
+/*
+ * Run hook @cmd for @event of @version and wait for it, passing its stderr
+ * through to ours.  *@why gets "" when it exited 0, else "on-EVENT hook
+ * exited N: LAST LINE" (or "killed by signal N").  *@took_us: its run time.
+ * A SIGINT/SIGTERM meanwhile is passed to it as SIGTERM (and s->stop set).
+ * Returns 0 (the hook ran; see *@why) or -errno (it could not be started).
+ */
+static int run_hook(struct watch *s, const char *cmd, const char *hook, const char *event,
+		    const char *version, char why[REASON_MAX], uint64_t *took_us)
+{
+	char last[REASON_MAX] = "", line[REASON_MAX], buf[4096];
+	uint64_t t0 = mono_us();
+	size_t used = 0;
+	int p[2], status, r = 0;
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -errno;
+	pid = fork();
+	if (pid < 0) {
+		r = -errno;
+		close(p[0]);
+		close(p[1]);
+		return r;
+	}
+	if (pid == 0)
+		exec_hook(s, cmd, event, version, p[1]);
+	close(p[1]);
+	for (;;) {
+		struct pollfd fds[2] = {{.fd = p[0], .events = POLLIN},
+					{.fd = s->sigfd, .events = POLLIN}};
+		ssize_t n;
+
+		if (poll(fds, 2, -1) < 0 && errno != EINTR)
+			break;
+		if (fds[1].revents && !s->stop && signalled(s))
+			kill(pid, SIGTERM);
+		if (!fds[0].revents)
+			continue;
+		n = read(p[0], buf, sizeof(buf));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		if (write(2, buf, (size_t)n) < 0) {
+			/* our stderr is gone: the hook's lines are still kept for the reason */
+		}
+		keep_last_line(line, &used, buf, (size_t)n, last);
+	}
+	if (used) {
+		line[used] = '\0';
+		snprintf(last, sizeof(last), "%s", line);
+	}
+	close(p[0]);
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	*took_us = mono_us() - t0;
+	why[0] = '\0';
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+		return 0;
+	if (WIFEXITED(status))
+		snprintf(why, REASON_MAX, "%s hook exited %d%s%s", hook, WEXITSTATUS(status),
+			 last[0] ? ": " : "", last);
+	else
+		snprintf(why, REASON_MAX, "%s hook killed by signal %d%s%s", hook,
+			 WTERMSIG(status), last[0] ? ": " : "", last);
+	return 0;
+}
+
+/* Send a report; a daemon that is gone ends the watch (exit 1). */
+static void report(struct watch *s, enum hwfs_report what, const char *version,
+		   const char *reason, uint64_t pause_us)
+{
+	if (hwfs_engine_report(s->w, what, version, reason, pause_us) < 0)
+		die("%s", hwfs_errmsg());
+}
+
+/* The record of @version among the handled ones, or NULL. */
+static struct handled *find_handled(struct watch *s, const char *version)
+{
+	for (size_t i = 0; i < s->n_done; i++)
+		if (!strcmp(s->done[i].version, version))
+			return &s->done[i];
+	return NULL;
+}
+
+/* Forget @version (it was removed). */
+static void forget(struct watch *s, const char *version)
+{
+	struct handled *h = find_handled(s, version);
+
+	if (h)
+		*h = s->done[--s->n_done];
+}
+
+/*
+ * Run --on-arrive for @version once (later calls re-send what it reported,
+ * when @resend) and, as an engine, report loading then loaded or refused.
+ * Returns the record.
+ */
+static struct handled *shadow_load(struct watch *s, const char *version, int resend)
+{
+	struct handled *h = find_handled(s, version);
+	uint64_t took = 0;
+
+	if (h) {
+		if (resend && s->engine)
+			report(s, h->loaded ? HWFS_LOADED : HWFS_REFUSED, version, h->reason, 0);
+		return h;
+	}
+	if (s->n_done == s->cap_done) {
+		size_t ncap = s->cap_done ? s->cap_done * 2 : 8;
+		struct handled *nd = realloc(s->done, ncap * sizeof(*nd));
+
+		if (!nd)
+			die("out of memory");
+		s->done = nd;
+		s->cap_done = ncap;
+	}
+	h = &s->done[s->n_done++];
+	memset(h, 0, sizeof(*h));
+	snprintf(h->version, sizeof(h->version), "%s", version);
+	if (s->engine)
+		report(s, HWFS_LOADING, version, NULL, 0);
+	if (s->on_arrive) {
+		int r = run_hook(s, s->on_arrive, "on-arrive", "arrived", version, h->reason, &took);
+
+		if (r < 0)
+			snprintf(h->reason, sizeof(h->reason), "on-arrive hook could not start: %s",
+				 strerror(-r));
+	}
+	h->loaded = !h->reason[0];
+	if (h->loaded)
+		say("loaded %s", version);
+	else
+		say("refused %s: %s", version, h->reason);
+	if (s->engine)
+		report(s, h->loaded ? HWFS_LOADED : HWFS_REFUSED, version, h->reason, 0);
+	return h;
+}
+
+/*
+ * `current` names @version: run --on-commit (after --on-arrive if the version
+ * was not handled yet; not at all if it was refused) and, as an engine,
+ * report swapped with the hook's run time, or @pause0 with pause 0.
+ */
+static void swap_to(struct watch *s, const char *version, int pause0)
+{
+	struct handled *h = shadow_load(s, version, 0);
+	char why[REASON_MAX] = "";
+	uint64_t took = 0;
+	int r = 0;
+
+	if (!h->loaded) {
+		say("not swapping to %s: it was refused", version);
+		return;
+	}
+	if (s->on_commit)
+		r = run_hook(s, s->on_commit, "on-commit", "current", version, why, &took);
+	if (r < 0 || why[0]) {
+		say("swap to %s failed: %s", version,
+		    r < 0 ? "the on-commit hook could not start" : why);
+		return;
+	}
+	say("swapped %s (pause %llu us)", version, (unsigned long long)(pause0 ? 0 : took));
+	if (s->engine)
+		report(s, HWFS_SWAPPED, version, NULL, pause0 ? 0 : took);
+}
+
+/* Print event @ev and act on it. */
+static void handle(struct watch *s, const struct hwfs_event *ev)
+{
+	switch (ev->type) {
+	case HWFS_EV_ARRIVED:
+		say("arrived %s", ev->version);
+		if (s->engine || s->on_arrive)
+			shadow_load(s, ev->version, 0);
+		break;
+	case HWFS_EV_PREPARE:
+		say("prepare %s", ev->version);
+		shadow_load(s, ev->version, 1);
+		break;
+	case HWFS_EV_CURRENT:
+		say("current %s", ev->version);
+		if (s->engine || s->on_commit)
+			swap_to(s, ev->version, 0);
+		break;
+	case HWFS_EV_REMOVED:
+		say("removed %s", ev->version);
+		forget(s, ev->version);
+		break;
+	}
+}
+
+/* Parse the options into @s. Exits 2 on a usage error, 0 for --help. */
+static void watch_opts(int argc, char **argv, struct watch *s)
+{
+	static const struct option lo[] = {
+		{"mount", required_argument, NULL, 'm'},     {"engine", required_argument, NULL, 'E'},
+		{"on-arrive", required_argument, NULL, 'A'}, {"on-commit", required_argument, NULL, 'C'},
+		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
+	};
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "m:h", lo, NULL)) != -1) {
+		switch (c) {
+		case 'm':
+			s->mount = optarg;
+			break;
+		case 'E':
+			s->engine = optarg;
+			break;
+		case 'A':
+			s->on_arrive = optarg;
+			break;
+		case 'C':
+			s->on_commit = optarg;
+			break;
+		case 'h':
+			printf("usage: %s\n", WATCH_USAGE);
+			exit(0);
+		default:
+			usage_die(WATCH_USAGE);
+		}
+	}
+	if (optind != argc)
+		usage_die(WATCH_USAGE);
+}
+
+int cmd_watch(int argc, char **argv)
+{
+	struct watch s = {.sigfd = -1};
+	struct hwfs_event ev;
+	struct hwfs *h = NULL;
+	char *cur = NULL;
+	sigset_t sigs;
+	int r;
+
+	watch_opts(argc, argv, &s);
+	if (hwfs_open(s.mount, &h) < 0)
+		die("%s", hwfs_errmsg());
+	s.mount = hwfs_mountpoint(h);
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	if (sigprocmask(SIG_BLOCK, &sigs, NULL) < 0 ||
+	    (s.sigfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK)) < 0)
+		die("cannot set up signal handling: %s", strerror(errno));
+	if (hwfs_watch_open(h, s.engine, &cur, &s.w) < 0)
+		die("%s", hwfs_errmsg());
+	if (s.engine)
+		say("registered as engine %s on %s", s.engine, s.mount);
+	if (cur) {
+		say("current %s", cur);
+		if (s.engine || s.on_arrive || s.on_commit)
+			swap_to(&s, cur, 1);
+		free(cur);
+	}
+	while (!signalled(&s)) {
+		struct pollfd fds[2] = {{.fd = hwfs_watch_fd(s.w), .events = POLLIN},
+					{.fd = s.sigfd, .events = POLLIN}};
+
+		while (!s.stop && (r = hwfs_watch_next(s.w, 0, &ev)) == 0)
+			handle(&s, &ev);
+		if (s.stop)
+			break;
+		if (r != -ETIMEDOUT)
+			die("%s", hwfs_errmsg());
+		if (poll(fds, 2, -1) < 0 && errno != EINTR)
+			die("waiting for events: %s", strerror(errno));
+	}
+	hwfs_watch_close(s.w);
+	hwfs_close(h);
+	free(s.done);
+	close(s.sigfd);
+	return 0;
+}

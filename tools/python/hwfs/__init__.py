@@ -1,0 +1,453 @@
+"""hwfs — the Python binding of libhwfs (include/hwfs.h).
+
+    import hwfs
+    with hwfs.open("/hotweights") as m:          # None: $HWFS_MOUNT, else /hotweights
+        print(m.current(), m.versions())
+        with m.map("v2") as v:                    # zero-copy, read-only, holds a lease
+            w = v["model.embed_tokens.weight"]    # numpy array over the daemon's arena
+        for ev in m.watch():                      # arrived / current / removed events
+            print(ev.type, ev.version)
+
+Every call goes through libhwfs (ctypes); the package never speaks the control
+protocol itself.  Errors are OSError subclasses carrying the errno libhwfs
+returned and its one-line sentence (FileNotFoundError for a missing version,
+PermissionError, ...).
+
+Lifetime of a mapping (the decision): an array handed out by a Mapping keeps
+the mapping alive (the array's base refers to the object that owns the
+hwfs_map), so an array can never outlive the pages it reads.  Mapping.close()
+(or leaving its `with` block) drops the Mapping's own hold and refuses new
+lookups; the pages and the lease end (hwfs_unmap) when the last array made
+from it is garbage — at once when there is none.  `Mapping.unmapped` says
+whether that happened.  To release a version's bytes for sure, drop every
+array (and every torch tensor made by hwfs.torch) taken from it.
+
+BF16 (and FP8) tensors come as ml_dtypes.bfloat16 (float8_*) arrays when
+ml_dtypes is importable, else as uint16 (uint8) arrays of the same shape
+holding the raw bits.  A dtype numpy cannot express at all comes as its raw
+bytes: a 1-D uint8 array.
+"""
+
+import ctypes
+import errno
+import json
+import threading
+import weakref
+from collections import namedtuple
+
+import numpy as np
+
+from . import _lib
+from ._lib import HWFS_API_VERSION  # noqa: F401  (re-exported)
+
+__all__ = ["open", "Mount", "Mapping", "Watch", "Event", "VersionInfo", "TensorInfo",
+           "numpy_dtype", "StreamClosed"]
+
+# How long one wait inside Watch.next() lasts before it looks again at whether
+# close() was asked for (so close() from another thread never waits longer).
+WAIT_SLICE_MS = 200
+
+VersionInfo = namedtuple("VersionInfo", "name state bytes current")
+VersionInfo.__doc__ = "One version as the daemon lists it (current: True when `current` names it)."
+
+TensorInfo = namedtuple("TensorInfo", "name file dtype shape nbytes hash copied")
+TensorInfo.__doc__ = ("One tensor of a mapped version: safetensors dtype string, shape tuple, "
+                      "bytes, XXH3-128 hash (32 hex digits), copied (True when libhwfs could "
+                      "not map its bytes in place).")
+
+
+class StreamClosed(EOFError):
+    """The daemon closed the event stream (unmounted, stopped, or dropped this client)."""
+
+
+# ------------------------------------------------------------------ dtypes
+
+def _ml_dtype(name, fallback):
+    try:
+        import ml_dtypes
+        return np.dtype(getattr(ml_dtypes, name))
+    except (ImportError, AttributeError):
+        return np.dtype(fallback)
+
+
+_NUMPY_DTYPES = {
+    "BOOL": np.dtype(np.bool_), "U8": np.dtype(np.uint8), "I8": np.dtype(np.int8),
+    "U16": np.dtype("<u2"), "I16": np.dtype("<i2"), "F16": np.dtype("<f2"),
+    "U32": np.dtype("<u4"), "I32": np.dtype("<i4"), "F32": np.dtype("<f4"),
+    "U64": np.dtype("<u8"), "I64": np.dtype("<i8"), "F64": np.dtype("<f8"),
+}
+_LAZY_DTYPES = {"BF16": ("bfloat16", np.uint16), "F8_E4M3": ("float8_e4m3fn", np.uint8),
+                "F8_E5M2": ("float8_e5m2", np.uint8)}
+
+
+def numpy_dtype(st_dtype):
+    """The numpy dtype for safetensors dtype @st_dtype, or None when numpy has none.
+
+    BF16/F8_*: ml_dtypes' type when importable, else the unsigned integer of
+    the same width (the raw bits)."""
+    if st_dtype in _NUMPY_DTYPES:
+        return _NUMPY_DTYPES[st_dtype]
+    if st_dtype in _LAZY_DTYPES:
+        name, fallback = _LAZY_DTYPES[st_dtype]
+        dt = _ml_dtype(name, fallback)
+        _NUMPY_DTYPES[st_dtype] = dt
+        return dt
+    return None
+
+
+# ------------------------------------------------------------------ the mount
+
+def open(mount=None):  # noqa: A001  (hwfs.open, like the C hwfs_open)
+    """Open the hwfs mount at @mount (None: $HWFS_MOUNT, else /hotweights).
+
+    Raises OSError: ENOTSUP when @mount is not an hwfs mount, ENOENT..."""
+    return Mount(mount)
+
+
+class Mount:
+    """A handle on one mount's daemon.  Nothing stays connected: each call
+    connects anew (libhwfs), so a Mount may be shared by threads.  Maps and
+    watches made from it stay valid after close()."""
+
+    def __init__(self, mount=None):
+        h = ctypes.c_void_p()
+        arg = None if mount is None else str(mount).encode()
+        _lib.check(_lib.hwfs_open(arg, ctypes.byref(h)), f"hwfs.open({mount!r})")
+        self._h = h
+        self.mountpoint = _lib.hwfs_mountpoint(h).decode()
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("hwfs.Mount is closed")
+        return self._h
+
+    def close(self):
+        """Free the handle (idempotent)."""
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            _lib.hwfs_close(h)
+
+    __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<hwfs.Mount {self.mountpoint!r}{'' if self._h else ' closed'}>"
+
+    def call(self, request, progress=None):
+        """The raw control request @request (a dict or a JSON line); returns the
+        daemon's final answer as a dict (it may be {"ok": false, "error": ...}).
+        @progress(done, total) is called for each progress line."""
+        if not isinstance(request, (str, bytes)):
+            request = json.dumps(request)
+        if isinstance(request, str):
+            request = request.encode()
+        cb = _lib.PROGRESS_FN(0)
+        if progress is not None:
+            cb = _lib.PROGRESS_FN(lambda _arg, done, total: progress(done, total))
+        reply = ctypes.c_void_p()
+        _lib.check(_lib.hwfs_call(self._handle(), request, cb, None, ctypes.byref(reply)),
+                   "hwfs_call")
+        return json.loads(_lib.take_string(reply))
+
+    def versions(self):
+        """Every version of the node, in creation order: a list of VersionInfo."""
+        arr = ctypes.POINTER(_lib.Version)()
+        n = ctypes.c_size_t()
+        _lib.check(_lib.hwfs_versions(self._handle(), ctypes.byref(arr), ctypes.byref(n)),
+                   "hwfs_versions")
+        try:
+            return [VersionInfo(arr[i].name.decode(), arr[i].state.decode(), int(arr[i].bytes),
+                                bool(arr[i].is_current)) for i in range(n.value)]
+        finally:
+            _lib.hwfs_versions_free(arr, n.value)
+
+    def current(self):
+        """The version `current` names, or None when nothing was committed yet."""
+        out = ctypes.c_void_p()
+        rc = _lib.hwfs_current(self._handle(), ctypes.byref(out))
+        if rc == -errno.ENOENT:  # nothing committed
+            return None
+        _lib.check(rc, "hwfs_current")
+        return _lib.take_string(out)
+
+    def map(self, version):
+        """Map sealed version @version read-only and zero-copy: a Mapping.
+
+        Raises FileNotFoundError (no such version), OSError EBUSY (not sealed),
+        EIO (damaged), PermissionError (not root, the mount's owner or the
+        --ctl-group)."""
+        return Mapping(self, version)
+
+    def watch(self, engine=None):
+        """Watch events (a Watch; iterate it).  With @engine, also register
+        this process as that engine on the node (see docs/engines.md)."""
+        return Watch(self, engine)
+
+
+# ------------------------------------------------------------------ mappings
+
+class _MapHandle:
+    """Owns one hwfs_map: unmaps it when the last reference goes.
+
+    Every buffer handed out refers to it, and so does the Mapping until it is
+    closed; that is the whole lifetime rule."""
+
+    __slots__ = ("ptr", "__weakref__")
+    _unmap = staticmethod(_lib.hwfs_unmap)  # kept for interpreter shutdown
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __del__(self):
+        p, self.ptr = self.ptr, None
+        if p:
+            self._unmap(p)
+
+
+class Mapping:
+    """A sealed version mapped read-only into this process (holds a lease:
+    `hwfs rm` and gc never free bytes a live mapping uses).
+
+    Dict-like, by tensor name: m["w"] is a read-only numpy array over the
+    daemon's arena (no copy).  "FILE:NAME" picks a tensor from one file when
+    several files of the version hold the same name; a bare name is the first.
+    """
+
+    def __init__(self, mount, version):
+        p = ctypes.c_void_p()
+        _lib.check(_lib.hwfs_map(mount._handle(), str(version).encode(), ctypes.byref(p)),
+                   f"map {version}")
+        self._owner = _MapHandle(p)
+        self._ref = weakref.ref(self._owner)
+        self.version = _lib.hwfs_map_version(p).decode()
+        self.digest = _lib.hwfs_map_digest(p).decode()
+        self._info = []   # TensorInfo, in file then offset order
+        self._where = []  # (data address, len) per tensor
+        self._index = {}  # name and FILE:NAME -> position
+        for i in range(_lib.hwfs_map_count(p)):
+            t = _lib.hwfs_map_tensor(p, i).contents
+            name, file = t.name.decode(), t.file.decode()
+            shape = tuple(int(t.shape[k]) for k in range(t.ndim))
+            self._info.append(TensorInfo(name, file, t.dtype.decode(), shape, int(t.len),
+                                         bytes(t.hash).hex(), bool(t.copied)))
+            self._where.append((t.data or 0, int(t.len)))
+            self._index.setdefault(name, i)
+            self._index[f"{file}:{name}"] = i
+        self._names = list(dict.fromkeys(ti.name for ti in self._info))
+        self._arrays = {}
+
+    # -- lifetime
+    def close(self):
+        """Drop this Mapping's hold (idempotent).  The pages and the lease
+        end when no array or tensor made from it is alive any more."""
+        self._arrays = {}
+        self._owner = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def closed(self):
+        return self._owner is None
+
+    @property
+    def unmapped(self):
+        """True once hwfs_unmap ran (no holder is left)."""
+        owner = self._ref()
+        return owner is None or owner.ptr is None
+
+    def __repr__(self):
+        return (f"<hwfs.Mapping {self.version} ({len(self._names)} tensors)"
+                f"{' closed' if self.closed else ''}>")
+
+    # -- lookups
+    def _pos(self, key):
+        try:
+            return self._index[key]
+        except KeyError:
+            raise KeyError(f"version {self.version} has no tensor {key!r}") from None
+
+    def tensors(self):
+        """TensorInfo of every tensor, in file then offset order."""
+        return list(self._info)
+
+    def info(self, key):
+        """TensorInfo of tensor @key."""
+        return self._info[self._pos(key)]
+
+    def buffer(self, key):
+        """The bytes of tensor @key: a read-only memoryview over the mapping
+        that keeps the mapping alive as long as it (or anything made from it,
+        such as torch.frombuffer's tensors) lives."""
+        if self._owner is None:
+            raise ValueError(f"mapping of {self.version} is closed")
+        addr, n = self._where[self._pos(key)]
+        if n == 0:
+            return memoryview(b"")
+        buf = (ctypes.c_char * n).from_address(addr)
+        buf.hwfs_owner = self._owner  # the base chain: view -> buf -> owner
+        return memoryview(buf).toreadonly()
+
+    def address(self, key):
+        """The address of tensor @key's first byte in this process."""
+        return self._where[self._pos(key)][0]
+
+    def array(self, key):
+        """Tensor @key as a read-only numpy array sharing the mapping's memory."""
+        pos = self._pos(key)
+        a = self._arrays.get(pos)
+        if a is not None:
+            return a
+        ti = self._info[pos]
+        dt = numpy_dtype(ti.dtype)
+        mv = self.buffer(key)
+        if dt is None:
+            a = np.frombuffer(mv, dtype=np.uint8)
+        else:
+            count = int(np.prod(ti.shape, dtype=np.int64))
+            if count * dt.itemsize != ti.nbytes:
+                raise ValueError(f"tensor {ti.name}: {ti.nbytes} bytes do not hold "
+                                 f"{ti.dtype} {list(ti.shape)}")
+            a = (np.frombuffer(mv, dtype=dt) if count else np.empty(0, dt)).reshape(ti.shape)
+        a.flags.writeable = False
+        self._arrays[pos] = a
+        return a
+
+    __getitem__ = array
+
+    def __contains__(self, key):
+        return key in self._index
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+    def keys(self):
+        return list(self._names)
+
+    def values(self):
+        return [self[k] for k in self._names]
+
+    def items(self):
+        return [(k, self[k]) for k in self._names]
+
+    def get(self, key, default=None):
+        return self[key] if key in self._index else default
+
+
+# ------------------------------------------------------------------ events
+
+class Event:
+    """One event: .type is "arrived", "current", "prepare" or "removed"."""
+
+    __slots__ = ("type", "version", "_watch")
+
+    def __init__(self, type, version, watch):  # noqa: A002
+        self.type, self.version, self._watch = type, version, watch
+
+    def report(self, what, reason=None, pause_us=0):
+        """Report @what ("loading", "loaded", "refused", "swapped") about this
+        event's version (engine watches only)."""
+        self._watch.report(what, self.version, reason, pause_us)
+
+    def __repr__(self):
+        return f"Event({self.type!r}, {self.version!r})"
+
+
+class Watch:
+    """A live event stream from the daemon; with an engine name, the
+    registration of this process as that engine (it lasts until close()).
+
+    Iterating yields Event objects and ends when the daemon closes the
+    stream.  One thread reads; report() may be called from another one, and
+    so may close() (it waits for the reader's current wait slice)."""
+
+    def __init__(self, mount, engine=None):
+        p = ctypes.c_void_p()
+        cur = ctypes.c_void_p()
+        what = f"engine {engine}" if engine else "watch"
+        _lib.check(_lib.hwfs_watch_open(mount._handle(), engine.encode() if engine else None,
+                                        ctypes.byref(cur), ctypes.byref(p)), what)
+        self._w = p
+        self.engine = engine
+        self.current = _lib.take_string(cur)  # what `current` named when the watch began
+        self._lock = threading.Lock()  # held by the reader around each wait, by close()
+        self._closing = False
+
+    def fileno(self):
+        """The socket (readable: an event may be waiting)."""
+        return _lib.hwfs_watch_fd(self._live())
+
+    def _live(self):
+        if not self._w:
+            raise ValueError("hwfs.Watch is closed")
+        return self._w
+
+    def next(self, timeout=None):
+        """The next Event, waiting up to @timeout seconds (None: forever);
+        None on timeout.  Raises StreamClosed when the daemon closed the
+        stream, ValueError once the watch is closed."""
+        ev = _lib.Event()
+        left = None if timeout is None else max(0, int(timeout * 1000))
+        while True:
+            slice_ms = WAIT_SLICE_MS if left is None else min(WAIT_SLICE_MS, left)
+            with self._lock:
+                if self._closing:
+                    raise ValueError("hwfs.Watch is closed")
+                rc = _lib.hwfs_watch_next(self._live(), slice_ms, ctypes.byref(ev))
+                if rc == 0:
+                    name = _lib.EVENT_NAMES.get(ev.type, str(ev.type))
+                    return Event(name, ev.version.decode(), self)
+                if rc == -errno.EPIPE:
+                    raise StreamClosed("the daemon closed the event stream")
+                if rc != -errno.ETIMEDOUT:
+                    _lib.check(rc, "hwfs_watch_next")
+            if left is not None:
+                left -= slice_ms
+                if left <= 0:
+                    return None
+
+    def __iter__(self):
+        while True:
+            try:
+                yield self.next()
+            except (StreamClosed, ValueError):
+                return
+
+    def report(self, what, version, reason=None, pause_us=0):
+        """Tell the node about @version: @what is "loading", "loaded",
+        "refused" (with @reason) or "swapped" (with @pause_us)."""
+        if what not in _lib.REPORTS:
+            raise ValueError(f"report must be one of {sorted(_lib.REPORTS)}, not {what!r}")
+        _lib.check(_lib.hwfs_engine_report(self._live(), _lib.REPORTS[what], str(version).encode(),
+                                           reason.encode() if reason else None, int(pause_us)),
+                   f"report {what} {version}")
+
+    def close(self):
+        """Stop watching and unregister the engine (idempotent)."""
+        self._closing = True
+        with self._lock:
+            w, self._w = self._w, None
+            if w:
+                _lib.hwfs_watch_close(w)
+
+    def __del__(self):
+        if getattr(self, "_w", None):
+            _lib.hwfs_watch_close(self._w)
+            self._w = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,444 @@
+"""hwfs.torch — hwfs versions as PyTorch tensors, and a hot-swapping engine.
+
+    from hwfs.torch import HotSwap, swap_in_place, tensors
+
+    hs = HotSwap(model, "/hotweights", engine="llama-a")   # serves `current` at once
+    while True:
+        with hs.serving():              # a shared lock; the swap takes it exclusively
+            out = model(x)
+
+HotSwap registers the process as engine NAME on the node (docs/engines.md):
+when a version arrives, or a commit of it is prepared, a background thread
+shadow-loads it beside the serving one (device "cpu": zero-copy tensors over
+the daemon's arena; another device: copies into fresh device tensors), checks
+every parameter and persistent buffer of the module against it by name, shape
+and dtype, and reports it loaded (or refused, naming the tensor).  The commit
+barrier of the node waits for that report.  When `current` flips to it, the
+thread swaps the module's tensors (`param.data = shadow`) under the lock,
+reports the pause, and releases the old version.
+
+On device "cpu" (zero_copy=True, the default) the module's weights ARE the
+arena's read-only pages after a load: inference only.  Writing them in place
+(an optimizer step, `param.add_()`) would fault (SIGSEGV); pass
+zero_copy=False to load copies instead.
+"""
+
+import logging
+import threading
+import time
+import warnings
+
+import torch
+
+import hwfs
+
+__all__ = ["HotSwap", "swap_in_place", "tensors", "torch_dtype", "Refused"]
+
+log = logging.getLogger("hwfs.torch")
+
+# How long the engine thread waits for an event before it looks again at
+# whether close() was asked for.
+EVENT_POLL_S = 0.2
+
+_TORCH_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+for _st, _name in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"),
+                   ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
+    if hasattr(torch, _name):
+        _TORCH_DTYPES[_st] = getattr(torch, _name)
+
+
+class Refused(ValueError):
+    """A version cannot be served by the module (the message says which tensor and why)."""
+
+
+def torch_dtype(st_dtype):
+    """The torch dtype of safetensors dtype @st_dtype (TypeError when torch has none)."""
+    try:
+        return _TORCH_DTYPES[st_dtype]
+    except KeyError:
+        raise TypeError(f"safetensors dtype {st_dtype} has no torch dtype") from None
+
+
+def _view(mapping, key):
+    """Tensor @key of @mapping as a CPU torch tensor over the mapping (no copy).
+
+    The tensor keeps the mapping alive (its storage refers to the buffer,
+    whose base refers to the mapping's owner)."""
+    ti = mapping.info(key)
+    dt = torch_dtype(ti.dtype)
+    if ti.nbytes == 0:
+        return torch.empty(ti.shape, dtype=dt)
+    with warnings.catch_warnings():
+        # The buffer is read-only on purpose: torch warns that it has no
+        # read-only tensors.  The docs of this module say what that means.
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        t = torch.frombuffer(mapping.buffer(key), dtype=dt)
+    return t.view(ti.shape)
+
+
+def tensors(mapping):
+    """Every tensor of @mapping (a hwfs.Mapping) as a zero-copy CPU torch tensor, by name."""
+    return {name: _view(mapping, name) for name in mapping}
+
+
+def _targets(module):
+    """What a version must provide for @module: a list of (names, tensor, is_param).
+
+    One entry per distinct tensor object: tied weights (one Parameter under
+    several names) appear once with all their names, any of which the file
+    may use.  Persistent buffers are included (is_param False: optional)."""
+    by_id = {}
+    order = []
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) not in by_id:
+            by_id[id(p)] = (p, [], True)
+            order.append(id(p))
+        by_id[id(p)][1].append(name)
+    persistent = set(module.state_dict(keep_vars=True).keys())
+    for name, b in module.named_buffers(remove_duplicate=False):
+        if name not in persistent or b is None:
+            continue
+        if id(b) not in by_id:
+            by_id[id(b)] = (b, [], False)
+            order.append(id(b))
+        by_id[id(b)][1].append(name)
+    return [(tuple(by_id[i][1]), by_id[i][0], by_id[i][2]) for i in order]
+
+
+def _shape(s):
+    return list(int(x) for x in s)
+
+
+def _plan(module_targets, mapping, check_dtype):
+    """Match @module_targets against @mapping: a list of (target, name in the
+    file).  Raises Refused naming the first tensor that is missing or differs."""
+    plan = []
+    for names, target, is_param in module_targets:
+        found = next((n for n in names if n in mapping), None)
+        if found is None:
+            if is_param:
+                raise Refused(f"tensor {names[0]}: missing from {mapping.version}, "
+                              f"model has {_shape(target.shape)}")
+            continue
+        ti = mapping.info(found)
+        if tuple(ti.shape) != tuple(target.shape):
+            raise Refused(f"tensor {found}: shape {_shape(ti.shape)}, "
+                          f"model has {_shape(target.shape)}")
+        try:
+            dt = torch_dtype(ti.dtype)
+        except TypeError as e:
+            raise Refused(f"tensor {found}: {e}") from None
+        if check_dtype and dt != target.dtype:
+            raise Refused(f"tensor {found}: dtype {ti.dtype}, model has {target.dtype}")
+        plan.append((target, found))
+    return plan
+
+
+def _open_mount(mount):
+    """(Mount, whether we opened it) for a hwfs.Mount, a path or None."""
+    if isinstance(mount, hwfs.Mount):
+        return mount, False
+    return hwfs.open(mount), True
+
+
+def swap_in_place(module, version, mount=None):
+    """Copy version @version into @module's tensors in place (param.data.copy_).
+
+    Every parameter (and persistent buffer present in the file) is checked
+    first: a missing parameter or a shape that differs raises ValueError
+    naming the tensor, and then nothing was changed.  dtypes are converted by
+    the copy.  The version is unmapped before returning.  The caller makes
+    sure nothing serves from @module while it runs.  Returns the number of
+    tensors copied."""
+    mnt, opened = _open_mount(mount)
+    try:
+        with mnt.map(version) as m:
+            plan = _plan(_targets(module), m, check_dtype=False)
+            with torch.no_grad():
+                for target, name in plan:
+                    target.data.copy_(_view(m, name))
+            return len(plan)
+    finally:
+        if opened:
+            mnt.close()
+
+
+class _RWLock:
+    """Many serving threads share it; the swap holds it alone.  A waiting swap
+    blocks new serving entries (it is never starved).  Not reentrant."""
+
+    def __init__(self):
+        self._c = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    def acquire_shared(self):
+        with self._c:
+            while self._writer or self._writers_waiting:
+                self._c.wait()
+            self._readers += 1
+
+    def release_shared(self):
+        with self._c:
+            self._readers -= 1
+            if self._readers == 0:
+                self._c.notify_all()
+
+    def acquire_exclusive(self):
+        with self._c:
+            self._writers_waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._c.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+
+    def release_exclusive(self):
+        with self._c:
+            self._writer = False
+            self._c.notify_all()
+
+
+class _Shared:
+    """`with hs.lock:` — the serving side of the swap lock."""
+
+    def __init__(self, rw):
+        self._rw = rw
+
+    def __enter__(self):
+        self._rw.acquire_shared()
+        return self
+
+    def __exit__(self, *exc):
+        self._rw.release_shared()
+
+
+class _Loaded:
+    """A version loaded beside the serving one: (target, new tensor) pairs,
+    and the mapping they read (None once copies no longer need it)."""
+
+    def __init__(self, version, pairs, mapping):
+        self.version, self.pairs, self.mapping = version, pairs, mapping
+
+    def release(self):
+        self.pairs = []
+        if self.mapping is not None:
+            self.mapping.close()
+            self.mapping = None
+
+
+class HotSwap:
+    """Serve @module from the hwfs mount @mount as engine @engine.
+
+    At start it loads the version `current` names into @module (raising
+    Refused when it does not fit) and reports it served.  Then a background
+    thread shadow-loads arriving versions and swaps at each commit; requests
+    must run inside `with hs.serving():` (or `with hs.lock:`) so that a swap
+    never lands in the middle of one.
+
+    Attributes: version (the version served), shadow (the one loaded beside
+    it, or None), last_pause_us (how long the last swap held the lock, in
+    microseconds), swaps, refused ({version: reason}), error (the last error
+    of the background thread, or None).
+    """
+
+    def __init__(self, module, mount=None, engine=None, device="cpu", zero_copy=True):
+        if not engine:
+            raise ValueError("HotSwap needs an engine name (engine=NAME)")
+        self.module = module
+        self.engine = engine
+        self.device = torch.device(device)
+        self.zero_copy = zero_copy and self.device.type == "cpu"
+        self._mount, self._own_mount = _open_mount(mount)
+        self._targets = _targets(module)
+        for names, t, _ in self._targets:
+            if t.device != self.device:
+                raise ValueError(f"tensor {names[0]} is on {t.device}, not on {self.device}: "
+                                 f"move the module to the device first")
+        self._rw = _RWLock()
+        self.lock = _Shared(self._rw)
+        self._cond = threading.Condition()  # notified at every swap and refusal
+        self.version = None
+        self.shadow = None
+        self.last_pause_us = None
+        self.swaps = 0
+        self.refused = {}
+        self.error = None
+        self._serving = None  # the _Loaded being served
+        self._shadow = None   # the _Loaded waiting for its commit
+        self._stop = threading.Event()
+        self._thread = None
+        self._watch = self._mount.watch(engine)
+        try:
+            cur = self._watch.current
+            if cur is not None:
+                self._swap(self._load(cur), initial=True)
+        except BaseException:
+            self._watch.close()
+            if self._own_mount:
+                self._mount.close()
+            raise
+        self._thread = threading.Thread(target=self._run, name=f"hwfs-engine-{engine}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- the serving side
+    def serving(self):
+        """The context manager a request runs in: `with hs.serving(): out = model(x)`."""
+        return self.lock
+
+    def wait_version(self, version, timeout=None):
+        """Wait until @version is served; True if it is, False at @timeout seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.version == version, timeout)
+
+    # -- loading and swapping
+    def _load(self, version):
+        """Load @version beside the serving one: a _Loaded, or Refused."""
+        m = self._mount.map(version)
+        try:
+            plan = _plan(self._targets, m, check_dtype=True)
+            pairs = []
+            for target, name in plan:
+                src = _view(m, name)
+                if not self.zero_copy:
+                    dst = torch.empty_like(target, device=self.device)
+                    dst.copy_(src, non_blocking=self.device.type == "cuda")
+                    src = dst
+                pairs.append((target, src))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except BaseException:
+            m.close()
+            raise
+        if not self.zero_copy:
+            m.close()  # the copies do not read it: end the lease now
+            m = None
+        return _Loaded(version, pairs, m)
+
+    def _swap(self, loaded, initial=False):
+        """Serve @loaded: swap every tensor under the exclusive lock, report
+        the pause (0 for the load at start), release what was served before."""
+        self._rw.acquire_exclusive()
+        t0 = time.perf_counter_ns()
+        try:
+            for target, new in loaded.pairs:
+                target.data = new
+            self.version = loaded.version  # a request sees the version it ran on
+        finally:
+            t1 = time.perf_counter_ns()
+            self._rw.release_exclusive()
+        pause_us = 0 if initial else max(1, (t1 - t0) // 1000)
+        old, self._serving = self._serving, loaded
+        loaded.pairs = []  # the module holds the tensors now
+        if old is not None:
+            old.release()  # the old tensors die with the last reference to them
+        with self._cond:
+            if not initial:
+                self.last_pause_us = pause_us
+                self.swaps += 1
+            self._cond.notify_all()
+        self._watch.report("swapped", loaded.version, pause_us=pause_us)
+        log.info("engine %s: serving %s (pause %d us)", self.engine, loaded.version, pause_us)
+
+    def _shadow_load(self, version):
+        """Shadow-load @version and report loaded or refused; the _Loaded or None."""
+        if self._shadow is not None and self._shadow.version == version:
+            self._watch.report("loaded", version)
+            return self._shadow
+        if version in self.refused:
+            self._watch.report("refused", version, reason=self.refused[version])
+            return None
+        if self._shadow is not None:  # one shadow at a time
+            self._shadow.release()
+            self._shadow, self.shadow = None, None
+        self._watch.report("loading", version)
+        try:
+            loaded = self._load(version)
+        except Refused as e:
+            reason = str(e)
+            with self._cond:
+                self.refused[version] = reason
+                self._cond.notify_all()
+            self._watch.report("refused", version, reason=reason)
+            log.warning("engine %s: refused %s: %s", self.engine, version, reason)
+            return None
+        except OSError as e:
+            reason = f"cannot map {version}: {e.strerror or e}"
+            self._watch.report("refused", version, reason=reason)
+            log.warning("engine %s: %s", self.engine, reason)
+            return None
+        self._shadow, self.shadow = loaded, version
+        self._watch.report("loaded", version)
+        return loaded
+
+    def _on_event(self, ev):
+        v = ev.version
+        if ev.type in ("arrived", "prepare"):
+            if v != self.version:
+                self._shadow_load(v)
+        elif ev.type == "current":
+            if v == self.version:
+                return
+            loaded = self._shadow if self._shadow is not None and self._shadow.version == v \
+                else self._shadow_load(v)
+            if loaded is None:
+                self.error = f"current is {v}, which this engine refused: still serving {self.version}"
+                log.error("engine %s: %s", self.engine, self.error)
+                return
+            self._shadow, self.shadow = None, None
+            self._swap(loaded)
+        elif ev.type == "removed":
+            if self._shadow is not None and self._shadow.version == v:
+                self._shadow.release()  # let `hwfs rm` free its bytes
+                self._shadow, self.shadow = None, None
+            self.refused.pop(v, None)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                ev = self._watch.next(timeout=EVENT_POLL_S)
+            except hwfs.StreamClosed:
+                self.error = "the daemon closed the engine stream"
+                log.error("engine %s: %s; still serving %s", self.engine, self.error, self.version)
+                return
+            except ValueError:  # closed
+                return
+            except OSError as e:
+                self.error = str(e)
+                log.error("engine %s: %s", self.engine, e)
+                return
+            if ev is None:
+                continue
+            try:
+                self._on_event(ev)
+            except ValueError:  # the watch was closed under us
+                return
+            except Exception as e:  # keep serving; say what went wrong
+                self.error = f"{ev.type} {ev.version}: {e}"
+                log.exception("engine %s: %s", self.engine, self.error)
+
+    def close(self):
+        """Stop the engine thread and unregister (idempotent).  The module
+        keeps the weights it serves (and, zero-copy, the lease on them)."""
+        self._stop.set()
+        self._watch.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        if self._shadow is not None:
+            self._shadow.release()
+            self._shadow, self.shadow = None, None
+        if self._own_mount:
+            self._mount.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
