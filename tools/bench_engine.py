@@ -229,20 +229,20 @@ def map_touch(mount, version, mode):
     import hwfs
 
     t0 = time.perf_counter()
-    h = hwfs.open(mount)
-    m = h.map(version)
-    n, nbytes = 0, 0
-    try:
-        for t in m.tensors():
-            a = np.frombuffer(t.buffer(), dtype=np.uint8)
+    with hwfs.open(mount) as h:
+        m = h.map(version)
+        n, nbytes = 0, 0
+        for ti in m.tensors():
+            a = np.frombuffer(m.buffer(f"{ti.file}:{ti.name}"), dtype=np.uint8)
             if a.size:
                 touch_array(a, mode)
             n += 1
             nbytes += a.size
+            del a
         dt = time.perf_counter() - t0
-    finally:
         m.close()
-        h.close()
+        if not m.unmapped:
+            raise RuntimeError(f"the mapping of {version} outlived its last array")
     return dt, n, nbytes
 
 
@@ -637,7 +637,7 @@ def main():
                     help="page: one byte per 4 KiB page (default); full: every byte")
     ap.add_argument("--nodes", type=int, default=4, help="nodes in part 2 (default 4)")
     ap.add_argument("--commits", type=int, default=None, help="commits timed in part 2 (default 50; --quick 10)")
-    ap.add_argument("--cluster-mib", type=float, default=4, help="size of each part-2 version (default 4 MiB)")
+    ap.add_argument("--cluster-mib", type=float, default=1, help="size of each part-2 version (default 1 MiB)")
     ap.add_argument("--skip-map", action="store_true", help="skip part 1")
     ap.add_argument("--skip-commit", action="store_true", help="skip part 2")
     ap.add_argument("--json", default=str(REPO / "build" / "bench-engine.json"), help="where to write results")

@@ -134,59 +134,64 @@ def model(v1dir, v2dir, n, mib):
           + ", ".join(f"model.layers.{i}.weight" for i in sorted(changed)))
 
 def watch(version, t0, out, nodes):
-    """Until @version is sealed on every node and every engine loaded (or serves) it:
-    print each arrival and each load as it happens, in ms after @t0 (epoch s)."""
-    t0 = float(t0)
-    arrived, loaded, engines = {}, {}, {}
-    end = time.time() + 120
+    """Until every node's engine logged @version loaded: print each arrival (the
+    engine's "arrived" event, sent by its daemon when the version is sealed
+    there) and each load as it happens, in ms after @t0 (epoch s)."""
+    t0, seen, end = float(t0), {}, time.time() + 120
     while time.time() < end:
-        for name, mnt in nodes:
-            st = ctl(mnt, {"op": "status"})
-            now = time.time()
-            if name not in arrived and any(v["name"] == version and v["state"] == "sealed"
-                                           for v in st.get("versions", [])):
-                arrived[name] = now
-                print(f"  +{(now - t0) * 1000:7.0f} ms  node {name}: {version} sealed here", flush=True)
-            for e in st.get("engines", []):
-                engines[e["name"]] = e
-                ok = e.get("serving") == version or (e.get("shadow") == version and e.get("state") == "loaded")
-                if e.get("shadow") == version and e.get("state") == "refused":
-                    sys.exit(f"demo: engine {e['name']} refused {version}: {e.get('reason')}")
-                if ok and e["name"] not in loaded:
-                    loaded[e["name"]] = now
-                    print(f"  +{(now - t0) * 1000:7.0f} ms  engine {e['name']} (node {name}): "
-                          f"{version} loaded beside {e.get('serving') or 'nothing'}", flush=True)
-        if len(arrived) == len(nodes) and engines and len(loaded) == len(engines):
+        for name, _ in nodes:
+            ev = engine_log(os.path.join(os.environ["WORK"], f"eng-{name}.log"), version)
+            if "refused" in ev:
+                sys.exit(f"demo: eng-{name} refused {version}: {ev['refused'][1]}")
+            for what, label in (("arrived", f"node {name}: {version} sealed there"),
+                                ("loaded", f"engine eng-{name}: {version} shadow-loaded")):
+                if what in ev and (name, what) not in seen:
+                    seen[(name, what)] = ev[what]
+                    print(f"  {(ev[what] - t0) * 1000:+8.0f} ms  {label}", flush=True)
+        if all((name, "loaded") in seen for name, _ in nodes):
             break
-        time.sleep(0.005)
+        time.sleep(0.02)
     else:
-        sys.exit(f"demo: {version} not everywhere after 120 s: arrived {sorted(arrived)}, loaded {sorted(loaded)}")
-    json.dump({"t0": t0, "arrived": arrived, "loaded": loaded}, open(out, "w"))
+        sys.exit(f"demo: {version} not loaded everywhere after 120 s: {sorted(seen)}")
+    json.dump({"t0": t0}, open(out, "w"))
 
-def commit(mnt, version, out, engines):
-    """`hwfs commit` on @mnt while polling every engine's socket until it answers @version."""
-    hwfs = os.environ["HWFS"]
+def commit(mnt, version, out):
+    """`hwfs commit` on @mnt, timed (the engines' swaps are read from their logs)."""
     t0 = time.time()
-    p = subprocess.Popen([hwfs, "commit", version, "-m", mnt], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
-    serving, t_end = {}, None
-    while len(serving) < len(engines) or t_end is None:
-        if t_end is None and p.poll() is not None:
-            t_end = time.time()
-            if p.returncode != 0:
-                sys.stdout.write(p.communicate()[0])
-                sys.exit(f"demo: hwfs commit {version} failed ({p.returncode})")
-        for name, path in engines:
-            if name not in serving and engine_query(path).get("version") == version:
-                serving[name] = time.time()
-        if time.time() - t0 > 60:
-            p.kill()
-            sys.exit(f"demo: after 60 s only {sorted(serving)} serve {version}")
-    text = p.communicate()[0]
-    sys.stdout.write("".join("  | " + l + "\n" for l in text.splitlines()))
+    p = subprocess.run([os.environ["HWFS"], "commit", version, "-m", mnt], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    t1 = time.time()
+    sys.stdout.write("".join("  | " + l + "\n" for l in p.stdout.splitlines()))
+    print(f"  ({(t1 - t0) * 1000:.1f} ms)")
     if p.returncode != 0:
         sys.exit(f"demo: hwfs commit {version} failed ({p.returncode})")
-    json.dump({"start": t0, "end": t_end, "serving": serving}, open(out, "w"))
+    json.dump({"start": t0, "end": t1}, open(out, "w"))
+
+def engine_log(path, version):
+    """What an engine's stderr says about @version: {"arrived": t, "loaded": t,
+    "refused": (t, reason), "swapped": (t, pause)}, t in epoch seconds; its lines
+    start with a UTC timestamp (2026-11-23T15:09:53.731Z hwfs-engine[NAME]: ...)."""
+    import datetime
+    out = {}
+    for line in open(path, errors="replace"):
+        parts = line.split(" ", 2)
+        if len(parts) < 3:
+            continue
+        try:
+            t = datetime.datetime.strptime(parts[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                tzinfo=datetime.timezone.utc).timestamp()
+        except ValueError:
+            continue
+        msg = parts[2].strip()
+        if msg == f"arrived {version}":
+            out.setdefault("arrived", t)
+        elif msg.startswith(f"loaded {version}:"):
+            out["loaded"] = t
+        elif msg.startswith(f"refused {version}:"):
+            out["refused"] = (t, msg.split(": ", 1)[1])
+        elif msg.startswith("swapped ") and f"-> {version}: pause" in msg:
+            out["swapped"] = (t, msg.rsplit("pause ", 1)[1])
+    return out
 
 def check(version, nodes_engines):
     """Every engine answers @version with the digest its node's daemon has for it."""
@@ -194,7 +199,11 @@ def check(version, nodes_engines):
     for arg in nodes_engines:
         mnt, name, path = arg.split("=", 2)
         digest = next(v["digest"] for v in ctl(mnt, {"op": "status"})["versions"] if v["name"] == version)
+        end = time.time() + 10   # the engine swaps when its daemon tells it; give it a moment
         ans = engine_query(path)
+        while ans.get("version") != version and time.time() < end:
+            time.sleep(0.01)
+            ans = engine_query(path)
         ok = ans.get("version") == version and ans.get("digest") == digest
         bad += not ok
         print(f"  {name}: {json.dumps(ans)}  {'ok' if ok else 'WRONG, daemon digest ' + digest}")
@@ -202,24 +211,28 @@ def check(version, nodes_engines):
         sys.exit(f"demo: {bad} engine(s) do not serve {version}")
 
 def timeline(version, watchf, commitf, nodes):
-    w, c = json.load(open(watchf)), json.load(open(commitf))
-    t0 = w["t0"]
-    ms = lambda t: f"+{(t - t0) * 1000:8.1f} ms"
-    print(f"  {'what':44} {'when (after the trainer started)':>16}")
+    """One chronological list from the engines' own log lines (1 ms) and the
+    commit, timed around the command."""
+    t0, c = json.load(open(watchf))["t0"], json.load(open(commitf))
+    ev = [(c["start"], f"hwfs commit {version}: start"),
+          (c["end"], f"hwfs commit {version}: end ({(c['end'] - c['start']) * 1000:.1f} ms)")]
     for name, _ in nodes:
-        print(f"  {'node ' + name + ': ' + version + ' arrived (sealed)':44} {ms(w['arrived'][name])}")
-    for name, t in sorted(w["loaded"].items(), key=lambda x: x[1]):
-        print(f"  {'engine ' + name + ': ' + version + ' shadow-loaded':44} {ms(t)}")
-    print(f"  {'hwfs commit ' + version + ': start':44} {ms(c['start'])}")
-    print(f"  {'hwfs commit ' + version + ': end':44} {ms(c['end'])}   "
-          f"({(c['end'] - c['start']) * 1000:.1f} ms)")
-    pauses = {}
-    for name, mnt in nodes:
-        for e in ctl(mnt, {"op": "status"}).get("engines", []):
-            pauses[e["name"]] = e.get("last_swap_pause_us")
-    for name, t in sorted(c["serving"].items(), key=lambda x: x[1]):
-        print(f"  {'engine ' + name + ': answers ' + version:44} {ms(t)}   "
-              f"(swap pause {pauses.get(name)} us)")
+        path = os.path.join(os.environ["WORK"], f"eng-{name}.log")
+        end = time.time() + 5    # the log line follows the swap by a moment
+        log = engine_log(path, version)
+        while "swapped" not in log and time.time() < end:
+            time.sleep(0.05)
+            log = engine_log(path, version)
+        if "swapped" not in log:
+            sys.exit(f"demo: eng-{name} logged no swap to {version}")
+        if "arrived" in log:
+            ev.append((log["arrived"], f"node {name}: {version} sealed there (its engine is told)"))
+        ev.append((log["loaded"], f"engine eng-{name}: {version} shadow-loaded (mapped, every byte verified)"))
+        ev.append((log["swapped"][0], f"engine eng-{name}: swapped to {version}, serving pause {log['swapped'][1]}"))
+    for t, what in sorted(ev):
+        print(f"  {(t - t0) * 1000:+9.1f} ms  {what}")
+    print("  (engine lines carry 1 ms timestamps; a pause of 0 us is a pointer swap under 1 us,\n"
+          "   as the engine reports whole microseconds)")
 
 verb, args = sys.argv[1], sys.argv[2:]
 if verb == "model":
@@ -227,22 +240,26 @@ if verb == "model":
 elif verb == "watch":
     watch(args[0], args[1], args[2], pairs(args[3:]))
 elif verb == "commit":
-    commit(args[0], args[1], args[2], pairs(args[3:]))
+    commit(args[0], args[1], args[2])
 elif verb == "check":
     check(args[0], args[1:])
 elif verb == "timeline":
     timeline(args[0], args[1], args[2], pairs(args[3:]))
+elif verb == "engines":
+    for name, mnt in pairs(args):
+        for e in ctl(mnt, {"op": "status"}).get("engines", []):
+            print(f"  node {name}: engine {e['name']} serves {e['serving']}, shadow {e['shadow']} "
+                  f"({e['state']}), swaps {e['swaps']}")
 elif verb == "query":
     print(json.dumps(engine_query(args[0])))
 else:
     sys.exit(f"demo_helpers: unknown verb {verb}")
 EOF
-py() { HWFS=$HWFS "$PYTHON" "$WORK/demo_helpers.py" "$@"; }
+py() { HWFS=$HWFS WORK=$WORK "$PYTHON" "$WORK/demo_helpers.py" "$@"; }
 now() { date +%s.%N; }
-NODE_ARGS=() ENG_ARGS=() CHECK_ARGS=()
+NODE_ARGS=() CHECK_ARGS=()
 for n in "${NODES[@]}"; do
 	NODE_ARGS+=("$n=${MNT[$n]}")
-	ENG_ARGS+=("eng-$n=$WORK/eng-$n.sock")
 	CHECK_ARGS+=("${MNT[$n]}=eng-$n=$WORK/eng-$n.sock")
 done
 
@@ -300,7 +317,7 @@ cat "$WORK/watch-v1.txt"
 ls -l "${MNT[C]}/versions/v1"
 
 step "hwfs commit v1 (two-phase: every node's engine has v1 loaded, so every node is ready)"
-py commit "${MNT[B]}" v1 "$WORK/commit-v1.json" "${ENG_ARGS[@]}"
+py commit "${MNT[B]}" v1 "$WORK/commit-v1.json"
 py check v1 "${CHECK_ARGS[@]}"
 
 step "v2: hwfs publish on A (import + seal in one step); B and C receive only the changed shards"
@@ -310,11 +327,7 @@ WATCH=$!
 "$HWFS" publish "$SRC2" v2 -m "${MNT[A]}"
 wait $WATCH
 cat "$WORK/watch-v2.txt"
-"$HWFS" status --json -m "${MNT[C]}" | "$PYTHON" -c '
-import json, sys
-s = json.load(sys.stdin)
-for e in s.get("engines", []):
-    print(f"  node C: engine {e[\"name\"]} serves {e[\"serving\"]}, shadow {e[\"shadow\"]} ({e[\"state\"]})")'
+py engines "${NODE_ARGS[@]}"
 
 step "Per-tensor view of v2 on C (first entries) and their xattrs"
 ls "${MNT[C]}/versions/v2/tensors" | head -5 || true
@@ -335,7 +348,7 @@ print(f"  node {sys.argv[1]}: logical {logical / 2**20:6.1f} MiB, stored {used /
 done
 
 step "hwfs commit v2, from node B: every engine swaps to the v2 it already loaded"
-py commit "${MNT[B]}" v2 "$WORK/commit-v2.json" "${ENG_ARGS[@]}"
+py commit "${MNT[B]}" v2 "$WORK/commit-v2.json"
 py check v2 "${CHECK_ARGS[@]}"
 for n in "${NODES[@]}"; do echo "  node $n: current -> $(readlink "${MNT[$n]}/current")"; done
 "$PYTHON" -c 'import sys; from safetensors import safe_open
