@@ -406,7 +406,7 @@ static void retire(struct engine *e, struct loaded *l)
 static void swap_to(struct engine *e, const char *version, int startup)
 {
 	struct loaded *l, *old;
-	uint64_t t0, pause_ns;
+	uint64_t t0, pause_us;
 	long i;
 
 	pthread_mutex_lock(&e->lock);
@@ -433,10 +433,11 @@ static void swap_to(struct engine *e, const char *version, int startup)
 	old = e->served;
 	e->served = l;
 	pthread_mutex_unlock(&e->lock);
-	pause_ns = mono_ns() - t0;
-	report(e, HWFS_SWAPPED, version, NULL, startup ? 0 : pause_ns / 1000);
+	/* in whole microseconds, rounded up: a swap that happened paused more than 0 */
+	pause_us = startup ? 0 : (mono_ns() - t0 + 999) / 1000;
+	report(e, HWFS_SWAPPED, version, NULL, pause_us);
 	logf_(e, "swapped %s -> %s: pause %llu us", old ? hwfs_map_version(old->m) : "nothing",
-	      version, (unsigned long long)(startup ? 0 : pause_ns / 1000));
+	      version, (unsigned long long)pause_us);
 	if (old)
 		retire(e, old);
 }

@@ -12,8 +12,10 @@ DEB_PKGS=(build-essential pkg-config iproute2 libfuse3-dev fuse3 libsqlite3-dev 
           libxxhash-dev libjansson-dev libcmocka-dev inotify-tools attr rsync
           python3 python3-pip)
 # Python modules as IMPORT_NAME:PIP_NAME (the pip name is the import name when
-# no ':' is given).
-PY_MODS=(numpy safetensors pytest zmq:pyzmq)
+# no ':' is given).  torch and transformers are for the tests of the Python
+# package (tests/integration/test_torch_engine.py); torch's default wheel is
+# large (about 3 GB with its CUDA libraries) and is only installed when missing.
+PY_MODS=(numpy safetensors pytest zmq:pyzmq setuptools torch transformers)
 PYTHON=${PYTHON:-python3}
 
 die() {

@@ -250,9 +250,13 @@ def test_library_lookup_error(tmp_path):
 def test_pip_installable(mount, tmp_path):
     """`pip install tools/python` installs a package that works from where it
     was installed (found through HWFS_LIBRARY, not the source tree)."""
+    import shutil
+
     target = tmp_path / "site"
+    srcdir = tmp_path / "pkg"  # a copy: the build writes its egg-info beside the sources
+    shutil.copytree(PYDIR, srcdir, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
     cp = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                         "--no-build-isolation", "--target", str(target), str(PYDIR)],
+                         "--no-build-isolation", "--target", str(target), str(srcdir)],
                         capture_output=True, text=True, timeout=120,
                         env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
     assert cp.returncode == 0, cp.stderr

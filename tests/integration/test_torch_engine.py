@@ -69,6 +69,7 @@ TRAINER = textwrap.dedent('''
 SERVER = textwrap.dedent('''
     import hashlib, json, os, sys, time, torch
     torch.set_num_threads(1)
+    sys.setswitchinterval(1e-5)  # let the swap thread in often, mid-request included
     from transformers import AutoConfig, LlamaForCausalLM
     from hwfs.torch import HotSwap
     mnt, engine, out = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -152,6 +153,22 @@ def engine_record(mount, name):
         if e["name"] == name:
             return e
     return None
+
+
+def assert_arena_bytes(t):
+    """@t's bytes lie in read-only file mappings (the arena), not in a copy."""
+    regions = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            regions.append((lo, hi, parts[1], int(parts[4])))
+    at, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    while at < end:
+        r = next((r for r in regions if r[0] <= at < r[1]), None)
+        assert r is not None and "w" not in r[2] and r[3] != 0, \
+            f"byte {at:#x} of the tensor is not in a read-only file mapping: {r}"
+        at = r[1]
 
 
 def read_state(path):
@@ -242,8 +259,7 @@ def test_hotswap_tied_weights_zero_copy(mount):
             assert torch.equal(logits(model), logits(fresh(mount, "v1")))
         emb = model.model.embed_tokens.weight
         assert model.lm_head.weight is emb
-        with hwfs.open(mount.mnt) as m, m.map("v1") as v:
-            assert emb.data_ptr() == v.address("model.embed_tokens.weight")
+        assert_arena_bytes(emb)  # zero copy: the mapping's own pages
         e = engine_record(mount, "tied")
         assert e["serving"] == "v1" and e["pid"] == os.getpid()
 
@@ -262,6 +278,27 @@ def test_hotswap_tied_weights_zero_copy(mount):
             mount.status()["leases"]
     # closed: unregistered; the module still holds (and leases) v2
     assert poll(lambda: engine_record(mount, "tied") is None, 10)
+
+
+def test_hotswap_swap_waits_for_requests_in_flight(mount):
+    """A request running under hs.serving() when `current` flips finishes on
+    the old weights: the swap waits for it (swap_pending), then happens."""
+    save_version(mount, "v1", tiny(1))
+    mount.run("commit", "v1")
+    save_version(mount, "v2", perturbed(tiny(1), 7))
+    model = tiny(3)
+    ref1, ref2 = logits(fresh(mount, "v1")), logits(fresh(mount, "v2"))
+    with HotSwap(model, mount.mnt, engine="inflight") as hs:
+        with hs.serving():
+            ptrs = [p.data_ptr() for p in model.parameters()]
+            mount.run("commit", "v2")  # the barrier: the engine loads v2 first
+            assert poll(lambda: hs.swap_pending, timeout=20), \
+                f"no swap waits for the request in flight (serving {hs.version}, error {hs.error})"
+            assert [p.data_ptr() for p in model.parameters()] == ptrs
+            assert hs.version == "v1" and torch.equal(logits(model), ref1)
+        assert hs.wait_version("v2", timeout=20), hs.error
+        with hs.serving():
+            assert torch.equal(logits(model), ref2)
 
 
 def test_hotswap_refuses_wrong_shape_and_dtype(mount):

@@ -3,7 +3,9 @@
 A cluster commit of V: every node answers PREPARE only once its registered engines report V
 loaded; one engine's refusal aborts the commit on every node (nobody flips) and `hwfs commit`
 names the engine, the node and the reason; with every engine loaded the commit succeeds, each
-engine gets the "current" event, and `hwfs status --cluster --json` shows each node's engines.
+engine gets the "current" event, and `hwfs status --cluster --json` shows each node's engines
+(which the coordinator takes from the nodes' heartbeats, checked: a hostile peer's claims are
+bounded and sanitised).
 The engines are plain protocol clients (tests/integration/engine_proto.py).
 """
 
@@ -13,6 +15,8 @@ import pytest
 
 from conftest import HWFS, TIMEOUT, poll
 from engine_proto import Conn
+
+from .conftest import Rogue, node_view, ring
 
 
 def engine(node, name):
@@ -92,3 +96,55 @@ def test_loaded_engines_let_the_commit_through_and_see_it(cluster, models):
         for e in engines.values():
             e.close()
     cluster["A"].run("commit", "v1")  # leave the cluster as the other tests expect it
+
+
+@pytest.mark.limit(120)
+def test_an_engine_that_goes_away_stops_holding_the_commit(cluster, models):
+    """C's engine gets PREPARE and disconnects without a report: C's agent, woken by the
+    disconnect, answers READY, and the commit goes through on every node."""
+    cluster.ensure_version("v1", models)
+    cluster.ensure_committed("v1")
+    cluster.ensure_version("v2", models)
+    ec = engine(cluster["C"], "eng-gone")
+    try:
+        p = commit_async(cluster["A"], "v2")
+        prepare_of(ec, "v2")
+        assert p.poll() is None, "the commit did not wait for C's engine"
+    finally:
+        ec.close()
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, out + err
+    for n in cluster:
+        assert n.current() == ("versions/v2", "v2"), f"{n.name}: {n.current()}"
+    cluster["A"].run("commit", "v1")
+
+
+@pytest.mark.limit(90)
+def test_coordinator_keeps_only_sane_engine_reports(net):
+    """A joined peer's HELLO claims engines with hostile values: the coordinator keeps at most
+    64, leaves out entries without a valid engine name, and shows every bad field as null."""
+    ring(net, ["A"])
+    hostile = [{"name": "ok-1", "pid": -5, "serving": "x" * 300, "shadow": "a\u0001b",
+                "state": "exploded", "reason": "r" * 600, "last_swap_pause_us": "lots",
+                "swaps": 2 ** 60},
+               {"name": "bad name", "state": "idle"}, {"name": 5}, "not an object", None,
+               {"name": "ok-2", "pid": 7, "serving": "v1", "shadow": None, "state": "loaded",
+                "reason": None, "last_swap_pause_us": 3, "swaps": 1}]
+    hostile += [{"name": f"e{i}", "state": "idle"} for i in range(100)]
+    with Rogue(net.coord.url, "rogue") as r:
+        def seen():
+            r.send("HELLO", node="rogue", listen="tcp://127.0.0.1:1", versions=[], current=None,
+                   engines=hostile)
+            n = node_view(net["A"].try_cluster_status(), "rogue")
+            return n if n and n.get("alive") and n.get("engines") else None
+
+        n = poll(seen, timeout=15, interval=0.3)
+    assert n, net["A"].try_cluster_status()
+    eng = n["engines"]
+    assert len(eng) == 64, len(eng)
+    assert eng[0] == {"name": "ok-1", "pid": None, "serving": None, "shadow": None, "state": None,
+                      "reason": None, "last_swap_pause_us": None, "swaps": None}, eng[0]
+    assert eng[1] == {"name": "ok-2", "pid": 7, "serving": "v1", "shadow": None, "state": "loaded",
+                      "reason": None, "last_swap_pause_us": 3, "swaps": 1}, eng[1]
+    assert [e["name"] for e in eng[2:]] == [f"e{i}" for i in range(62)]
+    assert net.coord.alive()

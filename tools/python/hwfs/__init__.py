@@ -316,7 +316,7 @@ class Mapping:
             if count * dt.itemsize != ti.nbytes:
                 raise ValueError(f"tensor {ti.name}: {ti.nbytes} bytes do not hold "
                                  f"{ti.dtype} {list(ti.shape)}")
-            a = (np.frombuffer(mv, dtype=dt) if count else np.empty(0, dt)).reshape(ti.shape)
+            a = np.frombuffer(mv, dtype=dt).reshape(ti.shape)
         a.flags.writeable = False
         self._arrays[pos] = a
         return a

@@ -9,7 +9,9 @@ The library is looked for, in this order:
      package used straight from tools/python of a built checkout);
   4. ctypes.util.find_library("hwfs") (the system's library path).
 The first candidate that exists is loaded; if loading it fails, or none
-exists, importing hwfs raises ImportError saying what was tried.
+exists, importing hwfs raises ImportError saying what was tried.  A set
+HWFS_LIBRARY is the only candidate: when it cannot be loaded, that is the
+error (no other copy is picked up silently).
 """
 
 import ctypes
@@ -88,13 +90,13 @@ def _load():
         # find_library returns a bare soname ("libhwfs.so.1") that dlopen resolves.
         if os.sep in path and not os.path.exists(path):
             tried.append(f"{where}: {path} (no such file)")
-            continue
-        try:
-            return ctypes.CDLL(path, use_errno=True), path
-        except OSError as e:
-            tried.append(f"{where}: {path} ({e})")
-            if where == "HWFS_LIBRARY":
-                break  # an explicit choice that fails is an error, not a hint
+        else:
+            try:
+                return ctypes.CDLL(path, use_errno=True), path
+            except OSError as e:
+                tried.append(f"{where}: {path} ({e})")
+        if where == "HWFS_LIBRARY":
+            break  # an explicit choice that fails is an error, never a hint to look elsewhere
     if not any(w == "find_library" for w, _ in _candidates()):
         tried.append('find_library("hwfs"): not found')
     raise ImportError("hwfs: cannot load libhwfs (build it with `make`, install it with "

@@ -204,6 +204,11 @@ class _RWLock:
             self._writer = False
             self._c.notify_all()
 
+    @property
+    def writers_waiting(self):
+        with self._c:
+            return self._writers_waiting
+
 
 class _Shared:
     """`with hs.lock:` — the serving side of the swap lock."""
@@ -243,9 +248,10 @@ class HotSwap:
     never lands in the middle of one.
 
     Attributes: version (the version served), shadow (the one loaded beside
-    it, or None), last_pause_us (how long the last swap held the lock, in
-    microseconds), swaps, refused ({version: reason}), error (the last error
-    of the background thread, or None).
+    it, or None), swap_pending (a swap waits for the requests in flight),
+    last_pause_us (how long the last swap held the lock, in microseconds),
+    swaps, refused ({version: reason}), error (the last error of the
+    background thread, or None).
     """
 
     def __init__(self, module, mount=None, engine=None, device="cpu", zero_copy=True):
@@ -292,6 +298,11 @@ class HotSwap:
     def serving(self):
         """The context manager a request runs in: `with hs.serving(): out = model(x)`."""
         return self.lock
+
+    @property
+    def swap_pending(self):
+        """True while a swap waits for the requests in flight to finish."""
+        return self._rw.writers_waiting > 0
 
     def wait_version(self, version, timeout=None):
         """Wait until @version is served; True if it is, False at @timeout seconds."""
