@@ -23,6 +23,7 @@
 
 /* ----------------------------------------------------------- hooks */
 
+/* Seal hook: "arrived" to the watchers, then the agent's announcement (when joined). */
 void daemon_sealed(void *arg, const char *name)
 {
 	struct daemon *d = arg;
@@ -33,6 +34,7 @@ void daemon_sealed(void *arg, const char *name)
 		agent_sealed(agent, name);
 }
 
+/* The agent's barrier hook: engines_barrier() on this daemon's registry. */
 int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,
 		   size_t errlen)
 {
@@ -41,6 +43,7 @@ int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *er
 	return engines_barrier(d->engines, version, started_ns, err, errlen);
 }
 
+/* The agent's HELLO hook: this node's engines, a new array (NULL without memory). */
 json_t *daemon_engines_json(void *arg)
 {
 	struct daemon *d = arg;

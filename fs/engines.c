@@ -50,6 +50,7 @@ struct engines {
 	void *wake_arg;
 };
 
+/* Monotonic nanoseconds (CLOCK_MONOTONIC, the clock of reg->cv and of every barrier). */
 uint64_t engines_now_ns(void)
 {
 	struct timespec ts;
@@ -58,6 +59,7 @@ uint64_t engines_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* An empty registry for @ns (see engines.h).  Returns 0 or -ENOMEM. */
 int engines_create(struct ns *ns, struct engines **out)
 {
 	struct engines *reg = calloc(1, sizeof(*reg));
@@ -75,6 +77,7 @@ int engines_create(struct ns *ns, struct engines **out)
 	return 0;
 }
 
+/* Free @reg; anything still registered is a bug, logged (its memory is its thread's). */
 void engines_destroy(struct engines *reg)
 {
 	if (!reg)
@@ -86,6 +89,7 @@ void engines_destroy(struct engines *reg)
 	free(reg);
 }
 
+/* Point the wake hook at @wake(@arg), or at nobody (see engines.h). */
 void engines_set_wake(struct engines *reg, void (*wake)(void *arg), void *arg)
 {
 	pthread_mutex_lock(&reg->mu);
@@ -94,6 +98,7 @@ void engines_set_wake(struct engines *reg, void (*wake)(void *arg), void *arg)
 	pthread_mutex_unlock(&reg->mu);
 }
 
+/* 1 when @name is 1-ENGINE_NAME_MAX characters of [A-Za-z0-9._-], else 0. */
 int engines_valid_name(const char *name)
 {
 	size_t n = strlen(name);
@@ -195,6 +200,11 @@ static struct watcher *engine_find(struct engines *reg, const char *name)
 	return NULL;
 }
 
+/*
+ * Register connection @fd as a watcher or engine @name and send its first
+ * reply, atomically with respect to events (see engines.h).  Returns 0 or
+ * -errno; nothing is registered on error.
+ */
 int engines_watch(struct engines *reg, int fd, pid_t pid, const char *name, struct watcher **out)
 {
 	struct watcher *w;
@@ -252,6 +262,7 @@ out:
 	return r;
 }
 
+/* Take @w off the registry, wake the barrier's waiters if it was an engine, free it. */
 void engines_unwatch(struct engines *reg, struct watcher *w)
 {
 	pthread_mutex_lock(&reg->mu);
@@ -317,6 +328,11 @@ static int version_known(struct engines *reg, const char *v)
 	return ok;
 }
 
+/*
+ * Apply one report of engine @w to its state and wake the barrier's waiters;
+ * a report that is not one is ignored (logged once per engine).  Returns 0,
+ * -EINVAL (ignored) or -ENOMEM (state unchanged).
+ */
 int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 {
 	json_t *pj = json_object_get(msg, "pause_us");
@@ -387,6 +403,7 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 	return r;
 }
 
+/* Send one event line to every watcher, dropping those that cannot take it now. */
 void engines_event(struct engines *reg, const char *event, const char *version)
 {
 	json_t *msg;
@@ -464,6 +481,7 @@ static int barrier_locked(struct engines *reg, const char *v, uint64_t started_n
 	return -EINPROGRESS;
 }
 
+/* The non-blocking barrier check (see engines.h): 0, -EINPROGRESS or -ECANCELED. */
 int engines_barrier(struct engines *reg, const char *version, uint64_t started_ns, char *err,
 		    size_t errlen)
 {
@@ -475,6 +493,7 @@ int engines_barrier(struct engines *reg, const char *version, uint64_t started_n
 	return r;
 }
 
+/* The barrier from now on, waited for (at most engine_deadline_ms): 0 or -ECANCELED. */
 int engines_barrier_wait(struct engines *reg, const char *version, char *err, size_t errlen)
 {
 	uint64_t started = engines_now_ns();
@@ -490,6 +509,7 @@ int engines_barrier_wait(struct engines *reg, const char *version, char *err, si
 	return r;
 }
 
+/* Record the lease of @pid on @version for status.  Returns 0 or -ENOMEM. */
 int engines_lease_add(struct engines *reg, const char *version, pid_t pid, struct lease **out)
 {
 	struct lease *l = calloc(1, sizeof(*l));
@@ -507,6 +527,7 @@ int engines_lease_add(struct engines *reg, const char *version, pid_t pid, struc
 	return 0;
 }
 
+/* Forget lease @l and free it (NULL: nothing). */
 void engines_lease_del(struct engines *reg, struct lease *l)
 {
 	if (!l)
@@ -528,6 +549,7 @@ static json_t *str_or_null(const char *s)
 	return s ? json_string(s) : json_null();
 }
 
+/* The live engines as status shows them: a new array, NULL without memory. */
 json_t *engines_json(struct engines *reg)
 {
 	json_t *arr = json_array();
@@ -552,6 +574,7 @@ json_t *engines_json(struct engines *reg)
 	return arr;
 }
 
+/* The leases as status shows them: a new array, NULL without memory. */
 json_t *engines_leases_json(struct engines *reg)
 {
 	json_t *arr = json_array();

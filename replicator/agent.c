@@ -678,6 +678,7 @@ void agent_stop(struct agent *a)
 	free(a);
 }
 
+/* Wake the agent's loop now (any thread): see agent.h. */
 void agent_wake(void *agent)
 {
 	wake(agent);

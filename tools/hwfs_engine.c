@@ -16,8 +16,9 @@
  * hash.  The first version loaded fixes the model (each tensor's dtype and
  * shape); a later version that lacks one of its tensors or changes a dtype or
  * shape is refused ("tensor NAME: shape [..] does not match the model's
- * [..]").  --load-delay-ms N waits N ms before reporting loaded, like the
- * copy into device memory a GPU engine would do.
+ * [..]").  --load-delay-ms N waits N ms before reporting a shadow-loaded
+ * version loaded, like the copy into spare device memory a GPU engine would
+ * do (the version served at start-up is served at once).
  *
  * Serving: each line received on the unix socket PATH is answered with one
  * JSON line computed from the served mapping at that moment:
@@ -299,11 +300,12 @@ static void delay(struct engine *e, long ms)
 
 /*
  * Shadow-load @version: report loading, map it, check it against the model,
- * verify every byte, wait --load-delay-ms, report loaded (it joins the
- * shadows) or refused.  Returns the loaded version, or NULL (refused, or
- * stopped by a signal).
+ * verify every byte, wait --load-delay-ms (not at @startup: the version
+ * `current` names is served at once), report loaded (it joins the shadows)
+ * or refused.  Returns the loaded version, or NULL (refused, or stopped by a
+ * signal).
  */
-static struct loaded *load(struct engine *e, const char *version)
+static struct loaded *load(struct engine *e, const char *version, int startup)
 {
 	char why[REASON_MAX] = "";
 	struct loaded *l = calloc(1, sizeof(*l));
@@ -335,7 +337,7 @@ static struct loaded *load(struct engine *e, const char *version)
 		goto refuse;
 	}
 	e->shadows = ns;
-	if (e->load_delay_ms > 0)
+	if (e->load_delay_ms > 0 && !startup)
 		delay(e, e->load_delay_ms);
 	if (e->stop) {
 		hwfs_unmap(l->m);
@@ -360,9 +362,10 @@ refuse:
 /*
  * Make sure @version is shadow-loaded (or served, or known refused); with
  * @resend, a version already handled is reported again (a commit prepares
- * it).  Returns the shadow, or NULL.
+ * it); @startup is load()'s.  Returns the shadow, or NULL.
  */
-static struct loaded *ensure_loaded(struct engine *e, const char *version, int resend)
+static struct loaded *ensure_loaded(struct engine *e, const char *version, int resend,
+				    int startup)
 {
 	struct refusal *r = find_refusal(e, version);
 	long i = find_shadow(e, version);
@@ -382,7 +385,7 @@ static struct loaded *ensure_loaded(struct engine *e, const char *version, int r
 	}
 	if (r)
 		return NULL;
-	return load(e, version);
+	return load(e, version, startup);
 }
 
 /* Unmap @l once no request reads it any more. */
@@ -416,7 +419,7 @@ static void swap_to(struct engine *e, const char *version, int startup)
 		report(e, HWFS_SWAPPED, version, NULL, 0);
 		return;
 	}
-	l = ensure_loaded(e, version, 0);
+	l = ensure_loaded(e, version, 0, startup);
 	if (!l) {
 		struct refusal *r = find_refusal(e, version);
 
@@ -650,11 +653,11 @@ static void handle(struct engine *e, const struct hwfs_event *ev)
 	switch (ev->type) {
 	case HWFS_EV_ARRIVED:
 		logf_(e, "arrived %s", ev->version);
-		ensure_loaded(e, ev->version, 0);
+		ensure_loaded(e, ev->version, 0, 0);
 		break;
 	case HWFS_EV_PREPARE:
 		logf_(e, "prepare %s", ev->version);
-		ensure_loaded(e, ev->version, 1);
+		ensure_loaded(e, ev->version, 1, 0);
 		break;
 	case HWFS_EV_CURRENT:
 		logf_(e, "current %s", ev->version);

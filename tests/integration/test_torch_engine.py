@@ -41,25 +41,30 @@ def child_env():
     return env
 
 
-# A trainer: writes version V into the mount with save_pretrained, either a
-# fresh model (seed) or the version FROM with every weight perturbed.
+# A trainer process: writes v1 (a fresh model) into the mount with
+# save_pretrained, says so (DIR/v1.done), waits for DIR/go, then writes v2:
+# v1 with every weight perturbed.
 TRAINER = textwrap.dedent('''
-    import sys, torch
+    import os, sys, time, torch
     torch.set_num_threads(1)
     from transformers import LlamaConfig, LlamaForCausalLM
-    mnt, version, seed, frm, tie = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
-    torch.manual_seed(seed)
-    if frm == "-":
-        cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                          tie_word_embeddings=tie)
-        model = LlamaForCausalLM(cfg)
-    else:
-        model = LlamaForCausalLM.from_pretrained(f"{mnt}/versions/{frm}")
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn_like(p) * 0.05)
-    model.save_pretrained(f"{mnt}/versions/{version}")
+    mnt, ctl, tie = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=tie)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(f"{mnt}/versions/v1")
+    open(f"{ctl}/v1.done", "w").close()
+    end = time.monotonic() + 120
+    while not os.path.exists(f"{ctl}/go"):
+        if time.monotonic() > end:
+            sys.exit("trainer: no go within 120 s")
+        time.sleep(0.02)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(f"{mnt}/versions/v2")
 ''')
 
 # A server: serves the version `current` names with HotSwap as engine NAME,
@@ -73,6 +78,11 @@ SERVER = textwrap.dedent('''
     from transformers import AutoConfig, LlamaForCausalLM
     from hwfs.torch import HotSwap
     mnt, engine, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    end = time.monotonic() + 120
+    while not os.path.exists(f"{mnt}/current"):  # started beside the trainer
+        if time.monotonic() > end:
+            sys.exit("server: nothing committed within 120 s")
+        time.sleep(0.02)
     cfg = AutoConfig.from_pretrained(f"{mnt}/current")
     torch.manual_seed(12345)  # weights the versions will replace
     model = LlamaForCausalLM(cfg).eval()
@@ -104,15 +114,6 @@ SERVER = textwrap.dedent('''
     torch.save([(t, n, sorted(vs)) for t, n, vs in answers.values()], f"{out}/answers.pt")
     state(final=True)
 ''')
-
-
-def run_trainer(mount, tmp_path, version, seed, frm="-", tie=False):
-    script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
-    cp = subprocess.run([sys.executable, str(script), mount.mnt, version, str(seed), frm,
-                         "1" if tie else "0"], capture_output=True, text=True, timeout=60,
-                        env=child_env())
-    assert cp.returncode == 0, f"trainer failed writing {version}:\n{cp.stderr}"
 
 
 def tiny(seed, tie=False, intermediate=128):
@@ -181,7 +182,6 @@ def read_state(path):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.limit(180)
 def test_hotswap_server_answers_v1_or_v2_never_a_mix(mount, tmp_path):
     """The issue's scenario: a trainer process writes v1 (save_pretrained
     into the mount), it is sealed and committed; a server process serves it
@@ -189,47 +189,59 @@ def test_hotswap_server_answers_v1_or_v2_never_a_mix(mount, tmp_path):
     writes v2 and it is sealed; `hwfs commit v2` passes the engine barrier;
     afterwards the server answers exactly what a fresh from_pretrained of v2
     answers, and every answer of the whole run was exactly v1's or v2's."""
-    run_trainer(mount, tmp_path, "v1", seed=1)
-    mount.run("seal", "v1")
-    mount.run("commit", "v1")
-
-    out = tmp_path / "server"
+    ctl, out = tmp_path / "trainer", tmp_path / "server"
+    ctl.mkdir()
     out.mkdir()
-    script = tmp_path / "server.py"
-    script.write_text(SERVER)
-    log = open(tmp_path / "server.log", "w")
-    srv = subprocess.Popen([sys.executable, str(script), mount.mnt, "llama-a", str(out)],
-                           stdout=log, stderr=subprocess.STDOUT, env=child_env())
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    (tmp_path / "server.py").write_text(SERVER)
+    tlog, slog = open(tmp_path / "trainer.log", "w"), open(tmp_path / "server.log", "w")
+    # Both start at once (the server waits for `current`): their imports overlap.
+    trainer = subprocess.Popen([sys.executable, str(tmp_path / "trainer.py"), mount.mnt, str(ctl), "0"],
+                               stdout=tlog, stderr=subprocess.STDOUT, env=child_env())
+    srv = subprocess.Popen([sys.executable, str(tmp_path / "server.py"), mount.mnt, "llama-a", str(out)],
+                           stdout=slog, stderr=subprocess.STDOUT, env=child_env())
+
+    def logs():
+        return (f"trainer log:\n{(tmp_path / 'trainer.log').read_text()}\n"
+                f"server log:\n{(tmp_path / 'server.log').read_text()}")
+
     try:
-        st = poll(lambda: (s := read_state(out / "state.json")) and s["version"] == "v1" and s,
-                  timeout=60, interval=0.1)
-        assert st, f"server never served v1:\n{(tmp_path / 'server.log').read_text()}"
+        assert poll(lambda: (ctl / "v1.done").exists() or trainer.poll() is not None, 60), logs()
+        assert (ctl / "v1.done").exists(), logs()
+        mount.run("seal", "v1")
+        mount.run("commit", "v1")
+        st = poll(lambda: (s := read_state(out / "state.json")) and s["version"] == "v1" and s
+                  or srv.poll() is not None, timeout=60, interval=0.1)
+        assert st and srv.poll() is None, f"server never served v1\n{logs()}"
         e = engine_record(mount, "llama-a")
         assert e and e["serving"] == "v1" and e["pid"] == srv.pid, mount.status().get("engines")
 
-        run_trainer(mount, tmp_path, "v2", seed=2, frm="v1")  # while the server answers
+        answered = st["counts"]["v1"]
+        (ctl / "go").touch()  # the trainer writes v2 while the server answers
+        assert trainer.wait(timeout=60) == 0, logs()
         mount.run("seal", "v2")
         served_v1 = read_state(out / "state.json")["counts"]["v1"]
+        assert served_v1 > answered, "the server stopped answering while v2 was written"
         cp = mount.run("commit", "v2")
         assert readlink_or_none(mount.path("current")) == "versions/v2", cp.stdout
 
         st = poll(lambda: (s := read_state(out / "state.json")) and s["counts"].get("v2", 0) >= 5 and s,
                   timeout=30, interval=0.1)
-        assert st, f"server never served v2: {read_state(out / 'state.json')}\n" \
-                   f"{(tmp_path / 'server.log').read_text()}"
+        assert st, f"server never served v2: {read_state(out / 'state.json')}\n{logs()}"
         assert st["error"] is None and st["swaps"] == 1 and st["pause_us"] >= 1
-        assert served_v1 > 0
         e = engine_record(mount, "llama-a")
         assert e["serving"] == "v2" and e["last_swap_pause_us"] == st["pause_us"], e
 
         (out / "stop").touch()
-        srv.wait(timeout=60)
-        assert srv.returncode == 0, (tmp_path / "server.log").read_text()
+        assert srv.wait(timeout=60) == 0, logs()
+        assert poll(lambda: engine_record(mount, "llama-a") is None, 10), "engine still registered"
     finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.wait()
-        log.close()
+        for p in (trainer, srv):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        tlog.close()
+        slog.close()
 
     ref = {"v1": logits(fresh(mount, "v1")), "v2": logits(fresh(mount, "v2"))}
     assert not torch.equal(ref["v1"], ref["v2"])
@@ -278,6 +290,28 @@ def test_hotswap_tied_weights_zero_copy(mount):
             mount.status()["leases"]
     # closed: unregistered; the module still holds (and leases) v2
     assert poll(lambda: engine_record(mount, "tied") is None, 10)
+
+
+def test_hotswap_copies_hold_no_lease(mount):
+    """zero_copy=False: the module gets its own writable copies, so the engine
+    holds no lease once a version is loaded; the swap still gives exactly a
+    fresh from_pretrained's answers."""
+    save_version(mount, "v1", tiny(1))
+    mount.run("commit", "v1")
+    model = tiny(3)
+    with HotSwap(model, mount.mnt, engine="copies", zero_copy=False) as hs:
+        assert hs.version == "v1"
+        assert poll(lambda: mount.status()["leases"] == [], 10), mount.status()["leases"]
+        with torch.no_grad():
+            model.model.norm.weight.mul_(1.0)  # a write in place: fine on a copy
+        with hs.serving():
+            assert torch.equal(logits(model), logits(fresh(mount, "v1")))
+        save_version(mount, "v2", perturbed(tiny(1), 8))
+        mount.run("commit", "v2")
+        assert hs.wait_version("v2", timeout=20), hs.error
+        with hs.serving():
+            assert torch.equal(logits(model), logits(fresh(mount, "v2")))
+        assert poll(lambda: mount.status()["leases"] == [], 10), mount.status()["leases"]
 
 
 def test_hotswap_swap_waits_for_requests_in_flight(mount):

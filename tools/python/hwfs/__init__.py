@@ -40,7 +40,8 @@ import numpy as np
 from . import _lib
 from ._lib import HWFS_API_VERSION  # noqa: F401  (re-exported)
 
-__all__ = ["open", "Mount", "Mapping", "Watch", "Event", "VersionInfo", "TensorInfo",
+# hwfs.open is left out of __all__: `from hwfs import *` must not shadow the builtin open.
+__all__ = ["Mount", "Mapping", "Watch", "Event", "VersionInfo", "TensorInfo",
            "numpy_dtype", "StreamClosed"]
 
 # How long one wait inside Watch.next() lasts before it looks again at whether
@@ -121,11 +122,13 @@ class Mount:
             raise ValueError("hwfs.Mount is closed")
         return self._h
 
+    _hwfs_close = staticmethod(_lib.hwfs_close)  # kept for interpreter shutdown
+
     def close(self):
         """Free the handle (idempotent)."""
         h, self._h = getattr(self, "_h", None), None
         if h:
-            _lib.hwfs_close(h)
+            self._hwfs_close(h)
 
     __del__ = close
 
@@ -441,10 +444,13 @@ class Watch:
             if w:
                 _lib.hwfs_watch_close(w)
 
+    _hwfs_watch_close = staticmethod(_lib.hwfs_watch_close)  # kept for interpreter shutdown
+
     def __del__(self):
-        if getattr(self, "_w", None):
-            _lib.hwfs_watch_close(self._w)
+        w = getattr(self, "_w", None)
+        if w:
             self._w = None
+            self._hwfs_watch_close(w)
 
     def __enter__(self):
         return self

@@ -260,6 +260,8 @@ class HotSwap:
         self.module = module
         self.engine = engine
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.zero_copy = zero_copy and self.device.type == "cpu"
         self._mount, self._own_mount = _open_mount(mount)
         self._targets = _targets(module)

@@ -1,0 +1,350 @@
+/*
+ * test_engines.c — unit tests for the registry of watchers and engines and
+ * the commit barrier (fs/engines.c).
+ *
+ * Each test opens a real store and namespace in a fresh /dev/shm directory
+ * (with a sealed version "v1" made through the namespace API, as a mount
+ * would) and plays the clients over socketpairs: the daemon's end goes to the
+ * registry, the test reads events from and writes nothing on the other end
+ * (reports go straight to engines_report(), as the connection thread would
+ * pass them).
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engines.h"
+#include "ns.h"
+#include "tmpdir.h"
+#include "tunables.h"
+
+#define CAP (16ull << 20)
+
+struct fx {
+	char dir[64];
+	struct store *st;
+	struct ns *ns;
+	struct engines *reg;
+};
+
+static int fx_setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+	struct node *vers, *v = NULL;
+
+	if (!f)
+		return -1;
+	snprintf(f->dir, sizeof(f->dir), "/dev/shm/hwfs-test-engines-XXXXXX");
+	if (!mkdtemp(f->dir) || store_open(f->dir, CAP, &f->st) < 0 || ns_create(f->st, &f->ns) < 0 ||
+	    engines_create(f->ns, &f->reg) < 0)
+		return -1;
+	ns_rdlock(f->ns);
+	vers = ns_child(ns_root(f->ns), "versions");
+	ns_unlock(f->ns);
+	if (ns_mkdir(f->ns, vers, "v1", 040755, 0, 0, &v) < 0 ||
+	    ns_seal(f->ns, "v1", NULL, 0, NULL, 0) < 0)
+		return -1;
+	hwfs_tun.engine_deadline_ms = 8000;
+	*state = f;
+	return 0;
+}
+
+static int fx_teardown(void **state)
+{
+	struct fx *f = *state;
+
+	engines_destroy(f->reg);
+	ns_destroy(f->ns);
+	store_close(f->st);
+	rm_rf(f->dir);
+	free(f);
+	return 0;
+}
+
+/* A client: its end @c, the daemon's end @d, and the registry's watcher. */
+struct cli {
+	int c, d;
+	struct watcher *w;
+};
+
+/* Register a watcher (@name NULL) or engine and check its first line. */
+static void cli_open(struct fx *f, struct cli *k, const char *name)
+{
+	int sv[2];
+	char buf[256];
+	ssize_t n;
+
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	k->c = sv[0];
+	k->d = sv[1];
+	assert_int_equal(engines_watch(f->reg, k->d, 4242, name, &k->w), 0);
+	n = read(k->c, buf, sizeof(buf) - 1);
+	assert_true(n > 0);
+	buf[n] = '\0';
+	assert_string_equal(buf, "{\"ok\":true,\"current\":null}\n");
+}
+
+static void cli_close(struct fx *f, struct cli *k)
+{
+	engines_unwatch(f->reg, k->w);
+	close(k->c);
+	close(k->d);
+}
+
+/* The next line the client got, or "" when none is waiting. */
+static const char *next_line(struct cli *k, char *buf, size_t len)
+{
+	size_t i = 0;
+
+	while (i + 1 < len) {
+		ssize_t n = recv(k->c, buf + i, 1, MSG_DONTWAIT);
+
+		if (n <= 0)
+			break;
+		if (buf[i++] == '\n')
+			break;
+	}
+	buf[i] = '\0';
+	return buf;
+}
+
+/* engine_report() of the JSON text @js. */
+static int report(struct fx *f, struct cli *k, const char *js)
+{
+	json_t *m = json_loads(js, 0, NULL);
+	int r;
+
+	assert_non_null(m);
+	r = engines_report(f->reg, k->w, m);
+	json_decref(m);
+	return r;
+}
+
+static void test_names(void **state)
+{
+	char long_name[ENGINE_NAME_MAX + 2];
+
+	(void)state;
+	memset(long_name, 'a', sizeof(long_name) - 1);
+	long_name[sizeof(long_name) - 1] = '\0';
+	assert_true(engines_valid_name("llama-a.v1_2"));
+	assert_false(engines_valid_name(""));
+	assert_false(engines_valid_name("a b"));
+	assert_false(engines_valid_name("a/b"));
+	assert_false(engines_valid_name(long_name));
+	long_name[ENGINE_NAME_MAX] = '\0';
+	assert_true(engines_valid_name(long_name));
+}
+
+static void test_events_and_duplicates(void **state)
+{
+	struct fx *f = *state;
+	struct cli a, e, e2;
+	struct watcher *w = NULL;
+	char buf[256];
+
+	cli_open(f, &a, NULL);
+	cli_open(f, &e, "e1");
+	assert_int_equal(engines_watch(f->reg, e.d, 1, "e1", &w), -EEXIST);
+	assert_int_equal(engines_watch(f->reg, e.d, 1, "bad name", &w), -EINVAL);
+	engines_event(f->reg, "arrived", "v1");
+	engines_event(f->reg, "arrived", ".hwfs-staging"); /* never announced */
+	assert_string_equal(next_line(&a, buf, sizeof(buf)),
+			    "{\"event\":\"arrived\",\"version\":\"v1\"}\n");
+	assert_string_equal(next_line(&a, buf, sizeof(buf)), "");
+	assert_string_equal(next_line(&e, buf, sizeof(buf)),
+			    "{\"event\":\"arrived\",\"version\":\"v1\"}\n");
+	/* a watcher is not an engine: its reports are ignored, it never holds a barrier */
+	assert_int_equal(report(f, &a, "{\"report\":\"loaded\",\"version\":\"v1\"}"), -EINVAL);
+	cli_close(f, &e);
+	cli_open(f, &e2, "e1"); /* the name is free again */
+	cli_close(f, &e2);
+	cli_close(f, &a);
+}
+
+static void test_barrier_states(void **state)
+{
+	struct fx *f = *state;
+	struct cli e;
+	char buf[700], err[600];
+	uint64_t t0 = engines_now_ns();
+	json_t *js;
+
+	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), 0); /* no engine */
+	cli_open(f, &e, "e1");
+	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), -EINPROGRESS);
+	assert_string_equal(next_line(&e, buf, sizeof(buf)),
+			    "{\"event\":\"prepare\",\"version\":\"v1\"}\n");
+	/* asked once per barrier */
+	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), -EINPROGRESS);
+	assert_string_equal(next_line(&e, buf, sizeof(buf)), "");
+	/* reports that are not one change nothing */
+	assert_int_equal(report(f, &e, "{\"report\":\"loaded\",\"version\":\"nope\"}"), -EINVAL);
+	assert_int_equal(report(f, &e, "{\"report\":\"boom\",\"version\":\"v1\"}"), -EINVAL);
+	assert_int_equal(report(f, &e, "{\"report\":\"loaded\"}"), -EINVAL);
+	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), -EINPROGRESS);
+	/* a refusal decides at once, its reason cut and cleaned */
+	memset(buf, 'r', 600);
+	buf[0] = '\n';
+	buf[600] = '\0';
+	js = json_pack("{s:s, s:s, s:s}", "report", "refused", "version", "v1", "reason", buf);
+	assert_int_equal(engines_report(f->reg, e.w, js), 0);
+	json_decref(js);
+	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), -ECANCELED);
+	assert_memory_equal(err, "engine e1 refused v1:  rrr", 26);
+	assert_int_equal(strlen(err), strlen("engine e1 refused v1: ") + ENGINE_REASON_MAX);
+	/* a new barrier asks again, and is refused again until the engine says otherwise */
+	assert_int_equal(engines_barrier(f->reg, "v1", t0 + 1, err, sizeof(err)), -ECANCELED);
+	assert_string_equal(next_line(&e, buf, sizeof(buf)),
+			    "{\"event\":\"prepare\",\"version\":\"v1\"}\n");
+	assert_int_equal(report(f, &e, "{\"report\":\"loaded\",\"version\":\"v1\"}"), 0);
+	assert_int_equal(engines_barrier(f->reg, "v1", t0 + 2, err, sizeof(err)), 0);
+	/* serving it is ready too; swapped to it clears the shadow */
+	assert_int_equal(report(f, &e, "{\"report\":\"swapped\",\"version\":\"v1\",\"pause_us\":7}"), 0);
+	assert_int_equal(engines_barrier(f->reg, "v1", t0 + 3, err, sizeof(err)), 0);
+	js = engines_json(f->reg);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(js, 0), "state")), "idle");
+	assert_true(json_is_null(json_object_get(json_array_get(js, 0), "shadow")));
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(js, 0), "swaps")), 0);
+	json_decref(js);
+	cli_close(f, &e);
+}
+
+static void test_deadline(void **state)
+{
+	struct fx *f = *state;
+	struct cli e;
+	char err[600];
+
+	hwfs_tun.engine_deadline_ms = 10;
+	cli_open(f, &e, "slow");
+	/* a barrier that began 20 ms ago with the engine still silent: refused now */
+	assert_int_equal(engines_barrier(f->reg, "v1", engines_now_ns() - 20000000ull, err,
+					 sizeof(err)), -ECANCELED);
+	assert_string_equal(err, "engine slow did not report v1 loaded within 10 ms");
+	/* the blocking form ends by itself */
+	assert_int_equal(engines_barrier_wait(f->reg, "v1", err, sizeof(err)), -ECANCELED);
+	cli_close(f, &e);
+}
+
+struct later {
+	struct fx *f;
+	struct cli *k;
+	int unwatch; /* 1: go away; 0: report loaded */
+};
+
+/* Once the engine was asked (its prepare arrived), answer: report loaded or go away. */
+static void *answer_later(void *arg)
+{
+	struct later *l = arg;
+	struct pollfd p = {l->k->c, POLLIN, 0};
+	char buf[256];
+
+	if (poll(&p, 1, 5000) == 1 && read(l->k->c, buf, sizeof(buf)) > 0) {
+		if (l->unwatch) {
+			engines_unwatch(l->f->reg, l->k->w);
+		} else {
+			json_t *m = json_pack("{s:s, s:s}", "report", "loaded", "version", "v1");
+
+			engines_report(l->f->reg, l->k->w, m);
+			json_decref(m);
+		}
+	}
+	return NULL;
+}
+
+static void test_wait_ends_on_report_and_on_disconnect(void **state)
+{
+	struct fx *f = *state;
+	char err[600];
+
+	for (int unwatch = 0; unwatch < 2; unwatch++) {
+		struct cli e;
+		struct later l = {f, &e, unwatch};
+		pthread_t t;
+
+		cli_open(f, &e, "e1");
+		assert_int_equal(pthread_create(&t, NULL, answer_later, &l), 0);
+		assert_int_equal(engines_barrier_wait(f->reg, "v1", err, sizeof(err)), 0);
+		pthread_join(t, NULL);
+		if (!unwatch)
+			engines_unwatch(f->reg, e.w);
+		close(e.c);
+		close(e.d);
+	}
+}
+
+static void test_full_socket_drops_the_engine(void **state)
+{
+	struct fx *f = *state;
+	struct cli e;
+	char err[600];
+	int sndbuf = 4096, i;
+	json_t *js;
+
+	cli_open(f, &e, "deaf");
+	setsockopt(e.d, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+	for (i = 0; i < 100000; i++) { /* the client never reads: its buffer fills */
+		engines_event(f->reg, "current", "v1");
+		js = engines_json(f->reg);
+		if (json_array_size(js) == 0) {
+			json_decref(js);
+			break;
+		}
+		json_decref(js);
+	}
+	assert_true(i < 100000);
+	/* dropped: it no longer counts for the barrier, and its socket was shut down */
+	assert_int_equal(engines_barrier(f->reg, "v1", engines_now_ns(), err, sizeof(err)), 0);
+	assert_int_equal(send(e.c, "x", 1, MSG_NOSIGNAL), -1);
+	cli_close(f, &e);
+}
+
+static void test_leases(void **state)
+{
+	struct fx *f = *state;
+	struct lease *a = NULL, *b = NULL;
+	json_t *js;
+
+	assert_int_equal(engines_lease_add(f->reg, "v1", 11, &a), 0);
+	assert_int_equal(engines_lease_add(f->reg, "v1", 12, &b), 0);
+	js = engines_leases_json(f->reg);
+	assert_int_equal(json_array_size(js), 2);
+	json_decref(js);
+	engines_lease_del(f->reg, a);
+	js = engines_leases_json(f->reg);
+	assert_int_equal(json_array_size(js), 1);
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(js, 0), "pid")), 12);
+	json_decref(js);
+	engines_lease_del(f->reg, b);
+	engines_lease_del(f->reg, NULL);
+}
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_names),
+		T(test_events_and_duplicates),
+		T(test_barrier_states),
+		T(test_deadline),
+		T(test_wait_ends_on_report_and_on_disconnect),
+		T(test_full_socket_drops_the_engine),
+		T(test_leases),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
