@@ -245,11 +245,6 @@ elif verb == "check":
     check(args[0], args[1:])
 elif verb == "timeline":
     timeline(args[0], args[1], args[2], pairs(args[3:]))
-elif verb == "engines":
-    for name, mnt in pairs(args):
-        for e in ctl(mnt, {"op": "status"}).get("engines", []):
-            print(f"  node {name}: engine {e['name']} serves {e['serving']}, shadow {e['shadow']} "
-                  f"({e['state']}), swaps {e['swaps']}")
 elif verb == "query":
     print(json.dumps(engine_query(args[0])))
 else:
@@ -327,7 +322,7 @@ WATCH=$!
 "$HWFS" publish "$SRC2" v2 -m "${MNT[A]}"
 wait $WATCH
 cat "$WORK/watch-v2.txt"
-py engines "${NODE_ARGS[@]}"
+for n in "${NODES[@]}"; do "$HWFS" status -m "${MNT[$n]}" | sed -n "s/^engine: */  node $n: engine /p"; done
 
 step "Per-tensor view of v2 on C (first entries) and their xattrs"
 ls "${MNT[C]}/versions/v2/tensors" | head -5 || true
@@ -351,6 +346,7 @@ step "hwfs commit v2, from node B: every engine swaps to the v2 it already loade
 py commit "${MNT[B]}" v2 "$WORK/commit-v2.json"
 py check v2 "${CHECK_ARGS[@]}"
 for n in "${NODES[@]}"; do echo "  node $n: current -> $(readlink "${MNT[$n]}/current")"; done
+for n in "${NODES[@]}"; do "$HWFS" status -m "${MNT[$n]}" | sed -n "s/^engine: */  node $n: engine /p"; done
 "$PYTHON" -c 'import sys; from safetensors import safe_open
 f = safe_open(sys.argv[1], framework="numpy")
 print("  C: current/model.safetensors opens with safetensors:", len(list(f.keys())), "tensors")' \
