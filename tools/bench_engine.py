@@ -12,6 +12,8 @@ run, each repetition times, back to back:
              the same bytes in a file on tmpfs), then touch
   pread      the same with backend="pread" (load_file copies every byte into
              fresh memory), then touch                             (info)
+  mmap       mmap(MAP_SHARED, PROT_READ) of each tmpfs file, no safetensors:
+             the cheapest way to have the bytes in the process     (info)
   mnt cold   load_file(MNT/versions/V/F) right after the kernel's page cache
              was dropped (echo 3 > /proc/sys/vm/drop_caches), then touch
   mnt warm   the same again, page cache warm, then touch
@@ -223,6 +225,26 @@ def load_file_touch(files, mode, backend=None):
     return time.perf_counter() - t0, n
 
 
+def mmap_touch(files, mode):
+    """mmap every file read-only (MAP_SHARED), touch its bytes: the cheapest way a
+    process gets a tmpfs file's bytes (header included); returns seconds."""
+    import mmap
+    import numpy as np
+
+    t0 = time.perf_counter()
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            m = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        a = np.frombuffer(m, dtype=np.uint8)
+        touch_array(a, mode)
+        del a
+        m.close()
+    return time.perf_counter() - t0
+
+
 def map_touch(mount, version, mode):
     """hwfs.open(mount).map(version), touch every tensor; returns (seconds, tensors, bytes)."""
     import numpy as np
@@ -423,7 +445,7 @@ def part_map(a, ctx):
     can_drop = drop_caches()
     if not can_drop:
         log("cannot write /proc/sys/vm/drop_caches (not root?): the cold row is skipped")
-    rows = {k: [] for k in ("map", "load_file", "pread", "mnt_cold", "mnt_warm")}
+    rows = {k: [] for k in ("map", "load_file", "pread", "mmap", "mnt_cold", "mnt_warm")}
     # one untimed pass of each first (imports, first mapping of the arena)
     map_touch(node.mnt, "v1", a.touch)
     load_file_touch(files, a.touch)
@@ -434,6 +456,7 @@ def part_map(a, ctx):
         rows["map"].append(dt)
         rows["load_file"].append(load_file_touch(files, a.touch)[0])
         rows["pread"].append(load_file_touch(files, a.touch, backend="pread")[0])
+        rows["mmap"].append(mmap_touch(files, a.touch))
         if can_drop:
             drop_caches()
             rows["mnt_cold"].append(load_file_touch(mfiles, a.touch)[0])
@@ -599,6 +622,7 @@ def report(res, path):
         labels = {"map": "hwfs map (libhwfs, zero-copy) + touch",
                   "load_file": "load_file tmpfs + touch (baseline)",
                   "pread": "load_file tmpfs backend=pread + touch",
+                  "mmap": "mmap tmpfs file (no safetensors) + touch",
                   "mnt_cold": "load_file mount, cold + touch",
                   "mnt_warm": "load_file mount, warm + touch"}
         for k, lab in labels.items():
