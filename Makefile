@@ -208,7 +208,7 @@ bench-cluster: deps
 
 # Engines: a 2 GiB version mapped zero-copy vs safetensors load_file (tmpfs,
 # mount cold and warm), and commit -> every engine serving on 4 nodes
-# (needs root for drop_caches; a few minutes; --quick to check it runs).
+# (needs root for drop_caches; about a minute; --quick to check it runs).
 .PHONY: bench-engine
 bench-engine: deps
 	$(MAKE) all

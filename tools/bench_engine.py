@@ -40,7 +40,7 @@ commit -> all serving p99 <= 20 ms; swap pause p99 <= 1 ms.  Results go to
 stdout as a table and to build/bench-engine.json.  Everything started here is
 stopped by pid and every temp dir removed in a finally (also on Ctrl-C).
 
-  python3 tools/bench_engine.py            full run (a few minutes)
+  python3 tools/bench_engine.py            full run (about a minute on 2 cores)
   python3 tools/bench_engine.py --quick    small sizes, few reps (checks it runs)
 """
 
