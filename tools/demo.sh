@@ -36,7 +36,7 @@ for n in "${NODES[@]}"; do
 	STORE[$n]=$WORK/store-$n
 	mkdir -p "${MNT[$n]}" "${STORE[$n]}"
 done
-COORDPID=
+COORDPID= WATCH=
 export HWFS_MOUNT=${MNT[A]}
 
 mounted() { awk -v m="$1" '$2 == m { found = 1 } END { exit !found }' /proc/mounts; }
@@ -53,6 +53,7 @@ stop_pid() {
 cleanup() {
 	local rc=$? n pid
 	set +e
+	stop_pid "$WATCH"
 	for n in "${NODES[@]}"; do stop_pid "${ENGPID[$n]:-}"; done
 	for n in "${NODES[@]}"; do
 		mounted "${MNT[$n]}" || continue
