@@ -270,3 +270,26 @@ def test_pip_installable(mount, tmp_path):
                         env=dict(os.environ, PYTHONPATH=str(target)))
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.strip() == "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]"
+
+
+@pytest.mark.limit(300)
+def test_make_install_package_finds_its_library(mount, tmp_path):
+    """After `make install PREFIX=P`, the installed package finds P/lib/libhwfs.so.1
+    through the LIBDIR of its _libdir.py, with no HWFS_LIBRARY and away from
+    the build tree, and maps a version with it."""
+    prefix = tmp_path / "prefix"
+    cp = subprocess.run(["make", "-s", "-C", str(REPO), "install", f"PREFIX={prefix}"],
+                        capture_output=True, text=True, timeout=280)
+    assert cp.returncode == 0, cp.stderr
+    site = prefix / "lib" / "python3" / "dist-packages"
+    assert (site / "hwfs" / "_libdir.py").exists()
+    mount.run("publish", str(save_model(tmp_path / "src" / "m.safetensors",
+                                        {"w": np.arange(4, dtype=np.int32)}).parent), "v1")
+    env = {k: v for k, v in os.environ.items() if k != "HWFS_LIBRARY"}
+    env["PYTHONPATH"] = str(site)
+    code = ("import hwfs, hwfs._lib as L, sys; print(L.path); "
+            "print(hwfs.open(sys.argv[1]).map('v1')['w'].tolist())")
+    cp = subprocess.run([sys.executable, "-c", code, mount.mnt], capture_output=True, text=True,
+                        timeout=60, cwd=tmp_path, env=env)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.split("\n")[:2] == [str(prefix / "lib" / "libhwfs.so.1"), "[0, 1, 2, 3]"], cp.stdout

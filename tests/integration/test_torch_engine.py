@@ -116,10 +116,10 @@ SERVER = textwrap.dedent('''
 ''')
 
 
-def tiny(seed, tie=False, intermediate=128):
+def tiny(seed, tie=False, intermediate=128, layers=2):
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=intermediate,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=64, tie_word_embeddings=tie)
     return LlamaForCausalLM(cfg).eval()
 
@@ -335,12 +335,12 @@ def test_hotswap_swap_waits_for_requests_in_flight(mount):
             assert torch.equal(logits(model), ref2)
 
 
-def test_hotswap_refuses_wrong_shape_and_dtype(mount):
+def test_hotswap_refuses_wrong_shape_dtype_missing(mount):
     """A version whose tensor has another shape (prepared by the commit,
-    having arrived before the engine started) or another dtype (refused on
-    arrival) is refused naming the tensor and both shapes; `hwfs commit`
-    fails naming the engine and the tensor; current and the served version
-    stay v1."""
+    having arrived before the engine started), another dtype or lacks a
+    parameter (both refused on arrival) is refused naming the tensor (and
+    both shapes); `hwfs commit` fails naming the engine and the tensor;
+    current and the served version stay v1."""
     save_version(mount, "v1", tiny(1))
     mount.run("commit", "v1")
     save_version(mount, "wide", tiny(2, intermediate=96))  # before the engine exists
@@ -359,6 +359,14 @@ def test_hotswap_refuses_wrong_shape_and_dtype(mount):
         assert e["state"] == "refused" and e["reason"] == hs.refused["half"], e
         cp = mount.run("commit", "half", check=False)
         assert_error_line(cp, "shape-check", "refused", "dtype F16")
+        assert readlink_or_none(mount.path("current")) == "versions/v1"
+
+        save_version(mount, "short", tiny(5, layers=1))  # lacks layer 1
+        assert poll(lambda: "short" in hs.refused, timeout=20), hs.error
+        want = "tensor model.layers.1.self_attn.q_proj.weight: missing from short, model has [64, 64]"
+        assert hs.refused["short"] == want
+        cp = mount.run("commit", "short", check=False)
+        assert_error_line(cp, "shape-check", "missing", "model.layers.1.self_attn.q_proj.weight")
         assert readlink_or_none(mount.path("current")) == "versions/v1"
         assert hs.version == "v1" and hs.swaps == 0
         with hs.serving():

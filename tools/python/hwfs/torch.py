@@ -134,6 +134,9 @@ def _plan(module_targets, mapping, check_dtype):
             raise Refused(f"tensor {found}: {e}") from None
         if check_dtype and dt != target.dtype:
             raise Refused(f"tensor {found}: dtype {ti.dtype}, model has {target.dtype}")
+        if ti.nbytes != target.numel() * torch.empty(0, dtype=dt).element_size():
+            raise Refused(f"tensor {found}: {ti.nbytes} bytes do not hold {ti.dtype} "
+                          f"{_shape(ti.shape)}")
         plan.append((target, found))
     return plan
 
@@ -382,8 +385,8 @@ class HotSwap:
             self._watch.report("refused", version, reason=reason)
             log.warning("engine %s: refused %s: %s", self.engine, version, reason)
             return None
-        except OSError as e:
-            reason = f"cannot map {version}: {e.strerror or e}"
+        except Exception as e:  # not cached: the next prepare tries again
+            reason = f"cannot load {version}: {e.strerror if isinstance(e, OSError) else e}"
             self._watch.report("refused", version, reason=reason)
             log.warning("engine %s: %s", self.engine, reason)
             return None
