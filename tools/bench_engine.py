@@ -284,12 +284,14 @@ class Node:
         self.pid = None
 
     def cmd(self, *args, check=True, timeout=CMD_TIMEOUT):
+        """`hwfs ARGS -m MNT`."""
         return run([HWFS, *args, "-m", self.mnt], check=check, timeout=timeout)
 
     def status(self):
         return json.loads(self.cmd("status", "--json").stdout)
 
     def mount(self, extra=()):
+        """`hwfs mount` (it daemonizes); @extra: e.g. --join URL --node N --listen ..."""
         args = [HWFS, "mount", self.mnt, "--store", self.store, "--capacity", self.capacity, *extra]
         with tempfile.TemporaryFile("w+") as out:     # a file, not a pipe: the daemon inherits it
             rc = subprocess.run(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
@@ -304,6 +306,7 @@ class Node:
         return os.path.isdir(os.path.join(self.mnt, "versions", version))
 
     def cleanup(self):
+        """Unmount (lazily if need be), SIGKILL the daemon by its pid if it stays, remove the dir."""
         try:
             if mounted(self.mnt):
                 run([HWFS, "umount", self.mnt], check=False, timeout=60)
@@ -333,9 +336,10 @@ class Engine:
         self.path = os.path.join(sockdir, f"{self.name}.sock")
         self.logpath = os.path.join(sockdir, f"{self.name}.log")
         self.procs = procs
-        self.proc, self.sock, self.buf = None, None, b""
+        self.proc, self.sock, self.buf, self.log = None, None, b"", None
 
     def start(self):
+        """Start the engine (its stderr to a log) and wait until its socket answers."""
         self.log = open(self.logpath, "ab")
         self.proc = subprocess.Popen([ENGINE, "-m", self.node.mnt, "--name", self.name, "--listen", self.path],
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
@@ -358,6 +362,7 @@ class Engine:
         if self.sock:
             self.sock.close()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)       # an engine that stops answering fails the run, not hangs it
         self.sock.connect(self.path)
         self.buf = b""
 
@@ -390,11 +395,14 @@ class Engine:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-        if getattr(self, "log", None):
+        if self.log:
             self.log.close()
+            self.log = None
 
 
 def start_coord(work, procs):
+    """`hwfs coord` on a port it picks (loopback, --insecure), in the foreground under
+    Popen; returns (Popen, the endpoint it logged, its open log file)."""
     logpath = os.path.join(work, "coord.log")
     logf = open(logpath, "ab")
     p = subprocess.Popen([HWFS, "coord", "--listen", "tcp://127.0.0.1:*", "--state",
@@ -403,9 +411,11 @@ def start_coord(work, procs):
     procs.append(p)
     end = time.monotonic() + 10
     while time.monotonic() < end:
+        with open(logpath, errors="replace") as f:
+            text = f.read()
         if p.poll() is not None:
-            raise RuntimeError(f"hwfs coord exited ({p.returncode}): {open(logpath).read()[-2000:]}")
-        m = LISTENING.search(open(logpath, errors="replace").read())
+            raise RuntimeError(f"hwfs coord exited ({p.returncode}): {text[-2000:]}")
+        m = LISTENING.search(text)
         if m:
             return p, m.group(1), logf
         time.sleep(0.05)
