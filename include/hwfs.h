@@ -117,7 +117,7 @@ struct hwfs_tensor {
 	const void *data;      /* read-only; valid until hwfs_unmap() */
 	uint64_t len;          /* bytes */
 	uint8_t hash[16];      /* XXH3-128 of the bytes, big-endian as hwfs prints it */
-	int copied;            /* 1 when the bytes could not be mapped in place (see docs) */
+	int copied;            /* 1 when the bytes could not be mapped in place (docs/libhwfs.md) */
 };
 
 /**

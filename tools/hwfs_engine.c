@@ -86,7 +86,8 @@ struct engine {
 	struct hwfs *h;
 	struct hwfs_watch *w;
 	int sigfd, listen_fd, wake[2];
-	int stop;
+	int stop; /* SIGTERM/SIGINT, or the daemon is gone */
+	int gone; /* the daemon closed the connection: exit 1 */
 	pthread_t server;
 
 	pthread_mutex_t lock;  /* served and every loaded's readers */
@@ -142,13 +143,15 @@ static const char *shape_str(uint32_t ndim, const uint64_t *shape, char *buf, si
 	return buf;
 }
 
-/* Send a report; a daemon that is gone ends the engine (exit 1). */
+/* Send a report; a daemon that is gone stops the engine (it then exits 1). */
 static void report(struct engine *e, enum hwfs_report what, const char *version,
 		   const char *reason, uint64_t pause_us)
 {
+	if (e->gone)
+		return;
 	if (hwfs_engine_report(e->w, what, version, reason, pause_us) < 0) {
 		logf_(e, "cannot report to the node: %s", hwfs_errmsg());
-		exit(1);
+		e->gone = e->stop = 1;
 	}
 }
 
@@ -695,7 +698,7 @@ static int run(struct engine *e)
 			e->stop = 1;
 	}
 	logf_(e, "stopping");
-	return 0;
+	return e->gone;
 }
 
 int main(int argc, char **argv)
@@ -736,7 +739,7 @@ int main(int argc, char **argv)
 	started = 1;
 	if (cur)
 		swap_to(&e, cur, 1);
-	rc = run(&e);
+	rc = e.gone ? 1 : run(&e);
 out:
 	if (started) {
 		if (write(e.wake[1], "x", 1) != 1)

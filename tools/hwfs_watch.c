@@ -45,7 +45,8 @@
 
 #define WATCH_USAGE                                                                              \
 	"hwfs watch [-m MOUNT] [--engine NAME] [--on-arrive CMD] [--on-commit CMD]"
-#define REASON_MAX 512 /* longest refusal reason kept (the last line of a hook's stderr) */
+#define REASON_MAX 512    /* longest refusal reason ("on-arrive hook exited N: " + a line) */
+#define LAST_LINE_MAX 384 /* longest last line of a hook's stderr kept for the reason */
 
 /* What the engine reported for a version it handled (arrived or prepared). */
 struct handled {
@@ -118,7 +119,7 @@ static void exec_hook(struct watch *s, const char *cmd, const char *event, const
 
 /*
  * Keep the last non-empty line of @buf (@len bytes, cut at newlines by the
- * caller's @line buffer) in @last.
+ * caller's @line buffer, LAST_LINE_MAX bytes like @last) in @last.
  */
 static void keep_last_line(char *line, size_t *used, const char *buf, size_t len, char *last)
 {
@@ -126,9 +127,9 @@ static void keep_last_line(char *line, size_t *used, const char *buf, size_t len
 		if (buf[i] == '\n') {
 			line[*used] = '\0';
 			if (*used)
-				snprintf(last, REASON_MAX, "%s", line);
+				memcpy(last, line, *used + 1);
 			*used = 0;
-		} else if (*used + 1 < REASON_MAX) {
+		} else if (*used + 1 < LAST_LINE_MAX) {
 			line[(*used)++] = buf[i];
 		}
 	}
@@ -144,7 +145,7 @@ static void keep_last_line(char *line, size_t *used, const char *buf, size_t len
 static int run_hook(struct watch *s, const char *cmd, const char *hook, const char *event,
 		    const char *version, char why[REASON_MAX], uint64_t *took_us)
 {
-	char last[REASON_MAX] = "", line[REASON_MAX], buf[4096];
+	char last[LAST_LINE_MAX] = "", line[LAST_LINE_MAX], buf[4096];
 	uint64_t t0 = mono_us();
 	size_t used = 0;
 	int p[2], status, r = 0;
@@ -185,7 +186,7 @@ static int run_hook(struct watch *s, const char *cmd, const char *hook, const ch
 	}
 	if (used) {
 		line[used] = '\0';
-		snprintf(last, sizeof(last), "%s", line);
+		memcpy(last, line, used + 1);
 	}
 	close(p[0]);
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)

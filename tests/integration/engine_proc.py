@@ -148,10 +148,11 @@ class WatchProc:
         threading.Thread(target=err_reader, daemon=True).start()
         return self
 
-    def wait_line(self, line, timeout=20.0):
-        """Until stdout printed exactly @line; returns every line so far."""
+    def wait_line(self, line, timeout=20.0, prefix=False):
+        """Until stdout printed exactly @line (with @prefix: a line starting with
+        it); returns every line so far."""
         end = time.monotonic() + timeout
-        while line not in self.lines:
+        while not any(ln == line or (prefix and ln.startswith(line)) for ln in self.lines):
             left = end - time.monotonic()
             if left <= 0:
                 pytest.fail(f"`{' '.join(self.args)}` did not print {line!r} within {timeout}s; "

@@ -22,6 +22,8 @@ from conftest import (CHANGED_IDX, HWFS, REPO, make_tensors, poll, save_model, s
 from engine_proc import EngineProc, engine_state, procs  # noqa: F401 (procs: fixture)
 
 BUILD = Path(HWFS).resolve().parent
+# a program linked with a sanitizer build's libhwfs needs that sanitizer's runtime
+SANITIZE = {"build-asan": ["-fsanitize=address,undefined"], "build-tsan": ["-fsanitize=thread"]}.get(BUILD.name, [])
 
 # Maps VERSION of MOUNT, writes tensor NAME's bytes to OUT and prints
 # "DIGEST DTYPE [SHAPE] copied=C".
@@ -31,26 +33,32 @@ MAP_DUMP_C = r"""
 
 int main(int argc, char **argv)
 {
-	struct hwfs *h;
-	struct hwfs_map *m;
+	struct hwfs *h = NULL;
+	struct hwfs_map *m = NULL;
 	const struct hwfs_tensor *t;
 	FILE *f;
+	int rc = 2;
 
 	if (argc != 5 || hwfs_open(argv[1], &h) < 0 || hwfs_map(h, argv[2], &m) < 0) {
 		fprintf(stderr, "map_dump: %s\n", hwfs_errmsg());
-		return 1;
+		rc = 1;
+		goto out;
 	}
 	t = hwfs_map_find(m, argv[3]);
-	if (!t || !(f = fopen(argv[4], "wb")) || fwrite(t->data, 1, t->len, f) != t->len)
-		return 2;
+	if (!t || !(f = fopen(argv[4], "wb")))
+		goto out;
+	if (fwrite(t->data, 1, t->len, f) == t->len) {
+		printf("%s %s [", hwfs_map_digest(m), t->dtype);
+		for (unsigned i = 0; i < t->ndim; i++)
+			printf("%s%llu", i ? ", " : "", (unsigned long long)t->shape[i]);
+		printf("] copied=%d\n", t->copied);
+		rc = 0;
+	}
 	fclose(f);
-	printf("%s %s [", hwfs_map_digest(m), t->dtype);
-	for (unsigned i = 0; i < t->ndim; i++)
-		printf("%s%llu", i ? ", " : "", (unsigned long long)t->shape[i]);
-	printf("] copied=%d\n", t->copied);
+out:
 	hwfs_unmap(m);
 	hwfs_close(h);
-	return 0;
+	return rc;
 }
 """
 
@@ -72,7 +80,7 @@ def map_dump(tmp_path_factory):
     """map_dump built against the tree's libhwfs (include/, build/libhwfs.so)."""
     d = tmp_path_factory.mktemp("map_dump")
     (d / "map_dump.c").write_text(MAP_DUMP_C)
-    sh(["cc", "-o", d / "map_dump", d / "map_dump.c", f"-I{REPO / 'include'}", f"-L{BUILD}",
+    sh(["cc", *SANITIZE, "-o", d / "map_dump", d / "map_dump.c", f"-I{REPO / 'include'}", f"-L{BUILD}",
         "-lhwfs", f"-Wl,-rpath,{BUILD}"])
     return d / "map_dump"
 
@@ -154,6 +162,17 @@ def test_kill9_engine_releases_registration_and_lease(mount, src, tmp_path, proc
     # the name is free again, and a restarted engine loads `current`
     eng2 = start_engine(procs, mount, "e1", tmp_path)
     eng2.wait_serving("v1")
+
+
+def test_engine_exits_1_when_the_daemon_goes(mount, src, tmp_path, procs):
+    publish(mount, src, "v1", make_tensors(seed=6, n=2))
+    mount.run("commit", "v1")
+    eng = start_engine(procs, mount, "e1", tmp_path)
+    eng.wait_serving("v1")
+    mount.umount()
+    assert eng.proc.wait(timeout=20) == 1, eng.log()
+    assert "closed the event stream" in eng.log()
+    assert not os.path.exists(eng.sock), "the engine left its socket behind"
 
 
 def test_engine_refuses_other_shapes_and_local_commit_aborts(mount, src, tmp_path, procs):
