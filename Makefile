@@ -10,6 +10,7 @@
 #   make tsan     build with ThreadSanitizer into build-tsan/
 #   make fuzz     libFuzzer targets (clang) for every parser of untrusted bytes
 #   make bench-cluster  replication benchmark in network namespaces
+#   make bench-engine   engines: zero-copy map vs load_file, commit -> all engines serving
 #
 # Dependencies are found with pkg-config; tools/install-deps.sh installs the
 # Debian and Python packages that are missing.
@@ -206,6 +207,14 @@ bench: deps
 bench-cluster: deps
 	$(MAKE) all
 	python3 tools/bench_cluster.py --reps 3
+
+# Engines: a 2 GiB version mapped zero-copy vs safetensors load_file (tmpfs,
+# mount cold and warm), and commit -> every engine serving on 4 nodes
+# (needs root for drop_caches; about a minute; --quick to check it runs).
+.PHONY: bench-engine
+bench-engine: deps
+	$(MAKE) all
+	python3 tools/bench_engine.py
 
 # ThreadSanitizer build (unit tests, and a cluster subset of the integration
 # tests, run under it in `make test`).

@@ -1,37 +1,71 @@
 #!/usr/bin/env bash
-# demo.sh — hwfs end to end on one node: two versions of a synthetic model,
-# deduplicated, diffed and committed.  Everything lives in temporary dirs
-# (the store on /dev/shm) that are unmounted and removed on exit.
+# demo.sh — the whole mission on one machine: a coordinator and three nodes
+# (A, B, C) on loopback, a C engine registered on each node, a trainer writing
+# v1 into A's mount and publishing v2, replication to B and C, the engines
+# shadow-loading each version as it arrives, one cluster-wide `hwfs commit`
+# per version, and every engine then answering the committed version (its
+# digest checked against the daemon's).  Prints a timeline: arrival per node,
+# loaded per engine, commit start/end, serving and swap pause per engine.
+#
+# Everything lives in temporary dirs (stores on /dev/shm); everything this
+# script starts (coordinator, daemons, engines) is stopped by its pid and the
+# dirs removed on exit, also on failure or Ctrl-C.
 #
 #   tools/demo.sh            (or: make demo)
-#   HWFS_BIN=/path/to/hwfs tools/demo.sh
+#   HWFS_BIN=/path/to/hwfs HWFS_ENGINE_BIN=/path/to/hwfs-engine tools/demo.sh
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HWFS=${HWFS_BIN:-$REPO/build/hwfs}
+ENGINE=${HWFS_ENGINE_BIN:-$REPO/build/hwfs-engine}
 PYTHON=${PYTHON:-python3}
 N_TENSORS=${DEMO_TENSORS:-40}
 TENSOR_MIB=${DEMO_TENSOR_MIB:-6.4} # 40 x 6.4 MiB = 256 MiB
+NODES=(A B C)
 
 [ -x "$HWFS" ] || { echo "demo: $HWFS not found; run make first" >&2; exit 1; }
+[ -x "$ENGINE" ] || { echo "demo: $ENGINE not found; run make first" >&2; exit 1; }
 
 WORK=$(mktemp -d /dev/shm/hwfs-demo-XXXXXX)
-MNT=$(mktemp -d /tmp/hwfs-demo-mnt-XXXXXX)
-STORE=$WORK/store
-SRC1=$WORK/src-v1
+MNTROOT=$(mktemp -d /tmp/hwfs-demo-mnt-XXXXXX)
 SRC2=$WORK/src-v2
-mkdir -p "$STORE" "$SRC1" "$SRC2"
-export HWFS_MOUNT=$MNT
+mkdir -p "$SRC2"
+declare -A MNT STORE ENGPID
+for n in "${NODES[@]}"; do
+	MNT[$n]=$MNTROOT/$n
+	STORE[$n]=$WORK/store-$n
+	mkdir -p "${MNT[$n]}" "${STORE[$n]}"
+done
+COORDPID= WATCH=
+export HWFS_MOUNT=${MNT[A]}
 
-mounted() { awk -v m="$MNT" '$2 == m { found = 1 } END { exit !found }' /proc/mounts; }
+mounted() { awk -v m="$1" '$2 == m { found = 1 } END { exit !found }' /proc/mounts; }
+
+# Stop a process we started: SIGTERM, then SIGKILL after 5 s.
+stop_pid() {
+	local pid=$1 i
+	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+	kill -TERM "$pid" 2>/dev/null || true
+	for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+	kill -KILL "$pid" 2>/dev/null || true
+}
 
 cleanup() {
-	local rc=$?
+	local rc=$? n pid
 	set +e
-	if mounted; then
-		timeout 60 "$HWFS" umount "$MNT" >/dev/null 2>&1 || fusermount3 -u -z "$MNT" 2>/dev/null
-	fi
-	mounted || rmdir "$MNT" 2>/dev/null
+	stop_pid "$WATCH"
+	for n in "${NODES[@]}"; do stop_pid "${ENGPID[$n]:-}"; done
+	for n in "${NODES[@]}"; do
+		mounted "${MNT[$n]}" || continue
+		pid=$("$HWFS" status --json -m "${MNT[$n]}" 2>/dev/null |
+			"$PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null)
+		timeout 60 "$HWFS" umount "${MNT[$n]}" >/dev/null 2>&1 || fusermount3 -u -z "${MNT[$n]}" 2>/dev/null
+		[ -n "$pid" ] && { for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+			kill -KILL "$pid" 2>/dev/null; }
+	done
+	stop_pid "$COORDPID"
+	for n in "${NODES[@]}"; do mounted "${MNT[$n]}" || rmdir "${MNT[$n]}" 2>/dev/null; done
+	rmdir "$MNTROOT" 2>/dev/null
 	rm -rf "$WORK"
 	[ $rc -eq 0 ] || echo "demo: failed (exit $rc)" >&2
 	exit $rc
@@ -42,74 +76,294 @@ trap 'exit 130' INT TERM
 if [ -t 1 ]; then B=$'\033[1m' N=$'\033[0m'; else B='' N=''; fi
 step() { printf '\n%s== %s%s\n' "$B" "$*" "$N"; }
 
-step "Generating a synthetic model: $N_TENSORS tensors, ~256 MiB (v1), and v2 with a tenth of them changed"
-"$PYTHON" - "$SRC1" "$SRC2" "$N_TENSORS" "$TENSOR_MIB" <<'EOF'
-import json, sys
-import numpy as np
-from safetensors.numpy import save_file
+# The demo's small Python helpers (model, daemon status over the control
+# socket, engine sockets, timeline) in one file, called as `py VERB ARGS`.
+cat >"$WORK/demo_helpers.py" <<'EOF'
+import json, os, socket, subprocess, sys, time
 
-src1, src2, n, mib = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-rows = int(mib * (1 << 20)) // (4 * 1024)
-changed = set(range(0, n, 10))  # every tenth tensor
-v1, v2 = {}, {}
-for i in range(n):
-    rng = np.random.default_rng([42, i])
-    bits = rng.integers(0, 1 << 32, size=(rows, 1024), dtype=np.uint32)
-    # Random finite float32 (exponent kept below 0xFF).
-    t = (bits & np.uint32(0xBFFFFFFF)).view(np.float32)
-    v1[f"model.layers.{i}.weight"] = t
-    v2[f"model.layers.{i}.weight"] = (t * np.float32(0.5)) if i in changed else t
-cfg = {"architectures": ["DemoForCausalLM"], "num_hidden_layers": n, "hidden_size": 1024}
-for d, tensors in ((src1, v1), (src2, v2)):
-    save_file(tensors, f"{d}/model.safetensors", metadata={"format": "np"})
-    with open(f"{d}/config.json", "w") as f:
-        json.dump(cfg, f, indent=2)
-print(f"  {n} tensors of {rows * 4096 / 2**20:.1f} MiB; v2 changes {len(changed)}: "
-      + ", ".join(f"model.layers.{i}.weight" for i in sorted(changed)))
+def ctl(mnt, req):
+    """One request on the daemon's control socket (its path: the mount root's xattr)."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.getxattr(mnt, "user.hwfs.control").decode())
+    s.sendall(json.dumps(req).encode() + b"\n")
+    buf = b""
+    while not buf.endswith(b"\n"):
+        c = s.recv(1 << 16)
+        if not c:
+            break
+        buf += c
+    s.close()
+    return json.loads(buf)
+
+def engine_query(path):
+    """One request line to an engine's socket: its answer (version, digest, ...)."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(path)
+    s.sendall(b"{}\n")
+    buf = b""
+    while not buf.endswith(b"\n"):
+        c = s.recv(1 << 16)
+        if not c:
+            break
+        buf += c
+    s.close()
+    return json.loads(buf)
+
+def pairs(args):
+    return [tuple(a.split("=", 1)) for a in args]
+
+def model(v1dir, v2dir, n, mib):
+    """The trainer: v1 straight into A's mount with safetensors, v2 into a dir to publish."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    rows = int(mib * (1 << 20)) // (4 * 1024)
+    changed = set(range(0, n, 10))  # every tenth tensor
+    v1, v2 = {}, {}
+    for i in range(n):
+        rng = np.random.default_rng([42, i])
+        bits = rng.integers(0, 1 << 32, size=(rows, 1024), dtype=np.uint32)
+        t = (bits & np.uint32(0xBFFFFFFF)).view(np.float32)  # finite float32
+        v1[f"model.layers.{i}.weight"] = t
+        v2[f"model.layers.{i}.weight"] = (t * np.float32(0.5)) if i in changed else t
+    cfg = {"architectures": ["DemoForCausalLM"], "num_hidden_layers": n, "hidden_size": 1024}
+    for d, tensors in ((v1dir, v1), (v2dir, v2)):
+        save_file(tensors, f"{d}/model.safetensors", metadata={"format": "np"})
+        with open(f"{d}/config.json", "w") as f:
+            json.dump(cfg, f, indent=2)
+    print(f"  {n} tensors of {rows * 4096 / 2**20:.1f} MiB; v2 changes {len(changed)}: "
+          + ", ".join(f"model.layers.{i}.weight" for i in sorted(changed)))
+
+def watch(version, t0, out, nodes):
+    """Until every node's engine logged @version loaded: print each arrival (the
+    engine's "arrived" event, sent by its daemon when the version is sealed
+    there) and each load as it happens, in ms after @t0 (epoch s)."""
+    t0, seen, end = float(t0), {}, time.time() + 120
+    while time.time() < end:
+        for name, _ in nodes:
+            ev = engine_log(os.path.join(os.environ["WORK"], f"eng-{name}.log"), version)
+            if "refused" in ev:
+                sys.exit(f"demo: eng-{name} refused {version}: {ev['refused'][1]}")
+            for what, label in (("arrived", f"node {name}: {version} sealed there"),
+                                ("loaded", f"engine eng-{name}: {version} shadow-loaded")):
+                if what in ev and (name, what) not in seen:
+                    seen[(name, what)] = ev[what]
+                    print(f"  {(ev[what] - t0) * 1000:+8.0f} ms  {label}", flush=True)
+        if all((name, "loaded") in seen for name, _ in nodes):
+            break
+        time.sleep(0.02)
+    else:
+        sys.exit(f"demo: {version} not loaded everywhere after 120 s: {sorted(seen)}")
+    json.dump({"t0": t0}, open(out, "w"))
+
+def commit(mnt, version, out):
+    """`hwfs commit` on @mnt, timed (the engines' swaps are read from their logs)."""
+    t0 = time.time()
+    p = subprocess.run([os.environ["HWFS"], "commit", version, "-m", mnt], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    t1 = time.time()
+    sys.stdout.write("".join("  | " + l + "\n" for l in p.stdout.splitlines()))
+    print(f"  ({(t1 - t0) * 1000:.1f} ms)")
+    if p.returncode != 0:
+        sys.exit(f"demo: hwfs commit {version} failed ({p.returncode})")
+    json.dump({"start": t0, "end": t1}, open(out, "w"))
+
+def engine_log(path, version):
+    """What an engine's stderr says about @version: {"arrived": t, "loaded": t,
+    "refused": (t, reason), "swapped": (t, pause)}, t in epoch seconds; its lines
+    start with a UTC timestamp (2026-11-23T15:09:53.731Z hwfs-engine[NAME]: ...)."""
+    import datetime
+    out = {}
+    for line in open(path, errors="replace"):
+        parts = line.split(" ", 2)
+        if len(parts) < 3:
+            continue
+        try:
+            t = datetime.datetime.strptime(parts[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                tzinfo=datetime.timezone.utc).timestamp()
+        except ValueError:
+            continue
+        msg = parts[2].strip()
+        if msg == f"arrived {version}":
+            out.setdefault("arrived", t)
+        elif msg.startswith(f"loaded {version}:"):
+            out["loaded"] = t
+        elif msg.startswith(f"refused {version}:"):
+            out["refused"] = (t, msg.split(": ", 1)[1])
+        elif msg.startswith("swapped ") and f"-> {version}: pause" in msg:
+            out["swapped"] = (t, msg.rsplit("pause ", 1)[1])
+    return out
+
+def check(version, nodes_engines):
+    """Every engine answers @version with the digest its node's daemon has for it."""
+    bad = 0
+    for arg in nodes_engines:
+        mnt, name, path = arg.split("=", 2)
+        digest = next(v["digest"] for v in ctl(mnt, {"op": "status"})["versions"] if v["name"] == version)
+        end = time.time() + 10   # the engine swaps when its daemon tells it; give it a moment
+        ans = engine_query(path)
+        while ans.get("version") != version and time.time() < end:
+            time.sleep(0.01)
+            ans = engine_query(path)
+        ok = ans.get("version") == version and ans.get("digest") == digest
+        bad += not ok
+        print(f"  {name}: {json.dumps(ans)}  {'ok' if ok else 'WRONG, daemon digest ' + digest}")
+    if bad:
+        sys.exit(f"demo: {bad} engine(s) do not serve {version}")
+
+def timeline(version, watchf, commitf, nodes):
+    """One chronological list from the engines' own log lines (1 ms) and the
+    commit, timed around the command."""
+    t0, c = json.load(open(watchf))["t0"], json.load(open(commitf))
+    ev = [(c["start"], f"hwfs commit {version}: start"),
+          (c["end"], f"hwfs commit {version}: end ({(c['end'] - c['start']) * 1000:.1f} ms)")]
+    for name, _ in nodes:
+        path = os.path.join(os.environ["WORK"], f"eng-{name}.log")
+        end = time.time() + 5    # the log line follows the swap by a moment
+        log = engine_log(path, version)
+        while "swapped" not in log and time.time() < end:
+            time.sleep(0.05)
+            log = engine_log(path, version)
+        if "swapped" not in log:
+            sys.exit(f"demo: eng-{name} logged no swap to {version}")
+        if "arrived" in log:
+            ev.append((log["arrived"], f"node {name}: {version} sealed there (its engine is told)"))
+        ev.append((log["loaded"], f"engine eng-{name}: {version} shadow-loaded (mapped, every byte verified)"))
+        ev.append((log["swapped"][0], f"engine eng-{name}: swapped to {version}, serving pause {log['swapped'][1]}"))
+    for t, what in sorted(ev):
+        print(f"  {(t - t0) * 1000:+9.1f} ms  {what}")
+    print("  (engine lines carry 1 ms timestamps; a pause of 0 us is a pointer swap under 1 us,\n"
+          "   as the engine reports whole microseconds)")
+
+verb, args = sys.argv[1], sys.argv[2:]
+if verb == "model":
+    model(args[0], args[1], int(args[2]), float(args[3]))
+elif verb == "watch":
+    watch(args[0], args[1], args[2], pairs(args[3:]))
+elif verb == "commit":
+    commit(args[0], args[1], args[2])
+elif verb == "check":
+    check(args[0], args[1:])
+elif verb == "timeline":
+    timeline(args[0], args[1], args[2], pairs(args[3:]))
+elif verb == "query":
+    print(json.dumps(engine_query(args[0])))
+else:
+    sys.exit(f"demo_helpers: unknown verb {verb}")
 EOF
-ls -lh "$SRC1"
+py() { HWFS=$HWFS WORK=$WORK "$PYTHON" "$WORK/demo_helpers.py" "$@"; }
+now() { date +%s.%N; }
+NODE_ARGS=() CHECK_ARGS=()
+for n in "${NODES[@]}"; do
+	NODE_ARGS+=("$n=${MNT[$n]}")
+	CHECK_ARGS+=("${MNT[$n]}=eng-$n=$WORK/eng-$n.sock")
+done
 
-step "Mounting hwfs at $MNT (store $STORE)"
-"$HWFS" mount "$MNT" --store "$STORE"
-ls -la "$MNT"
+step "A coordinator on loopback (it picks its port)"
+"$HWFS" coord --listen 'tcp://127.0.0.1:*' --state "$WORK/coord" --insecure -f >"$WORK/coord.log" 2>&1 &
+COORDPID=$!
+COORD=
+for i in $(seq 100); do
+	COORD=$(sed -n 's/.*coord: listening on \(tcp:[^ ]*\).*/\1/p' "$WORK/coord.log" | head -1)
+	[ -n "$COORD" ] && break
+	kill -0 "$COORDPID" 2>/dev/null || { cat "$WORK/coord.log" >&2; exit 1; }
+	sleep 0.1
+done
+[ -n "$COORD" ] || { echo "demo: the coordinator did not log its endpoint" >&2; exit 1; }
+echo "  coordinator pid $COORDPID listening on $COORD (--insecure: no keys, loopback only)"
 
-step "v1: mkdir versions/v1, cp the model in, hwfs seal v1"
-mkdir "$MNT/versions/v1"
-cp -r "$SRC1/." "$MNT/versions/v1/"
-"$HWFS" seal v1
+step "Three nodes join it: hwfs mount MNT --join $COORD --node N --listen tcp://127.0.0.1:*"
+for n in "${NODES[@]}"; do
+	"$HWFS" mount "${MNT[$n]}" --store "${STORE[$n]}" --capacity 1G \
+		--join "$COORD" --node "$n" --listen 'tcp://127.0.0.1:*' --insecure
+done
+for i in $(seq 300); do
+	alive=$("$HWFS" status --cluster --json -m "${MNT[A]}" | "$PYTHON" -c \
+		'import json,sys; print(sum(1 for n in json.load(sys.stdin).get("nodes", []) if n.get("alive")))')
+	[ "$alive" = "${#NODES[@]}" ] && break
+	sleep 0.1
+done
+[ "$alive" = "${#NODES[@]}" ] || { echo "demo: the cluster did not form" >&2; exit 1; }
+"$HWFS" status --cluster -m "${MNT[A]}"
 
-step "v2: hwfs publish (import + seal in one step)"
-"$HWFS" publish "$SRC2" v2
+step "A C engine on each node: hwfs-engine -m MNT --name eng-N --listen SOCKET"
+for n in "${NODES[@]}"; do
+	"$ENGINE" -m "${MNT[$n]}" --name "eng-$n" --listen "$WORK/eng-$n.sock" 2>"$WORK/eng-$n.log" &
+	ENGPID[$n]=$!
+done
+for n in "${NODES[@]}"; do
+	for i in $(seq 100); do
+		[ -S "$WORK/eng-$n.sock" ] && py query "$WORK/eng-$n.sock" >/dev/null 2>&1 && break
+		kill -0 "${ENGPID[$n]}" 2>/dev/null || { cat "$WORK/eng-$n.log" >&2; exit 1; }
+		sleep 0.1
+	done
+	echo "  eng-$n (pid ${ENGPID[$n]}) answers: $(py query "$WORK/eng-$n.sock")"
+done
 
-step "ls $MNT/versions"
-ls -l "$MNT/versions"
+step "v1: the trainer writes it with safetensors straight into A's mount, then hwfs seal v1"
+echo "  ($N_TENSORS tensors, ~256 MiB; v2 is written to $SRC2 with a tenth of them changed)"
+T0=$(now)
+py watch v1 "$T0" "$WORK/watch-v1.json" "${NODE_ARGS[@]}" >"$WORK/watch-v1.txt" &
+WATCH=$!
+mkdir "${MNT[A]}/versions/v1"
+py model "${MNT[A]}/versions/v1" "$SRC2" "$N_TENSORS" "$TENSOR_MIB"
+"$HWFS" seal v1 -m "${MNT[A]}"
+wait $WATCH
+cat "$WORK/watch-v1.txt"
+ls -l "${MNT[C]}/versions/v1"
 
-step "Per-tensor view of v2 (first entries) and their xattrs"
-ls "$MNT/versions/v2/tensors" | head -5 || true
-getfattr -d -m 'user.hwfs' "$MNT/versions/v2/tensors/model.layers.0.weight" 2>/dev/null || true
+step "hwfs commit v1 (two-phase: every node's engine has v1 loaded, so every node is ready)"
+py commit "${MNT[B]}" v1 "$WORK/commit-v1.json"
+py check v1 "${CHECK_ARGS[@]}"
+
+step "v2: hwfs publish on A (import + seal in one step); B and C receive only the changed shards"
+T0=$(now)
+py watch v2 "$T0" "$WORK/watch-v2.json" "${NODE_ARGS[@]}" >"$WORK/watch-v2.txt" &
+WATCH=$!
+"$HWFS" publish "$SRC2" v2 -m "${MNT[A]}"
+wait $WATCH
+cat "$WORK/watch-v2.txt"
+for n in "${NODES[@]}"; do "$HWFS" status -m "${MNT[$n]}" | sed -n "s/^engine: */  node $n: engine /p"; done
+
+step "Per-tensor view of v2 on C (first entries) and their xattrs"
+ls "${MNT[C]}/versions/v2/tensors" | head -5 || true
+getfattr -d -m 'user.hwfs' "${MNT[C]}/versions/v2/tensors/model.layers.0.weight" 2>/dev/null || true
 
 step "hwfs diff v1 v2"
-"$HWFS" diff v1 v2
+"$HWFS" diff v1 v2 -m "${MNT[C]}"
 
-step "hwfs status (deduplication: stored bytes vs logical bytes)"
-"$HWFS" status
-"$HWFS" status --json | "$PYTHON" -c '
+step "Deduplication on every node: stored bytes vs logical bytes"
+for n in "${NODES[@]}"; do
+	"$HWFS" status --json -m "${MNT[$n]}" | "$PYTHON" -c '
 import json, sys
 s = json.load(sys.stdin)
 used = s["store"]["used_bytes"]
 logical = sum(v["bytes"] for v in s["versions"])
-print(f"  logical bytes of all versions: {logical / 2**20:9.1f} MiB")
-print(f"  bytes stored in the arena:     {used / 2**20:9.1f} MiB  ({used / logical:.0%} of logical)")
-'
+print(f"  node {sys.argv[1]}: logical {logical / 2**20:6.1f} MiB, stored {used / 2**20:6.1f} MiB ({used / logical:.0%})")
+' "$n"
+done
 
-step "hwfs commit v2 (atomic flip of $MNT/current)"
-"$HWFS" commit v2
-ls -l "$MNT/current"
+step "hwfs commit v2, from node B: every engine swaps to the v2 it already loaded"
+py commit "${MNT[B]}" v2 "$WORK/commit-v2.json"
+py check v2 "${CHECK_ARGS[@]}"
+for n in "${NODES[@]}"; do echo "  node $n: current -> $(readlink "${MNT[$n]}/current")"; done
+for n in "${NODES[@]}"; do "$HWFS" status -m "${MNT[$n]}" | sed -n "s/^engine: */  node $n: engine /p"; done
 "$PYTHON" -c 'import sys; from safetensors import safe_open
 f = safe_open(sys.argv[1], framework="numpy")
-print("  current/model.safetensors opens with safetensors:", len(list(f.keys())), "tensors")' \
-	"$MNT/current/model.safetensors"
+print("  C: current/model.safetensors opens with safetensors:", len(list(f.keys())), "tensors")' \
+	"${MNT[C]}/current/model.safetensors"
 
-step "hwfs umount"
-"$HWFS" umount "$MNT"
+step "Timeline of v1 (ms after the trainer started writing it)"
+py timeline v1 "$WORK/watch-v1.json" "$WORK/commit-v1.json" "${NODE_ARGS[@]}"
+step "Timeline of v2 (ms after hwfs publish v2 started)"
+py timeline v2 "$WORK/watch-v2.json" "$WORK/commit-v2.json" "${NODE_ARGS[@]}"
+
+step "The engines' own event lines (stderr)"
+for n in "${NODES[@]}"; do sed "s/^/  eng-$n: /" "$WORK/eng-$n.log" | tail -6; done
+
+step "Stopping: engines, then hwfs umount on every node, then the coordinator"
+for n in "${NODES[@]}"; do stop_pid "${ENGPID[$n]}"; ENGPID[$n]=; done
+for n in "${NODES[@]}"; do "$HWFS" umount "${MNT[$n]}"; done
+stop_pid "$COORDPID"
+COORDPID=
 echo "demo: done"
