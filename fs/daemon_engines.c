@@ -131,7 +131,7 @@ static json_t *map_file(struct daemon *d, const struct hwfs_frec *f, struct map_
 			goto out;
 	}
 	for (size_t i = 0; i < f->n_tensors; i++) {
-		const struct hwfs_tensor *t = &f->tensors[i];
+		const struct hwfs_trec *t = &f->tensors[i];
 		json_t *shape = json_array();
 
 		for (uint32_t k = 0; shape && k < t->ndim; k++)

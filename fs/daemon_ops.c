@@ -465,7 +465,7 @@ static json_t *tensor_map(const struct hwfs_vrec *v)
 
 	for (size_t i = 0; i < v->n_files; i++)
 		for (size_t j = 0; j < v->files[i].n_tensors; j++) {
-			const struct hwfs_tensor *t = &v->files[i].tensors[j];
+			const struct hwfs_trec *t = &v->files[i].tensors[j];
 
 			json_object_set_new(m, t->name,
 					    json_pack("{s:o, s:I}", "hash", proto_hash_json(&t->hash),

@@ -474,7 +474,7 @@ static int xattr_value(fuse_req_t req, struct node *n, const char *name, char *b
 		return snprintf(buf, len, "%s", hex);
 	}
 	if (n->type == NT_TENSOR && n->tensor) {
-		const struct hwfs_tensor *t = n->tensor;
+		const struct hwfs_trec *t = n->tensor;
 
 		if (!strcmp(name, "user.hwfs.dtype"))
 			return snprintf(buf, len, "%s", t->dtype);

@@ -64,7 +64,7 @@ struct hwfs_extent {
 };
 
 /** One tensor of a safetensors file. @off is the absolute offset in the file. */
-struct hwfs_tensor {
+struct hwfs_trec {
 	char *name;
 	char dtype[16];
 	uint32_t ndim;
@@ -86,7 +86,7 @@ struct hwfs_frec {
 	size_t n_ext;               /* regular files: extents sorted by off, covering [0,size) */
 	struct hwfs_extent *ext;
 	size_t n_tensors;           /* safetensors files that parsed: tensors sorted by off */
-	struct hwfs_tensor *tensors;
+	struct hwfs_trec *tensors;
 	char *st_error;             /* *.safetensors that did not parse: why; else NULL */
 };
 

@@ -189,7 +189,7 @@ static int bind_text_or_null(sqlite3_stmt *st, int i, const char *s)
 
 /* ---- shape <-> "[a,b,c]" ---- */
 
-static char *shape_to_json(const struct hwfs_tensor *t)
+static char *shape_to_json(const struct hwfs_trec *t)
 {
 	size_t cap = 3 + (size_t)t->ndim * 21, n = 0;
 	char *s = malloc(cap);
@@ -205,7 +205,7 @@ static char *shape_to_json(const struct hwfs_tensor *t)
 }
 
 /* Parse "[]" or "[1,2,3]" of decimal uint64 values. */
-static int shape_from_json(const char *s, struct hwfs_tensor *t)
+static int shape_from_json(const char *s, struct hwfs_trec *t)
 {
 	uint32_t nd = 0;
 	uint64_t *shape = NULL;
@@ -530,7 +530,7 @@ int index_put_version(struct index *ix, const struct hwfs_vrec *v,
 
 		sqlite3_bind_text(stn, 2, f->path, -1, SQLITE_STATIC);
 		for (size_t j = 0; j < f->n_tensors; j++) {
-			const struct hwfs_tensor *t = &f->tensors[j];
+			const struct hwfs_trec *t = &f->tensors[j];
 
 			shape = shape_to_json(t);
 			if (!shape) {
@@ -768,7 +768,7 @@ static int load_tensors(sqlite3 *db, struct hwfs_vrec *v)
 	while ((s = sqlite3_step(st)) == SQLITE_ROW) {
 		const char *path = (const char *)sqlite3_column_text(st, 0);
 		const char *dtype = (const char *)sqlite3_column_text(st, 2);
-		struct hwfs_tensor *t;
+		struct hwfs_trec *t;
 
 		if (!path || !dtype) {
 			rc = sqerr(db, "tensor without path or dtype");

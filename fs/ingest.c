@@ -452,10 +452,10 @@ size_t writer_read(struct writer *w, uint64_t off, size_t len, uint8_t *buf)
 	return done;
 }
 
-struct hwfs_tensor *ingest_tensor_hashes(struct store *s, const struct st_header *hdr,
+struct hwfs_trec *ingest_tensor_hashes(struct store *s, const struct st_header *hdr,
 					 const struct fext *ext, size_t n_ext)
 {
-	struct hwfs_tensor *t = calloc(hdr->n ? hdr->n : 1, sizeof(*t));
+	struct hwfs_trec *t = calloc(hdr->n ? hdr->n : 1, sizeof(*t));
 
 	if (!t)
 		return NULL;

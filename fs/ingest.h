@@ -40,7 +40,7 @@ struct ingest_result {
 	size_t n_ext;
 	struct fext *ext;            /* one reference held on each shard */
 	struct st_header *hdr;       /* header when the bytes are valid safetensors */
-	struct hwfs_tensor *tensors; /* hdr->n tensors with hashes, or NULL */
+	struct hwfs_trec *tensors; /* hdr->n tensors with hashes, or NULL */
 	size_t n_tensors;
 	char *st_error;              /* why the bytes are not valid safetensors */
 };
@@ -95,7 +95,7 @@ void ingest_result_clear(struct store *s, struct ingest_result *res);
  * when a tensor is exactly one extent, else hashed over its extents.
  * Returns a calloc'd array of hdr->n entries, or NULL on -ENOMEM.
  */
-struct hwfs_tensor *ingest_tensor_hashes(struct store *s, const struct st_header *hdr,
+struct hwfs_trec *ingest_tensor_hashes(struct store *s, const struct st_header *hdr,
 					 const struct fext *ext, size_t n_ext);
 
 /** Index of the extent holding @off (binary search), or n_ext if none. */

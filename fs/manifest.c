@@ -189,7 +189,7 @@ static int cmp_extent_hash(const void *a, const void *b)
 	return x->len < y->len ? -1 : x->len > y->len;
 }
 
-static int build_tensor(const struct hwfs_tensor *t, json_t **out)
+static int build_tensor(const struct hwfs_trec *t, json_t **out)
 {
 	json_t *o = json_object(), *shape = json_array();
 	char dtype[sizeof(t->dtype) + 1];
@@ -688,7 +688,7 @@ static int parse_extents(struct pctx *c, const char *where, json_t *arr, struct 
 }
 
 static int parse_tensor(struct pctx *c, const char *where, json_t *o, const struct hwfs_frec *f,
-			struct hwfs_tensor *t)
+			struct hwfs_trec *t)
 {
 	static const char *const keys[] = {"name", "dtype", "shape", "offset", "length", "hash",
 					   NULL};

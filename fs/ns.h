@@ -76,7 +76,7 @@ struct node {
 	struct ingest_result data; /* NT_REG when not being written; NT_TENSOR: its bytes */
 
 	char *target;                 /* NT_LNK, NT_RLNK */
-	const struct hwfs_tensor *tensor; /* NT_TENSOR: metadata (owned by the file node) */
+	const struct hwfs_trec *tensor; /* NT_TENSOR: metadata (owned by the file node) */
 	struct node *tfile;           /* NT_TENSOR: the file it comes from (pinned) */
 	uint32_t pins;                /* NT_REG: tensor nodes pointing at it */
 	int write_error; /* NT_REG (under mu): errno of a write or truncation that failed

@@ -203,7 +203,7 @@ int ns_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
 	int r;
 
 	if (n->type == NT_TENSOR) {
-		const struct hwfs_tensor *t = n->tensor;
+		const struct hwfs_trec *t = n->tensor;
 
 		if (!t || !n->tfile)
 			return -ESTALE;

@@ -131,7 +131,7 @@ void version_finish_tree(struct ns *ns, struct version *v)
 		if (!tdir)
 			continue;
 		for (size_t i = 0; i < f->data.n_tensors; i++) {
-			const struct hwfs_tensor *t = &f->data.tensors[i];
+			const struct hwfs_trec *t = &f->data.tensors[i];
 			char *fname = tensor_fname(t->name);
 			struct node *tn;
 

@@ -325,7 +325,7 @@ static int build_vrec(struct ns *ns, struct version *v, struct hwfs_vrec **out,
 			if (!f->tensors)
 				goto out;
 			for (size_t i = 0; i < n->data.n_tensors; i++) {
-				struct hwfs_tensor *t = &f->tensors[i];
+				struct hwfs_trec *t = &f->tensors[i];
 
 				*t = n->data.tensors[i];
 				t->name = strdup(t->name);

@@ -234,7 +234,7 @@ static void assert_frec_equal(const struct hwfs_frec *a, const struct hwfs_frec 
 	}
 	assert_int_equal(a->n_tensors, b->n_tensors);
 	for (size_t i = 0; i < a->n_tensors; i++) {
-		const struct hwfs_tensor *x = &a->tensors[i], *y = &b->tensors[i];
+		const struct hwfs_trec *x = &a->tensors[i], *y = &b->tensors[i];
 
 		assert_string_equal(x->name, y->name);
 		assert_string_equal(x->dtype, y->dtype);
@@ -507,7 +507,7 @@ static void test_order(void **state)
 	struct index *ix = NULL;
 	struct hwfs_vrec *z = make_vrec("z", 5), *y = make_vrec("y", 2), **vs = NULL;
 	struct hwfs_extent tmp;
-	struct hwfs_tensor tt;
+	struct hwfs_trec tt;
 	size_t n = 0;
 
 	/* Reverse extents, tensors and files of z on the way in; they come back sorted. */

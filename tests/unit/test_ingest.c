@@ -375,7 +375,7 @@ static void check_tensors(const struct ingest_result *r, const struct img *im,
 	assert_non_null(r->tensors);
 	assert_int_equal(r->n_tensors, im->n);
 	for (size_t i = 0; i < im->n; i++) {
-		const struct hwfs_tensor *x = NULL;
+		const struct hwfs_trec *x = NULL;
 		hwfs_hash_t h;
 
 		for (size_t k = 0; k < r->n_tensors; k++)

@@ -162,7 +162,7 @@ static void assert_content_equal(const struct hwfs_vrec *a, const struct hwfs_vr
 		}
 		assert_int_equal(x->n_tensors, y->n_tensors);
 		for (size_t j = 0; j < x->n_tensors; j++) {
-			const struct hwfs_tensor *s = &x->tensors[j], *t = &y->tensors[j];
+			const struct hwfs_trec *s = &x->tensors[j], *t = &y->tensors[j];
 
 			assert_string_equal(s->name, t->name);
 			assert_string_equal(s->dtype, t->dtype);
