@@ -366,6 +366,32 @@ static int by_off_cmp(const void *a, const void *b)
 	return (x->off > y->off) - (x->off < y->off);
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
+
+/*
+ * Fill the page tables of every tensor mapped in place (not the copies),
+ * so that the first use after a shadow-load takes no page fault: the kernel
+ * maps a tensor's resident pages in one call instead of one fault per
+ * 64 KiB (fault-around) as it is first read.  Best effort: a kernel without
+ * MADV_POPULATE_READ leaves the pages to be faulted in on use.
+ */
+static void populate(struct hwfs_map *m, uint64_t page)
+{
+	for (size_t i = 0; i < m->n; i++) {
+		const struct hwfs_tensor *t = &m->t[i];
+		uintptr_t a, e;
+
+		if (t->copied || !t->len)
+			continue;
+		a = (uintptr_t)t->data & ~(uintptr_t)(page - 1);
+		e = (uintptr_t)t->data + t->len;
+		if (madvise((void *)a, e - a, MADV_POPULATE_READ) < 0 && errno == EINVAL)
+			return; /* not supported here */
+	}
+}
+
 /*
  * Build every tensor of answer @res into @m, with the arena already mapped
  * and its descriptor @afd.  Returns 0 or -errno (sentence set).
@@ -532,6 +558,7 @@ int hwfs_map(struct hwfs *h, const char *version, struct hwfs_map **out)
 	r = build_tensors(m, m->reply, afd, page);
 	if (r < 0)
 		goto out;
+	populate(m, page);
 	*out = m;
 	m = NULL;
 out:
