@@ -233,6 +233,7 @@ static void hello(struct agent *a)
 			      "versions", vers, "current", cur ? json_string(cur) : json_null());
 
 	json_object_set_new(h, "session", json_string(a->session));
+	__atomic_store_n(&a->engines_changed, 0, __ATOMIC_RELAXED); /* before the list is read */
 	if (a->engines) /* the coordinator shows them in `hwfs status --cluster` */
 		json_object_set_new(h, "engines", a->engines(a->arg) ?: json_array());
 	if (a->keys) /* pullers reach our data socket with it */
@@ -505,6 +506,20 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 	}
 }
 
+/*
+ * Is a HELLO due: a heartbeat period since the last one, or an engine changed
+ * (so `hwfs status --cluster` shows what engines serve right after a swap),
+ * at most one such early HELLO per ENGINES_HELLO_GAP_S.
+ */
+static int hello_due(struct agent *a)
+{
+	double since = now_s() - a->last_hello;
+
+	return since >= ms_s(hwfs_tun.heartbeat_ms) ||
+	       (__atomic_load_n(&a->engines_changed, __ATOMIC_RELAXED) &&
+		since >= ENGINES_HELLO_GAP_S);
+}
+
 static void *agent_main(void *arg)
 {
 	struct agent *a = arg;
@@ -537,7 +552,7 @@ static void *agent_main(void *arg)
 			handle(a, p->sock, 0, p->addr);
 		pull_pump(a);
 		barrier_check(a);
-		if (now_s() - a->last_hello >= ms_s(hwfs_tun.heartbeat_ms))
+		if (hello_due(a))
 			hello(a);
 	}
 	return NULL;
@@ -681,7 +696,10 @@ void agent_stop(struct agent *a)
 /* Wake the agent's loop now (any thread): see agent.h. */
 void agent_wake(void *agent)
 {
-	wake(agent);
+	struct agent *a = agent;
+
+	__atomic_store_n(&a->engines_changed, 1, __ATOMIC_RELAXED);
+	wake(a);
 }
 
 void agent_sealed(void *agent, const char *name)

@@ -67,7 +67,8 @@ void agent_sealed(void *agent, const char *name);
 /**
  * agent_wake() - (any thread, never blocks) make the agent's loop run a pass
  * now: an engine reported or went away, so a pending barrier is re-checked
- * at once rather than at the next poll timeout.
+ * at once rather than at the next poll timeout, and the coordinator hears
+ * the node's engines in an early HELLO.
  */
 void agent_wake(void *agent);
 

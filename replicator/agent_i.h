@@ -26,6 +26,7 @@
 #define LOOP_TICK_MS 100      /* longest poll: how late a timer of the loop may fire */
 #define CALL_CHECK_MS 500     /* agent_call() looks at the coordinator's silence this often */
 #define PULLS_SNAPSHOT_S 0.25 /* agent_pulls() is at most this old (agent.h) */
+#define ENGINES_HELLO_GAP_S 0.05 /* an engine change reaches the coordinator at most this late */
 #define HANDLE_BURST 256      /* messages taken from one socket before looking at the others */
 
 /* Where one shard of a version being pulled stands. */
@@ -158,6 +159,7 @@ struct agent {
 	uint64_t applied_epoch, pending_epoch;
 	int flip_failing; /* the last flip to the cluster's version failed (logged once) */
 	double last_hello;
+	int engines_changed; /* atomic: set by agent_wake(); the next HELLO comes early */
 	int64_t last_coord_ns; /* atomic: monotonic ns of the last coordinator message */
 	int coord_send_failing; /* the last send to the coordinator failed (warned once) */
 	char session[33];      /* this incarnation, so the coordinator notices a restart */

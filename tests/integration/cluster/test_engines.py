@@ -164,3 +164,30 @@ def test_restarted_engine_loads_current(net, procs, tmp_path, models):
     assert again.wait_serving("v2")["digest"] == d2
     st = engine_state(net["B"], "e-B")
     assert st["serving"] == "v2" and st["pid"] == again.pid, st
+
+
+@pytest.mark.limit(90)
+def test_cluster_status_shows_a_swap_before_the_next_heartbeat(net, procs, tmp_path, models):
+    """Heartbeats every 60 s: what `status --cluster` shows of the engines can only come
+    from the early HELLO a node sends when one of its engines reports."""
+    slow = {"heartbeat_ms": 60000, "coord_silence_ms": 180000}
+    net.start_coord(tunables={"node_dead_ms": 180000})
+    for name in ("A", "B"):
+        net.add(name, extra=[x for k, v in slow.items() for x in ("-o", f"{k}={v}")])
+    net.wait_alive(["A", "B"], viewer=net["A"])
+    d1 = net.publish("A", models["v1"].path, "v1")
+    net.wait_version("v1", d1)
+    net["B"].run("commit", "v1")
+    d2 = net.publish("A", models["v2"].path, "v2")
+    net.wait_version("v2", d2)
+    engines = {name: start_engine(net, procs, tmp_path, name) for name in ("A", "B")}
+    for e in engines.values():
+        assert e.wait_serving("v1")["digest"] == d1
+
+    def serving(v):
+        cs = net["A"].try_cluster_status()
+        return cs and all([e.get("serving") for e in (node_view(cs, n) or {}).get("engines", [])]
+                          == [v] for n in ("A", "B"))
+    assert poll(lambda: serving("v1"), timeout=10), net["A"].try_cluster_status()
+    net["A"].run("commit", "v2")
+    assert poll(lambda: serving("v2"), timeout=10), net["A"].try_cluster_status()
