@@ -1,20 +1,19 @@
 """benchlib.py — helpers shared by the benchmarks (tools/bench.py,
 tools/bench_cluster.py, tools/bench_engine.py).
 
-The three scripts start hwfs daemons, time commands and write a report, and
-they did the same small things in the same way; those things live here, once:
-running a command that must succeed (its stderr in the error), a log line with
+The three scripts start hwfs daemons, time commands and write a report; the
+small things they all do live here, once: running a command that must succeed (its stderr in the error), a log line with
 the script's prefix, the nearest-rank percentile, /proc/mounts and pid checks,
 dropping the page cache, `hwfs mount` (a command whose daemon stays behind)
 and the teardown of a mounted node (`hwfs umount`, a lazy unmount if it stays
 mounted, SIGKILL to its daemon by pid), stopping a process started with Popen,
 the tail of a log, the header of a safetensors file, the description of the
-machine and the git revision, Ctrl-C/SIGTERM handling around a teardown, and
-writing the results as JSON.
+machine and the git revision, Ctrl-C/SIGTERM handling around a teardown, a
+table cell that may be empty, and writing the results as JSON.
 
-Nothing here keeps state and nothing runs on import: each script passes what
-differs (its hwfs binary, which may be a private copy, and its timeouts).  The
-scripts run as `python3 tools/bench_X.py`, so this directory is on sys.path.
+Nothing here keeps state and no command runs on import: each script passes
+what differs (its hwfs binary, which may be a private copy, and its timeouts).
+The scripts run as `python3 tools/bench_X.py`, so this directory is on sys.path.
 """
 
 import io
