@@ -13,7 +13,8 @@ on tmpfs, mounts hwfs with its store on /dev/shm and measures, in one run:
 Read and copy baselines are the same operation on the tmpfs source, timed
 right next to each hwfs repetition.  Every timing is repeated (--reps, default
 3) and the MEDIAN is reported and judged (best and all samples are in the JSON).  GB/s means 10^9 bytes per second.  Results go to
-stdout as a table and to build/bench.json.
+stdout as a table and to build/bench.json.  The helpers it shares with the
+other benchmarks are in tools/benchlib.py.
 
   python3 tools/bench.py                   full run
   python3 tools/bench.py --baseline-only   tmpfs baselines only (no hwfs needed)
@@ -24,17 +25,16 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-HWFS = os.environ.get("HWFS_BIN") or str(REPO / "build" / "hwfs")
+from benchlib import (HWFS, REPO, drop_caches, fmt, logger, mount_daemon, mounted, run, safetensors_header,
+                      stop_node, write_json)
+
 CMD_TIMEOUT = 600
 SEED = 20240601
 TARGETS = {  # metric -> (comparison, threshold)
@@ -45,16 +45,8 @@ TARGETS = {  # metric -> (comparison, threshold)
 }
 
 
-def log(msg):
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-
-def run(args, timeout=CMD_TIMEOUT, check=True, **kw):
-    args = [str(a) for a in args]
-    cp = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
-    if check and cp.returncode != 0:
-        raise RuntimeError(f"`{' '.join(args)}` failed ({cp.returncode}): {cp.stderr.strip()}")
-    return cp
+log = logger("bench")
+DROP = 1                  # what drop_caches drops: the page cache (FUSE pages; tmpfs pages stay)
 
 
 def timed(args, **kw):
@@ -71,17 +63,6 @@ def timed(args, **kw):
 
 def sync():
     subprocess.run(["sync"], timeout=CMD_TIMEOUT)
-
-
-def drop_caches():
-    """Drop the clean page cache (FUSE pages; tmpfs pages are not dropped). True if done."""
-    sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-        return True
-    except OSError:
-        return False
 
 
 def stats(nbytes, secs):
@@ -106,23 +87,14 @@ def write_model(path, n, tensor_mib):
     nbytes = int(tensor_mib * (1 << 20)) // 8192 * 8192
     cols = 4096
     rows = nbytes // 2 // cols
-    header, off = {"__metadata__": {"format": "pt", "generator": "hwfs bench"}}, 0
-    names = []
-    for i in range(n):
-        name = f"model.layers.{i:03d}.weight"
-        header[name] = {"dtype": "F16", "shape": [rows, cols], "data_offsets": [off, off + nbytes]}
-        names.append((name, off))
-        off += nbytes
-    hj = json.dumps(header, separators=(",", ":")).encode()
-    hj += b" " * (-len(hj) % 8)
-    data_start = 8 + len(hj)
+    names = [f"model.layers.{i:03d}.weight" for i in range(n)]
+    head, offsets, size = safetensors_header([(name, "F16", [rows, cols]) for name in names], "hwfs bench")
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hj)))
-        f.write(hj)
+        f.write(head)
         for i in range(n):
             f.write(tensor_bytes(i, nbytes))
-    return {"path": str(path), "bytes": data_start + off, "tensor_bytes": nbytes, "data_start": data_start,
-            "tensors": names}
+    return {"path": str(path), "bytes": len(head) + size, "tensor_bytes": nbytes, "data_start": len(head),
+            "tensors": list(zip(names, offsets))}
 
 
 def make_changed_copy(model, dst, changed_idx):
@@ -146,7 +118,7 @@ class Hwfs:
         self.pid = None
 
     def cmd(self, *args, check=True):
-        return run([HWFS, *args, "-m", self.mnt], check=check)
+        return run([HWFS, *args, "-m", self.mnt], check=check, timeout=CMD_TIMEOUT)
 
     def status(self):
         return json.loads(self.cmd("status", "--json").stdout)
@@ -155,17 +127,11 @@ class Hwfs:
         return self.status()["store"]["used_bytes"]
 
     def mount(self):
-        with tempfile.TemporaryFile("w+") as out:
-            rc = subprocess.run([HWFS, "mount", self.mnt, "--store", self.store, "--capacity", self.capacity],
-                                stdout=out, stderr=out, stdin=subprocess.DEVNULL, timeout=120).returncode
-            out.seek(0)
-            if rc != 0:
-                raise RuntimeError(f"hwfs mount failed ({rc}): {out.read().strip()}")
-        self.pid = self.status()["pid"]
+        mount_daemon([HWFS, "mount", self.mnt, "--store", self.store, "--capacity", self.capacity])
+        self.pid = int(self.status()["pid"])
 
     def mounted(self):
-        with open("/proc/mounts") as f:
-            return any(line.split()[1] == self.mnt for line in f if len(line.split()) > 1)
+        return mounted(self.mnt)
 
     def wait_used(self, pred, timeout=30.0):
         end = time.monotonic() + timeout
@@ -176,20 +142,7 @@ class Hwfs:
         return False
 
     def cleanup(self):
-        try:
-            if self.mounted():
-                subprocess.run([HWFS, "umount", self.mnt], capture_output=True, timeout=120)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.mounted():
-            subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True, timeout=60)
-        if self.pid:
-            try:
-                with open(f"/proc/{self.pid}/cmdline", "rb") as f:
-                    if b"hwfs" in f.read():
-                        os.kill(self.pid, signal.SIGKILL)
-            except (OSError, ProcessLookupError):
-                pass
+        stop_node(HWFS, self.mnt, self.pid, umount_timeout=120, lazy_timeout=60)
 
 
 # --------------------------------------------------------------------------
@@ -298,7 +251,7 @@ def main():
         dropped = []
 
         def cold_read():
-            dropped.append(drop_caches())
+            dropped.append(drop_caches(DROP, timeout=CMD_TIMEOUT))
             return timed(["cat", V1F])
 
         M["read_cold"] = paired("read cold", tmpfs_read, cold_read)
@@ -370,10 +323,6 @@ def finish(res, json_path):
         ok = ratio >= thr if op == ">=" else ratio <= thr
         return f"{op} {thr:g}", "PASS" if ok else "MISS"
 
-    def fmt(v, spec):
-        width = int(spec.split(".")[0])
-        return f"{'-':>{width}}" if v is None else format(v, spec)
-
     for label, hv, bv, ratio, key in rows:
         tgt, v = verdict(key, ratio)
         verdicts[key] = v
@@ -388,10 +337,7 @@ def finish(res, json_path):
     if "read_cold" in M and M["read_cold"].get("caches_dropped") is False:
         print("  note: drop_caches was not permitted; 'read cold' ran with a warm page cache")
     res["verdicts"] = verdicts
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w") as f:
-        json.dump(res, f, indent=2)
-        f.write("\n")
+    write_json(res, json_path)
     print(f"\nresults written to {json_path}")
     return 0
 

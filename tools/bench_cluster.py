@@ -45,6 +45,7 @@ CPU seconds for that reason.
 Everything this script creates (namespaces, veths, bridge, mounts, processes,
 temp dirs) carries the script's pid in its name and is torn down in a finally
 block, also on Ctrl-C or SIGTERM.  Needs root, iproute2, rsync, fuse3, numpy.
+The helpers it shares with the other benchmarks are in tools/benchlib.py.
 
   python3 tools/bench_cluster.py              full run (several minutes)
   python3 tools/bench_cluster.py --quick      N = 2, 4 and 256 MiB (development)
@@ -53,23 +54,20 @@ block, also on Ctrl-C or SIGTERM.  Needs root, iproute2, rsync, fuse3, numpy.
 
 import argparse
 import json
-import math
 import os
-import platform
 import resource
 import shutil
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-HWFS = os.environ.get("HWFS_BIN") or str(REPO / "build" / "hwfs")
-CMD_TIMEOUT = 120
+from benchlib import (CMD_TIMEOUT, HWFS, REPO, fmt, git_describe, ignore_interrupts, interrupt_on_term, logger,
+                      machine, mount_daemon, mounted, pctl, read_log, run, safetensors_header, stop_node, stop_proc,
+                      tail, write_json)
+
 SEED = 20240607
 SUBNET = "10.201.7"          # /24 that exists only inside this script's namespaces
 COORD_IP = f"{SUBNET}.2"
@@ -85,16 +83,7 @@ PID = os.getpid()
 TAG = f"hwfsb{PID}"          # every name this run creates starts with it
 
 
-def log(msg):
-    print(f"bench-cluster: {msg}", file=sys.stderr, flush=True)
-
-
-def run(args, timeout=CMD_TIMEOUT, check=True, **kw):
-    args = [str(a) for a in args]
-    cp = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
-    if check and cp.returncode != 0:
-        raise RuntimeError(f"`{' '.join(args)}` failed ({cp.returncode}): {cp.stderr.strip()}")
-    return cp
+log = logger("bench-cluster")
 
 
 def rate_bps(rate):
@@ -104,12 +93,6 @@ def rate_bps(rate):
         if r.endswith(suf):
             return float(r[: -len(suf)]) * mul
     raise ValueError(f"rate {rate!r}: use e.g. 2gbit or 500mbit")
-
-
-def pctl(xs, p):
-    """Nearest-rank percentile."""
-    s = sorted(xs)
-    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
 
 
 def proc_cpu_s(pid):
@@ -141,16 +124,6 @@ def machine_cpu():
     return total - idle, total
 
 
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def kill_group(p):
     """SIGKILL the process group led by Popen @p (started with start_new_session) and reap @p."""
     try:
@@ -163,11 +136,6 @@ def kill_group(p):
         pass
 
 
-def mounted(path):
-    with open("/proc/mounts") as f:
-        return any(len(l.split()) > 1 and l.split()[1] == path for l in f)
-
-
 # --------------------------------------------------------------------------
 # the model: N random float16 tensors in one safetensors file, written once
 
@@ -178,21 +146,15 @@ def write_model(path, n, tensor_mib, seed):
     nbytes = int(tensor_mib * (1 << 20)) // 8192 * 8192
     cols = 4096
     rows = nbytes // 2 // cols
-    header, off = {"__metadata__": {"format": "pt", "generator": "hwfs bench-cluster"}}, 0
-    for i in range(n):
-        header[f"model.layers.{i:03d}.weight"] = {"dtype": "F16", "shape": [rows, cols],
-                                                  "data_offsets": [off, off + nbytes]}
-        off += nbytes
-    hj = json.dumps(header, separators=(",", ":")).encode()
-    hj += b" " * (-len(hj) % 8)
+    head, _, size = safetensors_header([(f"model.layers.{i:03d}.weight", "F16", [rows, cols]) for i in range(n)],
+                                       "hwfs bench-cluster")
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hj)))
-        f.write(hj)
+        f.write(head)
         for i in range(n):
             rng = np.random.default_rng([seed, i])
             bits = rng.integers(0, 1 << 16, size=nbytes // 2, dtype=np.uint16)
             f.write((bits & np.uint16(0xBFFF)).tobytes())  # finite float16 values
-    return 8 + len(hj) + off
+    return len(head) + size
 
 
 # --------------------------------------------------------------------------
@@ -311,50 +273,24 @@ class Node:
             HWFS, "mount", self.mnt, "--store", self.store, "--capacity", self.capacity,
             "--join", coord_url, "--node", self.name, "--listen", self.url, "--insecure"] + (
             ["--preallocate"] if self.preallocate else [])
-        with tempfile.TemporaryFile("w+") as out:   # a file, not a pipe: the daemon inherits it
-            rc = subprocess.run(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                timeout=CMD_TIMEOUT).returncode
-            out.seek(0)
-            text = out.read().strip()
-        if rc != 0:
-            raise RuntimeError(f"`{' '.join(args)}` failed ({rc}): {text}\n{self.log_tail()}")
+        try:
+            mount_daemon(args)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}\n{self.log_tail()}") from None
         self.pid = int(self.status()["pid"])
 
     def log_tail(self, n=20):
-        try:
-            with open(os.path.join(self.store or "", "hwfs.log"), errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
+        return tail(os.path.join(self.store or "", "hwfs.log"), n)
 
     def log_text(self):
-        try:
-            with open(os.path.join(self.store or "", "hwfs.log"), errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return read_log(os.path.join(self.store or "", "hwfs.log"))
 
     def has(self, version):
         return os.path.exists(os.path.join(self.mnt, "versions", version))
 
     def umount(self):
         """Unmount; kill the daemon (by its pid, ours) if it does not go."""
-        try:
-            if mounted(self.mnt):
-                run([HWFS, "umount", self.mnt], check=False, timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-        if mounted(self.mnt):
-            run(["fusermount3", "-u", "-z", self.mnt], check=False, timeout=30)
-        if self.pid:
-            end = time.monotonic() + 5
-            while pid_alive(self.pid) and time.monotonic() < end:
-                time.sleep(0.05)
-            if pid_alive(self.pid):
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        stop_node(HWFS, self.mnt, self.pid)
         self.pid = None
 
 
@@ -398,11 +334,7 @@ class Cluster:
         raise RuntimeError(f"the cluster did not form within {timeout}s; last: {last}\n{self.coord_tail()}")
 
     def coord_tail(self, n=20):
-        try:
-            with open(os.path.join(self.dir, "coord.log"), errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
+        return tail(os.path.join(self.dir, "coord.log"), n)
 
     def events(self):
         """Warnings and errors the coordinator and the nodes logged in this run."""
@@ -418,13 +350,7 @@ class Cluster:
             except Exception as e:  # keep going: teardown must reach the end
                 log(f"warning: unmounting {n.name}: {e}")
         if self.coord is not None:
-            if self.coord.poll() is None:
-                self.coord.terminate()
-                try:
-                    self.coord.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self.coord.kill()
-                    self.coord.wait(timeout=10)
+            stop_proc(self.coord)
             self.coord_log.close()
             self.coord = None
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -749,10 +675,7 @@ def main():
     capacity = f"{max(256, -(-size_est * 3 // 2 // (1 << 20)) + 64)}M"
 
     # Ctrl-C and SIGTERM end the run through the finally below.
-    def on_term(sig, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
+    interrupt_on_term()
 
     work = tempfile.mkdtemp(dir="/dev/shm", prefix=f"{TAG}-")
     mntroot = tempfile.mkdtemp(prefix=f"{TAG}-mnt-")
@@ -760,8 +683,7 @@ def main():
     ctx = {"net": net, "work": work, "procs": [], "timeout": a.timeout, "nodes": {}}
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["python3", "tools/bench_cluster.py"]
                                                                            + sys.argv[1:]),
-           "machine": {"cores": os.cpu_count(), "kernel": platform.release(),
-                       "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
+           "machine": machine(),
            "rate": a.rate, "rate_bps": rate_bps(a.rate), "tensors": tensors, "tensor_mib": a.tensor_mib,
            "receivers": ns_list, "reps": a.reps, "statistic": "median", "capacity": capacity,
            "preallocate": not a.no_preallocate, "runs": []}
@@ -772,8 +694,7 @@ def main():
         os.makedirs(os.path.join(work, "bin"))
         res["binary"] = HWFS
         HWFS = shutil.copy2(HWFS, os.path.join(work, "bin", "hwfs"))
-        git = run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], check=False)
-        res["git"] = git.stdout.strip() or None
+        res["git"] = git_describe()
         srcdir = os.path.join(work, "src")
         os.makedirs(srcdir)
         log(f"writing {tensors} x {a.tensor_mib:g} MiB random float16 tensors to {srcdir}")
@@ -826,8 +747,7 @@ def main():
         log("interrupted; tearing down")
         return 130
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not stop the teardown
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_interrupts()
         teardown(ctx, net, work, mntroot)
         if interrupted:
             log("torn down")
@@ -927,10 +847,6 @@ def finish(res, json_path):
            f"{'CPU s':>6} {'busy':>5} {'target':>8}  result")
     print(hdr)
     print("-" * len(hdr))
-    def fmt(v, spec, scale=1):
-        width = int(spec.split(".")[0])
-        return f"{'-':>{width}}" if v is None else format(v * scale, spec)
-
     for row in rows:
         print(f"{row['method']:8} {row['n']:>2} {fmt(row['replication_s'], '8.2f')} {fmt(row['ratio'], '7.2f')} "
               f"{fmt(row['total_s'], '10.2f')} {fmt(row['total_ratio'], '7.2f')} "
@@ -975,10 +891,7 @@ def finish(res, json_path):
     print(f"\ncaveat: all {res['machine']['cores']} cores of this one machine run every node, the kernel's "
           "veth/bridge forwarding and the tmpfs writes; when CPU busy is near 100% the CPU, not the "
           "links, is the bottleneck, and the ratios are upper bounds of what real links would show.")
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w") as f:
-        json.dump(res, f, indent=2)
-        f.write("\n")
+    write_json(res, json_path)
     print(f"\nresults written to {json_path}")
     return 0
 

@@ -38,7 +38,8 @@ The swap pause per engine and commit comes from `hwfs status --json`
 Targets printed beside the figures: map+touch >= 2x load_file from tmpfs;
 commit -> all serving p99 <= 20 ms; swap pause p99 <= 1 ms.  Results go to
 stdout as a table and to build/bench-engine.json.  Everything started here is
-stopped by pid and every temp dir removed in a finally (also on Ctrl-C).
+stopped by pid and every temp dir removed in a finally (also on Ctrl-C).  The
+helpers it shares with the other benchmarks are in tools/benchlib.py.
 
   python3 tools/bench_engine.py            full run (about a minute on 2 cores)
   python3 tools/bench_engine.py --quick    small sizes, few reps (checks it runs)
@@ -48,25 +49,22 @@ import argparse
 import json
 import math
 import os
-import platform
 import re
 import shutil
-import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-HWFS = os.environ.get("HWFS_BIN") or str(REPO / "build" / "hwfs")
+from benchlib import (CMD_TIMEOUT, DTYPE_SIZE, HWFS, REPO, drop_caches, git_describe, ignore_interrupts,
+                      interrupt_on_term, logger, machine, mount_daemon, mounted, pctl, run,
+                      safetensors_header, stop_node, stop_proc, tail, write_json)
+
 ENGINE = os.environ.get("HWFS_ENGINE_BIN") or str(REPO / "build" / "hwfs-engine")
 sys.path.insert(0, str(REPO / "tools" / "python"))
 
-CMD_TIMEOUT = 120
 SEED = 20261123
 PAGE = 4096
 TARGET_MAP = 2.0          # map+touch >= 2x load_file from tmpfs
@@ -75,48 +73,8 @@ TARGET_PAUSE_P99_US = 1000.0
 LISTENING = re.compile(r"coord: listening on (tcp://\S+)")
 
 
-def log(msg):
-    print(f"bench-engine: {msg}", file=sys.stderr, flush=True)
-
-
-def run(args, timeout=CMD_TIMEOUT, check=True, **kw):
-    args = [str(a) for a in args]
-    cp = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
-    if check and cp.returncode != 0:
-        raise RuntimeError(f"`{' '.join(args)}` failed ({cp.returncode}): {cp.stderr.strip()}")
-    return cp
-
-
-def pctl(xs, p):
-    """Nearest-rank percentile of @xs."""
-    s = sorted(xs)
-    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
-
-
-def mounted(path):
-    with open("/proc/mounts") as f:
-        return any(len(l.split()) > 1 and l.split()[1] == path for l in f)
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def drop_caches():
-    """Drop the clean page cache (the mount's pages; tmpfs pages stay). True if done."""
-    subprocess.run(["sync"], timeout=CMD_TIMEOUT)
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
+log = logger("bench-engine")
+DROP = 3                  # what drop_caches drops: the page cache, dentries and inodes
 
 
 # --------------------------------------------------------------------------
@@ -154,25 +112,17 @@ def write_safetensors(path, tensors, seed):
     """Write @tensors [(name, dtype, shape)] with random bytes; return the file size."""
     import numpy as np
 
-    size = {"BF16": 2, "F16": 2, "F32": 4}
-    header, off = {"__metadata__": {"format": "pt", "generator": "hwfs bench-engine"}}, 0
-    for name, dt, shape in tensors:
-        n = size[dt] * math.prod(shape)
-        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + n]}
-        off += n
-    hj = json.dumps(header, separators=(",", ":")).encode()
-    hj += b" " * (-len(hj) % 8)
+    head, _, size = safetensors_header(tensors, "hwfs bench-engine")
     rng = np.random.default_rng(seed)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hj)))
-        f.write(hj)
+        f.write(head)
         for name, dt, shape in tensors:
-            n = size[dt] * math.prod(shape)
+            n = DTYPE_SIZE[dt] * math.prod(shape)
             while n > 0:
                 k = min(n, 64 << 20)
                 f.write(rng.bytes(k))
                 n -= k
-    return 8 + len(hj) + off
+    return len(head) + size
 
 
 def write_model(d, gib, seed):
@@ -292,14 +242,7 @@ class Node:
 
     def mount(self, extra=()):
         """`hwfs mount` (it daemonizes); @extra: e.g. --join URL --node N --listen ..."""
-        args = [HWFS, "mount", self.mnt, "--store", self.store, "--capacity", self.capacity, *extra]
-        with tempfile.TemporaryFile("w+") as out:     # a file, not a pipe: the daemon inherits it
-            rc = subprocess.run(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                timeout=CMD_TIMEOUT).returncode
-            out.seek(0)
-            text = out.read().strip()
-        if rc != 0:
-            raise RuntimeError(f"`{' '.join(args)}` failed ({rc}): {text}")
+        mount_daemon([HWFS, "mount", self.mnt, "--store", self.store, "--capacity", self.capacity, *extra])
         self.pid = int(self.status()["pid"])
 
     def has(self, version):
@@ -307,23 +250,8 @@ class Node:
 
     def cleanup(self):
         """Unmount (lazily if need be), SIGKILL the daemon by its pid if it stays, remove the dir."""
-        try:
-            if mounted(self.mnt):
-                run([HWFS, "umount", self.mnt], check=False, timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-        if mounted(self.mnt):
-            run(["fusermount3", "-u", "-z", self.mnt], check=False, timeout=30)
-        if self.pid:
-            end = time.monotonic() + 5
-            while pid_alive(self.pid) and time.monotonic() < end:
-                time.sleep(0.05)
-            if pid_alive(self.pid):
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self.pid = None
+        stop_node(HWFS, self.mnt, self.pid)
+        self.pid = None
         if not mounted(self.mnt):
             shutil.rmtree(self.mnt, ignore_errors=True)
 
@@ -378,23 +306,14 @@ class Engine:
         return json.loads(line)
 
     def log_tail(self, n=10):
-        try:
-            with open(self.logpath, errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
+        return tail(self.logpath, n)
 
     def stop(self):
         if self.sock:
             self.sock.close()
             self.sock = None
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        if self.proc:
+            stop_proc(self.proc)
         if self.log:
             self.log.close()
             self.log = None
@@ -468,12 +387,12 @@ def part_map(a, ctx):
         rows["pread"].append(load_file_touch(files, a.touch, backend="pread")[0])
         rows["mmap"].append(mmap_touch(files, a.touch))
         log(f"  rep {rep + 1}/{a.reps}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in rows.items() if v))
-    can_drop = drop_caches()
+    can_drop = drop_caches(DROP)
     if not can_drop:
         log("cannot write /proc/sys/vm/drop_caches (not root?): the cold row is skipped")
     for rep in range(a.reps):
         if can_drop:
-            drop_caches()
+            drop_caches(DROP)
             rows["mnt_cold"].append(load_file_touch(mfiles, a.touch)[0])
         rows["mnt_warm"].append(load_file_touch(mfiles, a.touch)[0])
         log(f"  mount rep {rep + 1}/{a.reps}: cold {rows['mnt_cold'][-1] if can_drop else float('nan'):.3f} s, "
@@ -606,13 +525,7 @@ def teardown(ctx):
             log(f"warning: unmounting {n.name}: {ex}")
     for p in ctx["procs"]:
         try:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(timeout=10)
+            stop_proc(p)
         except Exception:
             pass
     for f in ctx["files"]:
@@ -670,10 +583,7 @@ def report(res, path):
         print(f"\npart 2 FAILED: {c['failed']}")
     print(f"\nmachine: {res['machine']['cores']} cores, {res['machine']['mem_gib']} GiB, kernel "
           f"{res['machine']['kernel']}; every process of the run shares those cores")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(res, f, indent=2)
-        f.write("\n")
+    write_json(res, path)
     print(f"results written to {path}")
 
 
@@ -709,18 +619,13 @@ def main():
     if not a.skip_map and shutil.disk_usage("/dev/shm").free < need:
         sys.exit(f"bench-engine: /dev/shm needs {need / 2**30:.1f} GiB free")
 
-    def on_term(sig, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
+    interrupt_on_term()
 
     ctx = {"work": tempfile.mkdtemp(dir="/dev/shm", prefix="hwfsbe-"), "procs": [], "nodes": [], "engines": [],
            "files": []}
-    git = run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], check=False).stdout.strip()
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "command": " ".join(["python3", "tools/bench_engine.py"] + sys.argv[1:]), "git": git or None,
-           "machine": {"cores": os.cpu_count(), "kernel": platform.release(),
-                       "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
+           "command": " ".join(["python3", "tools/bench_engine.py"] + sys.argv[1:]), "git": git_describe(),
+           "machine": machine(),
            "targets": {"map_vs_load_file": TARGET_MAP, "serve_p99_ms": TARGET_SERVE_P99_MS,
                        "pause_p99_us": TARGET_PAUSE_P99_US}}
     rc = 0
@@ -741,8 +646,7 @@ def main():
         log("interrupted; tearing down")
         rc = 130
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second Ctrl-C must not stop the teardown
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_interrupts()
         teardown(ctx)
     if rc != 130:
         report(res, a.json)

@@ -41,13 +41,19 @@ export HWFS_MOUNT=${MNT[A]}
 
 mounted() { awk -v m="$1" '$2 == m { found = 1 } END { exit !found }' /proc/mounts; }
 
-# Stop a process we started: SIGTERM, then SIGKILL after 5 s.
-stop_pid() {
+# Give a process we started 5 s to exit, then SIGKILL it.
+wait_or_kill() {
 	local pid=$1 i
-	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
-	kill -TERM "$pid" 2>/dev/null || true
 	for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
 	kill -KILL "$pid" 2>/dev/null || true
+}
+
+# Stop a process we started: SIGTERM, then SIGKILL after 5 s.
+stop_pid() {
+	local pid=$1
+	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+	kill -TERM "$pid" 2>/dev/null || true
+	wait_or_kill "$pid"
 }
 
 cleanup() {
@@ -60,8 +66,7 @@ cleanup() {
 		pid=$("$HWFS" status --json -m "${MNT[$n]}" 2>/dev/null |
 			"$PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null)
 		timeout 60 "$HWFS" umount "${MNT[$n]}" >/dev/null 2>&1 || fusermount3 -u -z "${MNT[$n]}" 2>/dev/null
-		[ -n "$pid" ] && { for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-			kill -KILL "$pid" 2>/dev/null; }
+		[ -n "$pid" ] && wait_or_kill "$pid"
 	done
 	stop_pid "$COORDPID"
 	for n in "${NODES[@]}"; do mounted "${MNT[$n]}" || rmdir "${MNT[$n]}" 2>/dev/null; done
@@ -81,11 +86,13 @@ step() { printf '\n%s== %s%s\n' "$B" "$*" "$N"; }
 cat >"$WORK/demo_helpers.py" <<'EOF'
 import json, os, socket, subprocess, sys, time
 
-def ctl(mnt, req):
-    """One request on the daemon's control socket (its path: the mount root's xattr)."""
+def ask(path, line, timeout=None):
+    """Send @line (bytes ending in a newline) on the unix socket @path; the JSON
+    line it answers.  @timeout: seconds a connect or read may take (None: no limit)."""
     s = socket.socket(socket.AF_UNIX)
-    s.connect(os.getxattr(mnt, "user.hwfs.control").decode())
-    s.sendall(json.dumps(req).encode() + b"\n")
+    s.settimeout(timeout)
+    s.connect(path)
+    s.sendall(line)
     buf = b""
     while not buf.endswith(b"\n"):
         c = s.recv(1 << 16)
@@ -95,20 +102,13 @@ def ctl(mnt, req):
     s.close()
     return json.loads(buf)
 
+def ctl(mnt, req):
+    """One request on the daemon's control socket (its path: the mount root's xattr)."""
+    return ask(os.getxattr(mnt, "user.hwfs.control").decode(), json.dumps(req).encode() + b"\n")
+
 def engine_query(path):
     """One request line to an engine's socket: its answer (version, digest, ...)."""
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(10)
-    s.connect(path)
-    s.sendall(b"{}\n")
-    buf = b""
-    while not buf.endswith(b"\n"):
-        c = s.recv(1 << 16)
-        if not c:
-            break
-        buf += c
-    s.close()
-    return json.loads(buf)
+    return ask(path, b"{}\n", timeout=10)
 
 def pairs(args):
     return [tuple(a.split("=", 1)) for a in args]

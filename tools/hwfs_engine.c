@@ -102,7 +102,12 @@ struct engine {
 	size_t n_model;
 };
 
-/* Log one line on stderr: "2026-01-02T03:04:05.678Z hwfs-engine[NAME]: ...". */
+/*
+ * Log one line on stderr: "2026-01-02T03:04:05.678Z hwfs-engine[NAME]: ...".
+ * The daemon's line format (hwfs_log in fs/util.c), written again here on
+ * purpose: this engine uses include/hwfs.h alone, and the library keeps its
+ * logger internal.
+ */
 static void logf_(struct engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(struct engine *e, const char *fmt, ...)
 {

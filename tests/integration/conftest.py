@@ -520,6 +520,15 @@ def readlink_or_none(path):
         return None
 
 
+def read_text(path):
+    """The text of the file @path (a log), or "" when it cannot be read."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def poll(fn, timeout=5.0, interval=0.05):
     """Call @fn until it returns a truthy value or @timeout passes; return the last value."""
     end = time.monotonic() + timeout

@@ -3,10 +3,12 @@ and `hwfs watch`.
 
 ``EngineProc`` starts ``hwfs-engine -m MNT --name NAME --listen SOCK`` (the
 binary next to the hwfs under test, so HWFS_BIN=build-asan/hwfs runs the ASan
-engine), asks it what it serves over its socket and stops it by pid.
-``WatchProc`` runs ``hwfs watch ...`` with its stdout read line by line in a
-thread.  The ``procs`` fixture (import it into a test module) stops every
-process a test started, whatever happened, SIGKILL after a grace period.
+engine), asks it what it serves over its socket and stops it by pid;
+``start_engine`` starts one and hands it to ``procs``.  ``WatchProc`` runs
+``hwfs watch ...`` with its stdout read line by line in a thread.  Both stop
+the same way (``stop_proc``: a signal, then SIGKILL after a grace period).
+The ``procs`` fixture (import it into a test module) stops every process a
+test started, whatever happened.
 """
 
 import json
@@ -21,10 +23,28 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HWFS, pid_alive, poll
+from conftest import HWFS, pid_alive, poll, read_text
 
 ENGINE = os.environ.get("HWFS_ENGINE_BIN") or str(Path(HWFS).resolve().parent / "hwfs-engine")
 STOP_GRACE = 10  # seconds a SIGTERMed process gets before SIGKILL
+
+
+def stop_proc(proc, sigs):
+    """Send @sigs to Popen @proc unless it has exited, give it STOP_GRACE seconds,
+    then SIGKILL it.  Returns its exit status (None when it was killed or never started)."""
+    if proc is None or proc.poll() is not None:
+        return None if proc is None else proc.returncode
+    for sig in sigs:
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+    try:
+        return proc.wait(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        return None
 
 
 class EngineProc:
@@ -56,11 +76,7 @@ class EngineProc:
         return self.proc.pid
 
     def log(self):
-        try:
-            with open(self.logpath, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return read_text(self.logpath)
 
     def ask(self, timeout=5.0):
         """One request: the engine's answer (a dict), or None when it does not answer."""
@@ -105,19 +121,7 @@ class EngineProc:
 
     def stop(self):
         """SIGTERM (SIGCONT first: it may be stopped), SIGKILL after STOP_GRACE; returns the exit status."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        for sig in (signal.SIGCONT, signal.SIGTERM):
-            try:
-                os.kill(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-        try:
-            return self.proc.wait(timeout=STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            return None
+        return stop_proc(self.proc, (signal.SIGCONT, signal.SIGTERM))
 
 
 class WatchProc:
@@ -171,15 +175,16 @@ class WatchProc:
                         pytrace=False)
 
     def stop(self):
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            return None
+        """SIGTERM, SIGKILL after STOP_GRACE; returns the exit status."""
+        return stop_proc(self.proc, (signal.SIGTERM,))
+
+
+def start_engine(procs, mnt, name, workdir, **kw):
+    """An EngineProc on mount @mnt as engine @name, appended to @procs (the
+    fixture) before it starts, then started (registered); returns it."""
+    e = EngineProc(mnt, name, str(workdir), **kw)
+    procs.append(e)
+    return e.start()
 
 
 @pytest.fixture

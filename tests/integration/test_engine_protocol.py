@@ -40,6 +40,13 @@ def publish_model(m, root, version, seed, n=4, extra_file=False):
     return t, d
 
 
+def v1_current_v2_published(m, root, seed, n=4):
+    """v1 (seed @seed) published and committed, v2 (seed @seed + 1) published; v2's tensors."""
+    publish_model(m, root, "v1", seed=seed, n=n)
+    m.run("commit", "v1")
+    return publish_model(m, root, "v2", seed=seed + 1, n=n)[0]
+
+
 def engine(m, name):
     """A registered engine connection (its first reply checked)."""
     c = Conn(m.mnt, {"op": "engine", "name": name})
@@ -122,9 +129,7 @@ def test_map_refuses_what_is_not_sealed_and_intact(mount_factory, tmp_path):
 
 def test_lease_keeps_bytes_after_rm_and_reuse(mount_factory, tmp_path):
     m = mount_factory(capacity="48M")
-    publish_model(m, tmp_path, "v1", seed=21, n=6)
-    m.run("commit", "v1")
-    t2, _ = publish_model(m, tmp_path, "v2", seed=22, n=6)
+    t2 = v1_current_v2_published(m, tmp_path, seed=21, n=6)
     used_before = m.used_bytes()
     with Mapping(m.mnt, "v2") as mp:
         assert mp.ok, mp.reply
@@ -264,9 +269,7 @@ def test_watch_reports_arrived_current_removed(mount, tmp_path):
 
 def test_local_commit_waits_for_the_engine_to_load(mount, tmp_path):
     m = mount
-    publish_model(m, tmp_path, "v1", seed=61)
-    m.run("commit", "v1")
-    publish_model(m, tmp_path, "v2", seed=62)
+    v1_current_v2_published(m, tmp_path, seed=61)
     e = engine(m, "llama-a")
     e.send({"report": "swapped", "version": "v1", "pause_us": 0})  # serving v1 at start
     assert poll(lambda: engines_of(m)["llama-a"]["serving"] == "v1")
@@ -293,9 +296,7 @@ def test_local_commit_waits_for_the_engine_to_load(mount, tmp_path):
 
 def test_local_commit_refused_by_an_engine(mount, tmp_path):
     m = mount
-    publish_model(m, tmp_path, "v1", seed=71)
-    m.run("commit", "v1")
-    publish_model(m, tmp_path, "v2", seed=72)
+    v1_current_v2_published(m, tmp_path, seed=71)
     ok = engine(m, "ok-engine")
     bad = engine(m, "bad-engine")
     p = commit_async(m, "v2")
@@ -324,9 +325,7 @@ def test_local_commit_refused_by_an_engine(mount, tmp_path):
 
 def test_local_commit_fails_when_an_engine_stays_silent(mount_factory, tmp_path):
     m = mount_factory(extra=["-o", "engine_deadline_ms=300"])
-    publish_model(m, tmp_path, "v1", seed=81)
-    m.run("commit", "v1")
-    publish_model(m, tmp_path, "v2", seed=82)
+    v1_current_v2_published(m, tmp_path, seed=81)
     with Conn(m.mnt, {"op": "engine", "name": "sleepy"}) as e:
         assert e.line()["ok"]
         rc, out = finish(commit_async(m, "v2"))

@@ -9,9 +9,6 @@ the installed library, header and .pc file are what a program needs.
 """
 
 import os
-import shutil
-import signal
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +16,7 @@ import pytest
 
 from conftest import (CHANGED_IDX, HWFS, REPO, make_tensors, poll, save_model, sh,
                       safetensors_header)
-from engine_proc import EngineProc, engine_state, procs  # noqa: F401 (procs: fixture)
+from engine_proc import engine_state, procs, start_engine  # noqa: F401 (procs: fixture)
 
 BUILD = Path(HWFS).resolve().parent
 # a program linked with a sanitizer build's libhwfs needs that sanitizer's runtime
@@ -69,10 +66,13 @@ def publish(mount, src, version, tensors, metadata=None):
     return mount.version(version)["digest"]
 
 
-def start_engine(procs, mount, name, tmp_path, **kw):
-    e = EngineProc(mount.mnt, name, str(tmp_path), **kw)
-    procs.append(e)
-    return e.start()
+def engine_on_v1(procs, mount, src, tmp_path, tensors):
+    """@tensors published as v1 and committed, then engine e1 started on @mount
+    until it serves v1; returns (the engine, its answer, v1's digest)."""
+    d1 = publish(mount, src, "v1", tensors)
+    mount.run("commit", "v1")
+    eng = start_engine(procs, mount.mnt, "e1", tmp_path)
+    return eng, eng.wait_serving("v1"), d1
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +91,7 @@ def map_dump(tmp_path_factory):
 
 def test_engine_serves_committed_version_then_the_next(mount, src, tmp_path, procs):
     t1 = make_tensors(seed=1)
-    d1 = publish(mount, src, "v1", t1)
-    mount.run("commit", "v1")
-    eng = start_engine(procs, mount, "e1", tmp_path)
-    a1 = eng.wait_serving("v1")
+    eng, a1, d1 = engine_on_v1(procs, mount, src, tmp_path, t1)
     assert a1["digest"] == d1 and a1["tensors"] == len(t1)
     assert a1["bytes"] == sum(t.nbytes for t in t1.values())
     st = engine_state(mount, "e1")
@@ -116,10 +113,7 @@ def test_engine_serves_committed_version_then_the_next(mount, src, tmp_path, pro
 
 def test_mapped_version_survives_rm_until_unmapped(mount, src, tmp_path, procs):
     t1 = make_tensors(seed=2)
-    d1 = publish(mount, src, "v1", t1)
-    mount.run("commit", "v1")
-    eng = start_engine(procs, mount, "e1", tmp_path)
-    a1 = eng.wait_serving("v1")
+    eng, a1, _ = engine_on_v1(procs, mount, src, tmp_path, t1)
 
     # A version the engine refuses (another shape); `current` moved to it by
     # hand (a rename through the mount, no barrier) leaves v1 served and no
@@ -151,24 +145,18 @@ def test_mapped_version_survives_rm_until_unmapped(mount, src, tmp_path, procs):
 
 
 def test_kill9_engine_releases_registration_and_lease(mount, src, tmp_path, procs):
-    publish(mount, src, "v1", make_tensors(seed=3))
-    mount.run("commit", "v1")
-    eng = start_engine(procs, mount, "e1", tmp_path)
-    eng.wait_serving("v1")
+    eng, _, _ = engine_on_v1(procs, mount, src, tmp_path, make_tensors(seed=3))
     assert engine_state(mount, "e1") is not None
     eng.kill9()
     assert poll(lambda: engine_state(mount, "e1") is None and not mount.status()["leases"], timeout=10), \
         f"after kill -9 the node still shows {mount.status()['engines']} {mount.status()['leases']}"
     # the name is free again, and a restarted engine loads `current`
-    eng2 = start_engine(procs, mount, "e1", tmp_path)
+    eng2 = start_engine(procs, mount.mnt, "e1", tmp_path)
     eng2.wait_serving("v1")
 
 
 def test_engine_exits_1_when_the_daemon_goes(mount, src, tmp_path, procs):
-    publish(mount, src, "v1", make_tensors(seed=6, n=2))
-    mount.run("commit", "v1")
-    eng = start_engine(procs, mount, "e1", tmp_path)
-    eng.wait_serving("v1")
+    eng, _, _ = engine_on_v1(procs, mount, src, tmp_path, make_tensors(seed=6, n=2))
     mount.umount()
     assert eng.proc.wait(timeout=20) == 1, eng.log()
     assert "closed the event stream" in eng.log()
@@ -177,10 +165,7 @@ def test_engine_exits_1_when_the_daemon_goes(mount, src, tmp_path, procs):
 
 def test_engine_refuses_other_shapes_and_local_commit_aborts(mount, src, tmp_path, procs):
     t1 = make_tensors(seed=4)
-    publish(mount, src, "v1", t1)
-    mount.run("commit", "v1")
-    eng = start_engine(procs, mount, "e1", tmp_path)
-    eng.wait_serving("v1")
+    eng, _, _ = engine_on_v1(procs, mount, src, tmp_path, t1)
     name = next(iter(t1))
     bad = dict(t1)
     bad[name] = t1[name][:16]

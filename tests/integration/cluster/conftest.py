@@ -51,7 +51,7 @@ if Path(base.__file__).resolve() != Path(__file__).resolve().parents[1] / "conft
     raise ImportError(f"`conftest` is {base.__file__}, expected the parent tests/integration/conftest.py")
 
 from conftest import (HWFS, HwfsMount, find_all, flip_byte, is_mounted,  # noqa: E402
-                      pid_alive, poll, random_file, sh, wait_dead)
+                      pid_alive, poll, random_file, read_text, sh, wait_dead)
 
 NODE_NAMES = ("A", "B", "C")
 NODE_CAPACITY = "1G"
@@ -622,11 +622,7 @@ class Coord(Coordinator):
             self._log = None
 
     def log_text(self):
-        try:
-            with open(self.logpath, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return read_text(self.logpath)
 
 
 class Node(ClusterNode):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import poll
-from engine_proc import EngineProc, engine_state, procs  # noqa: F401 (procs: fixture)
+from engine_proc import engine_state, procs, start_engine  # noqa: F401 (procs: fixture)
 
 from .conftest import node_view
 
@@ -22,10 +22,9 @@ NODES = ("A", "B", "C")
 ENGINE_DEADLINE_MS = 3000  # well below commit_deadline_ms (10 s)
 
 
-def start_engine(net, procs, tmp_path, name, **kw):
-    e = EngineProc(net[name].mnt, f"e-{name}", str(tmp_path), **kw)
-    procs.append(e)
-    return e.start()
+def node_engine(net, procs, tmp_path, name, **kw):
+    """Engine e-@name on node @name, started (see engine_proc.start_engine)."""
+    return start_engine(procs, net[name].mnt, f"e-{name}", tmp_path, **kw)
 
 
 def engine_cluster(net, procs, tmp_path, models):
@@ -37,7 +36,7 @@ def engine_cluster(net, procs, tmp_path, models):
     d1 = net.publish("A", models["v1"].path, "v1")
     net.wait_version("v1", d1)
     net["B"].run("commit", "v1")
-    engines = {name: start_engine(net, procs, tmp_path, name) for name in NODES}
+    engines = {name: node_engine(net, procs, tmp_path, name) for name in NODES}
     for e in engines.values():
         assert e.wait_serving("v1")["digest"] == d1
     return engines
@@ -138,7 +137,7 @@ def test_engine_killed_mid_load_does_not_block_the_next_commit(net, procs, tmp_p
     engines = engine_cluster(net, procs, tmp_path, models)
     assert engines["C"].stop() == 0
     # an engine that takes a minute to load anything new
-    slow = start_engine(net, procs, tmp_path, "C", load_delay_ms=60000)
+    slow = node_engine(net, procs, tmp_path, "C", load_delay_ms=60000)
     slow.wait_serving("v1")
     d2 = net.publish("A", models["v2"].path, "v2")
     net.wait_version("v2", d2)
@@ -160,7 +159,7 @@ def test_restarted_engine_loads_current(net, procs, tmp_path, models):
     d2 = net.publish("A", models["v2"].path, "v2")
     net.wait_version("v2", d2)
     net["A"].run("commit", "v2")
-    again = start_engine(net, procs, tmp_path, "B")
+    again = node_engine(net, procs, tmp_path, "B")
     assert again.wait_serving("v2")["digest"] == d2
     st = engine_state(net["B"], "e-B")
     assert st["serving"] == "v2" and st["pid"] == again.pid, st
