@@ -333,7 +333,9 @@ static int build_vrec(struct ns *ns, struct version *v, struct hwfs_vrec **out,
 				f->n_tensors++;
 				if (!t->name || (t->ndim && !t->shape))
 					goto out;
-				memcpy(t->shape, n->data.tensors[i].shape, t->ndim * sizeof(uint64_t));
+				if (t->ndim) /* a scalar has no shape (and NULL pointers) */
+					memcpy(t->shape, n->data.tensors[i].shape,
+					       t->ndim * sizeof(uint64_t));
 			}
 		} else if (ends_with(f->path, ".safetensors")) {
 			f->st_error = strdup(n->data.st_error ? n->data.st_error

@@ -214,7 +214,8 @@ static int fix_model(struct engine *e, const struct hwfs_map *m)
 		e->n_model = i + 1;
 		if (!mt->name || !mt->dtype || !mt->shape)
 			return -ENOMEM;
-		memcpy(mt->shape, t->shape, t->ndim * sizeof(*t->shape));
+		if (t->ndim)
+			memcpy(mt->shape, t->shape, t->ndim * sizeof(*t->shape));
 	}
 	return 0;
 }
