@@ -9,7 +9,10 @@
  * (if any) and serves it; every version that arrives (or that a commit
  * prepares) is shadow-loaded beside the served one and reported loaded or
  * refused; when `current` flips, the served pointer is swapped (the pause,
- * in microseconds, is reported) and the old version is unmapped.
+ * in microseconds, is reported).  The version served before stays mapped as
+ * the standby, reported loaded again, so a commit back to it (a rollback) is
+ * ready at once; the standby before it is unmapped, and so is any version
+ * removed from the node.
  *
  * Loading a version is hwfs_map() (zero-copy: the tensors are the daemon's
  * arena pages) and a pass over every byte: each tensor's XXH3-128 must be its
@@ -64,6 +67,8 @@ struct loaded {
 	struct hwfs_map *m;
 	uint64_t bytes;
 	int readers; /* requests computing from it right now (under engine.lock) */
+	int standby; /* the version served before the last swap, kept for a rollback */
+	int removed; /* the node removed the version: never kept as the standby */
 };
 
 /* A tensor of the model: what every version must keep. */
@@ -411,6 +416,39 @@ static void retire(struct engine *e, struct loaded *l)
 }
 
 /*
+ * @old was served until a swap: keep it mapped as the standby (a rollback to
+ * it needs no load) and tell the node it is loaded; the previous standby is
+ * unmapped.  Without room in the shadow list it is unmapped instead.
+ */
+static void keep_standby(struct engine *e, struct loaded *old)
+{
+	struct loaded **ns;
+
+	if (old->removed) {
+		retire(e, old);
+		return;
+	}
+	for (size_t i = 0; i < e->n_shadows; i++)
+		if (e->shadows[i]->standby) {
+			struct loaded *l = e->shadows[i];
+
+			e->shadows[i] = e->shadows[--e->n_shadows];
+			retire(e, l);
+			break;
+		}
+	ns = realloc(e->shadows, (e->n_shadows + 1) * sizeof(*ns));
+	if (!ns) {
+		retire(e, old);
+		return;
+	}
+	e->shadows = ns;
+	old->standby = 1;
+	e->shadows[e->n_shadows++] = old;
+	report(e, HWFS_LOADED, hwfs_map_version(old->m), NULL, 0);
+	logf_(e, "standby %s", hwfs_map_version(old->m));
+}
+
+/*
  * `current` names @version: serve it.  A shadow is swapped in (the pause is
  * the time the served pointer is locked), one not loaded yet is loaded
  * first; a refused one is not served (the old one stays).  Reports swapped
@@ -441,6 +479,7 @@ static void swap_to(struct engine *e, const char *version, int startup)
 	}
 	i = find_shadow(e, version);
 	e->shadows[i] = e->shadows[--e->n_shadows];
+	l->standby = 0;
 	t0 = mono_ns();
 	pthread_mutex_lock(&e->lock);
 	old = e->served;
@@ -452,7 +491,7 @@ static void swap_to(struct engine *e, const char *version, int startup)
 	logf_(e, "swapped %s -> %s: pause %llu us", old ? hwfs_map_version(old->m) : "nothing",
 	      version, (unsigned long long)pause_us);
 	if (old)
-		retire(e, old);
+		keep_standby(e, old);
 }
 
 /* @version was removed: drop its shadow (a served one stays mapped until swapped out). */
@@ -463,6 +502,8 @@ static void removed(struct engine *e, const char *version)
 
 	if (r)
 		*r = e->refused[--e->n_refused];
+	if (e->served && !strcmp(hwfs_map_version(e->served->m), version))
+		e->served->removed = 1; /* main thread only, like the standby flag */
 	if (i >= 0) {
 		struct loaded *l = e->shadows[i];
 

@@ -104,9 +104,17 @@ def test_engine_serves_committed_version_then_the_next(mount, src, tmp_path, pro
     assert a2["digest"] == d2 and a2["checksum"] != a1["checksum"]
     st = engine_state(mount, "e1")
     assert st["serving"] == "v2" and st["swaps"] >= 1 and st["last_swap_pause_us"] >= 1, st
-    # the old version is unmapped after the swap: its lease is gone
-    assert poll(lambda: [l["version"] for l in mount.status()["leases"] if l["pid"] == eng.pid] == ["v2"]), \
-        mount.status()["leases"]
+    # the old version stays mapped as the standby, reported loaded: a rollback is ready at once
+    assert poll(lambda: sorted(l["version"] for l in mount.status()["leases"] if l["pid"] == eng.pid)
+                == ["v1", "v2"]), mount.status()["leases"]
+    assert poll(lambda: engine_state(mount, "e1")["shadow"] == "v1"
+                and engine_state(mount, "e1")["state"] == "loaded"), engine_state(mount, "e1")
+    # ... and the standby before it is unmapped at the next swap
+    publish(mount, src, "v3", make_tensors(seed=1, changed=(0,)))
+    mount.run("commit", "v3")
+    eng.wait_serving("v3")
+    assert poll(lambda: sorted(l["version"] for l in mount.status()["leases"] if l["pid"] == eng.pid)
+                == ["v2", "v3"]), mount.status()["leases"]
     assert eng.stop() == 0, eng.log()
     assert poll(lambda: engine_state(mount, "e1") is None), "a stopped engine is still registered"
 

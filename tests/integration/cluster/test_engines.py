@@ -179,7 +179,7 @@ def test_cluster_status_shows_a_swap_before_the_next_heartbeat(net, procs, tmp_p
     net["B"].run("commit", "v1")
     d2 = net.publish("A", models["v2"].path, "v2")
     net.wait_version("v2", d2)
-    engines = {name: start_engine(net, procs, tmp_path, name) for name in ("A", "B")}
+    engines = {name: node_engine(net, procs, tmp_path, name) for name in ("A", "B")}
     for e in engines.values():
         assert e.wait_serving("v1")["digest"] == d1
 
