@@ -198,9 +198,11 @@ void ctl_reader_free(struct ctl_reader *rd)
 }
 
 /*
- * One read into @buf: recvmsg() that keeps the first descriptor passed with
- * SCM_RIGHTS in rd->passed_fd (any further ones are closed: a peer cannot
- * make us leak descriptors).  Returns the byte count, 0 at EOF, or -1/errno.
+ * One read into @buf: recvmsg() that, when rd->accept_fds is set, keeps the
+ * first descriptor passed with SCM_RIGHTS in rd->passed_fd; every other one
+ * is closed at once (a peer cannot make us leak descriptors, nor hold its
+ * files open: the daemon's readers accept none).  Returns the byte count, 0
+ * at EOF, or -1/errno.
  */
 static ssize_t read_some(struct ctl_reader *rd, char *buf, size_t len)
 {
@@ -225,7 +227,7 @@ static ssize_t read_some(struct ctl_reader *rd, char *buf, size_t len)
 			int f;
 
 			memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-			if (rd->passed_fd < 0)
+			if (rd->accept_fds && rd->passed_fd < 0)
 				rd->passed_fd = f;
 			else
 				close(f);
@@ -242,6 +244,35 @@ int ctl_take_fd(struct ctl_reader *rd)
 	return f;
 }
 
+ssize_t ctl_reader_fill(struct ctl_reader *rd)
+{
+	ssize_t n;
+
+	if (rd->len >= rd->max)
+		return -EMSGSIZE;
+	if (rd->len == rd->cap) {
+		size_t ncap = HWFS_MIN(rd->cap ? rd->cap * 2 : 65536, rd->max);
+		char *nb = realloc(rd->buf, ncap);
+
+		if (!nb)
+			return -ENOMEM;
+		rd->buf = nb;
+		rd->cap = ncap;
+	}
+	do
+		n = read_some(rd, rd->buf + rd->len, rd->cap - rd->len);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	rd->len += (size_t)n;
+	return n;
+}
+
+int ctl_reader_has_line(const struct ctl_reader *rd)
+{
+	return rd->len && memchr(rd->buf, '\n', rd->len) != NULL;
+}
+
 int ctl_recv(struct ctl_reader *rd, json_t **msg)
 {
 	size_t scan = 0;
@@ -255,30 +286,15 @@ int ctl_recv(struct ctl_reader *rd, json_t **msg)
 		if (nl)
 			break;
 		scan = rd->len;
-		if (rd->len >= rd->max)
-			return -EMSGSIZE;
-		if (rd->len == rd->cap) {
-			size_t ncap = HWFS_MIN(rd->cap ? rd->cap * 2 : 65536, rd->max);
-			char *nb;
-
-			nb = realloc(rd->buf, ncap);
-			if (!nb)
-				return -ENOMEM;
-			rd->buf = nb;
-			rd->cap = ncap;
-		}
-		n = read_some(rd, rd->buf + rd->len, rd->cap - rd->len);
-		if (n < 0 && errno == EINTR)
-			continue;
+		n = ctl_reader_fill(rd);
 		if (n < 0)
-			return -errno;
+			return (int)n;
 		if (n == 0) { /* a last line cut short is malformed, once; then EOF */
 			if (!rd->len)
 				return -EPIPE;
 			rd->len = 0;
 			return -EBADMSG;
 		}
-		rd->len += (size_t)n;
 	}
 	*msg = json_loadb(rd->buf, (size_t)(nl - rd->buf), JSON_REJECT_DUPLICATES, &jerr);
 	rd->len -= (size_t)(nl + 1 - rd->buf);

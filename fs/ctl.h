@@ -65,17 +65,24 @@ struct ctl_reader {
 	char *buf;
 	size_t len, cap;
 	size_t max; /* longest line accepted: CTL_MAX_LINE unless set after ctl_reader_init() */
+	int accept_fds; /* 0 (the default): every descriptor received is closed at once;
+			 * 1: keep the first one for ctl_take_fd() (libhwfs's map only) */
 	int passed_fd; /* first descriptor received with SCM_RIGHTS, or -1 (ctl_take_fd) */
 };
 
-/** Start reading @fd, accepting lines up to CTL_MAX_LINE bytes (see rd->max). */
+/**
+ * Start reading @fd, accepting lines up to CTL_MAX_LINE bytes (see rd->max)
+ * and no descriptors (see rd->accept_fds: a peer must not make us hold its
+ * files open).
+ */
 void ctl_reader_init(struct ctl_reader *rd, int fd);
 /** Free the buffer and close an untaken passed descriptor (rd->fd stays open). */
 void ctl_reader_free(struct ctl_reader *rd);
 /**
  * ctl_take_fd() - the descriptor that arrived with SCM_RIGHTS while reading
- * (close-on-exec), now the caller's; -1 when none did.  Only the first one
- * is kept; any further descriptors are closed as they arrive.
+ * (close-on-exec), now the caller's; -1 when none did.  Only with
+ * rd->accept_fds set, and only the first one is kept; any other descriptor is
+ * closed as it arrives.
  */
 int ctl_take_fd(struct ctl_reader *rd);
 /**
@@ -84,5 +91,18 @@ int ctl_take_fd(struct ctl_reader *rd);
  * object; a last line cut short by EOF is this once, then -EPIPE), -errno.
  */
 int ctl_recv(struct ctl_reader *rd, json_t **msg);
+/**
+ * ctl_reader_has_line() - does @rd hold a whole line already, so that
+ * ctl_recv() returns without reading?  Returns 1 or 0.  A caller that polls
+ * rd->fd must ask this first: a line already read is not readable on the fd.
+ */
+int ctl_reader_has_line(const struct ctl_reader *rd);
+/**
+ * ctl_reader_fill() - one read (which blocks only if nothing is waiting) into
+ * @rd's buffer, for a caller that polls rd->fd and must not block until a
+ * whole line came.  Returns the number of bytes read (> 0), 0 at EOF,
+ * -EMSGSIZE (the buffer holds rd->max bytes without a newline), -errno.
+ */
+ssize_t ctl_reader_fill(struct ctl_reader *rd);
 
 #endif /* HWFS_CTL_H */

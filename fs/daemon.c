@@ -83,19 +83,24 @@ struct conn {
 };
 
 /*
- * Whether user @uid already holds its share of live connections (conn_mu
- * held).  Each connection has a thread: without a cap, any local user could
- * open connections until the daemon cannot start a thread for anyone else.
- * Root is not capped.
+ * Whether the caller of @c (not yet on the list) is over its share of live
+ * connections (conn_mu held).  Each connection has a thread: without a cap,
+ * any local user could open connections until the daemon cannot start a
+ * thread for anyone else.  Root, the mount's owner and --ctl-group are not
+ * capped: they may remove every version anyway, and their engines hold one
+ * long-lived connection per map, watch and engine, which must never lock
+ * them out of their own `hwfs status` or `commit` (docs/security.md).  An
+ * unknown caller (uid -1) counts as one user.  Returns 1 (over) or 0.
  */
-static int conn_over_limit(struct daemon *d, uid_t uid)
+static int conn_over_limit(struct daemon *d, const struct conn *c)
 {
+	uid_t uid = c->peer.uid;
 	uint64_t n = 0;
 
-	if (uid == 0)
+	if (c->peer_r == 0 && daemon_peer_privileged(d, &c->peer))
 		return 0;
-	for (struct conn *c = d->conns; c; c = c->next)
-		n += c->peer.uid == uid;
+	for (struct conn *o = d->conns; o; o = o->next)
+		n += o->peer.uid == uid;
 	return n >= hwfs_tun.ctl_conns_per_uid;
 }
 
@@ -157,17 +162,20 @@ static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char 
 	if (daemon_peer_privileged(d, p))
 		return NULL;
 	if (mutates)
-		return d->group_name[0]
-			       ? err_reply("permission denied: %s needs root, the mount's owner "
-					   "(uid %u) or group %s", op, (unsigned)d->owner, d->group_name)
-			       : err_reply("permission denied: %s needs root or the mount's owner "
-					   "(uid %u)", op, (unsigned)d->owner);
+		return reply_errno(d->group_name[0]
+					   ? err_reply("permission denied: %s needs root, the mount's "
+						       "owner (uid %u) or group %s", op,
+						       (unsigned)d->owner, d->group_name)
+					   : err_reply("permission denied: %s needs root or the mount's "
+						       "owner (uid %u)", op, (unsigned)d->owner),
+				   EACCES);
 	ns_rdlock(d->ns);
 	bits = daemon_peer_bits(p, ns_root(d->ns));
 	ns_unlock(d->ns);
 	if ((bits & 4) && geteuid() == 0)
 		return NULL;
-	return err_reply("permission denied: %s needs read access to the mount", op);
+	return reply_errno(err_reply("permission denied: %s needs read access to the mount", op),
+			   EACCES);
 }
 
 /*
@@ -189,26 +197,26 @@ static void *conn_main(void *arg)
 	ctl_reader_init(&rd, c->fd);
 	rd.max = CTL_MAX_REQUEST; /* read before we know the verb: see ctl.h */
 	if (c->peer_r < 0) {
-		res = err_reply("permission denied: cannot tell who is calling");
+		res = reply_errno(err_reply("permission denied: cannot tell who is calling"), EACCES);
 		goto reply;
 	}
 	if ((r = ctl_recv(&rd, &req)) < 0) {
-		res = r == -EMSGSIZE ? err_reply("request too long (the limit is %u bytes)",
-						 CTL_MAX_REQUEST)
-				     : err_reply("malformed request");
+		res = r == -EMSGSIZE ? reply_errno(err_reply("request too long (the limit is %u "
+							     "bytes)", CTL_MAX_REQUEST), EMSGSIZE)
+				     : reply_errno(err_reply("malformed request"), EBADMSG);
 		goto reply;
 	}
 	name = req_str(req, "op");
 	op = name ? daemon_op_find(name) : NULL;
 	if (!name)
-		res = err_reply("request without op");
+		res = reply_errno(err_reply("request without op"), EINVAL);
 	else if ((res = authorize(c->d, &c->peer, name, op && (op->mutates || op->privileged))))
 		LOG_WARN("control: refused %s to uid %u (pid %d)", name, (unsigned)c->peer.uid,
 			 (int)c->peer.pid);
 	else if (op)
 		res = daemon_op_call(c->d, op, req, &rd, &c->peer);
 	else
-		res = err_reply("unknown op: %s", name);
+		res = reply_errno(err_reply("unknown op: %s", name), EOPNOTSUPP);
 reply:
 	if (res) {
 		ctl_send(c->fd, res);
@@ -222,7 +230,8 @@ reply:
 
 /*
  * The accept loop of the control socket: learn who calls, refuse a user over
- * ctl_conns_per_uid (with a one-line answer) and, unless shutdown began, put
+ * ctl_conns_per_uid (with a one-line answer; see conn_over_limit() for who is
+ * not capped) and, unless shutdown began, put
  * the connection on the live list and start its thread.  Ends when the
  * listening socket is shut down.
  */
@@ -251,7 +260,7 @@ static void *ctl_main(void *arg)
 		if (c->peer_r < 0)
 			c->peer.uid = (uid_t)-1; /* unknown: counted as one user */
 		pthread_mutex_lock(&d->conn_mu);
-		over = conn_over_limit(d, c->peer.uid);
+		over = conn_over_limit(d, c);
 		if (!over && !__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE) &&
 		    pthread_create(&t, NULL, conn_main, c) == 0) {
 			/* on the list before conn_main can take itself off (it needs conn_mu) */
@@ -265,11 +274,13 @@ static void *ctl_main(void *arg)
 		}
 		pthread_mutex_unlock(&d->conn_mu);
 		if (over) {
-			static const char busy[] = "{\"ok\": false, \"error\": \"too many control "
-						   "connections from this user\"}\n";
+			char busy[128];
+			int n = snprintf(busy, sizeof(busy), "{\"ok\": false, \"error\": \"too many "
+					 "control connections from this user\", \"errno\": %d}\n",
+					 EAGAIN);
 
 			/* best effort: a caller that misses it sees the socket closed */
-			send(fd, busy, sizeof(busy) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+			send(fd, busy, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
 		}
 		conn_free(c);
 	}

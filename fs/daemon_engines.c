@@ -6,16 +6,26 @@
  * (engines.c): seals, the agent's barrier and the engines in its heartbeat.
  *
  * Each operation runs on its connection's thread (daemon.c, conn_main): it
- * sends its first reply itself, then blocks reading the connection until the
+ * sends its first reply itself, then waits on the connection until the
  * client closes it (or dies: the kernel closes it) or shutdown shuts it down,
  * cleans up and returns NULL, so that nothing more is sent.  Reading is how
  * the end is noticed; what a map or watch client sends is read and dropped.
+ * A map and an engine also end when the process that opened them exits,
+ * even if a child it forked still holds the socket: they poll a pidfd of
+ * the peer beside the connection (Linux 5.3+; without one, the connection
+ * alone tells).  A lease outlives a stopping daemon: its references are not
+ * dropped then (see op_map).
+ *
+ * Error replies carry "errno" (reply_errno()), so that clients never guess
+ * it from the sentence, which may quote their own version names.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "daemon_i.h"
@@ -62,21 +72,77 @@ json_t *daemon_engines_json(void *arg)
 	return engines_json(d->engines);
 }
 
+/* Add "errno": @err to error reply @res (daemon_i.h); returns @res, NULL stays NULL. */
+json_t *reply_errno(json_t *res, int err)
+{
+	if (res && err > 0)
+		json_object_set_new(res, "errno", json_integer(err));
+	return res;
+}
+
+/*
+ * A descriptor that becomes readable when process @pid exits (pidfd_open),
+ * so that a connection ends with the process that opened it, not with the
+ * last process holding its socket.  Returns the descriptor (close-on-exec),
+ * -1 when there is none to have (a kernel before 5.3, a peer in a pid
+ * namespace we cannot see: pid 0, no descriptors left): the connection alone
+ * tells the end then; or -ESRCH when the process exited already.
+ */
+static int peer_pidfd(pid_t pid)
+{
+	int fd = -1;
+
+#ifdef SYS_pidfd_open
+	if (pid > 0)
+		fd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (fd < 0 && pid > 0 && errno == ESRCH)
+		return -ESRCH;
+#else
+	(void)pid;
+#endif
+	return fd < 0 ? -1 : fd;
+}
+
+/*
+ * Wait until connection @fd has something to read (data, EOF, reset,
+ * shutdown) or the process of @pidfd (-1: none) exited.  Returns 0 (read
+ * @fd now: it does not block), -ESRCH (the process exited), -errno.
+ */
+static int wait_conn(int fd, int pidfd)
+{
+	struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+
+	for (;;) {
+		int n = poll(p, 2, -1); /* a negative fd is skipped */
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		return p[1].revents ? -ESRCH : 0;
+	}
+}
+
 /*
  * Block until the client closes the connection @fd (or shutdown shuts it
- * down), reading and dropping whatever it sends.  Returns nothing: every
- * end (EOF, reset, shutdown) is the end.
+ * down) or the process of @pidfd (-1: none) exits, reading and dropping
+ * whatever the client sends (a plain read(): descriptors passed with it are
+ * discarded by the kernel).  Returns -ESRCH when the process exited, else 0:
+ * every other end (EOF, reset, shutdown) is the end.
  */
-static void wait_for_close(int fd)
+static int wait_for_close(int fd, int pidfd)
 {
 	char buf[4096];
 
 	for (;;) {
-		ssize_t n = read(fd, buf, sizeof(buf));
+		ssize_t n;
 
+		if (wait_conn(fd, pidfd) == -ESRCH)
+			return -ESRCH;
+		n = read(fd, buf, sizeof(buf));
 		if (n > 0 || (n < 0 && errno == EINTR))
 			continue;
-		return;
+		return 0;
 	}
 }
 
@@ -179,10 +245,16 @@ static int open_arena_ro(struct daemon *d)
 /*
  * op_map() - {"op": "map", "version": V}: a sealed, intact version's layout
  * in the arena and a read-only descriptor of the arena, and a lease on its
- * shards until the connection closes (docs/engines.md).  The references are
- * taken before the reply, so the bytes the client is told about can never be
- * freed or reused while it may read them.  Returns an error reply, or NULL
- * once the lease ended (the reply was sent here).
+ * shards until the connection closes or the process that opened it exits
+ * (docs/engines.md).  The references are taken before the reply, so the bytes
+ * the client is told about can never be freed or reused while it may read
+ * them.  When the daemon is stopping the references are kept, not dropped:
+ * dropping the last one of a removed version's shard would punch its pages
+ * out of the arena file under the client's mapping, while keeping them costs
+ * nothing (the process exits; store_close() frees the shards without giving
+ * their ranges back).  Returns an error reply (with "errno"), NULL when the
+ * caller is gone before the reply, or NULL once the lease ended (the reply
+ * was sent here).
  */
 json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
@@ -193,15 +265,18 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 	json_t *files = NULL, *res = NULL;
 	char err[512];
 	size_t total = 0;
-	int afd = -1, r;
+	int afd = -1, pidfd = -1, r;
 
 	if (!v)
-		return err_reply("map: missing version");
+		return reply_errno(err_reply("map: missing version"), EINVAL);
 	ns_rdlock(d->ns);
 	r = ns_check_committable(d->ns, v, err, sizeof(err));
 	ns_unlock(d->ns);
 	if (r < 0)
-		return err_reply("cannot map %s: %s", v, err);
+		return reply_errno(err_reply("cannot map %s: %s", v, err), -r);
+	pidfd = peer_pidfd(peer->pid);
+	if (pidfd == -ESRCH)
+		return NULL; /* the caller is gone: nobody to lease to */
 	r = ns_snapshot(d->ns, v, &rec);
 	if (r == 0 && rec->state != HWFS_V_SEALED)
 		r = rec->state == HWFS_V_OPEN ? -EBUSY : -EIO; /* changed meanwhile */
@@ -244,21 +319,31 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 	res = NULL;
 	close(afd);
 	afd = -1;
-	if (r == 0)
-		wait_for_close(rd->fd); /* the lease lives as long as the connection */
+	/* the lease lives as long as the connection and the process that opened it */
+	if (r == 0 && wait_for_close(rd->fd, pidfd) == -ESRCH)
+		LOG_INFO("engines: lease of %s ended: its process %d exited (a child of it may still "
+			 "hold the connection)", v, (int)peer->pid);
 	goto out;
 fail:
-	res = err_reply("cannot map %s: %s", v,
-			r == -ENOENT   ? "no such version (it was removed)"
-			: r == -EBUSY  ? "version is open (not sealed)"
-			: r == -EIO    ? "version is damaged"
-			: r == -ESTALE ? "the arena file in the store was replaced"
-				       : strerror(-r));
+	res = reply_errno(err_reply("cannot map %s: %s", v,
+				    r == -ENOENT   ? "no such version (it was removed)"
+				    : r == -EBUSY  ? "version is open (not sealed)"
+				    : r == -EIO    ? "version is damaged"
+				    : r == -ESTALE ? "the arena file in the store was replaced"
+						   : strerror(-r)),
+			  -r);
 out:
 	if (afd >= 0)
 		close(afd);
+	if (pidfd >= 0)
+		close(pidfd);
 	engines_lease_del(d->engines, l);
-	map_lease_drop(d, &ml);
+	if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE)) {
+		free(ml.sh); /* keep the references: the bytes stay under the client's mapping */
+		ml.sh = NULL;
+	} else {
+		map_lease_drop(d, &ml);
+	}
 	json_decref(files);
 	hwfs_vrec_free(rec);
 	return res;
@@ -268,36 +353,63 @@ out:
 
 /*
  * Register the connection as a watcher (@name NULL) or engine @name and keep
- * it until it ends; an engine's lines are its reports (at most
- * CTL_MAX_REQUEST bytes each).  A line that is not JSON is ignored (the first
- * one is logged); a longer one ends the connection, since the stream cannot
- * be read on after it.  Returns an error reply, or NULL when the connection
- * ended after the first reply.
+ * it until it ends: until the client closes it, shutdown shuts it down, or,
+ * for an engine, the process that registered exits (pidfd; a child that
+ * inherited the socket does not keep an engine alive).  An engine's lines are
+ * its reports (at most CTL_MAX_REQUEST bytes each), read only when the
+ * connection is readable, so the pidfd is watched between any two reads.  A
+ * line that is not JSON is ignored (the first one is logged); a longer one
+ * ends the connection, since the stream cannot be read on after it.  Returns
+ * an error reply (with "errno"), or NULL when the connection ended after the
+ * first reply (or the caller was gone before it).
  */
 static json_t *watch_conn(struct daemon *d, struct ctl_reader *rd, const struct ctl_peer *peer,
 			  const char *name)
 {
 	struct watcher *w = NULL;
-	int r = engines_watch(d->engines, rd->fd, peer->pid, name, &w), logged = 0;
+	json_t *res = NULL;
+	int pidfd = name ? peer_pidfd(peer->pid) : -1, logged = 0, r;
 
+	if (pidfd == -ESRCH)
+		return NULL; /* the engine's process is gone already */
+	r = engines_watch(d->engines, rd->fd, peer->pid, name, &w);
 	if (r == -EINVAL)
-		return err_reply("invalid engine name (1-%d characters of A-Z a-z 0-9 . _ -)",
-				 ENGINE_NAME_MAX);
-	if (r == -EEXIST)
-		return err_reply("an engine named %s is already registered on this node", name);
-	if (r == -ENOMEM)
-		return err_reply("out of memory");
-	if (r < 0)
-		return NULL; /* the client is gone already */
+		res = err_reply("invalid engine name (1-%d characters of A-Z a-z 0-9 . _ -)",
+				ENGINE_NAME_MAX);
+	else if (r == -EEXIST)
+		res = err_reply("an engine named %s is already registered on this node", name);
+	else if (r == -ENOMEM)
+		res = err_reply("out of memory");
+	if (r < 0) { /* any other error: the client is gone already */
+		res = reply_errno(res, -r);
+		goto close;
+	}
 	if (!name) {
-		wait_for_close(rd->fd);
+		wait_for_close(rd->fd, -1);
 		goto out;
 	}
 	rd->max = CTL_MAX_REQUEST;
 	for (;;) {
 		json_t *msg = NULL;
 
-		r = ctl_recv(rd, &msg);
+		if (!ctl_reader_has_line(rd)) {
+			ssize_t n;
+
+			if (wait_conn(rd->fd, pidfd) == -ESRCH) {
+				LOG_INFO("engines: engine %s unregistered: its process %d exited (a "
+					 "child of it may still hold the connection)", name,
+					 (int)peer->pid);
+				break;
+			}
+			n = ctl_reader_fill(rd);
+			if (n == -EMSGSIZE)
+				LOG_WARN("engines: engine %s (pid %d) sent a line over %u bytes; "
+					 "dropped", name, (int)peer->pid, CTL_MAX_REQUEST);
+			if (n <= 0)
+				break; /* EOF, shutdown, or the line above */
+			continue;
+		}
+		r = ctl_recv(rd, &msg); /* a whole line is buffered: no read */
 		if (r == 0) {
 			engines_report(d->engines, w, msg);
 			json_decref(msg);
@@ -309,14 +421,14 @@ static json_t *watch_conn(struct daemon *d, struct ctl_reader *rd, const struct 
 					 "object; ignored (later ones silently)", name, (int)peer->pid);
 			continue;
 		}
-		if (r == -EMSGSIZE)
-			LOG_WARN("engines: engine %s (pid %d) sent a line over %u bytes; dropped",
-				 name, (int)peer->pid, CTL_MAX_REQUEST);
-		break; /* EOF, shutdown, or the line above */
+		break; /* out of memory */
 	}
 out:
 	engines_unwatch(d->engines, w);
-	return NULL;
+close:
+	if (pidfd >= 0)
+		close(pidfd);
+	return res;
 }
 
 /* op_watch() - {"op": "watch"}: events until the connection closes (docs/engines.md). */
@@ -335,6 +447,6 @@ json_t *op_engine(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	const char *name = req_str(req, "name");
 
 	if (!name)
-		return err_reply("engine: missing name");
+		return reply_errno(err_reply("engine: missing name"), EINVAL);
 	return watch_conn(d, rd, peer, name);
 }

@@ -93,6 +93,13 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 
 /** {"ok": false, "error": the formatted sentence}. */
 json_t *err_reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/**
+ * reply_errno() - add "errno": @err (a positive errno number) to the error
+ * reply @res (daemon_engines.c), so that a client takes the errno from there
+ * and never guesses it from the sentence, which may quote its own version
+ * name.  Returns @res; NULL (out of memory) stays NULL.
+ */
+json_t *reply_errno(json_t *res, int err);
 /** {"ok": true}. */
 json_t *ok_reply(void);
 /** String member @key of @req, or NULL when it is missing or not a string. */

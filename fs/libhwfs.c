@@ -127,14 +127,21 @@ int lib_check(json_t *res)
 		{"damaged", -EIO},              {"already registered", -EEXIST},
 		{"exists already", -EEXIST},    {"too many control connections", -EAGAIN},
 	};
+	json_t *en = json_object_get(res, "errno");
+	json_int_t num = json_is_integer(en) ? json_integer_value(en) : 0;
 	const char *e;
 
 	if (json_is_true(json_object_get(res, "ok")))
 		return 0;
+	if (num <= 0 || num >= 4096) /* not an errno: ignored */
+		num = 0;
 	e = lib_jstr(res, "error");
 	if (!e)
-		return lib_fail(-EIO, "the daemon refused the request (no reason given)");
+		return lib_fail(num ? -(int)num : -EIO,
+				"the daemon refused the request (no reason given)");
 	lib_fail(-EIO, "%s", e);
+	if (num)
+		return -(int)num;
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(map); i++)
 		if (strstr(e, map[i].words))
 			return map[i].err;

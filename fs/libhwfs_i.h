@@ -50,9 +50,12 @@ int lib_exchange(int fd, struct ctl_reader *rd, json_t *req, hwfs_progress_fn pr
 
 /**
  * lib_check() - 0 when @res says "ok": true; otherwise set the sentence to
- * the daemon's "error" and return the errno it stands for (-ENOENT for "no
- * such ...", -EACCES for "permission denied", -EBUSY for an open version,
- * -EIO for a damaged one, -EEXIST for a name taken, else -EIO).
+ * the daemon's "error" and return the answer's "errno" (negated) when the
+ * daemon gives one.  Only when it does not (an older daemon, a refusal it
+ * does not number) is the errno guessed from the wording, which may quote
+ * the caller's own version name: -ENOENT for "no such ...", -EACCES for
+ * "permission denied", -EBUSY for an open version, -EIO for a damaged one,
+ * -EEXIST for a name taken, else -EIO.
  */
 int lib_check(json_t *res);
 

@@ -516,6 +516,7 @@ int hwfs_map(struct hwfs *h, const char *version, struct hwfs_map **out)
 
 	lib_clear_error();
 	ctl_reader_init(&rd, -1);
+	rd.accept_fds = 1; /* the arena's descriptor comes with the answer */
 	if (m)
 		m->fd = -1;
 	if (!req || !m) {

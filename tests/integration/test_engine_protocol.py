@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (HWFS, TIMEOUT, find_all, flip_byte, make_tensors, pid_alive, poll,
-                      random_file, readlink_or_none, save_model)
+                      random_file, readlink_or_none, save_model, wait_dead)
 from engine_proto import Conn, Mapping, call, ctl_path, tensor_bytes_of
 
 NOBODY = 65534
@@ -414,3 +414,144 @@ def test_watcher_that_never_reads_is_dropped(mount, tmp_path):
     assert lazy.wait_eof(), "the dropped watcher's socket was not closed"
     lazy.close()
     m.run("commit", "v1")
+
+
+# ---------------------------------------------------------------------- review fixes: descriptors, shutdown, forks, errno
+
+
+def daemon_fds_on(pid, mnt):
+    """The targets of daemon @pid's descriptors that lie on the mount @mnt."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target == mnt or target.startswith(mnt + "/"):
+            out.append(target)
+    return out
+
+
+def test_daemon_keeps_no_descriptor_a_client_sends(mount, tmp_path):
+    """A descriptor passed with a request or a report is closed at once (only the client
+    library takes the arena's descriptor): a watcher that passes an open file of the mount
+    cannot make the daemon hold its own mount open, and `hwfs umount` succeeds."""
+    m = mount
+    publish_model(m, tmp_path, "v1", seed=121)
+    path = m.vpath("v1", "model.safetensors")
+    w = Conn(m.mnt, None)
+    e = Conn(m.mnt, None)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            socket.send_fds(w.s, [b'{"op": "watch"}\n'], [fd])
+            assert w.line() == {"ok": True, "current": None}
+            socket.send_fds(e.s, [b'{"op": "engine", "name": "fd-sender"}\n'], [fd])
+            assert e.line()["ok"]
+            socket.send_fds(e.s, [b'{"report": "loaded", "version": "v1"}\n'], [fd, fd])
+            assert poll(lambda: engines_of(m)["fd-sender"]["state"] == "loaded")
+        finally:
+            os.close(fd)
+        held = daemon_fds_on(m.pid, m.mnt)
+        assert held == [], f"the daemon keeps descriptors a client sent: {held}"
+        cp = m.umount(check=False)
+        assert cp.returncode == 0, cp.stderr
+        assert w.wait_eof() and e.wait_eof()
+    finally:
+        w.close()
+        e.close()
+
+
+def test_lease_bytes_survive_the_daemon_stopping(mount_factory, tmp_path):
+    """A removed version mapped by a client keeps its bytes when the daemon stops: the
+    client's mapping of the arena file still reads them after `hwfs umount`."""
+    m = mount_factory(capacity="48M")
+    t2 = v1_current_v2_published(m, tmp_path, seed=131, n=6)
+    with Mapping(m.mnt, "v2") as mp:
+        assert mp.ok, mp.reply
+        want = {n: tensor_bytes_of(a) for n, a in t2.items()}
+        m.run("rm", "v2")
+        m.umount()
+        assert wait_dead(m.pid), "the daemon did not exit after hwfs umount"
+        assert mp.conn.wait_eof(), "the lease's connection outlived the daemon"
+        for name, b in want.items():
+            assert mp.tensor("model.safetensors", name)[1] == b, \
+                f"{name}: the mapping changed when the daemon stopped"
+
+
+# An engine that forks: the parent registers, maps v1, forks a child that keeps both
+# sockets open and sleeps, prints the child's pid and exits.  Standard library only.
+FORKER = textwrap.dedent("""
+    import json, os, socket, sys, time
+    mnt = sys.argv[1]
+    def conn(req):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(os.getxattr(mnt, "user.hwfs.control").decode())
+        s.sendall((json.dumps(req) + "\\n").encode())
+        buf = b""
+        while b"\\n" not in buf:
+            data, fds, _, _ = socket.recv_fds(s, 1 << 20, 4)
+            assert data, "connection closed"
+            buf += data
+        assert json.loads(buf.split(b"\\n")[0])["ok"], buf
+        return s
+    keep = [conn({"op": "engine", "name": "forky"}), conn({"op": "map", "version": "v1"})]
+    child = os.fork()
+    if child == 0:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        time.sleep(600)
+        os._exit(0)
+    print(child, flush=True)
+""")
+
+
+def test_engine_and_lease_end_with_their_process_not_a_forked_child(mount, tmp_path):
+    """The connection is not the only sign of life: a child that inherited the sockets of
+    an engine and a map does not keep them registered once the process that made them
+    exits.  The engine leaves status, the lease ends, a commit no longer waits."""
+    m = mount
+    v1_current_v2_published(m, tmp_path, seed=141)
+    p = subprocess.Popen([sys.executable, "-c", FORKER, m.mnt], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, err
+    child = int(out.split()[0])
+    try:
+        assert pid_alive(child)
+        assert poll(lambda: m.status()["engines"] == [], 10), m.status()["engines"]
+        assert poll(lambda: m.status()["leases"] == [], 10), m.status()["leases"]
+        m.run("commit", "v2")
+        assert readlink_or_none(m.path("current")) == "versions/v2"
+    finally:
+        os.kill(child, signal.SIGKILL)
+        wait_dead(child)
+
+
+def test_errno_comes_from_the_daemon_not_from_its_sentence(mount):
+    """Error replies of map, watch and engine carry the errno; libhwfs takes it from there,
+    not from the wording, which may quote the caller's own version name."""
+    import ctypes
+    import errno as E
+
+    m = mount
+    r = call(m.mnt, {"op": "map", "version": "permission denied"})
+    assert r["ok"] is False and r["errno"] == E.ENOENT, r
+    assert call(m.mnt, {"op": "map"})["errno"] == E.EINVAL
+    assert call(m.mnt, {"op": "engine", "name": "a b"})["errno"] == E.EINVAL
+    with Conn(m.mnt, {"op": "engine", "name": "taken"}) as e:
+        assert e.line()["ok"]
+        assert call(m.mnt, {"op": "engine", "name": "taken"})["errno"] == E.EEXIST
+    lib = ctypes.CDLL(os.environ.get("HWFS_LIBRARY") or str(HERE.parents[1] / "build" / "libhwfs.so.1"))
+    lib.hwfs_errmsg.restype = ctypes.c_char_p
+    h = ctypes.c_void_p()
+    assert lib.hwfs_open(m.mnt.encode(), ctypes.byref(h)) == 0, lib.hwfs_errmsg()
+    try:
+        for name, want in (("permission denied", E.ENOENT), ("is open", E.ENOENT),
+                           ("damaged", E.ENOENT)):
+            mp = ctypes.c_void_p()
+            rc = lib.hwfs_map(h, name.encode(), ctypes.byref(mp))
+            assert rc == -want, (name, rc, lib.hwfs_errmsg())
+    finally:
+        lib.hwfs_close(h)

@@ -309,3 +309,52 @@ def test_unprivileged_user_cannot_exhaust_control_connections(mount_factory):
     assert m.status()["pid"] > 0  # root is served
     cp = as_user(m, "status")  # nobody again, once its connections are gone
     assert cp.returncode == 0, cp.stderr
+
+
+_HOLD_LONG_LIVED = r"""
+import json, os, socket, sys
+path, n = sys.argv[1], int(sys.argv[2])
+def conn(req):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    s.sendall((json.dumps(req) + "\n").encode())
+    data, fds, _, _ = socket.recv_fds(s, 1 << 20, 4)
+    for fd in fds:
+        os.close(fd)
+    return s, json.loads(data.split(b"\n")[0])
+held, answers = [], []
+for i in range(n):  # maps and watches, as an engine with many live arrays holds them
+    s, a = conn({"op": "map", "version": "v1"} if i % 2 else {"op": "watch"})
+    held.append(s)
+    answers.append(a.get("error", "ok"))
+print(json.dumps(answers), flush=True)
+sys.stdin.read()  # hold them until the test is done
+"""
+
+
+def test_privileged_callers_are_not_capped_by_long_lived_connections(mount_factory, shared_src):
+    """ctl_conns_per_uid caps users who may not change the mount: root, the mount's owner and
+    --ctl-group are not capped (they may remove every version anyway), so an engine of
+    theirs holding many map and watch connections never locks them out of their own
+    `hwfs status` and `hwfs commit`.  Others stay capped (the test above)."""
+    m = mount_factory(long_store=True, umask=0,
+                      extra=("--ctl-group", str(GROUP), "-o", "ctl_conns_per_uid=8"))
+    two_versions(m, shared_src)
+    ctl = os.getxattr(m.mnt, "user.hwfs.control").decode()
+    holder = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                               f"--groups={GROUP}", "python3", "-c", _HOLD_LONG_LIVED, ctl, "12"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd="/")
+    try:
+        line = holder.stdout.readline()
+        assert line, holder.stderr.read() if holder.poll() is not None else "no answer"
+        assert json.loads(line) == ["ok"] * 12, line
+        assert len(m.status()["leases"]) == 6
+        for verb in (["status"], ["commit", "v2"]):
+            cp = as_user(m, *verb, groups=[GROUP])
+            assert cp.returncode == 0, f"{verb}: {cp.stderr}"
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=TIMEOUT)
+    assert m.status()["current"] == "v2"
