@@ -12,8 +12,10 @@
  *
  * Conventions, for every function below:
  *  - Functions that can fail return 0 or a negative errno value (-ENOENT,
- *    -EACCES, ...); hwfs_errmsg() then gives the daemon's or the library's
- *    one-line sentence for the last failure of the calling thread.
+ *    -EACCES, ...: the errno a refusal of the daemon carries, guessed from
+ *    its wording only when it carries none); hwfs_errmsg() then gives the
+ *    daemon's or the library's one-line sentence for the last failure of the
+ *    calling thread.
  *  - Strings and arrays handed out stay owned by the object they came from
  *    and live as long as it does, unless the function says "free with".
  *  - A `struct hwfs` may be shared by threads: every call opens its own
@@ -126,8 +128,13 @@ struct hwfs_tensor {
  * are the arena's own pages (tensors stored in several pieces are stitched
  * with page mappings).  The mapping holds a lease: `hwfs rm` and gc never free
  * shards a live mapping uses; the lease ends at hwfs_unmap() or when the
- * process dies.  Needs root, the mount's owner or the --ctl-group (the arena
- * holds every version).  *@out must be released with hwfs_unmap().
+ * process that mapped exits (a forked child does not keep it).  The lease
+ * lasts while the daemon runs: when the daemon stops, the mapping stays
+ * readable, but a restarted daemon does not know the lease and may reuse the
+ * ranges of a version removed meanwhile, so map again once your watch ends
+ * with -EPIPE (docs/engines.md, "How long a lease lasts").  Needs root, the
+ * mount's owner or the --ctl-group (the arena holds every version).  *@out
+ * must be released with hwfs_unmap().
  * Returns 0, -ENOENT (no such version), -EBUSY (not sealed), -EIO (damaged),
  * -EACCES, -ENOMEM, -errno.
  */
@@ -176,7 +183,8 @@ struct hwfs_watch;
  * watch.  With an @engine name it also registers this process as that engine
  * on the node: the node then answers a cluster commit's PREPARE only once the
  * engine reported the version loaded (or refused it), and the engine stays
- * registered until hwfs_watch_close() or the process dies.  Registering needs
+ * registered until hwfs_watch_close() or the process exits (a forked child
+ * that inherited the socket does not keep it registered).  Registering needs
  * root, the mount's owner or the --ctl-group; a name already registered on
  * the node is -EEXIST.  *@current gets the version `current` names (free with
  * free(); NULL when none) if @current is not NULL.
