@@ -439,27 +439,30 @@ def test_daemon_keeps_no_descriptor_a_client_sends(mount, tmp_path):
     m = mount
     publish_model(m, tmp_path, "v1", seed=121)
     path = m.vpath("v1", "model.safetensors")
-    w = Conn(m.mnt, None)
-    e = Conn(m.mnt, None)
+    w, e, mp = Conn(m.mnt, None), Conn(m.mnt, None), Conn(m.mnt, None)
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
             socket.send_fds(w.s, [b'{"op": "watch"}\n'], [fd])
             assert w.line() == {"ok": True, "current": None}
+            socket.send_fds(w.s, [b'and more\n'], [fd])  # lines after the request too
             socket.send_fds(e.s, [b'{"op": "engine", "name": "fd-sender"}\n'], [fd])
             assert e.line()["ok"]
             socket.send_fds(e.s, [b'{"report": "loaded", "version": "v1"}\n'], [fd, fd])
             assert poll(lambda: engines_of(m)["fd-sender"]["state"] == "loaded")
+            socket.send_fds(mp.s, [b'{"op": "map", "version": "v1"}\n'], [fd])
+            assert mp.line()["ok"]
+            socket.send_fds(mp.s, [b'x'], [fd])
         finally:
             os.close(fd)
         held = daemon_fds_on(m.pid, m.mnt)
         assert held == [], f"the daemon keeps descriptors a client sent: {held}"
         cp = m.umount(check=False)
         assert cp.returncode == 0, cp.stderr
-        assert w.wait_eof() and e.wait_eof()
+        assert w.wait_eof() and e.wait_eof() and mp.wait_eof()
     finally:
-        w.close()
-        e.close()
+        for c in (w, e, mp):
+            c.close()
 
 
 def test_lease_bytes_survive_the_daemon_stopping(mount_factory, tmp_path):
