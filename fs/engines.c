@@ -77,7 +77,11 @@ uint64_t engines_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* An empty registry for @ns (see engines.h).  Returns 0 or -ENOMEM. */
+/*
+ * An empty registry for @ns (see engines.h), which has announced every commit
+ * so far; warns about an engine_deadline_ms the coordinator would cut short.
+ * Returns 0 or -ENOMEM.
+ */
 int engines_create(struct ns *ns, struct engines **out)
 {
 	struct engines *reg = calloc(1, sizeof(*reg));

@@ -45,7 +45,11 @@ struct engines;
 struct watcher;
 struct lease;
 
-/** Make an empty registry for namespace @ns.  Returns 0 or -ENOMEM. */
+/**
+ * Make an empty registry for namespace @ns; logs a warning when
+ * engine_deadline_ms is not below commit_deadline_ms (docs/engines.md).
+ * Returns 0 or -ENOMEM.
+ */
 int engines_create(struct ns *ns, struct engines **out);
 /** Free @reg (NULL is a no-op); every watcher and lease must be gone. */
 void engines_destroy(struct engines *reg);
