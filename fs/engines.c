@@ -15,6 +15,14 @@
 /* What an engine's shadow version is doing (docs/engines.md, status "state"). */
 enum eng_state { ENG_IDLE, ENG_LOADING, ENG_LOADED, ENG_REFUSED };
 
+/*
+ * Barriers an engine remembers having sent "prepare" for.  Barriers run at
+ * once only when local commits overlap each other or the agent's PREPARE;
+ * past this many, the oldest is forgotten and, if still checked, sends its
+ * prepare again (harmless: prepare asks for what the engine may have done).
+ */
+#define ENGINE_PREP_SLOTS 4
+
 static const char *const state_names[] = {"idle", "loading", "loaded", "refused"};
 
 struct watcher {
@@ -24,13 +32,22 @@ struct watcher {
 	char name[ENGINE_NAME_MAX + 1]; /* engines only */
 	pthread_mutex_t send_mu;        /* one writer at a time on fd */
 	int dead;                       /* dropped: no more sends, not counted by the barrier */
-	/* engine state, under reg->mu */
+	/*
+	 * Engine state, under reg->mu.  A version is known by its name and its
+	 * seq on this node (struct version): a name removed and used again is
+	 * another version, with a new seq, that no earlier report speaks for.
+	 */
 	char *serving, *shadow, *reason;
+	uint64_t serving_seq, shadow_seq;
 	enum eng_state state;
+	uint64_t refused_ns; /* monotonic time of the refusal in @reason */
 	uint64_t last_pause_us, swaps;
-	int bad_logged;        /* an ignored report of this engine was logged */
-	char *prep_version;    /* the barrier that last sent it "prepare" ... */
-	uint64_t prep_started; /* ... and when that barrier began */
+	int bad_logged; /* an ignored report of this engine was logged */
+	/* the barriers (version seq, start) it was sent "prepare" by, a ring */
+	struct {
+		uint64_t seq, started;
+	} prepared[ENGINE_PREP_SLOTS];
+	unsigned prep_next;
 	struct watcher *next;
 };
 
@@ -48,6 +65,7 @@ struct engines {
 	struct lease *leases;
 	void (*wake)(void *arg);
 	void *wake_arg;
+	uint64_t current_gen; /* ns_current_gen() when the last "current" event was sent */
 };
 
 /* Monotonic nanoseconds (CLOCK_MONOTONIC, the clock of reg->cv and of every barrier). */
@@ -59,7 +77,11 @@ uint64_t engines_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* An empty registry for @ns (see engines.h).  Returns 0 or -ENOMEM. */
+/*
+ * An empty registry for @ns (see engines.h), which has announced every commit
+ * so far; warns about an engine_deadline_ms the coordinator would cut short.
+ * Returns 0 or -ENOMEM.
+ */
 int engines_create(struct ns *ns, struct engines **out)
 {
 	struct engines *reg = calloc(1, sizeof(*reg));
@@ -73,6 +95,14 @@ int engines_create(struct ns *ns, struct engines **out)
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&reg->cv, &ca);
 	pthread_condattr_destroy(&ca);
+	free(ns_current_gen(ns, &reg->current_gen));
+	/* the barrier's answer must reach the coordinator before it gives up */
+	if (hwfs_tun.engine_deadline_ms >= hwfs_tun.commit_deadline_ms)
+		LOG_WARN("engines: engine_deadline_ms (%llu) is not below commit_deadline_ms (%llu): "
+			 "a cluster commit waiting for a silent engine is aborted by the coordinator's "
+			 "deadline, without naming the engine; lower engine_deadline_ms",
+			 (unsigned long long)hwfs_tun.engine_deadline_ms,
+			 (unsigned long long)hwfs_tun.commit_deadline_ms);
 	*out = reg;
 	return 0;
 }
@@ -130,7 +160,6 @@ static void watcher_free(struct watcher *w)
 	free(w->serving);
 	free(w->shadow);
 	free(w->reason);
-	free(w->prep_version);
 	free(w);
 }
 
@@ -292,45 +321,71 @@ static int set_str(char **slot, const char *s)
 }
 
 /*
- * A refusal reason fit to show: at most ENGINE_REASON_MAX bytes, cut on a
- * UTF-8 character boundary, control characters turned into spaces (it ends up
- * in one-line error messages).  Returns a malloc'd string or NULL.
+ * Text from a client or a peer made fit for a one-line message or a
+ * terminal (see engines.h): cut to @max bytes on a UTF-8 character boundary;
+ * C0 controls and DEL become a space, and so does each C1 control (U+0080 to
+ * U+009F, two bytes in UTF-8), which some terminals also obey.  Returns a
+ * malloc'd string, NULL without memory.
  */
-static char *clean_reason(const char *s)
+char *engines_clean_text(const char *s, size_t max)
 {
-	size_t n = strlen(s);
+	size_t n = strlen(s), k = 0;
 	char *c;
 
-	if (n > ENGINE_REASON_MAX) {
-		n = ENGINE_REASON_MAX;
+	if (n > max) {
+		n = max;
 		while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
 			n--;
 	}
-	c = strndup(s, n);
-	for (size_t i = 0; c && i < n; i++)
-		if ((unsigned char)c[i] < 0x20 || c[i] == 0x7f)
-			c[i] = ' ';
+	c = malloc(n + 1);
+	if (!c)
+		return NULL;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char b = (unsigned char)s[i];
+
+		if (b == 0xC2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 &&
+		    (unsigned char)s[i + 1] <= 0x9F) {
+			c[k++] = ' ';
+			i++;
+		} else {
+			c[k++] = b < 0x20 || b == 0x7f ? ' ' : (char)b;
+		}
+	}
+	c[k] = '\0';
 	return c;
 }
 
-/* Does this node hold sealed version @v (not open, not a staging name)?  No lock held. */
-static int version_known(struct engines *reg, const char *v)
+/*
+ * The seq of version @v on this node, in *@seq: it must be a sealed (or
+ * damaged) version, not open and not a staging name.  Takes the namespace's
+ * read lock (reg->mu may be held: that order is allowed).  Returns 0,
+ * -ENOENT (no such version) or -EBUSY (open).
+ */
+static int version_seq(struct engines *reg, const char *v, uint64_t *seq)
 {
 	struct version *ver;
-	int ok;
+	int r = 0;
 
 	if (ns_hidden_name(v))
-		return 0;
+		return -ENOENT;
 	ns_rdlock(reg->ns);
 	ver = ns_version(reg->ns, v);
-	ok = ver && __atomic_load_n(&ver->state, __ATOMIC_ACQUIRE) != HWFS_V_OPEN;
+	if (!ver)
+		r = -ENOENT;
+	else if (__atomic_load_n(&ver->state, __ATOMIC_ACQUIRE) == HWFS_V_OPEN)
+		r = -EBUSY;
+	else
+		*seq = ver->seq;
 	ns_unlock(reg->ns);
-	return ok;
+	return r;
 }
 
 /*
  * Apply one report of engine @w to its state and wake the barrier's waiters;
- * a report that is not one is ignored (logged once per engine).  Returns 0,
+ * a report that is not one is ignored (logged once per engine).  The version
+ * is looked up under reg->mu, so a report and a removal's "removed" (which
+ * forgets the removed version's shadow under reg->mu too) never cross: a
+ * report of a removed version is either ignored or forgotten.  Returns 0,
  * -EINVAL (ignored) or -ENOMEM (state unchanged).
  */
 int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
@@ -341,6 +396,7 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 	const char *why = json_string_value(json_object_get(msg, "reason"));
 	const char *bad = NULL;
 	char *reason = NULL;
+	uint64_t seq = 0;
 	int r = 0;
 
 	if (!w->engine)
@@ -350,7 +406,11 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 	else if (strcmp(what, "loading") && strcmp(what, "loaded") && strcmp(what, "refused") &&
 		 strcmp(what, "swapped"))
 		bad = "unknown report";
-	else if (!version_known(reg, v))
+	if (!bad && !strcmp(what, "refused") &&
+	    !(reason = engines_clean_text(why && *why ? why : "no reason given", ENGINE_REASON_MAX)))
+		return -ENOMEM;
+	pthread_mutex_lock(&reg->mu);
+	if (!bad && version_seq(reg, v, &seq) < 0)
 		bad = "no such sealed version here";
 	if (bad) {
 		if (!w->bad_logged) {
@@ -359,36 +419,39 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 				 "ignored silently)", w->engine ? w->name : "a watcher", (int)w->pid,
 				 bad);
 		}
-		return -EINVAL;
+		r = -EINVAL;
+		goto out;
 	}
-	if (!strcmp(what, "refused") &&
-	    !(reason = clean_reason(why && *why ? why : "no reason given")))
-		return -ENOMEM;
-	pthread_mutex_lock(&reg->mu);
 	if (!strcmp(what, "loading") || !strcmp(what, "loaded")) {
 		r = set_str(&w->shadow, v);
 		if (r == 0) {
+			w->shadow_seq = seq;
 			w->state = !strcmp(what, "loading") ? ENG_LOADING : ENG_LOADED;
 			set_str(&w->reason, NULL);
 		}
 	} else if (!strcmp(what, "refused")) {
 		r = set_str(&w->shadow, v);
 		if (r == 0) {
+			w->shadow_seq = seq;
 			w->state = ENG_REFUSED;
+			w->refused_ns = engines_now_ns();
 			free(w->reason);
 			w->reason = reason;
 			reason = NULL;
 		}
 	} else { /* swapped */
 		/* the first report of an engine serving what it loaded at start is not a swap */
-		int swap = w->serving && strcmp(w->serving, v);
+		int swap = w->serving && (strcmp(w->serving, v) || w->serving_seq != seq);
 
 		r = set_str(&w->serving, v);
-		if (r == 0 && swap) {
-			w->swaps++;
-			w->last_pause_us = json_is_integer(pj) && json_integer_value(pj) > 0
-						   ? (uint64_t)json_integer_value(pj)
-						   : 0;
+		if (r == 0) {
+			w->serving_seq = seq;
+			if (swap) {
+				w->swaps++;
+				w->last_pause_us = json_is_integer(pj) && json_integer_value(pj) > 0
+							   ? (uint64_t)json_integer_value(pj)
+							   : 0;
+			}
 		}
 		if (r == 0 && w->shadow && !strcmp(w->shadow, v)) {
 			set_str(&w->shadow, NULL);
@@ -398,68 +461,161 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 	}
 	if (r == 0)
 		barrier_kick(reg);
+out:
 	pthread_mutex_unlock(&reg->mu);
 	free(reason);
 	return r;
 }
 
-/* Send one event line to every watcher, dropping those that cannot take it now. */
+/*
+ * Version @v was removed (reg->mu held): every engine forgets a shadow of it
+ * (loaded, loading or refused), unless the name already stands for a newer
+ * version that the shadow is of.  What an engine serves stays shown (it still
+ * serves those bytes), but its seq matches no version any more.
+ */
+static void forget_removed(struct engines *reg, const char *v)
+{
+	uint64_t seq = 0;
+
+	if (version_seq(reg, v, &seq) < 0)
+		seq = 0; /* seqs start at 1: no shadow has it */
+	for (struct watcher *w = reg->watchers; w; w = w->next)
+		if (w->engine && w->shadow && !strcmp(w->shadow, v) && w->shadow_seq != seq) {
+			set_str(&w->shadow, NULL);
+			set_str(&w->reason, NULL);
+			w->state = ENG_IDLE;
+		}
+}
+
+/*
+ * Send {"event": @event, "version": @version} to every watcher, dropping
+ * those that cannot take it now (see engines.h).
+ *
+ * "current" is special.  The namespace calls its current hook after it
+ * released its lock (ns_unlock_commit), so the hooks of two flips, A then B,
+ * may run in either order, and sending the name each hook was given could
+ * announce B then A while `current` names B.  So the version sent is the one
+ * `current` names now, read under reg->mu (which orders every send) together
+ * with the namespace's commit count; and it is sent only when a commit
+ * happened since the last "current" sent.  The late hook of A then finds B
+ * and the count it already announced, and sends nothing: watchers see the
+ * flips in order and the last one always, an intermediate one perhaps not (it
+ * was current only briefly; an engine only needs to serve what is current).
+ * A commit of the version already current is a commit: announced again (a
+ * way to retry an engine's failed swap).  @version is ignored for "current".
+ */
 void engines_event(struct engines *reg, const char *event, const char *version)
 {
+	int current = !strcmp(event, "current");
+	char *line = NULL, *cur = NULL;
+	uint64_t gen = 0;
 	json_t *msg;
-	char *line;
 	size_t len;
 
-	if (!version || ns_hidden_name(version))
+	if (!current && (!version || ns_hidden_name(version)))
 		return;
+	pthread_mutex_lock(&reg->mu);
+	if (current) {
+		cur = ns_current_gen(reg->ns, &gen);
+		if (!cur || gen == reg->current_gen)
+			goto out; /* announced already (or nothing to announce) */
+		version = cur;
+	}
 	msg = json_pack("{s:s, s:s}", "event", event, "version", version);
 	line = line_of(msg, &len);
 	json_decref(msg);
 	if (!line) {
 		LOG_ERR("engines: no memory for the %s event of %s", event, version);
-		return;
+		goto out;
 	}
-	pthread_mutex_lock(&reg->mu);
+	if (current)
+		reg->current_gen = gen;
+	if (!strcmp(event, "removed"))
+		forget_removed(reg, version);
 	for (struct watcher *w = reg->watchers; w; w = w->next)
 		if (send_line(w, line, len) < 0 && w->engine)
 			barrier_kick(reg); /* a dropped engine stops counting */
+out:
 	pthread_mutex_unlock(&reg->mu);
 	free(line);
+	free(cur);
 }
 
-/* Has engine @w got @v ready: it serves it, or reported it loaded?  (reg->mu held) */
-static int engine_ready(const struct watcher *w, const char *v)
+/* Has engine @w got version @v (seq @seq) ready: it serves it, or reported it loaded?  (reg->mu held) */
+static int engine_ready(const struct watcher *w, const char *v, uint64_t seq)
 {
-	return (w->serving && !strcmp(w->serving, v)) ||
-	       (w->shadow && !strcmp(w->shadow, v) && w->state == ENG_LOADED);
+	return (w->serving && w->serving_seq == seq && !strcmp(w->serving, v)) ||
+	       (w->shadow && w->shadow_seq == seq && !strcmp(w->shadow, v) &&
+		w->state == ENG_LOADED);
 }
 
-/* engines_barrier() with reg->mu held. */
+/* Did engine @w refuse version @v (seq @seq), at any time?  (reg->mu held) */
+static int engine_refused(const struct watcher *w, const char *v, uint64_t seq)
+{
+	return w->shadow && w->shadow_seq == seq && !strcmp(w->shadow, v) &&
+	       w->state == ENG_REFUSED;
+}
+
+/*
+ * Send "prepare" of @v to engine @w unless this barrier (@seq, @started)
+ * sent it already (reg->mu held); a send remembers the barrier in the ring
+ * of @w.  Returns 0, or -EPIPE when @w was dropped (it stops counting).
+ */
+static int prepare_once(struct watcher *w, const char *v, uint64_t seq, uint64_t started)
+{
+	json_t *msg;
+	size_t len;
+	char *line;
+	int r;
+
+	for (unsigned i = 0; i < ENGINE_PREP_SLOTS; i++)
+		if (w->prepared[i].seq == seq && w->prepared[i].started == started)
+			return 0;
+	msg = json_pack("{s:s, s:s}", "event", "prepare", "version", v);
+	line = line_of(msg, &len);
+	json_decref(msg);
+	if (!line)
+		return 0; /* no memory: asked on the next check */
+	r = send_line(w, line, len);
+	free(line);
+	if (r == 0) {
+		w->prepared[w->prep_next].seq = seq;
+		w->prepared[w->prep_next].started = started;
+		w->prep_next = (w->prep_next + 1) % ENGINE_PREP_SLOTS;
+	}
+	return r;
+}
+
+/*
+ * engines_barrier() with reg->mu held.  The barrier is (the version's seq,
+ * @started_ns): engines not ready get "prepare" once per barrier.  A refusal
+ * reported since the barrier began decides it; one reported before (an
+ * earlier commit's) is pending like silence, since the engine was asked again
+ * and may load it now: only its new answer, or the deadline, decides.
+ */
 static int barrier_locked(struct engines *reg, const char *v, uint64_t started_ns, char *err,
 			  size_t errlen)
 {
 	struct watcher *refused = NULL, *waiting = NULL;
-	uint64_t ms = hwfs_tun.engine_deadline_ms;
+	uint64_t ms = hwfs_tun.engine_deadline_ms, seq = 0;
+	int any = 0, r;
 
+	for (struct watcher *w = reg->watchers; w && !any; w = w->next)
+		any = w->engine && !w->dead;
+	if (!any)
+		return 0; /* no engine: as fast as without the barrier */
+	r = version_seq(reg, v, &seq);
+	if (r < 0) { /* removed (or never sealed) while the commit waited */
+		snprintf(err, errlen, r == -EBUSY ? "version %s is open (not sealed)"
+						  : "no such version: %s", v);
+		return -ECANCELED;
+	}
 	for (struct watcher *w = reg->watchers; w; w = w->next) {
-		if (!w->engine || w->dead || engine_ready(w, v))
+		if (!w->engine || w->dead || engine_ready(w, v, seq))
 			continue;
-		/* first sight in this barrier: ask it to load (a refused one may try again) */
-		if (w->prep_started != started_ns || !w->prep_version || strcmp(w->prep_version, v)) {
-			json_t *msg = json_pack("{s:s, s:s}", "event", "prepare", "version", v);
-			size_t len;
-			char *line = line_of(msg, &len);
-
-			json_decref(msg);
-			if (line && set_str(&w->prep_version, v) == 0)
-				w->prep_started = started_ns;
-			if (line && send_line(w, line, len) < 0) {
-				free(line);
-				continue; /* dropped: it stops counting */
-			}
-			free(line);
-		}
-		if (w->shadow && !strcmp(w->shadow, v) && w->state == ENG_REFUSED) {
+		if (prepare_once(w, v, seq, started_ns) < 0)
+			continue; /* dropped: it stops counting */
+		if (engine_refused(w, v, seq) && w->refused_ns >= started_ns) {
 			if (!refused)
 				refused = w;
 		} else if (!waiting) {
@@ -474,8 +630,14 @@ static int barrier_locked(struct engines *reg, const char *v, uint64_t started_n
 	if (!waiting)
 		return 0;
 	if (engines_now_ns() - started_ns >= ms * 1000000ull) {
-		snprintf(err, errlen, "engine %s did not report %s loaded within %llu ms",
-			 waiting->name, v, (unsigned long long)ms);
+		if (engine_refused(waiting, v, seq))
+			snprintf(err, errlen,
+				 "engine %s did not report %s loaded within %llu ms (it refused %s "
+				 "before: %s)", waiting->name, v, (unsigned long long)ms, v,
+				 waiting->reason ? waiting->reason : "no reason given");
+		else
+			snprintf(err, errlen, "engine %s did not report %s loaded within %llu ms",
+				 waiting->name, v, (unsigned long long)ms);
 		return -ECANCELED;
 	}
 	return -EINPROGRESS;

@@ -45,7 +45,11 @@ struct engines;
 struct watcher;
 struct lease;
 
-/** Make an empty registry for namespace @ns.  Returns 0 or -ENOMEM. */
+/**
+ * Make an empty registry for namespace @ns; logs a warning when
+ * engine_deadline_ms is not below commit_deadline_ms (docs/engines.md).
+ * Returns 0 or -ENOMEM.
+ */
 int engines_create(struct ns *ns, struct engines **out);
 /** Free @reg (NULL is a no-op); every watcher and lease must be gone. */
 void engines_destroy(struct engines *reg);
@@ -85,18 +89,25 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg);
 /**
  * engines_event() - send {"event": @event, "version": @version} to every
  * watcher (a hidden staging name is never announced); one whose socket
- * cannot take the whole line now is dropped.
+ * cannot take the whole line now is dropped.  "removed" also makes every
+ * engine forget its shadow of that version.  "current" ignores @version: it
+ * sends what `current` names now, and only when a commit happened since the
+ * last "current" sent, so that hooks of two flips running in either order
+ * never announce them out of order (see engines.c).
  */
 void engines_event(struct engines *reg, const char *event, const char *version);
 
 /**
  * engines_barrier() - is every registered engine ready for a commit of
  * @version (docs/engines.md, "The barrier, exactly")?  @started_ns (monotonic)
- * is when this barrier began: engines not ready that were not yet asked in
- * this barrier are sent {"event": "prepare"}, and engine_deadline_ms counts
- * from it.  Never blocks.  Returns 0 (ready), -EINPROGRESS (waiting), or
- * -ECANCELED (an engine refused, or the deadline passed) with the sentence in
- * @err.
+ * is when this barrier began and, with the version, names it: engines not
+ * ready are sent {"event": "prepare"} once per barrier, a refusal counts only
+ * when reported since @started_ns (an earlier one waits for the engine's new
+ * answer), and engine_deadline_ms counts from it.  Readiness is of this very
+ * version: a report of a removed version of the same name does not count.
+ * Never blocks.  Returns 0 (ready), -EINPROGRESS (waiting), or -ECANCELED (an
+ * engine refused, the deadline passed, or the version is gone) with the
+ * sentence in @err.
  */
 int engines_barrier(struct engines *reg, const char *version, uint64_t started_ns, char *err,
 		    size_t errlen);
@@ -107,6 +118,15 @@ int engines_barrier(struct engines *reg, const char *version, uint64_t started_n
  * with the sentence in @err.
  */
 int engines_barrier_wait(struct engines *reg, const char *version, char *err, size_t errlen);
+
+/**
+ * engines_clean_text() - @s fit for a one-line message or a terminal: at most
+ * @max bytes (cut on a UTF-8 boundary), every control character (C0, DEL,
+ * C1) a space.  Engine reasons here, and on the coordinator everything a peer
+ * says that `hwfs commit` or `hwfs status --cluster` prints.  Returns a
+ * malloc'd string, NULL without memory.
+ */
+char *engines_clean_text(const char *s, size_t max);
 
 /** Monotonic clock in nanoseconds (the barrier's @started_ns). */
 uint64_t engines_now_ns(void);

@@ -183,6 +183,14 @@ int ns_remove_version(struct ns *ns, const char *name);
 char *ns_current(struct ns *ns);
 
 /**
+ * ns_current_gen() - ns_current(), and in *@gen the number of commits since
+ * the namespace was made (every successful flip of `current`, to the same
+ * version again too), both read under one hold of the lock.  Returns the name
+ * (malloc'd) or NULL.
+ */
+char *ns_current_gen(struct ns *ns, uint64_t *gen);
+
+/**
  * ns_check_committable() - 0 when @name is sealed and intact, else -ENOENT
  * (unknown), -EBUSY (open), -EIO (damaged), with a sentence in @err.
  */

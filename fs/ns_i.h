@@ -25,6 +25,7 @@ struct ns {
 	void *current_hook_arg;
 	/* set by commit_locked() under the exclusive lock, taken by ns_unlock_commit() */
 	char committed[512];
+	uint64_t commits; /* successful commits (ns_current_gen), under the exclusive lock */
 	uint64_t next_ino; /* atomic */
 	uint64_t next_seq;
 };

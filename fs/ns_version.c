@@ -645,8 +645,10 @@ int commit_locked(struct ns *ns, const char *target)
 		return r;
 	}
 	r = store_set_current(ns->st, name);
-	if (r == 0)
+	if (r == 0) {
 		snprintf(ns->committed, sizeof(ns->committed), "%s", name);
+		ns->commits++;
+	}
 	return r;
 }
 
@@ -671,6 +673,14 @@ void ns_set_current_hook(struct ns *ns, void (*hook)(void *arg, const char *name
 
 char *ns_current(struct ns *ns)
 {
+	uint64_t gen;
+
+	return ns_current_gen(ns, &gen);
+}
+
+/* The committed version's name and the commit count, read together (see ns.h). */
+char *ns_current_gen(struct ns *ns, uint64_t *gen)
+{
 	struct node *cur;
 	char name[512];
 	char *s = NULL;
@@ -679,6 +689,7 @@ char *ns_current(struct ns *ns)
 	cur = ns_child(ns->root, "current");
 	if (cur && current_target_version(cur->target, name, sizeof(name)) == 0)
 		s = strdup(name);
+	*gen = ns->commits;
 	ns_unlock(ns);
 	return s;
 }

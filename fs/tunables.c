@@ -61,7 +61,7 @@ static const struct row rows[] = {
 	    "hwfs status --cluster waits this long for the coordinator's answer"),
 	ROW(engine_deadline_ms, 8000, 10, 3600000,
 	    "a commit waits this long for each registered engine to report the version loaded; "
-	    "keep it below commit_deadline_ms"),
+	    "keep it below commit_deadline_ms (a daemon started otherwise logs a warning)"),
 };
 static uint64_t *field(struct hwfs_tunables *t, const struct row *r)
 {

@@ -210,7 +210,12 @@ out:
 	hwfs_vrec_free(rec);
 }
 
-static void hello(struct agent *a)
+/*
+ * hello() - send the heartbeat: this node's versions, current, engines
+ * (@engines, consumed, when the caller read them already; else read here).
+ * The engines sent are kept: an early HELLO is due only when they change.
+ */
+static void hello(struct agent *a, json_t *engines)
 {
 	json_t *vers = json_array();
 	char **names = NULL, *cur = ns_current(a->ns);
@@ -233,9 +238,15 @@ static void hello(struct agent *a)
 			      "versions", vers, "current", cur ? json_string(cur) : json_null());
 
 	json_object_set_new(h, "session", json_string(a->session));
-	__atomic_store_n(&a->engines_changed, 0, __ATOMIC_RELAXED); /* before the list is read */
-	if (a->engines) /* the coordinator shows them in `hwfs status --cluster` */
-		json_object_set_new(h, "engines", a->engines(a->arg) ?: json_array());
+	if (a->engines && !engines) {
+		__atomic_store_n(&a->engines_changed, 0, __ATOMIC_RELAXED); /* before the read */
+		engines = a->engines(a->arg);
+	}
+	if (a->engines) { /* the coordinator shows them in `hwfs status --cluster` */
+		json_decref(a->hello_engines);
+		a->hello_engines = engines ? json_incref(engines) : NULL;
+		json_object_set_new(h, "engines", engines ?: json_array());
+	}
 	if (a->keys) /* pullers reach our data socket with it */
 		json_object_set_new(h, "key", json_string(keys_public(a->keys)));
 	agent_send_coord(a, P_HELLO, h, NULL, 0);
@@ -286,9 +297,34 @@ static void prep_clear(struct agent *a)
 }
 
 /*
+ * prepare_check() - may this node flip to @name, the cluster's version with
+ * @digest: here, sealed, intact and with that digest?  Run on PREPARE, and
+ * again when the engine barrier let it wait (hwfs rm, a new version of the
+ * name or hwfs verify may have changed it meanwhile).  Returns 0, or -errno
+ * with the reason in @err.
+ */
+static int prepare_check(struct agent *a, const char *name, const hwfs_hash_t *digest, char *err,
+			 size_t errlen)
+{
+	struct version *v;
+	int r;
+
+	ns_rdlock(a->ns);
+	r = ns_check_committable(a->ns, name, err, errlen);
+	v = ns_version(a->ns, name);
+	if (r == 0 && hwfs_hash_cmp(&v->digest, digest)) {
+		r = -EINVAL;
+		snprintf(err, errlen, "%s here differs from the cluster's", name);
+	}
+	ns_unlock(a->ns);
+	return r;
+}
+
+/*
  * barrier_check() - ask the engine barrier again about the PREPARE that
  * waits for it (every pass of the loop, and at once when agent_wake() says an
- * engine reported); once it is decided, answer READY and forget it.
+ * engine reported); once it is decided, check the version again (the wait
+ * may have been long), answer READY and forget it.
  */
 static void barrier_check(struct agent *a)
 {
@@ -300,6 +336,8 @@ static void barrier_check(struct agent *a)
 	r = a->barrier(a->arg, a->prep_version, a->prep_started, err, sizeof(err));
 	if (r == -EINPROGRESS)
 		return;
+	if (r == 0)
+		r = prepare_check(a, a->prep_version, &a->prep_digest, err, sizeof(err));
 	if (r < 0)
 		LOG_INFO("agent: not ready for %s: %s", a->prep_version, err);
 	send_ready(a, a->prep_txid, a->prep_version, r == 0, r == 0 ? "ready" : err);
@@ -320,7 +358,6 @@ static void on_prepare(struct agent *a, struct proto_msg *m)
 	uint64_t txid = proto_int(m, "txid");
 	hwfs_hash_t digest;
 	char err[256] = "";
-	struct version *v;
 	int r;
 
 	if (!name) {
@@ -328,17 +365,16 @@ static void on_prepare(struct agent *a, struct proto_msg *m)
 		return;
 	}
 	prep_clear(a);
-	ns_rdlock(a->ns);
-	r = ns_check_committable(a->ns, name, err, sizeof(err));
-	v = ns_version(a->ns, name);
-	if (r == 0 && (proto_hash(m, "digest", &digest) < 0 || hwfs_hash_cmp(&v->digest, &digest))) {
+	if (proto_hash(m, "digest", &digest) < 0) {
 		r = -EINVAL;
-		snprintf(err, sizeof(err), "%s here differs from the cluster's", name);
+		snprintf(err, sizeof(err), "PREPARE of %s without a valid digest", name);
+	} else {
+		r = prepare_check(a, name, &digest, err, sizeof(err));
 	}
-	ns_unlock(a->ns);
 	if (r == 0 && a->barrier) {
 		a->prep_version = strdup(name);
 		if (a->prep_version) {
+			a->prep_digest = digest;
 			a->prep_txid = txid;
 			a->prep_started = mono_ns();
 			barrier_check(a); /* with no engine: READY right now, as before */
@@ -502,29 +538,66 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 		proto_msg_clear(&m);
 		/* a long burst of pieces must not starve the heartbeat */
 		if (now_s() - a->last_hello >= ms_s(hwfs_tun.heartbeat_ms))
-			hello(a);
+			hello(a, NULL);
 	}
 }
 
 /*
- * Is a HELLO due: a heartbeat period since the last one, or an engine changed
+ * hello_if_due() - send a HELLO when one is due: a heartbeat period since the
+ * last one, or the engines' list differs from the one the last HELLO carried
  * (so `hwfs status --cluster` shows what engines serve right after a swap),
- * at most one such early HELLO per ENGINES_HELLO_GAP_S.
+ * at most one such early HELLO per ENGINES_HELLO_GAP_S.  An engine's report
+ * or disconnect only says "look" (engines_changed): a report that changes
+ * nothing shown (the same report again) sends nothing.
  */
-static int hello_due(struct agent *a)
+static void hello_if_due(struct agent *a)
 {
 	double since = now_s() - a->last_hello;
+	json_t *eng;
 
-	return since >= ms_s(hwfs_tun.heartbeat_ms) ||
-	       (__atomic_load_n(&a->engines_changed, __ATOMIC_RELAXED) &&
-		since >= ENGINES_HELLO_GAP_S);
+	if (since >= ms_s(hwfs_tun.heartbeat_ms)) {
+		hello(a, NULL);
+		return;
+	}
+	if (!a->engines || since < ENGINES_HELLO_GAP_S ||
+	    !__atomic_load_n(&a->engines_changed, __ATOMIC_RELAXED))
+		return;
+	__atomic_store_n(&a->engines_changed, 0, __ATOMIC_RELAXED); /* before the list is read */
+	eng = a->engines(a->arg);
+	if (eng && a->hello_engines && json_equal(eng, a->hello_engines)) {
+		json_decref(eng);
+		return;
+	}
+	hello(a, eng);
+}
+
+/*
+ * How long the loop may sleep in zmq_poll() (ms): LOOP_TICK_MS, but no later
+ * than the deadline of a PREPARE waiting for the engine barrier (so a silent
+ * engine's not-ready goes out at engine_deadline_ms, not up to a tick late)
+ * and than the end of the early-HELLO gap when an engine changed.
+ */
+static long loop_timeout_ms(struct agent *a)
+{
+	double left = ms_s(LOOP_TICK_MS);
+
+	if (a->prep_version) {
+		uint64_t due = a->prep_started + hwfs_tun.engine_deadline_ms * 1000000ull;
+		uint64_t now = mono_ns();
+
+		left = HWFS_MIN(left, due > now ? (double)(due - now) / 1e9 : 0.0);
+	}
+	if (__atomic_load_n(&a->engines_changed, __ATOMIC_RELAXED))
+		left = HWFS_MIN(left, a->last_hello + ENGINES_HELLO_GAP_S - now_s());
+	/* rounded up: waking a hair early would only poll again */
+	return left > 0 ? (long)(left * 1000.0) + 1 : 0;
 }
 
 static void *agent_main(void *arg)
 {
 	struct agent *a = arg;
 
-	hello(a);
+	hello(a, NULL);
 	while (!__atomic_load_n(&a->stop, __ATOMIC_RELAXED)) {
 		size_t np = 0, i = 0;
 		struct peer *p;
@@ -540,7 +613,7 @@ static void *agent_main(void *arg)
 		items[2] = (zmq_pollitem_t){NULL, a->pipe[0], ZMQ_POLLIN, 0};
 		for (p = a->peers, i = 3; p; p = p->next, i++)
 			items[i] = (zmq_pollitem_t){p->sock, 0, ZMQ_POLLIN, 0};
-		if (zmq_poll(items, (int)(3 + np), LOOP_TICK_MS) < 0 && errno != EINTR) {
+		if (zmq_poll(items, (int)(3 + np), loop_timeout_ms(a)) < 0 && errno != EINTR) {
 			free(items);
 			break;
 		}
@@ -552,8 +625,7 @@ static void *agent_main(void *arg)
 			handle(a, p->sock, 0, p->addr);
 		pull_pump(a);
 		barrier_check(a);
-		if (hello_due(a))
-			hello(a);
+		hello_if_due(a);
 	}
 	return NULL;
 }
@@ -683,6 +755,7 @@ void agent_stop(struct agent *a)
 		close(a->pipe[1]);
 	free(a->pending_commit);
 	free(a->prep_version);
+	json_decref(a->hello_engines);
 	free(a->applied);
 	json_decref(a->pulls);
 	free(a->node);

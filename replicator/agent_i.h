@@ -144,10 +144,12 @@ struct agent {
 	char *pending_commit; /* committed version to flip to once it is here */
 	/*
 	 * A PREPARE whose READY waits for the engine barrier (agent.c): its
-	 * txid, version (NULL: none pending) and arrival (monotonic ns).  A newer
-	 * PREPARE replaces it; an ABORT of its txid forgets it.
+	 * txid, version (NULL: none pending), the cluster's digest of it (checked
+	 * again before READY) and arrival (monotonic ns).  A newer PREPARE
+	 * replaces it; an ABORT of its txid forgets it.
 	 */
 	char *prep_version;
+	hwfs_hash_t prep_digest;
 	uint64_t prep_txid, prep_started;
 	/*
 	 * The last cluster decision (committed version, epoch) this node applied:
@@ -159,7 +161,8 @@ struct agent {
 	uint64_t applied_epoch, pending_epoch;
 	int flip_failing; /* the last flip to the cluster's version failed (logged once) */
 	double last_hello;
-	int engines_changed; /* atomic: set by agent_wake(); the next HELLO comes early */
+	int engines_changed; /* atomic: set by agent_wake(); look whether the engines changed */
+	json_t *hello_engines; /* the engines the last HELLO carried (agent thread only) */
 	int64_t last_coord_ns; /* atomic: monotonic ns of the last coordinator message */
 	int coord_send_failing; /* the last send to the coordinator failed (warned once) */
 	char session[33];      /* this incarnation, so the coordinator notices a restart */

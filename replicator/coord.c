@@ -41,6 +41,7 @@
 #define MIN_COMMIT_DEADLINE_MS 100 /* a COMMIT_REQ.deadline_ms below this is raised to it */
 #define MAX_COMMIT_DEADLINE_MS 3600000 /* and one above (the tunable's own bound) cut to it */
 #define MAX_NODE_ENGINES 64        /* engines of one node kept from its HELLO (a memory bound) */
+#define MAX_NODE_REASON 1024       /* bytes of a node's READY or ACK reason kept (longer: cut) */
 #define MAX_VERSION_NAME 255       /* longest version name (ns_tree.c, valid_name) */
 
 struct cnode {
@@ -131,6 +132,18 @@ static void printable(const char *in, char *out, size_t len)
 	for (i = 0; in[i] && i + 1 < len; i++)
 		out[i] = in[i] >= 0x20 && in[i] < 0x7f ? in[i] : '?';
 	out[i] = '\0';
+}
+
+/*
+ * Does @s hold a control character a terminal may obey: C0, DEL, or C1
+ * (U+0080-U+009F, 0xC2 0x80-0x9F in UTF-8)?  Returns 1 or 0.
+ */
+static int has_controls(const char *s)
+{
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+		if (*p < 0x20 || *p == 0x7f || (p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F))
+			return 1;
+	return 0;
 }
 
 /*
@@ -471,12 +484,24 @@ static const char *version_or_null(json_t *v)
 	const char *s = json_string_value(v);
 	size_t n = s ? strlen(s) : 0;
 
-	if (n < 1 || n > MAX_VERSION_NAME)
-		return NULL;
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-			return NULL;
-	return s;
+	return n < 1 || n > MAX_VERSION_NAME || has_controls(s) ? NULL : s;
+}
+
+/*
+ * A reason a node sent (READY, ACK) as the coordinator keeps and repeats it
+ * to `hwfs commit`: control characters blanked and at most MAX_NODE_REASON
+ * bytes (engines_clean_text), @def when there is none.  A remote node must
+ * not reach the requester's terminal.  Returns a new JSON string, NULL
+ * without memory.
+ */
+static json_t *node_reason(struct proto_msg *m, const char *def)
+{
+	const char *why = proto_str(m, "reason");
+	char *c = engines_clean_text(why ? why : def, MAX_NODE_REASON);
+	json_t *j = c ? json_string(c) : NULL;
+
+	free(c);
+	return j;
 }
 
 /* @v as a JSON integer if it is one in [0, PROTO_MAX_INT], else JSON null. */
@@ -494,8 +519,10 @@ static json_t *count_or_null(json_t *v)
  * MAX_NODE_ENGINES entries; an entry without a valid engine name is left out;
  * any other field that is not what it should be (a state other than the four,
  * a version name that cannot be one, a reason over ENGINE_REASON_MAX bytes, a
- * negative or huge number) becomes null.  A node is trusted with its own
- * engines, not with the coordinator's memory or the shape of its answers.
+ * negative or huge number) becomes null; control characters of a reason are
+ * blanked (engines_clean_text).  A node is trusted with its own engines, not
+ * with the coordinator's memory, the shape of its answers or the terminal of
+ * whoever runs `hwfs status --cluster`.
  * Returns a new array (NULL without memory).
  */
 static json_t *engines_from_hello(json_t *in)
@@ -510,6 +537,7 @@ static json_t *engines_from_hello(json_t *in)
 		const char *reason = json_string_value(json_object_get(e, "reason"));
 		const char *sv = version_or_null(json_object_get(e, "serving"));
 		const char *sh = version_or_null(json_object_get(e, "shadow"));
+		char *clean;
 		int known = 0;
 
 		if (!out || json_array_size(out) >= MAX_NODE_ENGINES)
@@ -520,16 +548,18 @@ static json_t *engines_from_hello(json_t *in)
 			known |= !strcmp(state, states[k]);
 		if (reason && strlen(reason) > ENGINE_REASON_MAX)
 			reason = NULL;
+		clean = reason ? engines_clean_text(reason, ENGINE_REASON_MAX) : NULL;
 		json_array_append_new(
 			out, json_pack("{s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name", name, "pid",
 				       count_or_null(json_object_get(e, "pid")), "serving",
 				       sv ? json_string(sv) : json_null(), "shadow",
 				       sh ? json_string(sh) : json_null(), "state",
 				       known ? json_string(state) : json_null(), "reason",
-				       reason ? json_string(reason) : json_null(),
+				       clean ? json_string(clean) : json_null(),
 				       "last_swap_pause_us",
 				       count_or_null(json_object_get(e, "last_swap_pause_us")),
 				       "swaps", count_or_null(json_object_get(e, "swaps"))));
+		free(clean);
 	}
 	return out;
 }
@@ -549,6 +579,10 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 
 	if (strcmp(from, proto_str(m, "node"))) {
 		refuse(c, from, P_HELLO, "its HELLO claims another node name than its routing id");
+		return;
+	}
+	if (has_controls(from)) { /* it would reach the terminals of status and commit */
+		refuse(c, from, P_HELLO, "its node name holds control characters");
 		return;
 	}
 	if (c->keys) { /* a name is bound to the key it joined with; a key to one live name */
@@ -821,16 +855,18 @@ static int tx_answered(struct coord *c, const char *node)
 
 static void on_ready(struct coord *c, const char *from, struct proto_msg *m)
 {
-	char reason[600];
+	char reason[MAX_NODE_REASON + 512];
 
 	if (!c->tx.active || c->tx.phase != 1 || proto_int(m, "txid") != c->tx.txid ||
 	    !tx_answered(c, from))
 		return;
 	if (!proto_bool(m, "ok")) {
+		json_t *why = node_reason(m, "not ready");
+
+		/* @from is a joined node's name: no control characters (on_hello) */
 		snprintf(reason, sizeof(reason), "node %s is not ready: %s", from,
-			 proto_str(m, "reason") ?: "refused");
-		json_object_set_new(c->tx.failed, from,
-				    json_string(proto_str(m, "reason") ?: "not ready"));
+			 why ? json_string_value(why) : "not ready");
+		json_object_set_new(c->tx.failed, from, why ?: json_string("not ready"));
 		tx_abort(c, reason);
 		return;
 	}
@@ -855,9 +891,11 @@ static void on_ack(struct coord *c, const char *from, struct proto_msg *m)
 	if (proto_bool(m, "ok")) {
 		json_array_append_new(c->tx.done, json_string(from));
 	} else {
+		json_t *why = node_reason(m, "?");
+
 		LOG_ERR("coord: %s could not flip to %s: %s (it retries on its heartbeats)", from,
-			c->tx.version, proto_str(m, "reason") ?: "?");
-		json_object_set_new(c->tx.failed, from, json_string(proto_str(m, "reason") ?: "?"));
+			c->tx.version, why ? json_string_value(why) : "?");
+		json_object_set_new(c->tx.failed, from, why ?: json_string("?"));
 	}
 	if (json_array_size(c->tx.pending))
 		return;

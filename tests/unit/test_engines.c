@@ -39,10 +39,22 @@ struct fx {
 	struct engines *reg;
 };
 
+/* Make an empty version @name and seal it, as a mount would.  Returns 0 or -errno. */
+static int make_sealed(struct fx *f, const char *name)
+{
+	struct node *vers, *v = NULL;
+	int r;
+
+	ns_rdlock(f->ns);
+	vers = ns_child(ns_root(f->ns), "versions");
+	ns_unlock(f->ns);
+	r = ns_mkdir(f->ns, vers, name, 040755, 0, 0, &v);
+	return r < 0 ? r : ns_seal(f->ns, name, NULL, 0, NULL, 0);
+}
+
 static int fx_setup(void **state)
 {
 	struct fx *f = calloc(1, sizeof(*f));
-	struct node *vers, *v = NULL;
 
 	if (!f)
 		return -1;
@@ -50,11 +62,7 @@ static int fx_setup(void **state)
 	if (!mkdtemp(f->dir) || store_open(f->dir, CAP, &f->st) < 0 || ns_create(f->st, &f->ns) < 0 ||
 	    engines_create(f->ns, &f->reg) < 0)
 		return -1;
-	ns_rdlock(f->ns);
-	vers = ns_child(ns_root(f->ns), "versions");
-	ns_unlock(f->ns);
-	if (ns_mkdir(f->ns, vers, "v1", 040755, 0, 0, &v) < 0 ||
-	    ns_seal(f->ns, "v1", NULL, 0, NULL, 0) < 0)
+	if (make_sealed(f, "v1") < 0)
 		return -1;
 	hwfs_tun.engine_deadline_ms = 8000;
 	*state = f;
@@ -205,21 +213,206 @@ static void test_barrier_states(void **state)
 	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), -ECANCELED);
 	assert_memory_equal(err, "engine e1 refused v1:  rrr", 26);
 	assert_int_equal(strlen(err), strlen("engine e1 refused v1: ") + ENGINE_REASON_MAX);
-	/* a new barrier asks again, and is refused again until the engine says otherwise */
-	assert_int_equal(engines_barrier(f->reg, "v1", t0 + 1, err, sizeof(err)), -ECANCELED);
+	/*
+	 * a new barrier asks again, and the earlier refusal waits for the answer
+	 * (the engine may load it now); it loads it: ready
+	 */
+	t0 = engines_now_ns();
+	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), -EINPROGRESS);
 	assert_string_equal(next_line(&e, buf, sizeof(buf)),
 			    "{\"event\":\"prepare\",\"version\":\"v1\"}\n");
 	assert_int_equal(report(f, &e, "{\"report\":\"loaded\",\"version\":\"v1\"}"), 0);
-	assert_int_equal(engines_barrier(f->reg, "v1", t0 + 2, err, sizeof(err)), 0);
+	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), 0);
 	/* serving it is ready too; swapped to it clears the shadow */
 	assert_int_equal(report(f, &e, "{\"report\":\"swapped\",\"version\":\"v1\",\"pause_us\":7}"), 0);
-	assert_int_equal(engines_barrier(f->reg, "v1", t0 + 3, err, sizeof(err)), 0);
+	assert_int_equal(engines_barrier(f->reg, "v1", engines_now_ns(), err, sizeof(err)), 0);
 	js = engines_json(f->reg);
 	assert_string_equal(json_string_value(json_object_get(json_array_get(js, 0), "state")), "idle");
 	assert_true(json_is_null(json_object_get(json_array_get(js, 0), "shadow")));
 	assert_int_equal(json_integer_value(json_object_get(json_array_get(js, 0), "swaps")), 0);
 	json_decref(js);
 	cli_close(f, &e);
+}
+
+/*
+ * A refusal reported during a barrier decides it at once; one reported before
+ * it (an earlier commit) does not: the new barrier sends prepare and waits for
+ * the engine's new answer, until the deadline, whose sentence recalls the
+ * earlier refusal.
+ */
+static void test_earlier_refusal_is_asked_again(void **state)
+{
+	struct fx *f = *state;
+	struct cli e;
+	char buf[700], err[600];
+	uint64_t t0 = engines_now_ns(), t1;
+	const char *refuse = "{\"report\":\"refused\",\"version\":\"v1\",\"reason\":\"no memory\"}";
+
+	cli_open(f, &e, "e1");
+	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), -EINPROGRESS);
+	assert_int_equal(report(f, &e, refuse), 0);
+	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), -ECANCELED);
+	assert_string_equal(err, "engine e1 refused v1: no memory");
+	assert_string_equal(next_line(&e, buf, sizeof(buf)),
+			    "{\"event\":\"prepare\",\"version\":\"v1\"}\n");
+	/* the next commit: asked again, pending (not refused from the old answer) */
+	t1 = engines_now_ns();
+	assert_int_equal(engines_barrier(f->reg, "v1", t1, err, sizeof(err)), -EINPROGRESS);
+	assert_string_equal(next_line(&e, buf, sizeof(buf)),
+			    "{\"event\":\"prepare\",\"version\":\"v1\"}\n");
+	assert_int_equal(engines_barrier(f->reg, "v1", t1, err, sizeof(err)), -EINPROGRESS);
+	/* refused again during this barrier: decided at once */
+	assert_int_equal(report(f, &e, refuse), 0);
+	assert_int_equal(engines_barrier(f->reg, "v1", t1, err, sizeof(err)), -ECANCELED);
+	assert_string_equal(err, "engine e1 refused v1: no memory");
+	/* a later barrier whose deadline passed with no new answer: the sentence recalls it */
+	hwfs_tun.engine_deadline_ms = 10;
+	t1 = engines_now_ns();
+	while (engines_now_ns() - t1 < 20000000ull)
+		usleep(1000);
+	assert_int_equal(engines_barrier(f->reg, "v1", t1, err, sizeof(err)), -ECANCELED);
+	assert_string_equal(err, "engine e1 did not report v1 loaded within 10 ms (it refused v1 "
+				 "before: no memory)");
+	cli_close(f, &e);
+}
+
+/*
+ * Two barriers at once (a local commit and the agent's PREPARE): each sends
+ * prepare to an engine once, however often each is checked.
+ */
+static void test_prepare_once_per_barrier(void **state)
+{
+	struct fx *f = *state;
+	struct cli e;
+	char buf[256], err[600];
+	uint64_t ta = engines_now_ns(), tb = ta + 1;
+	const char *prep = "{\"event\":\"prepare\",\"version\":\"v1\"}\n";
+
+	cli_open(f, &e, "e1");
+	assert_int_equal(engines_barrier(f->reg, "v1", ta, err, sizeof(err)), -EINPROGRESS);
+	assert_string_equal(next_line(&e, buf, sizeof(buf)), prep);
+	assert_int_equal(engines_barrier(f->reg, "v1", tb, err, sizeof(err)), -EINPROGRESS);
+	assert_string_equal(next_line(&e, buf, sizeof(buf)), prep);
+	for (int i = 0; i < 5; i++) {
+		assert_int_equal(engines_barrier(f->reg, "v1", ta, err, sizeof(err)), -EINPROGRESS);
+		assert_int_equal(engines_barrier(f->reg, "v1", tb, err, sizeof(err)), -EINPROGRESS);
+	}
+	assert_string_equal(next_line(&e, buf, sizeof(buf)), "");
+	cli_close(f, &e);
+}
+
+/* Remove version @name (hwfs rm: the namespace, then the "removed" event). */
+static void remove_version(struct fx *f, const char *name)
+{
+	assert_int_equal(ns_remove_version(f->ns, name), 0);
+	engines_event(f->reg, "removed", name);
+}
+
+/*
+ * An engine's reports are about one version, not one name: after `hwfs rm v2`
+ * and a new v2, neither a v2 loaded nor a v2 served before counts for a
+ * commit of the new one, and the removed shadow is forgotten.
+ */
+static void test_a_new_version_of_the_same_name_is_not_ready(void **state)
+{
+	struct fx *f = *state;
+	struct cli e;
+	char buf[256], err[600];
+	const char *prep = "{\"event\":\"prepare\",\"version\":\"v2\"}\n";
+	json_t *js;
+
+	assert_int_equal(make_sealed(f, "v2"), 0);
+	cli_open(f, &e, "e1");
+	next_line(&e, buf, sizeof(buf)); /* arrived v2? (no event: sealed before it registered) */
+	assert_int_equal(report(f, &e, "{\"report\":\"loaded\",\"version\":\"v2\"}"), 0);
+	assert_int_equal(engines_barrier(f->reg, "v2", engines_now_ns(), err, sizeof(err)), 0);
+	remove_version(f, "v2");
+	assert_string_equal(next_line(&e, buf, sizeof(buf)),
+			    "{\"event\":\"removed\",\"version\":\"v2\"}\n");
+	js = engines_json(f->reg);
+	assert_true(json_is_null(json_object_get(json_array_get(js, 0), "shadow")));
+	assert_string_equal(json_string_value(json_object_get(json_array_get(js, 0), "state")), "idle");
+	json_decref(js);
+	assert_int_equal(make_sealed(f, "v2"), 0);
+	assert_int_equal(engines_barrier(f->reg, "v2", engines_now_ns(), err, sizeof(err)),
+			 -EINPROGRESS);
+	assert_string_equal(next_line(&e, buf, sizeof(buf)), prep);
+	/* serving: the same */
+	assert_int_equal(report(f, &e, "{\"report\":\"swapped\",\"version\":\"v2\"}"), 0);
+	assert_int_equal(engines_barrier(f->reg, "v2", engines_now_ns(), err, sizeof(err)), 0);
+	remove_version(f, "v2");
+	next_line(&e, buf, sizeof(buf));
+	assert_int_equal(make_sealed(f, "v2"), 0);
+	assert_int_equal(engines_barrier(f->reg, "v2", engines_now_ns(), err, sizeof(err)),
+			 -EINPROGRESS);
+	assert_string_equal(next_line(&e, buf, sizeof(buf)), prep);
+	/* a barrier of a version removed while it waits ends */
+	remove_version(f, "v2");
+	assert_int_equal(engines_barrier(f->reg, "v2", engines_now_ns(), err, sizeof(err)),
+			 -ECANCELED);
+	assert_string_equal(err, "no such version: v2");
+	cli_close(f, &e);
+}
+
+/* Point `current` at @name through the namespace, as a rename through the mount does. */
+static void flip(struct fx *f, const char *name)
+{
+	struct node *root, *tmp = NULL;
+	char target[64];
+
+	snprintf(target, sizeof(target), "versions/%s", name);
+	ns_rdlock(f->ns);
+	root = ns_root(f->ns);
+	ns_unlock(f->ns);
+	assert_int_equal(ns_symlink(f->ns, root, ".flip", target, 0, 0, &tmp), 0);
+	assert_int_equal(ns_rename(f->ns, root, ".flip", root, "current", 0), 0);
+	ns_forget(f->ns, tmp, 1);
+}
+
+/*
+ * "current" announces what `current` names when it is sent, once per commit:
+ * the namespace's hook runs after its lock is released, so the hooks of two
+ * flips may run late and in either order; they must neither announce a
+ * stale version last nor repeat one.  A commit of the current version again
+ * is a commit: announced.
+ */
+static void test_current_event_is_the_namespaces_and_in_order(void **state)
+{
+	struct fx *f = *state;
+	struct cli w;
+	char buf[256];
+	const char *cur1 = "{\"event\":\"current\",\"version\":\"v1\"}\n";
+	const char *cur2 = "{\"event\":\"current\",\"version\":\"v2\"}\n";
+
+	assert_int_equal(make_sealed(f, "v2"), 0);
+	cli_open(f, &w, NULL);
+	engines_event(f->reg, "current", "v1"); /* no commit yet: nothing */
+	assert_string_equal(next_line(&w, buf, sizeof(buf)), "");
+	flip(f, "v1");
+	engines_event(f->reg, "current", "v1");
+	assert_string_equal(next_line(&w, buf, sizeof(buf)), cur1);
+	/* flips to v2 then v1; their hooks run late, v1's first */
+	flip(f, "v2");
+	flip(f, "v1");
+	engines_event(f->reg, "current", "v1");
+	engines_event(f->reg, "current", "v2");
+	assert_string_equal(next_line(&w, buf, sizeof(buf)), cur1);
+	assert_string_equal(next_line(&w, buf, sizeof(buf)), "");
+	/* v2's hook first: it announces v1 (current now), v1's hook nothing */
+	flip(f, "v2");
+	flip(f, "v1");
+	engines_event(f->reg, "current", "v2");
+	engines_event(f->reg, "current", "v1");
+	assert_string_equal(next_line(&w, buf, sizeof(buf)), cur1);
+	assert_string_equal(next_line(&w, buf, sizeof(buf)), "");
+	/* the current version committed again: announced again */
+	flip(f, "v1");
+	engines_event(f->reg, "current", "v1");
+	assert_string_equal(next_line(&w, buf, sizeof(buf)), cur1);
+	flip(f, "v2");
+	engines_event(f->reg, "current", "v2");
+	assert_string_equal(next_line(&w, buf, sizeof(buf)), cur2);
+	cli_close(f, &w);
 }
 
 static void test_deadline(void **state)
@@ -297,7 +490,7 @@ static void test_full_socket_drops_the_engine(void **state)
 	cli_open(f, &e, "deaf");
 	setsockopt(e.d, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
 	for (i = 0; i < 100000; i++) { /* the client never reads: its buffer fills */
-		engines_event(f->reg, "current", "v1");
+		engines_event(f->reg, "arrived", "v1");
 		js = engines_json(f->reg);
 		if (json_array_size(js) == 0) {
 			json_decref(js);
@@ -340,6 +533,10 @@ int main(void)
 		cmocka_unit_test(test_names),
 		T(test_events_and_duplicates),
 		T(test_barrier_states),
+		T(test_earlier_refusal_is_asked_again),
+		T(test_prepare_once_per_barrier),
+		T(test_a_new_version_of_the_same_name_is_not_ready),
+		T(test_current_event_is_the_namespaces_and_in_order),
 		T(test_deadline),
 		T(test_wait_ends_on_report_and_on_disconnect),
 		T(test_full_socket_drops_the_engine),
