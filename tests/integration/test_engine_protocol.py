@@ -310,9 +310,10 @@ def test_local_commit_refused_by_an_engine(mount, tmp_path):
     assert m.status()["current"] == "v1"
     st = engines_of(m)["bad-engine"]
     assert st["state"] == "refused" and st["shadow"] == "v2" and "shape [8, 8]" in st["reason"]
-    # a refusal stands until the engine says otherwise; a new commit asks it again
+    # a new commit asks again and its new answer decides
     p = commit_async(m, "v2")
     assert bad.event() == {"event": "prepare", "version": "v2"}
+    bad.send({"report": "refused", "version": "v2", "reason": "tensor w: shape [8, 8], model has [4, 4]"})
     rc, out = finish(p)
     assert rc != 0 and "engine bad-engine refused v2" in out, out
     bad.send({"report": "loaded", "version": "v2"})
