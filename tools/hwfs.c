@@ -117,8 +117,12 @@ static json_t *call(json_t *req, int die_on_error)
 		die("malformed answer from the daemon");
 	if (die_on_error && !json_is_true(json_object_get(res, "ok"))) {
 		json_t *e = json_object_get(res, "error");
+		char msg[1024];
 
-		die("%s", json_is_string(e) ? json_string_value(e) : "request failed");
+		snprintf(msg, sizeof(msg), "%s", json_is_string(e) ? json_string_value(e)
+								   : "request failed");
+		json_decref(res); /* die() exits: nothing may stay allocated (LeakSanitizer) */
+		die("%s", msg);
 	}
 	return res;
 }
