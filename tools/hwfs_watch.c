@@ -241,7 +241,7 @@ static int run_hook(struct watch *s, const char *cmd, const char *hook, const ch
 	uint64_t t0 = mono_us(), term_at = 0, next_kill = UINT64_MAX;
 	uint64_t limit = s->hook_timeout_s ? t0 + s->hook_timeout_s * 1000000u : UINT64_MAX;
 	size_t used = 0;
-	int p[2], status = 0, r = 0, timed_out = 0;
+	int p[2], status = 0, r = 0, timed_out = 0, reaped = 0;
 	pid_t pid;
 
 	if (pipe2(p, O_CLOEXEC) < 0)
@@ -266,8 +266,10 @@ static int run_hook(struct watch *s, const char *cmd, const char *hook, const ch
 		uint64_t now = mono_us(), until;
 		pid_t w = waitpid(pid, &status, WNOHANG);
 
-		if (w == pid || (w < 0 && errno == ECHILD))
+		if (w == pid || (w < 0 && errno == ECHILD)) {
+			reaped = 1;
 			break;
+		}
 		if (now >= limit && !term_at)
 			timed_out = 1;
 		if (timed_out || s->stop)
@@ -283,6 +285,11 @@ static int run_hook(struct watch *s, const char *cmd, const char *hook, const ch
 			close(p[0]); /* EOF: the hook and its children closed it */
 			p[0] = -1;
 		}
+	}
+	if (!reaped) { /* poll failed: end the hook rather than leave it unwatched */
+		kill(-pid, SIGKILL);
+		while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+			;
 	}
 	if (p[0] >= 0)
 		pump(p[0], line, &used, last); /* what it wrote before it exited */

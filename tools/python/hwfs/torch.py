@@ -352,7 +352,7 @@ class HotSwap:
         nothing (an exception part-way puts back every tensor already
         swapped, then propagates: the module serves what it served, and
         nothing is reported); report the pause (0 for the load at start),
-        release what was served before."""
+        release what was served before (and @loaded is no shadow any more)."""
         pairs = list(loaded.pairs)  # prepared before the lock: the pause is the assignments
         done = []
         self._rw.acquire_exclusive()
@@ -373,6 +373,7 @@ class HotSwap:
         pause_us = 0 if initial else max(1, (t1 - t0) // 1000)
         old, self._serving = self._serving, loaded
         loaded.pairs = []  # the module holds the tensors now
+        self._set_shadows([x for x in self._shadows if x is not loaded])  # served, no shadow
         if old is not None:
             old.release()  # the old tensors die with the last reference to them
         with self._cond:
@@ -447,7 +448,6 @@ class HotSwap:
                 log.error("engine %s: %s", self.engine, self.error)
                 return
             self._swap(loaded)  # raises when it failed: the shadow stays
-            self._set_shadows([x for x in self._shadows if x is not loaded])
         elif ev.type == "removed":
             gone = self._find_shadow(v)
             if gone is not None:
