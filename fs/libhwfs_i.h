@@ -15,6 +15,8 @@
 #define LIB_CONTROL_XATTR "user.hwfs.control"
 /* longest error sentence kept per thread */
 #define LIB_ERRMSG_MAX 1024
+/* longest version name (and file path component) the daemon may send, in bytes */
+#define LIB_NAME_MAX 255
 
 struct hwfs {
 	char *mount; /* absolute, no trailing slash */
@@ -61,5 +63,15 @@ int lib_check(json_t *res);
 
 /** A string member of @o, or NULL when absent or not a string. */
 const char *lib_jstr(json_t *o, const char *key);
+
+/**
+ * lib_valid_name() - may @name be a version name (or one component of a
+ * file path) the daemon sends?  1 when it is 1-255 bytes, not "." or "..",
+ * with no '/' and no control character (< 0x20, 0x7f), else 0.  The daemon
+ * itself never makes another one (fs/ns_tree.c valid_name, which also checks
+ * UTF-8): a name that fails here is a daemon that lies, and is refused
+ * before it becomes a path.
+ */
+int lib_valid_name(const char *name);
 
 #endif /* HWFS_LIBHWFS_I_H */

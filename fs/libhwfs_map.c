@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "libhwfs_i.h"
@@ -83,6 +84,32 @@ static int parse_hash(const char *hex, uint8_t out[16])
 		return -EINVAL;
 	memcpy(out, h.b, sizeof(h.b));
 	return 0;
+}
+
+/*
+ * Is @path a file path inside a version: relative, each component a valid
+ * name (lib_valid_name: no "", ".", ".." or control character)?  1 or 0.
+ */
+static int valid_file_path(const char *path)
+{
+	char comp[LIB_NAME_MAX + 1];
+
+	if (!path || !*path)
+		return 0;
+	for (const char *p = path;;) {
+		const char *slash = strchr(p, '/');
+		size_t n = slash ? (size_t)(slash - p) : strlen(p);
+
+		if (n > LIB_NAME_MAX)
+			return 0;
+		memcpy(comp, p, n);
+		comp[n] = '\0';
+		if (!lib_valid_name(comp))
+			return 0;
+		if (!slash)
+			return 1;
+		p = slash + 1;
+	}
 }
 
 /* An unsigned integer member of @o into *@v. Returns 0 or -EPROTO. */
@@ -428,6 +455,10 @@ static int build_tensors(struct hwfs_map *m, json_t *res, int afd, uint64_t page
 			r = lib_fail(-EPROTO, "malformed map answer: a file without path or size");
 			goto out;
 		}
+		if (!valid_file_path(path)) {
+			r = lib_fail(-EPROTO, "malformed map answer: invalid file path");
+			goto out;
+		}
 		if (!json_array_size(ts))
 			continue;
 		free(ext);
@@ -506,6 +537,34 @@ void hwfs_unmap(struct hwfs_map *m)
 	free(m);
 }
 
+/*
+ * Check what the answer of map @m says against what came with it: the
+ * version is the one asked for (@version) and a valid name, and the arena
+ * descriptor @afd is a regular file that holds all @arena_len bytes (extents
+ * are checked against arena_len later, so none lies past the file's end: a
+ * page past it would be SIGBUS at first read).  Returns 0 or -EPROTO (or
+ * -errno of fstat), with the sentence set.
+ */
+static int check_answer(const struct hwfs_map *m, int afd, const char *version,
+			uint64_t arena_len)
+{
+	struct stat st;
+
+	if (!lib_valid_name(m->version) || !version || strcmp(m->version, version))
+		return lib_fail(-EPROTO, "malformed map answer: it is not of the version asked "
+					 "for (%s)", version ? version : "none");
+	if (fstat(afd, &st) < 0)
+		return lib_fail(-errno, "cannot check the arena descriptor: %s", strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		return lib_fail(-EPROTO, "malformed map answer: the arena descriptor is not a "
+					 "regular file");
+	if (st.st_size < 0 || arena_len > (uint64_t)st.st_size)
+		return lib_fail(-EPROTO, "malformed map answer: arena_size %llu is beyond the end "
+					 "of the arena file (%lld bytes)",
+				(unsigned long long)arena_len, (long long)st.st_size);
+	return 0;
+}
+
 int hwfs_map(struct hwfs *h, const char *version, struct hwfs_map **out)
 {
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), arena_len = 0, their_page = 0;
@@ -541,6 +600,9 @@ int hwfs_map(struct hwfs *h, const char *version, struct hwfs_map **out)
 			     afd < 0 ? ": no arena descriptor came with it" : "");
 		goto out;
 	}
+	r = check_answer(m, afd, version, arena_len);
+	if (r < 0)
+		goto out;
 	if (their_page != page) {
 		r = lib_fail(-EPROTO, "the daemon's page size (%llu) is not ours (%llu)",
 			     (unsigned long long)their_page, (unsigned long long)page);

@@ -29,6 +29,18 @@ struct hwfs_watch {
 	pthread_mutex_t send_lock; /* one report on the wire at a time */
 };
 
+int lib_valid_name(const char *name)
+{
+	size_t n = name ? strlen(name) : 0;
+
+	if (n == 0 || n > LIB_NAME_MAX || !strcmp(name, ".") || !strcmp(name, ".."))
+		return 0;
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+		if (*p == '/' || *p < 0x20 || *p == 0x7f)
+			return 0;
+	return 1;
+}
+
 int hwfs_watch_open(struct hwfs *h, const char *engine, char **current, struct hwfs_watch **out)
 {
 	json_t *req = engine ? json_pack("{s:s, s:s}", "op", "engine", "name", engine)
@@ -67,6 +79,11 @@ int hwfs_watch_open(struct hwfs *h, const char *engine, char **current, struct h
 		goto out;
 	}
 	cur = lib_jstr(res, "current");
+	if (cur && !lib_valid_name(cur)) {
+		r = lib_fail(-EPROTO, "malformed answer from the daemon: `current` names an "
+				      "invalid version name");
+		goto out;
+	}
 	if (current && cur && !(cur_copy = strdup(cur))) {
 		r = lib_fail(-ENOMEM, "out of memory");
 		goto out;
@@ -100,7 +117,9 @@ static int ms_left(const struct timespec *end)
 
 /*
  * Fill @ev from event line @msg.  Returns 0, 1 for a line that is no event
- * this library knows (skipped: a newer daemon may say more), -EPROTO.
+ * this library knows (skipped: a newer daemon may say more), -EPROTO (the
+ * sentence set) for an event without a valid version name (lib_valid_name:
+ * a path such as "../../etc" never reaches the caller).
  */
 static int parse_event(json_t *msg, struct hwfs_event *ev)
 {
@@ -120,8 +139,11 @@ static int parse_event(json_t *msg, struct hwfs_event *ev)
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(types); i++) {
 		if (strcmp(e, types[i].name))
 			continue;
-		if (!v || !*v || strlen(v) >= sizeof(ev->version))
-			return lib_fail(-EPROTO, "malformed %s event from the daemon", e);
+		if (!v)
+			return lib_fail(-EPROTO, "malformed %s event from the daemon: no version", e);
+		if (!lib_valid_name(v) || strlen(v) >= sizeof(ev->version))
+			return lib_fail(-EPROTO, "malformed %s event from the daemon: invalid version "
+						 "name (dropped)", e);
 		ev->type = types[i].type;
 		strcpy(ev->version, v);
 		return 0;

@@ -198,7 +198,8 @@ int hwfs_watch_fd(const struct hwfs_watch *w);
 /**
  * hwfs_watch_next() - wait up to @timeout_ms (-1: forever, 0: do not wait)
  * for the next event.  Returns 0 (*@ev filled), -ETIMEDOUT, -EPIPE (the
- * daemon closed the stream: unmounted or stopped), -errno.
+ * daemon closed the stream: unmounted or stopped), -EPROTO (a malformed
+ * event, such as a version name with '/', was dropped: call again), -errno.
  */
 int hwfs_watch_next(struct hwfs_watch *w, int timeout_ms, struct hwfs_event *ev);
 

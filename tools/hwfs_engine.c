@@ -27,7 +27,8 @@
  * JSON line computed from the served mapping at that moment:
  *   {"version": V, "digest": D, "tensors": N, "bytes": B, "checksum": HEX}
  * where checksum is the XXH3-64 of every tensor's bytes in map order (the
- * engine's "logits"; {"version": null, ...} while nothing is served).
+ * engine's "logits"; {"version": null, ...} while nothing is served).  V is
+ * a JSON string whatever the version's name (json_escape).
  *
  * Threads: the main thread follows events and loads; one server thread
  * answers requests.  The served version is a pointer under a mutex, with a
@@ -60,7 +61,9 @@
 #define MAX_CLIENTS 64    /* connections served at once; more wait in the backlog */
 #define REQUEST_MAX 4096  /* longest request line; a longer one closes the connection */
 #define REASON_MAX 512    /* longest refusal reason */
-#define ANSWER_MAX 1024   /* longest answer line */
+#define VERSION_NAME_MAX 256 /* a version name and its NUL (struct hwfs_event's version) */
+#define ESCAPED_MAX (6 * VERSION_NAME_MAX) /* a name as a JSON string body: "\\u00XX" per byte at most */
+#define ANSWER_MAX (ESCAPED_MAX + 256) /* longest answer line */
 
 /* One version mapped and verified. */
 struct loaded {
@@ -514,9 +517,35 @@ static void removed(struct engine *e, const char *version)
 
 /* ------------------------------------------------------------ serving */
 
+/*
+ * @s as the body of a JSON string into @out (@len bytes, at least 1): '"'
+ * and '\\' escaped, control characters as \\u00XX, every other byte (UTF-8
+ * included) as it is.  A string that does not fit is cut before the escape
+ * that would not fit.  Returns @out.
+ */
+static const char *json_escape(const char *s, char *out, size_t len)
+{
+	size_t at = 0;
+
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		char e[8];
+		int n = *p == '"' || *p == '\\' ? snprintf(e, sizeof(e), "\\%c", *p)
+			: *p < 0x20 || *p == 0x7f ? snprintf(e, sizeof(e), "\\u%04x", *p)
+						  : snprintf(e, sizeof(e), "%c", *p);
+
+		if (at + (size_t)n >= len)
+			break;
+		memcpy(out + at, e, (size_t)n);
+		at += (size_t)n;
+	}
+	out[at] = '\0';
+	return out;
+}
+
 /* The answer to one request, from the version served now, into @out. */
 static void answer(struct engine *e, char *out, size_t len)
 {
+	char name[ESCAPED_MAX];
 	struct loaded *l;
 	XXH3_state_t *st;
 
@@ -541,7 +570,8 @@ static void answer(struct engine *e, char *out, size_t len)
 		snprintf(out, len,
 			 "{\"version\":\"%s\",\"digest\":\"%s\",\"tensors\":%zu,\"bytes\":%llu,"
 			 "\"checksum\":\"%016llx\"}\n",
-			 hwfs_map_version(l->m), hwfs_map_digest(l->m), hwfs_map_count(l->m),
+			 json_escape(hwfs_map_version(l->m), name, sizeof(name)),
+			 hwfs_map_digest(l->m), hwfs_map_count(l->m),
 			 (unsigned long long)l->bytes,
 			 (unsigned long long)XXH3_64bits_digest(st));
 		XXH3_freeState(st);
@@ -732,8 +762,12 @@ static int run(struct engine *e)
 				      {.fd = e->sigfd, .events = POLLIN}};
 		struct signalfd_siginfo si;
 
-		while (!e->stop && (r = hwfs_watch_next(e->w, 0, &ev)) == 0)
-			handle(e, &ev);
+		while (!e->stop && ((r = hwfs_watch_next(e->w, 0, &ev)) == 0 || r == -EPROTO)) {
+			if (r == 0)
+				handle(e, &ev);
+			else /* a malformed event, dropped by the library: log it, read on */
+				logf_(e, "%s", hwfs_errmsg());
+		}
 		if (e->stop)
 			break;
 		if (r != -ETIMEDOUT) {

@@ -8,7 +8,9 @@ copied ones) and, against a `make install`ed tree found by pkg-config, that
 the installed library, header and .pc file are what a program needs.
 """
 
+import json
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,8 @@ import pytest
 
 from conftest import (CHANGED_IDX, HWFS, REPO, make_tensors, poll, save_model, sh,
                       safetensors_header)
-from engine_proc import engine_state, procs, start_engine  # noqa: F401 (procs: fixture)
+from engine_proc import WatchProc, engine_state, procs, start_engine  # noqa: F401 (procs: fixture)
+from fake_daemon import fake_daemon  # noqa: F401 (a fixture)
 
 BUILD = Path(HWFS).resolve().parent
 # a program linked with a sanitizer build's libhwfs needs that sanitizer's runtime
@@ -296,3 +299,101 @@ def test_make_install_and_pkg_config(mount, src, tmp_path):
         assert out.read_bytes()[:64] == t[name].tobytes()[:64]
         assert out.read_bytes() == t[name].tobytes()
     assert hdr[name]["dtype"] == "F32"
+
+
+# --------------------------------------------------------------------------
+# names: any name hwfs accepts, and names a daemon must never send
+
+
+def test_engine_answer_is_json_whatever_the_version_name(mount, src, tmp_path, procs):
+    """hwfs-engine's answer names the served version as a JSON string: a name
+    with quotes, a backslash, a tab-free control-free UTF-8 tail comes back
+    exactly, not as more JSON."""
+    name = 'v1", "version": "forged", "x": "\\ é'
+    t = make_tensors(seed=7, n=2)
+    d1 = publish(mount, src, name, t)
+    mount.run("commit", name)
+    eng = start_engine(procs, mount.mnt, "e1", tmp_path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(eng.sock)
+        s.sendall(b"what do you serve?\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            data = s.recv(4096)
+            assert data, f"the engine closed the connection after {buf!r}"
+            buf += data
+    ans = json.loads(buf)
+    assert ans["version"] == name and ans["digest"] == d1 and ans["tensors"] == len(t), ans
+
+
+def map_answer(arena, **change):
+    """A map answer of version "v": one file "f" of 8 KiB, one tensor "w" of
+    its bytes at arena offset 4096, the descriptor of @arena (a path) with it;
+    @change replaces top-level members ("files": the file record's members)."""
+    f = {"path": "f", "size": 8192, "extents": [[0, 8192, 4096]],
+         "tensors": [{"name": "w", "dtype": "U8", "shape": [8192], "off": 0, "len": 8192,
+                      "hash": "0" * 32}]}
+    f.update(change.pop("files", {}))
+    ans = {"ok": True, "version": "v", "digest": "0" * 32, "arena_size": 3 * 4096,
+           "page_size": os.sysconf("SC_PAGE_SIZE"), "files": [f]}
+    ans.update(change)
+
+    def answer(c, req):
+        fd = os.open(arena, os.O_RDONLY)
+        try:
+            socket.send_fds(c, [(json.dumps(ans) + "\n").encode()], [fd])
+        finally:
+            os.close(fd)
+    return answer
+
+
+@pytest.mark.parametrize("case", ["arena-beyond-file", "not-a-file", "other-version",
+                                  "bad-version", "bad-file-path"])
+def test_map_checks_the_daemons_answer(case, fake_daemon, map_dump, tmp_path):
+    """libhwfs checks a map answer against the descriptor that came with it
+    (a regular file that holds the whole arena) and the names in it: a
+    daemon that lies gets a clear error, not a SIGBUS or a path outside."""
+    small = tmp_path / "arena"
+    small.write_bytes(b"A" * 4096)
+    big = tmp_path / "arena-ok"
+    big.write_bytes(b"B" * 3 * 4096)
+    answer, words = {
+        "arena-beyond-file": (map_answer(small, arena_size=1 << 30), "arena"),
+        "not-a-file": (map_answer("/dev/zero"), "not a regular file"),
+        "other-version": (map_answer(big, version="w"), "version"),
+        "bad-version": (map_answer(big, version="../../etc"), "version"),
+        "bad-file-path": (map_answer(big, files={"path": "../../etc/passwd"}), "path"),
+    }[case]
+    cp = sh([map_dump, fake_daemon(answer).dir, "v", "w", tmp_path / "out"], check=False)
+    assert cp.returncode == 1, f"map_dump ended {cp.returncode} ({cp.stdout!r} {cp.stderr!r})"
+    assert "malformed map answer" in cp.stderr and words in cp.stderr, cp.stderr
+    # the same answer from a daemon that tells the truth maps
+    cp = sh([map_dump, fake_daemon(map_answer(big)).dir, "v", "w", tmp_path / "out"])
+    assert (tmp_path / "out").read_bytes() == b"B" * 8192
+
+
+def test_watch_drops_events_with_bad_version_names(fake_daemon, tmp_path, procs):
+    """An event whose version is no version name (a path, '..', empty, a
+    control character) is dropped with an error: `hwfs watch` says so on
+    stderr and goes on; no hook ever sees it."""
+    bad = ["../../../etc", "..", ".", "", "a/b", "v\x01", "x" * 256]
+
+    def answer(c, req):
+        lines = [{"ok": True, "current": None}] + \
+                [{"event": "arrived", "version": v} for v in bad] + \
+                [{"event": "arrived", "version": "good"}]
+        c.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
+
+    fake = fake_daemon(answer)
+    log = tmp_path / "hooks"
+    w = WatchProc(fake.dir, "--on-arrive", f'printf "%s\\n" "$HWFS_PATH" >> {log}').start()
+    procs.append(w)
+    lines = w.wait_line("loaded good")
+    assert lines == ["arrived good", "loaded good"], lines
+    assert log.read_text() == f"{fake.dir}/versions/good\n"
+    assert w.stderr.count("invalid version name") == len(bad), w.stderr
+    # a watch whose first answer names an invalid `current` is refused
+    fake2 = fake_daemon(lambda c, req: c.sendall(b'{"ok": true, "current": "../x"}\n'))
+    cp = sh([HWFS, "watch", "-m", fake2.dir], check=False, timeout=20)
+    assert cp.returncode == 1 and "invalid version name" in cp.stderr, cp

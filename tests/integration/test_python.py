@@ -9,11 +9,13 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 
 from conftest import REPO, make_tensors, poll, save_model
+from fake_daemon import fake_daemon  # noqa: F401 (a fixture)
 
 PYDIR = REPO / "tools" / "python"
 os.environ.setdefault("HWFS_LIBRARY", str(REPO / "build" / "libhwfs.so.1"))
@@ -218,6 +220,56 @@ def test_watch_yields_events(mount):
         next_event(w, "removed", "v1")
     with hwfs.open(mount.mnt) as m, m.watch() as w:
         assert w.current == "v2"
+
+
+# the syscall numbers of poll and ppoll (x86_64: 7 and 271; aarch64 has ppoll only: 73)
+POLL_SYSCALLS = {"x86_64": {"7", "271"}, "aarch64": {"73"}}.get(os.uname().machine)
+
+
+def in_poll(thread):
+    """Is @thread blocked in poll()/ppoll() right now (/proc/self/task/TID/syscall)?"""
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/syscall") as f:
+            return f.read().split()[0] in POLL_SYSCALLS
+    except (OSError, IndexError):
+        return False
+
+
+def test_watch_close_while_a_report_is_blocked(fake_daemon):
+    """An engine whose node does not read its reports: a report blocks
+    inside libhwfs for room on the socket.  close() from another thread then
+    wakes it (the report raises) and frees the watch only after the report
+    left the library, never under it; later calls raise ValueError."""
+    if not POLL_SYSCALLS:
+        pytest.skip(f"no poll syscall numbers known for {os.uname().machine}")
+    fake = fake_daemon(lambda c, req: c.sendall(b'{"ok": true, "current": null}\n'))
+    w = hwfs.open(fake.dir).watch(engine="stuck")
+    sent, failed = [0], []
+
+    def reporter():
+        try:
+            while True:
+                w.report("loading", "v1")
+                sent[0] += 1
+        except (OSError, ValueError) as e:
+            failed.append(e)
+
+    t = threading.Thread(target=reporter, daemon=True)
+    t.start()
+    assert poll(lambda: in_poll(t) or not t.is_alive(), timeout=20), \
+        f"the reports never filled the socket ({sent[0]} sent)"
+    assert t.is_alive(), failed
+    closer = threading.Thread(target=w.close, daemon=True)
+    closer.start()
+    closer.join(timeout=20)
+    t.join(timeout=20)
+    assert not t.is_alive(), "a report is still blocked in libhwfs after close()"
+    assert not closer.is_alive(), "close() did not return"
+    assert len(failed) == 1 and isinstance(failed[0], (ValueError, OSError)), failed
+    with pytest.raises(ValueError, match="closed"):
+        w.report("loaded", "v1")
+    with pytest.raises(ValueError, match="closed"):
+        w.next(timeout=0)
 
 
 def test_errors(mount, tmp_path):

@@ -430,3 +430,64 @@ def test_torch_tensors_zero_copy_dtypes(mount):
         del got, bits
         gc.collect()
         assert v.unmapped
+
+
+def leases_of(mount, pid):
+    return sorted(x["version"] for x in mount.status()["leases"] if x["pid"] == pid)
+
+
+def test_hotswap_swap_is_all_or_nothing(mount):
+    """A swap that fails part-way (here: a tensor torch refuses as a
+    parameter's data) puts back every tensor it had already swapped: the
+    module serves v1 entirely, as before, and nothing is reported."""
+    save_version(mount, "v1", tiny(1))
+    mount.run("commit", "v1")
+    save_version(mount, "v2", perturbed(tiny(1), 5))
+    model = tiny(3)
+    ref1 = logits(fresh(mount, "v1"))
+    with HotSwap(model, mount.mnt, engine="atomic") as hs:
+        before = [p.data_ptr() for p in model.parameters()]
+        loaded = hs._load("v2")
+        k = len(loaded.pairs) // 2
+        target, _ = loaded.pairs[k]
+        loaded.pairs[k] = (target, torch.zeros(target.shape, dtype=torch.int64))
+        with pytest.raises(RuntimeError):
+            hs._swap(loaded)
+        assert [p.data_ptr() for p in model.parameters()] == before, "a failed swap left a mix"
+        assert hs.version == "v1" and hs.swaps == 0
+        with hs.serving():
+            assert torch.equal(logits(model), ref1)
+        assert engine_record(mount, "atomic")["serving"] == "v1"
+        loaded.release()
+
+
+def test_hotswap_keeps_the_loaded_shadow_when_a_newer_version_arrives(mount):
+    """Two shadows: a version loaded (and so possibly READY for a commit on
+    its way) is kept when a newer one arrives, so `current` flipping to it
+    then swaps at once; a third arrival drops the oldest shadow."""
+    save_version(mount, "v1", tiny(1))
+    mount.run("commit", "v1")
+    model = tiny(3)
+    pid = os.getpid()
+    with HotSwap(model, mount.mnt, engine="two") as hs:
+        save_version(mount, "v2", perturbed(tiny(1), 2))
+        assert poll(lambda: hs.shadow == "v2", timeout=20), hs.error
+        save_version(mount, "v3", perturbed(tiny(1), 3))
+        assert poll(lambda: hs.shadow == "v3", timeout=20), hs.error
+        assert poll(lambda: leases_of(mount, pid) == ["v1", "v2", "v3"], 10), \
+            f"v2's shadow was dropped when v3 arrived: leases {leases_of(mount, pid)}"
+        assert hs.shadows == ["v2", "v3"], hs.shadows
+        # `current` flips to v2 the way a COMMIT that passed its barrier before v3 arrived does
+        os.symlink("versions/v2", mount.path(".flip"))
+        os.rename(mount.path(".flip"), mount.path("current"))
+        assert hs.wait_version("v2", timeout=20), hs.error
+        assert hs.shadows == ["v3"] and hs.error is None, (hs.shadows, hs.error)
+        with hs.serving():
+            assert torch.equal(logits(model), logits(fresh(mount, "v2")))
+        assert poll(lambda: leases_of(mount, pid) == ["v2", "v3"], 10), leases_of(mount, pid)
+        for v in ("v4", "v5"):
+            save_version(mount, v, perturbed(tiny(1), int(v[1])))
+        assert poll(lambda: hs.shadows == ["v4", "v5"], timeout=20), (hs.shadows, hs.error)
+        assert poll(lambda: leases_of(mount, pid) == ["v2", "v4", "v5"], 10), leases_of(mount, pid)
+        mount.run("rm", "v4")
+        assert poll(lambda: hs.shadows == ["v5"], timeout=20), hs.shadows

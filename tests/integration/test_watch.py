@@ -1,11 +1,16 @@
 """`hwfs watch`: events, hooks and the hook-driven engine (docs/cli.md, "watch")."""
 
+import json
 import os
+import re
+import shutil
 import signal
+import threading
 
 import numpy as np
+import pytest
 
-from conftest import assert_error_line, make_tensors, poll, save_model
+from conftest import HWFS, REPO, assert_error_line, make_tensors, pid_alive, poll, save_model, sh
 from engine_proc import WatchProc, engine_state, procs  # noqa: F401 (procs: fixture)
 
 
@@ -124,3 +129,214 @@ def test_prepare_of_a_version_that_arrived_before_the_watch_runs_on_arrive(mount
     assert log.read_text() == "arrive v1\ncommit v1\n"
     st = engine_state(mount, "late")
     assert poll(lambda: (engine_state(mount, "late") or {}).get("serving") == "v1"), st
+
+
+# --------------------------------------------------------------------------
+# version names in hooks (docs/engines.md, "Recipes"; docs/cli.md, "watch")
+
+# A version name a shell recipe that pastes $HWFS_PATH into a JSON body would
+# turn into more JSON (hwfs accepts any name without '/' or control characters).
+HOSTILE = 'v2", "load_format": "dummy", "method": "evil", "x": "'
+
+
+def publish_named(mount, src, version, tensors=None):
+    """publish() for any name, one that starts with '-' included."""
+    save_model(src / "named" / "model.safetensors",
+               tensors if tensors is not None else {"w": np.full((8, 8), 1, np.float32)})
+    sh([HWFS, "publish", "-m", mount.mnt, "--", src / "named", version])
+
+
+def test_hooks_do_not_run_for_a_version_name_not_safe_for_them(mount, src, tmp_path, procs):
+    """Hooks run for names of A-Z a-z 0-9 . _ + @ = - (not starting with '-')
+    only: another name is refused for that reason without running a hook, and
+    a commit of it fails naming it; --any-name runs the hooks for any name."""
+    log = tmp_path / "hooks"
+    w = WatchProc(mount.mnt, "--engine", "careful", "--on-arrive", f'printf "%s\\n" "a $HWFS_VERSION" >> {log}',
+                  "--on-commit", f'printf "%s\\n" "c $HWFS_VERSION" >> {log}').start()
+    procs.append(w)
+    w.wait_line("registered as engine careful on " + mount.mnt)
+    for name in (HOSTILE, "-rf", "v 3", "v$(id)", "vé"):
+        publish_named(mount, src, name)
+        w.wait_line(f"refused {name}: version name not safe for hooks")
+    cp = mount.run("commit", HOSTILE, check=False)
+    assert_error_line(cp, "engine careful refused", "version name not safe for hooks")
+    assert not os.path.lexists(mount.path("current"))
+    fine = "v1.0+build@x=y_z-1"
+    publish_named(mount, src, fine)
+    w.wait_line(f"loaded {fine}")
+    mount.run("commit", fine)
+    w.wait_line(f"swapped {fine} (pause ", prefix=True)
+    assert log.read_text() == f"a {fine}\nc {fine}\n"
+
+    # --any-name: the hooks run, and get the name exactly
+    w2 = WatchProc(mount.mnt, "--engine", "brave", "--any-name",
+                   "--on-arrive", f'printf "%s\\n" "a $HWFS_VERSION" >> {log}.any').start()
+    procs.append(w2)
+    w2.wait_line(f"swapped {fine} (pause 0 us)")
+    mount.run("rm", HOSTILE)
+    publish_named(mount, src, HOSTILE)
+    w2.wait_line(f"loaded {HOSTILE}")
+    assert (tmp_path / "hooks.any").read_text() == f"a {fine}\na {HOSTILE}\n"
+
+
+# The SGLang and vLLM recipes of docs/engines.md, run as written (the server's
+# address aside) against a stub server that records every request.
+def recipe_hooks():
+    """{section: [on-commit hook, ...]} of the SGLang and vLLM sections of docs/engines.md."""
+    text = (REPO / "docs" / "engines.md").read_text()
+    out = {}
+    for section in ("SGLang", "vLLM"):
+        body = text.split(f"### {section}", 1)[1].split("\n### ", 1)[0]
+        out[section] = re.findall(r"--on-commit '(.*?)'\n", body, re.S)
+    return out
+
+
+class StubServer:
+    """An HTTP server on 127.0.0.1 that records (method, path, body) and answers
+    /get_model_info with another model_path, everything else with success."""
+
+    def __init__(self):
+        import http.server
+
+        self.requests = []
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                stub.requests.append(("GET", self.path, b""))
+                self._answer({"model_path": "/somewhere/else"})
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                stub.requests.append(("POST", self.path, self.rfile.read(n)))
+                self._answer({"success": True, "message": "", "results": [None]})
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_recipes_send_json_bodies_whatever_the_version_name(mount, src, procs):
+    """Every SGLang and vLLM on-commit hook of docs/engines.md posts exactly
+    the documented JSON body, with the version's path as one string, for a
+    version whose name is JSON itself (run with --any-name)."""
+    if not shutil.which("curl") or not shutil.which("python3"):
+        pytest.skip("the recipes need curl and python3")
+    hooks = recipe_hooks()
+    assert len(hooks["SGLang"]) == 1 and len(hooks["vLLM"]) == 2, hooks
+    stub = StubServer()
+    try:
+        prev = None
+        for i, (section, hook) in enumerate([(s, h) for s in hooks for h in hooks[s]]):
+            hook = re.sub(r"http://127\.0\.0\.1:\d+", stub.url, hook)
+            w = WatchProc(mount.mnt, "--engine", f"recipe{i}", "--any-name", "--on-commit", hook).start()
+            procs.append(w)
+            if prev:
+                w.wait_line(f"swapped {prev} (pause 0 us)")  # the start-up pass, for the last one
+            stub.requests.clear()
+            name = f"{HOSTILE}{i}"
+            publish_named(mount, src, name)
+            mount.run("commit", name)
+            w.wait_line(f"swapped {name} (pause ", prefix=True)
+            path = mount.vpath(name)
+            posts = [(p, json.loads(b) if b else None) for m, p, b in stub.requests if m == "POST"]
+            want = {
+                0: [("/update_weights_from_disk", {"model_path": path, "weight_version": name})],
+                1: [("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}),
+                    ("/reset_prefix_cache", None)],
+                2: [("/collective_rpc", {"method": "update_config",
+                                         "args": [{"model_config": {"model": path}}]}),
+                    ("/collective_rpc", {"method": "reload_weights"}),
+                    ("/reset_prefix_cache", None)],
+            }[i]
+            assert posts == want, f"{section} hook {hook!r} posted {stub.requests}"
+            assert w.stop() == 0
+            prev = name
+    finally:
+        stub.close()
+
+
+# --------------------------------------------------------------------------
+# hooks that do not end, or leave children behind
+
+
+def kill_pid_in(path):
+    """SIGKILL the process whose pid file @path names, if any (test cleanup)."""
+    try:
+        os.kill(int(path.read_text().split()[0]), signal.SIGKILL)
+    except (OSError, ValueError, IndexError):
+        pass
+
+
+def test_a_hook_that_leaves_a_background_child_does_not_hang_the_watch(mount, src, tmp_path, procs):
+    """A hook that starts a background process holding its stderr and exits 0
+    is done when it exits: the version is reported loaded at once."""
+    pidf = tmp_path / "bg.pid"
+    hook = f'sleep 300 & echo $! > {pidf}; echo "arrive $HWFS_VERSION" >&2'
+    w = WatchProc(mount.mnt, "--engine", "bg", "--on-arrive", hook).start()
+    procs.append(w)
+    try:
+        w.wait_line("registered as engine bg on " + mount.mnt)
+        publish(mount, src, "v1")
+        w.wait_line("loaded v1")
+        mount.run("commit", "v1")
+        w.wait_line("swapped v1 (pause ", prefix=True)
+        assert "arrive v1" in w.stderr or poll(lambda: "arrive v1" in w.stderr)
+        assert w.stop() == 0
+    finally:
+        kill_pid_in(pidf)
+
+
+def test_sigterm_ends_a_running_hook_and_its_children(mount, src, tmp_path, procs):
+    """SIGTERM while a hook runs a child: the hook's whole process group gets
+    it, and the watch exits 0."""
+    pidf = tmp_path / "child.pid"
+    hook = f"sh -c 'echo $$ > {pidf}; exec sleep 300'; echo after"
+    w = WatchProc(mount.mnt, "--engine", "term", "--on-arrive", hook).start()
+    procs.append(w)
+    try:
+        w.wait_line("registered as engine term on " + mount.mnt)
+        publish(mount, src, "v1")
+        assert poll(lambda: pidf.exists() and pidf.read_text().strip(), timeout=20)
+        child = int(pidf.read_text())
+        w.proc.send_signal(signal.SIGTERM)
+        assert w.wait_exit() == 0, w.stderr
+        assert poll(lambda: not pid_alive(child), timeout=10), "the hook's child survived the watch"
+    finally:
+        kill_pid_in(pidf)
+
+
+def test_hook_timeout_refuses_the_version(mount, src, tmp_path, procs):
+    """--hook-timeout: an on-arrive hook still running then is killed (its
+    process group) and the version refused for that reason."""
+    pidf = tmp_path / "slow.pid"
+    hook = f"echo checking >&2; sh -c 'echo $$ > {pidf}; exec sleep 300'"
+    w = WatchProc(mount.mnt, "--engine", "slow", "--hook-timeout", "1", "--on-arrive", hook).start()
+    procs.append(w)
+    try:
+        w.wait_line("registered as engine slow on " + mount.mnt)
+        publish(mount, src, "v1")
+        w.wait_line("refused v1: on-arrive hook timed out after 1 s: checking")
+        child = int(pidf.read_text())
+        assert poll(lambda: not pid_alive(child), timeout=10), "the timed-out hook's child survived"
+        cp = mount.run("commit", "v1", check=False)
+        assert_error_line(cp, "engine slow refused v1", "timed out after 1 s")
+        cp = mount.run("watch", "--hook-timeout", "x", check=False)
+        assert cp.returncode == 2 and cp.stderr.startswith("usage: hwfs watch"), cp
+    finally:
+        kill_pid_in(pidf)

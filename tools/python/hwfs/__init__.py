@@ -31,6 +31,8 @@ bytes: a 1-D uint8 array.
 import ctypes
 import errno
 import json
+import os
+import socket
 import threading
 import weakref
 from collections import namedtuple
@@ -372,8 +374,12 @@ class Watch:
     registration of this process as that engine (it lasts until close()).
 
     Iterating yields Event objects and ends when the daemon closes the
-    stream.  One thread reads; report() may be called from another one, and
-    so may close() (it waits for the reader's current wait slice)."""
+    stream.  One thread reads; report() may be called from other threads,
+    and so may close().  Every call into libhwfs holds a use of the C watch
+    (a count under a condition): close() marks the watch closing (new calls
+    raise ValueError), shuts its socket down so that a call waiting inside
+    the library (a next() waiting for events, a report() waiting for room)
+    returns at once, waits until no call is inside, and only then frees it."""
 
     def __init__(self, mount, engine=None):
         p = ctypes.c_void_p()
@@ -384,37 +390,57 @@ class Watch:
         self._w = p
         self.engine = engine
         self.current = _lib.take_string(cur)  # what `current` named when the watch began
-        self._lock = threading.Lock()  # held by the reader around each wait, by close()
+        self._cv = threading.Condition()   # guards _w, _users, _closing
+        self._users = 0                    # calls inside libhwfs on _w right now
         self._closing = False
+        self._read_lock = threading.Lock()  # one next() at a time (one reader)
+
+    def _enter(self):
+        """Take a use of the C watch for one library call (ValueError once closing)."""
+        with self._cv:
+            if self._closing or not self._w:
+                raise ValueError("hwfs.Watch is closed")
+            self._users += 1
+            return self._w
+
+    def _leave(self):
+        with self._cv:
+            self._users -= 1
+            if self._users == 0:
+                self._cv.notify_all()
 
     def fileno(self):
         """The socket (readable: an event may be waiting)."""
-        return _lib.hwfs_watch_fd(self._live())
-
-    def _live(self):
-        if not self._w:
-            raise ValueError("hwfs.Watch is closed")
-        return self._w
+        w = self._enter()
+        try:
+            return _lib.hwfs_watch_fd(w)
+        finally:
+            self._leave()
 
     def next(self, timeout=None):
         """The next Event, waiting up to @timeout seconds (None: forever);
         None on timeout.  Raises StreamClosed when the daemon closed the
-        stream, ValueError once the watch is closed."""
+        stream, ValueError once the watch is closed, OSError EPROTO for a
+        malformed event (libhwfs dropped it: call again)."""
         ev = _lib.Event()
         left = None if timeout is None else max(0, int(timeout * 1000))
         while True:
             slice_ms = WAIT_SLICE_MS if left is None else min(WAIT_SLICE_MS, left)
-            with self._lock:
-                if self._closing:
-                    raise ValueError("hwfs.Watch is closed")
-                rc = _lib.hwfs_watch_next(self._live(), slice_ms, ctypes.byref(ev))
-                if rc == 0:
-                    name = _lib.EVENT_NAMES.get(ev.type, str(ev.type))
-                    return Event(name, ev.version.decode(), self)
-                if rc == -errno.EPIPE:
-                    raise StreamClosed("the daemon closed the event stream")
-                if rc != -errno.ETIMEDOUT:
-                    _lib.check(rc, "hwfs_watch_next")
+            with self._read_lock:
+                w = self._enter()
+                try:
+                    rc = _lib.hwfs_watch_next(w, slice_ms, ctypes.byref(ev))
+                finally:
+                    self._leave()
+            if rc == 0:
+                name = _lib.EVENT_NAMES.get(ev.type, str(ev.type))
+                return Event(name, ev.version.decode(), self)
+            if self._closing:  # close() shut the socket down under this wait
+                raise ValueError("hwfs.Watch is closed")
+            if rc == -errno.EPIPE:
+                raise StreamClosed("the daemon closed the event stream")
+            if rc != -errno.ETIMEDOUT:
+                _lib.check(rc, "hwfs_watch_next")  # the sentence is this thread's
             if left is not None:
                 left -= slice_ms
                 if left <= 0:
@@ -429,24 +455,48 @@ class Watch:
 
     def report(self, what, version, reason=None, pause_us=0):
         """Tell the node about @version: @what is "loading", "loaded",
-        "refused" (with @reason) or "swapped" (with @pause_us)."""
+        "refused" (with @reason) or "swapped" (with @pause_us).  ValueError
+        once the watch is closed (or while close() runs)."""
         if what not in _lib.REPORTS:
             raise ValueError(f"report must be one of {sorted(_lib.REPORTS)}, not {what!r}")
-        _lib.check(_lib.hwfs_engine_report(self._live(), _lib.REPORTS[what], str(version).encode(),
-                                           reason.encode() if reason else None, int(pause_us)),
-                   f"report {what} {version}")
+        w = self._enter()
+        try:
+            rc = _lib.hwfs_engine_report(w, _lib.REPORTS[what], str(version).encode(),
+                                         reason.encode() if reason else None, int(pause_us))
+        finally:
+            self._leave()
+        if rc < 0 and self._closing:
+            raise ValueError("hwfs.Watch is closed")
+        _lib.check(rc, f"report {what} {version}")
 
     def close(self):
-        """Stop watching and unregister the engine (idempotent)."""
-        self._closing = True
-        with self._lock:
-            w, self._w = self._w, None
-            if w:
-                _lib.hwfs_watch_close(w)
+        """Stop watching and unregister the engine (idempotent; any thread).
+        Returns once the C watch is freed: a call of another thread inside
+        libhwfs is woken (it raises ValueError) and waited for first."""
+        with self._cv:
+            if self._closing:  # closed, or another thread closes it: wait for that
+                self._cv.wait_for(lambda: self._w is None)
+                return
+            self._closing = True
+            w = self._w
+            if not w:
+                return
+            fd = _lib.hwfs_watch_fd(w)  # ours to read: nothing frees w but us
+        try:  # wake a call blocked on the socket (the descriptor stays until the free)
+            with socket.socket(fileno=os.dup(fd)) as s:
+                s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # the daemon is gone already: nothing waits on it
+        with self._cv:
+            self._cv.wait_for(lambda: self._users == 0)
+            self._w = None
+            self._cv.notify_all()
+        _lib.hwfs_watch_close(w)
 
     _hwfs_watch_close = staticmethod(_lib.hwfs_watch_close)  # kept for interpreter shutdown
 
     def __del__(self):
+        # no call can be inside the library: each holds a reference to self
         w = getattr(self, "_w", None)
         if w:
             self._w = None

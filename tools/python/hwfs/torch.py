@@ -14,8 +14,11 @@ the daemon's arena; another device: copies into fresh device tensors), checks
 every parameter and persistent buffer of the module against it by name, shape
 and dtype, and reports it loaded (or refused, naming the tensor).  The commit
 barrier of the node waits for that report.  When `current` flips to it, the
-thread swaps the module's tensors (`param.data = shadow`) under the lock,
-reports the pause, and releases the old version.
+thread swaps the module's tensors (`param.data = shadow`) under the lock, all
+or nothing, reports the pause, and releases the old version.  Up to
+`shadows` (default 2) versions stay loaded beside the served one, the most
+recently arrived or prepared: a version whose commit passed the barrier is
+still loaded when a newer one arrives before the flip.
 
 On device "cpu" (zero_copy=True, the default) the module's weights ARE the
 arena's read-only pages after a load: inference only.  Writing them in place
@@ -23,6 +26,7 @@ arena's read-only pages after a load: inference only.  Writing them in place
 zero_copy=False to load copies instead.
 """
 
+import errno
 import logging
 import threading
 import time
@@ -250,16 +254,20 @@ class HotSwap:
     must run inside `with hs.serving():` (or `with hs.lock:`) so that a swap
     never lands in the middle of one.
 
-    Attributes: version (the version served), shadow (the one loaded beside
-    it, or None), swap_pending (a swap waits for the requests in flight),
+    Attributes: version (the version served), shadows (the versions loaded
+    beside it, oldest first; at most @shadows of them), shadow (the newest of
+    them, or None), swap_pending (a swap waits for the requests in flight),
     last_pause_us (how long the last swap held the lock, in microseconds),
     swaps, refused ({version: reason}), error (the last error of the
     background thread, or None).
     """
 
-    def __init__(self, module, mount=None, engine=None, device="cpu", zero_copy=True):
+    def __init__(self, module, mount=None, engine=None, device="cpu", zero_copy=True, shadows=2):
         if not engine:
             raise ValueError("HotSwap needs an engine name (engine=NAME)")
+        if int(shadows) < 1:
+            raise ValueError("HotSwap keeps at least one shadow (shadows >= 1)")
+        self.max_shadows = int(shadows)
         self.module = module
         self.engine = engine
         self.device = torch.device(device)
@@ -277,12 +285,13 @@ class HotSwap:
         self._cond = threading.Condition()  # notified at every swap and refusal
         self.version = None
         self.shadow = None
+        self.shadows = []
         self.last_pause_us = None
         self.swaps = 0
         self.refused = {}
         self.error = None
         self._serving = None  # the _Loaded being served
-        self._shadow = None   # the _Loaded waiting for its commit
+        self._shadows = []    # _Loaded beside it, least recently arrived/prepared first
         self._stop = threading.Event()
         self._thread = None
         self._watch = self._mount.watch(engine)
@@ -339,20 +348,32 @@ class HotSwap:
         return _Loaded(version, pairs, m)
 
     def _swap(self, loaded, initial=False):
-        """Serve @loaded: swap every tensor under the exclusive lock, report
-        the pause (0 for the load at start), release what was served before."""
+        """Serve @loaded: swap every tensor under the exclusive lock, all or
+        nothing (an exception part-way puts back every tensor already
+        swapped, then propagates: the module serves what it served, and
+        nothing is reported); report the pause (0 for the load at start),
+        release what was served before (and @loaded is no shadow any more)."""
+        pairs = list(loaded.pairs)  # prepared before the lock: the pause is the assignments
+        done = []
         self._rw.acquire_exclusive()
         t0 = time.perf_counter_ns()
         try:
-            for target, new in loaded.pairs:
+            for target, new in pairs:
+                old = target.data
                 target.data = new
+                done.append((target, old))
             self.version = loaded.version  # a request sees the version it ran on
+        except BaseException:
+            for target, old in reversed(done):
+                target.data = old
+            raise
         finally:
             t1 = time.perf_counter_ns()
             self._rw.release_exclusive()
         pause_us = 0 if initial else max(1, (t1 - t0) // 1000)
         old, self._serving = self._serving, loaded
         loaded.pairs = []  # the module holds the tensors now
+        self._set_shadows([x for x in self._shadows if x is not loaded])  # served, no shadow
         if old is not None:
             old.release()  # the old tensors die with the last reference to them
         with self._cond:
@@ -363,17 +384,36 @@ class HotSwap:
         self._watch.report("swapped", loaded.version, pause_us=pause_us)
         log.info("engine %s: serving %s (pause %d us)", self.engine, loaded.version, pause_us)
 
+    # -- the shadows (engine thread only, and close() once it ended)
+    def _find_shadow(self, version):
+        return next((x for x in self._shadows if x.version == version), None)
+
+    def _set_shadows(self, shadows):
+        """Make @shadows (oldest first) the shadows, and say so in the attributes."""
+        self._shadows = shadows
+        self.shadows = [x.version for x in shadows]
+        self.shadow = self.shadows[-1] if shadows else None
+
+    def _drop_shadows(self, keep):
+        """Release the oldest shadows until at most @keep are left."""
+        while len(self._shadows) > keep:
+            oldest = self._shadows[0]
+            self._set_shadows(self._shadows[1:])
+            oldest.release()
+
     def _shadow_load(self, version):
-        """Shadow-load @version and report loaded or refused; the _Loaded or None."""
-        if self._shadow is not None and self._shadow.version == version:
+        """Shadow-load @version (already loaded: it becomes the newest shadow)
+        and report loaded or refused; the _Loaded or None.  The oldest
+        shadows are released first, so that at most max_shadows are loaded."""
+        loaded = self._find_shadow(version)
+        if loaded is not None:
+            self._set_shadows([x for x in self._shadows if x is not loaded] + [loaded])
             self._watch.report("loaded", version)
-            return self._shadow
+            return loaded
         if version in self.refused:
             self._watch.report("refused", version, reason=self.refused[version])
             return None
-        if self._shadow is not None:  # one shadow at a time
-            self._shadow.release()
-            self._shadow, self.shadow = None, None
+        self._drop_shadows(self.max_shadows - 1)
         self._watch.report("loading", version)
         try:
             loaded = self._load(version)
@@ -390,7 +430,7 @@ class HotSwap:
             self._watch.report("refused", version, reason=reason)
             log.warning("engine %s: %s", self.engine, reason)
             return None
-        self._shadow, self.shadow = loaded, version
+        self._set_shadows(self._shadows + [loaded])
         self._watch.report("loaded", version)
         return loaded
 
@@ -402,18 +442,17 @@ class HotSwap:
         elif ev.type == "current":
             if v == self.version:
                 return
-            loaded = self._shadow if self._shadow is not None and self._shadow.version == v \
-                else self._shadow_load(v)
+            loaded = self._find_shadow(v) or self._shadow_load(v)
             if loaded is None:
                 self.error = f"current is {v}, which this engine refused: still serving {self.version}"
                 log.error("engine %s: %s", self.engine, self.error)
                 return
-            self._shadow, self.shadow = None, None
-            self._swap(loaded)
+            self._swap(loaded)  # raises when it failed: the shadow stays
         elif ev.type == "removed":
-            if self._shadow is not None and self._shadow.version == v:
-                self._shadow.release()  # let `hwfs rm` free its bytes
-                self._shadow, self.shadow = None, None
+            gone = self._find_shadow(v)
+            if gone is not None:
+                self._set_shadows([x for x in self._shadows if x is not gone])
+                gone.release()  # let `hwfs rm` free its bytes
             self.refused.pop(v, None)
 
     def _run(self):
@@ -429,6 +468,8 @@ class HotSwap:
             except OSError as e:
                 self.error = str(e)
                 log.error("engine %s: %s", self.engine, e)
+                if e.errno == errno.EPROTO:
+                    continue  # a malformed event, dropped by libhwfs: read on
                 return
             if ev is None:
                 continue
@@ -441,15 +482,14 @@ class HotSwap:
                 log.exception("engine %s: %s", self.engine, self.error)
 
     def close(self):
-        """Stop the engine thread and unregister (idempotent).  The module
-        keeps the weights it serves (and, zero-copy, the lease on them)."""
+        """Stop the engine thread, wait for it, then unregister (idempotent).
+        The module keeps the weights it serves (and, zero-copy, the lease on
+        them); the shadows are released."""
         self._stop.set()
-        self._watch.close()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        if self._shadow is not None:
-            self._shadow.release()
-            self._shadow, self.shadow = None, None
+            self._thread.join()  # it looks at _stop at least every EVENT_POLL_S
+        self._watch.close()
+        self._drop_shadows(0)
         if self._own_mount:
             self._mount.close()
 
