@@ -10,6 +10,7 @@ import mmap
 import os
 import select
 import socket
+import subprocess
 import time
 
 import numpy as np
@@ -143,3 +144,35 @@ class Mapping:
 
 def tensor_bytes_of(arr):
     return np.ascontiguousarray(arr).tobytes()
+
+
+# ---------------------------------------------------------------- engines and commits
+
+
+def engine(m, name):
+    """A registered engine connection on mount @m (its first reply checked)."""
+    c = Conn(m.mnt, {"op": "engine", "name": name})
+    first = c.line()
+    assert first and first.get("ok"), f"engine {name} registration: {first}"
+    return c
+
+
+def commit_async(m, version, *extra):
+    """`hwfs commit VERSION` in the background: a Popen (the barrier blocks it)."""
+    from conftest import HWFS
+
+    return subprocess.Popen([HWFS, "commit", version, *extra, "-m", m.mnt], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(p, timeout=None):
+    """Wait for commit_async()'s process: (exit status, stdout + stderr)."""
+    from conftest import TIMEOUT
+
+    out, err = p.communicate(timeout=timeout or TIMEOUT)
+    return p.returncode, out + err
+
+
+def engines_of(m):
+    """The engines of mount @m's `hwfs status --json`, by name."""
+    return {e["name"]: e for e in m.status()["engines"]}

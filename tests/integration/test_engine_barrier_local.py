@@ -9,11 +9,10 @@ The engines are plain protocol clients (tests/integration/engine_proto.py).
 """
 
 import os
-import subprocess
 from pathlib import Path
 
-from conftest import HWFS, TIMEOUT, make_tensors, poll, readlink_or_none, save_model
-from engine_proto import Conn
+from conftest import make_tensors, poll, readlink_or_none, save_model
+from engine_proto import Conn, commit_async, engine, finish
 
 SKIP = ("arrived", "removed")
 
@@ -23,25 +22,6 @@ def publish(m, root, version, seed):
     d = Path(root) / f"{version}-{seed}"
     save_model(d / "model.safetensors", make_tensors(seed, n=3))
     m.run("publish", d, version)
-
-
-def engine(m, name):
-    """A registered engine connection (its first reply checked)."""
-    c = Conn(m.mnt, {"op": "engine", "name": name})
-    first = c.line()
-    assert first and first.get("ok"), f"engine {name} registration: {first}"
-    return c
-
-
-def commit_async(m, version):
-    """`hwfs commit VERSION` in the background: a Popen (the barrier blocks it)."""
-    return subprocess.Popen([HWFS, "commit", version, "-m", m.mnt], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def finish(p):
-    out, err = p.communicate(timeout=TIMEOUT)
-    return p.returncode, out + err
 
 
 def engine_state(m, name):

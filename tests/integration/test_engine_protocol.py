@@ -7,7 +7,6 @@ the local commit barrier (loaded, refused, silent, gone), names, reports, status
 what, and hostile clients (garbage, huge lines, clients that never read).
 """
 
-import json
 import os
 import shutil
 import signal
@@ -15,15 +14,14 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import (HWFS, TIMEOUT, find_all, flip_byte, make_tensors, pid_alive, poll,
+from conftest import (TIMEOUT, find_all, flip_byte, make_tensors, pid_alive, poll,
                       random_file, readlink_or_none, save_model, wait_dead)
-from engine_proto import Conn, Mapping, call, ctl_path, tensor_bytes_of
+from engine_proto import (Conn, Mapping, call, commit_async, engine, engines_of,
+                          finish, tensor_bytes_of)
 
 NOBODY = 65534
 HERE = Path(__file__).resolve().parent
@@ -45,29 +43,6 @@ def v1_current_v2_published(m, root, seed, n=4):
     publish_model(m, root, "v1", seed=seed, n=n)
     m.run("commit", "v1")
     return publish_model(m, root, "v2", seed=seed + 1, n=n)[0]
-
-
-def engine(m, name):
-    """A registered engine connection (its first reply checked)."""
-    c = Conn(m.mnt, {"op": "engine", "name": name})
-    first = c.line()
-    assert first and first.get("ok"), f"engine {name} registration: {first}"
-    return c
-
-
-def commit_async(m, version, *extra):
-    """`hwfs commit VERSION` in the background: a Popen (the barrier blocks it)."""
-    return subprocess.Popen([HWFS, "commit", version, *extra, "-m", m.mnt], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def finish(p, timeout=TIMEOUT):
-    out, err = p.communicate(timeout=timeout)
-    return p.returncode, out + err
-
-
-def engines_of(m):
-    return {e["name"]: e for e in m.status()["engines"]}
 
 
 # ---------------------------------------------------------------------- map
