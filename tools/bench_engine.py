@@ -3,8 +3,11 @@
 
 Part 1, one node: a 2 GiB safetensors version (two files; bf16 matrices of a
 7B-like layer shape and f32 norms, random bytes) is published into a mount
-whose store is on /dev/shm, and the same two files are kept on tmpfs.  In one
-run, each repetition times, back to back:
+whose store is on /dev/shm, and the same two files are kept on tmpfs.
+--tmpfs DIR puts both (the store and the baseline files) under DIR instead;
+--huge mounts a private tmpfs with huge=within_size for them (root; removed
+at the end), so the arena and the baseline files are in transparent huge
+pages alike.  In one run, each repetition times, back to back:
 
   map        hwfs.open(MNT).map(V) (the Python package over libhwfs: the
              daemon passes its arena read-only, no byte is copied), then touch
@@ -531,6 +534,9 @@ def teardown(ctx):
     for f in ctx["files"]:
         f.close()
     shutil.rmtree(ctx["work"], ignore_errors=True)
+    if ctx.get("huge_dir"):
+        run(["umount", ctx["huge_dir"]], check=False)
+        os.rmdir(ctx["huge_dir"])
 
 
 def verdict(ok):
@@ -544,7 +550,7 @@ def report(res, path):
         print(f"hwfs engines, part 1: a {m['bytes'] / 2**30:.2f} GiB version ({m['tensors']} tensors, "
               f"{m['files']} files) into process memory; touch = {m['touch']} "
               f"({'one byte per 4 KiB page' if m['touch'] == 'page' else 'every byte'}); "
-              f"median of {m['reps']}\n")
+              f"median of {m['reps']}; store and baseline files on {res.get('tmpfs', '/dev/shm')}\n")
         hdr = f"{'method':40} {'s':>8} {'GB/s':>7} {'x base':>7} {'target':>8}  result"
         print(hdr)
         print("-" * len(hdr))
@@ -598,6 +604,10 @@ def main():
     ap.add_argument("--commits", type=int, default=None, help="commits timed in part 2 (default 50; --quick 10)")
     ap.add_argument("--cluster-mib", type=float, default=1, help="size of each part-2 version (default 1 MiB)")
     ap.add_argument("--skip-map", action="store_true", help="skip part 1")
+    ap.add_argument("--tmpfs", default="/dev/shm",
+                    help="tmpfs for the store and the baseline files (default /dev/shm)")
+    ap.add_argument("--huge", action="store_true",
+                    help="a private tmpfs with huge=within_size instead of --tmpfs (root)")
     ap.add_argument("--skip-commit", action="store_true", help="skip part 2")
     ap.add_argument("--json", default=str(REPO / "build" / "bench-engine.json"), help="where to write results")
     a = ap.parse_args()
@@ -616,16 +626,25 @@ def main():
     except ImportError as e:
         sys.exit(f"bench-engine: {e} (numpy, safetensors, torch and tools/python/hwfs are needed)")
     need = int(a.gib * 2**30 * 2.6) + (1 << 30)
-    if not a.skip_map and shutil.disk_usage("/dev/shm").free < need:
-        sys.exit(f"bench-engine: /dev/shm needs {need / 2**30:.1f} GiB free")
+    huge_dir = None
+    if a.huge:
+        huge_dir = tempfile.mkdtemp(prefix="hwfsbe-huge-")
+        r = run(["mount", "-t", "tmpfs", "-o", f"huge=within_size,size={need}", "tmpfs", huge_dir],
+                check=False)
+        if r.returncode != 0:
+            os.rmdir(huge_dir)
+            sys.exit(f"bench-engine: cannot mount a huge-page tmpfs: {r.stderr.strip()}")
+        a.tmpfs = huge_dir
+    if not a.skip_map and shutil.disk_usage(a.tmpfs).free < need:
+        sys.exit(f"bench-engine: {a.tmpfs} needs {need / 2**30:.1f} GiB free")
 
     interrupt_on_term()
 
-    ctx = {"work": tempfile.mkdtemp(dir="/dev/shm", prefix="hwfsbe-"), "procs": [], "nodes": [], "engines": [],
-           "files": []}
+    ctx = {"work": tempfile.mkdtemp(dir=a.tmpfs, prefix="hwfsbe-"), "procs": [], "nodes": [], "engines": [],
+           "files": [], "huge_dir": huge_dir}
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S"),
            "command": " ".join(["python3", "tools/bench_engine.py"] + sys.argv[1:]), "git": git_describe(),
-           "machine": machine(),
+           "machine": machine(), "tmpfs": "huge=within_size" if a.huge else a.tmpfs,
            "targets": {"map_vs_load_file": TARGET_MAP, "serve_p99_ms": TARGET_SERVE_P99_MS,
                        "pause_p99_us": TARGET_PAUSE_P99_US}}
     rc = 0
