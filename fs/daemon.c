@@ -149,9 +149,10 @@ uint32_t daemon_peer_bits(const struct ctl_peer *p, const struct node *n)
 /*
  * May @p run @op (docs/cli.md, "Permissions")?  Mutating and privileged verbs
  * (@mutates, from the table of operations: its mutates or privileged column):
- * root, the mount's owner or a member of --ctl-group.  Read-only verbs: those, and whoever the mount's root
- * directory lets read it (only a daemon run as root mounts with allow_other;
- * otherwise nobody else can reach the mount).
+ * root, the mount's owner or a member of --ctl-group.  Read-only verbs:
+ * those, and whoever the mount's root directory lets read it (only a daemon
+ * run as root mounts with allow_other; otherwise nobody else can reach the
+ * mount).
  * Returns NULL when allowed, else the error reply.
  */
 static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char *op,
@@ -231,8 +232,8 @@ reply:
 /*
  * The accept loop of the control socket: learn who calls, refuse a user over
  * ctl_conns_per_uid (with a one-line answer; see conn_over_limit() for who is
- * not capped) and, unless shutdown began, put
- * the connection on the live list and start its thread.  Ends when the
+ * not capped) and, unless shutdown began, put the connection on the live
+ * list and start its thread.  Ends when the
  * listening socket is shut down.
  */
 static void *ctl_main(void *arg)

@@ -46,13 +46,14 @@ void daemon_sealed(void *arg, const char *name)
 
 /*
  * Current hook: "current" to the watchers and engines, after any commit
- * through the mount (hwfs commit, the agent's COMMIT, a manual mv -T).
+ * through the mount (hwfs commit, the agent's COMMIT, a manual mv -T); the
+ * registry reads what `current` names (see engines_event()).
  */
-void daemon_current(void *arg, const char *name)
+void daemon_current(void *arg)
 {
 	struct daemon *d = arg;
 
-	engines_event(d->engines, "current", name);
+	engines_event(d->engines, "current", NULL);
 }
 
 /* The agent's barrier hook: engines_barrier() on this daemon's registry. */
@@ -70,14 +71,6 @@ json_t *daemon_engines_json(void *arg)
 	struct daemon *d = arg;
 
 	return engines_json(d->engines);
-}
-
-/* Add "errno": @err to error reply @res (daemon_i.h); returns @res, NULL stays NULL. */
-json_t *reply_errno(json_t *res, int err)
-{
-	if (res && err > 0)
-		json_object_set_new(res, "errno", json_integer(err));
-	return res;
 }
 
 /*

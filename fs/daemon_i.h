@@ -95,7 +95,7 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 json_t *err_reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /**
  * reply_errno() - add "errno": @err (a positive errno number) to the error
- * reply @res (daemon_engines.c), so that a client takes the errno from there
+ * reply @res, so that a client takes the errno from there
  * and never guesses it from the sentence, which may quote its own version
  * name.  Returns @res; NULL (out of memory) stays NULL.
  */
@@ -111,7 +111,7 @@ int flip_current(void *arg, const char *v, char *err, size_t errlen);
 /** The seal hook of the namespace: tell the watchers ("arrived") and the agent. */
 void daemon_sealed(void *arg, const char *name);
 /** Current hook (daemon_engines.c): {"event": "current"} to the watchers after a commit. */
-void daemon_current(void *arg, const char *name);
+void daemon_current(void *arg);
 
 /** The agent's barrier hook: engines_barrier() on the daemon's registry. */
 int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,

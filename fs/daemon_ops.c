@@ -4,12 +4,13 @@
  * and the one table that names them.
  *
  * The table (ops[] below) is the one place that says which operation exists,
- * which handler answers it, whether it changes the node (then only root, the
- * mount's owner or --ctl-group may call it, see authorize() in daemon.c) and
- * which request keys name an existing version (names with the reserved
- * prefix, the daemon's own staging, are refused there for every operation).
- * daemon.c's connection threads dispatch through it; publish, the one long
- * operation, lives in daemon_publish.c.  Handlers run on control threads,
+ * which handler answers it, whether it changes the node or is privileged
+ * (then only root, the mount's owner or --ctl-group may call it, see
+ * authorize() in daemon.c) and which request keys name an existing version
+ * (names with the reserved prefix, the daemon's own staging, are refused
+ * there for every operation).  daemon.c's connection threads dispatch through
+ * it; publish lives in daemon_publish.c, and the long-lived map, watch and
+ * engine in daemon_engines.c.  Handlers run on control threads,
  * never inside a FUSE request, and hold no namespace lock while the kernel
  * calls back into the daemon (commit renames through the mount).
  */
@@ -33,6 +34,14 @@ json_t *err_reply(const char *fmt, ...)
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
 	return json_pack("{s:b, s:s}", "ok", 0, "error", buf);
+}
+
+/* Add "errno": @err to error reply @res (daemon_i.h); returns @res, NULL stays NULL. */
+json_t *reply_errno(json_t *res, int err)
+{
+	if (res && err > 0)
+		json_object_set_new(res, "errno", json_integer(err));
+	return res;
 }
 
 json_t *ok_reply(void)
@@ -87,7 +96,8 @@ static json_t *versions_json(struct daemon *d)
 
 /* ----------------------------------------------------------- operations */
 
-static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
+			 const struct ctl_peer *peer)
 {
 	struct agent *agent = daemon_agent(d);
 	uint64_t used, count;
@@ -123,7 +133,8 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd, c
 	return r;
 }
 
-static json_t *op_ls(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *op_ls(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		     const struct ctl_peer *peer)
 {
 	return json_pack("{s:b, s:o}", "ok", 1, "versions", versions_json(d));
 }
@@ -146,7 +157,8 @@ static const char *seal_error(int r)
 	}
 }
 
-static json_t *op_seal(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *op_seal(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		       const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	unsigned flags = json_is_true(json_object_get(req, "force")) ? NS_SEAL_FORCE : 0;
@@ -164,8 +176,9 @@ static json_t *op_seal(struct daemon *d, json_t *req, struct ctl_reader *rd, con
 /*
  * Flip `current` through the mount so inotify watchers see IN_MOVED_TO: a
  * fresh symlink in the root renamed onto `current` (the namespace's current
- * hook then tells the watchers and engines, {"event": "current"}).  Never called from a FUSE request
- * handler.  Returns 0 or -errno with a sentence in @err.
+ * hook then tells the watchers and engines, {"event": "current"}).  Never
+ * called from a FUSE request handler.  Returns 0 or -errno with a sentence in
+ * @err.
  */
 int flip_current(void *arg, const char *v, char *err, size_t errlen)
 {
@@ -206,7 +219,7 @@ int flip_current(void *arg, const char *v, char *err, size_t errlen)
 					    : r == -EIO   ? "version is damaged" : strerror(-r));
 		return r;
 	}
-	return 0; /* the namespace's current hook told the watchers (daemon_current) */
+	return 0;
 }
 
 /*
@@ -245,7 +258,8 @@ static json_t *commit_reply(const char *v, json_t *res)
 	return out;
 }
 
-static json_t *op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd,
+			 const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	int local = json_is_true(json_object_get(req, "local"));
@@ -289,7 +303,8 @@ static json_t *op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd, c
 	return json_pack("{s:b, s:s}", "ok", 1, "current", v);
 }
 
-static json_t *op_cluster(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *op_cluster(struct daemon *d, json_t *req, struct ctl_reader *rd,
+			  const struct ctl_peer *peer)
 {
 	struct agent *agent = daemon_agent(d);
 	json_t *call, *res = NULL, *out;
@@ -335,7 +350,8 @@ static hwfs_hash_t *distinct_shards(const struct hwfs_vrec *v, size_t *n)
 	return h;
 }
 
-static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
+			 const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	struct hwfs_vrec *rec = NULL;
@@ -407,7 +423,8 @@ static int remove_and_invalidate(struct daemon *d, const char *v)
 	return r;
 }
 
-static json_t *op_rm(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *op_rm(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		     const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	int r;
@@ -420,7 +437,8 @@ static json_t *op_rm(struct daemon *d, json_t *req, struct ctl_reader *rd, const
 	return ok_reply();
 }
 
-static json_t *op_gc(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *op_gc(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		     const struct ctl_peer *peer)
 {
 	json_t *keep_j = json_object_get(req, "keep"), *removed = json_array();
 	json_int_t keep = json_is_integer(keep_j) ? json_integer_value(keep_j) : -1;
@@ -474,7 +492,8 @@ static json_t *tensor_map(const struct hwfs_vrec *v)
 	return m;
 }
 
-static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		       const struct ctl_peer *peer)
 {
 	const char *a = req_str(req, "a"), *b = req_str(req, "b");
 	struct hwfs_vrec *va = NULL, *vb = NULL;
@@ -545,7 +564,8 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd, con
 	return res;
 }
 
-static json_t *op_manifest(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *op_manifest(struct daemon *d, json_t *req, struct ctl_reader *rd,
+			   const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	struct hwfs_vrec *rec = NULL;

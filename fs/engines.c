@@ -145,6 +145,15 @@ int engines_valid_name(const char *name)
 	return 1;
 }
 
+/* 1 when @state is one of state_names (what engines_json() shows), else 0. */
+int engines_valid_state(const char *state)
+{
+	for (size_t i = 0; state && i < HWFS_ARRAY_SIZE(state_names); i++)
+		if (!strcmp(state, state_names[i]))
+			return 1;
+	return 0;
+}
+
 /* Tell whoever waits on a barrier that something changed (reg->mu held). */
 static void barrier_kick(struct engines *reg)
 {
@@ -187,26 +196,23 @@ static int send_line(struct watcher *w, const char *line, size_t len)
 		goto out;
 	w->dead = 1;
 	shutdown(w->fd, SHUT_RDWR);
-	if (w->engine)
-		LOG_WARN("engines: engine %s (pid %d) dropped: %s", w->name, (int)w->pid,
-			 n >= 0 || errno == EAGAIN ? "it does not read its events (socket buffer full)"
-						   : strerror(errno));
-	else
-		LOG_WARN("engines: watcher (pid %d) dropped: %s", (int)w->pid,
-			 n >= 0 || errno == EAGAIN ? "it does not read its events (socket buffer full)"
-						   : strerror(errno));
+	LOG_WARN("engines: %s%s%s (pid %d) dropped: %s", w->engine ? "engine" : "watcher",
+		 w->engine ? " " : "", w->name, (int)w->pid,
+		 n >= 0 || errno == EAGAIN ? "it does not read its events (socket buffer full)"
+					   : strerror(errno));
 	r = -EPIPE;
 out:
 	pthread_mutex_unlock(&w->send_mu);
 	return r;
 }
 
-/* @msg (not consumed) as one line ending in '\n' (malloc'd; length in *@len), or NULL. */
+/* @msg (consumed) as one line ending in '\n' (malloc'd; length in *@len), or NULL. */
 static char *line_of(json_t *msg, size_t *len)
 {
 	char *s = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
 	char *l;
 
+	json_decref(msg);
 	if (!s)
 		return NULL;
 	*len = strlen(s);
@@ -218,6 +224,12 @@ static char *line_of(json_t *msg, size_t *len)
 	l[(*len)++] = '\n';
 	l[*len] = '\0';
 	return l;
+}
+
+/* {"event": @event, "version": @v} as one line (see line_of()), or NULL. */
+static char *event_line(const char *event, const char *v, size_t *len)
+{
+	return line_of(json_pack("{s:s, s:s}", "event", event, "version", v), len);
 }
 
 /* The live engine named @name (reg->mu held), or NULL. */
@@ -238,7 +250,6 @@ int engines_watch(struct engines *reg, int fd, pid_t pid, const char *name, stru
 {
 	struct watcher *w;
 	char *cur = NULL, *line = NULL;
-	json_t *reply = NULL;
 	size_t len;
 	int r = 0;
 
@@ -265,8 +276,9 @@ int engines_watch(struct engines *reg, int fd, pid_t pid, const char *name, stru
 	 * sent under reg->mu too), so the watcher misses none.
 	 */
 	cur = ns_current(reg->ns);
-	reply = json_pack("{s:b, s:o}", "ok", 1, "current", cur ? json_string(cur) : json_null());
-	line = line_of(reply, &len);
+	line = line_of(json_pack("{s:b, s:o}", "ok", 1, "current",
+				 cur ? json_string(cur) : json_null()),
+		       &len);
 	if (!line) {
 		r = -ENOMEM;
 		goto out;
@@ -285,7 +297,6 @@ out:
 	pthread_mutex_unlock(&reg->mu);
 	if (w)
 		watcher_free(w);
-	json_decref(reply);
 	free(line);
 	free(cur);
 	return r;
@@ -318,6 +329,20 @@ static int set_str(char **slot, const char *s)
 	free(*slot);
 	*slot = c;
 	return 0;
+}
+
+/* Engine @w has no shadow version any more (reg->mu held). */
+static void shadow_clear(struct watcher *w)
+{
+	set_str(&w->shadow, NULL);
+	set_str(&w->reason, NULL);
+	w->state = ENG_IDLE;
+}
+
+/* Is @w's shadow version @v (seq @seq)?  (reg->mu held) */
+static int shadow_is(const struct watcher *w, const char *v, uint64_t seq)
+{
+	return w->shadow && w->shadow_seq == seq && !strcmp(w->shadow, v);
 }
 
 /*
@@ -422,24 +447,20 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 		r = -EINVAL;
 		goto out;
 	}
-	if (!strcmp(what, "loading") || !strcmp(what, "loaded")) {
+	if (strcmp(what, "swapped")) { /* loading, loaded, refused: about the shadow */
 		r = set_str(&w->shadow, v);
 		if (r == 0) {
 			w->shadow_seq = seq;
-			w->state = !strcmp(what, "loading") ? ENG_LOADING : ENG_LOADED;
-			set_str(&w->reason, NULL);
-		}
-	} else if (!strcmp(what, "refused")) {
-		r = set_str(&w->shadow, v);
-		if (r == 0) {
-			w->shadow_seq = seq;
-			w->state = ENG_REFUSED;
-			w->refused_ns = engines_now_ns();
-			free(w->reason);
+			w->state = !strcmp(what, "loading")  ? ENG_LOADING
+				   : !strcmp(what, "loaded") ? ENG_LOADED
+							     : ENG_REFUSED;
+			if (w->state == ENG_REFUSED)
+				w->refused_ns = engines_now_ns();
+			free(w->reason); /* the refusal's, or none */
 			w->reason = reason;
 			reason = NULL;
 		}
-	} else { /* swapped */
+	} else {
 		/* the first report of an engine serving what it loaded at start is not a swap */
 		int swap = w->serving && (strcmp(w->serving, v) || w->serving_seq != seq);
 
@@ -453,11 +474,8 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 							   : 0;
 			}
 		}
-		if (r == 0 && w->shadow && !strcmp(w->shadow, v)) {
-			set_str(&w->shadow, NULL);
-			set_str(&w->reason, NULL);
-			w->state = ENG_IDLE;
-		}
+		if (r == 0 && w->shadow && !strcmp(w->shadow, v))
+			shadow_clear(w);
 	}
 	if (r == 0)
 		barrier_kick(reg);
@@ -480,11 +498,8 @@ static void forget_removed(struct engines *reg, const char *v)
 	if (version_seq(reg, v, &seq) < 0)
 		seq = 0; /* seqs start at 1: no shadow has it */
 	for (struct watcher *w = reg->watchers; w; w = w->next)
-		if (w->engine && w->shadow && !strcmp(w->shadow, v) && w->shadow_seq != seq) {
-			set_str(&w->shadow, NULL);
-			set_str(&w->reason, NULL);
-			w->state = ENG_IDLE;
-		}
+		if (w->engine && w->shadow && !strcmp(w->shadow, v) && w->shadow_seq != seq)
+			shadow_clear(w);
 }
 
 /*
@@ -493,7 +508,7 @@ static void forget_removed(struct engines *reg, const char *v)
  *
  * "current" is special.  The namespace calls its current hook after it
  * released its lock (ns_unlock_commit), so the hooks of two flips, A then B,
- * may run in either order, and sending the name each hook was given could
+ * may run in either order, and sending the name each flip committed could
  * announce B then A while `current` names B.  So the version sent is the one
  * `current` names now, read under reg->mu (which orders every send) together
  * with the namespace's commit count; and it is sent only when a commit
@@ -509,7 +524,6 @@ void engines_event(struct engines *reg, const char *event, const char *version)
 	int current = !strcmp(event, "current");
 	char *line = NULL, *cur = NULL;
 	uint64_t gen = 0;
-	json_t *msg;
 	size_t len;
 
 	if (!current && (!version || ns_hidden_name(version)))
@@ -521,9 +535,7 @@ void engines_event(struct engines *reg, const char *event, const char *version)
 			goto out; /* announced already (or nothing to announce) */
 		version = cur;
 	}
-	msg = json_pack("{s:s, s:s}", "event", event, "version", version);
-	line = line_of(msg, &len);
-	json_decref(msg);
+	line = event_line(event, version, &len);
 	if (!line) {
 		LOG_ERR("engines: no memory for the %s event of %s", event, version);
 		goto out;
@@ -545,15 +557,13 @@ out:
 static int engine_ready(const struct watcher *w, const char *v, uint64_t seq)
 {
 	return (w->serving && w->serving_seq == seq && !strcmp(w->serving, v)) ||
-	       (w->shadow && w->shadow_seq == seq && !strcmp(w->shadow, v) &&
-		w->state == ENG_LOADED);
+	       (shadow_is(w, v, seq) && w->state == ENG_LOADED);
 }
 
 /* Did engine @w refuse version @v (seq @seq), at any time?  (reg->mu held) */
 static int engine_refused(const struct watcher *w, const char *v, uint64_t seq)
 {
-	return w->shadow && w->shadow_seq == seq && !strcmp(w->shadow, v) &&
-	       w->state == ENG_REFUSED;
+	return shadow_is(w, v, seq) && w->state == ENG_REFUSED;
 }
 
 /*
@@ -563,7 +573,6 @@ static int engine_refused(const struct watcher *w, const char *v, uint64_t seq)
  */
 static int prepare_once(struct watcher *w, const char *v, uint64_t seq, uint64_t started)
 {
-	json_t *msg;
 	size_t len;
 	char *line;
 	int r;
@@ -571,9 +580,7 @@ static int prepare_once(struct watcher *w, const char *v, uint64_t seq, uint64_t
 	for (unsigned i = 0; i < ENGINE_PREP_SLOTS; i++)
 		if (w->prepared[i].seq == seq && w->prepared[i].started == started)
 			return 0;
-	msg = json_pack("{s:s, s:s}", "event", "prepare", "version", v);
-	line = line_of(msg, &len);
-	json_decref(msg);
+	line = event_line("prepare", v, &len);
 	if (!line)
 		return 0; /* no memory: asked on the next check */
 	r = send_line(w, line, len);

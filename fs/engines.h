@@ -63,6 +63,8 @@ void engines_set_wake(struct engines *reg, void (*wake)(void *arg), void *arg);
 
 /** Is @name a valid engine name: 1-64 characters of [A-Za-z0-9._-]?  Returns 1 or 0. */
 int engines_valid_name(const char *name);
+/** Is @state (NULL: no) one of the engine states status shows ("idle", ...)?  1 or 0. */
+int engines_valid_state(const char *state);
 
 /**
  * engines_watch() - register the connection @fd of process @pid as a watcher
@@ -90,10 +92,10 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg);
  * engines_event() - send {"event": @event, "version": @version} to every
  * watcher (a hidden staging name is never announced); one whose socket
  * cannot take the whole line now is dropped.  "removed" also makes every
- * engine forget its shadow of that version.  "current" ignores @version: it
- * sends what `current` names now, and only when a commit happened since the
- * last "current" sent, so that hooks of two flips running in either order
- * never announce them out of order (see engines.c).
+ * engine forget its shadow of that version.  "current" ignores @version
+ * (pass NULL): it sends what `current` names now, and only when a commit
+ * happened since the last "current" sent, so that hooks of two flips running
+ * in either order never announce them out of order (see engines.c).
  */
 void engines_event(struct engines *reg, const char *event, const char *version);
 

@@ -272,13 +272,15 @@ int ns_import(struct ns *ns, const char *name, struct hwfs_vrec *rec);
 void ns_set_seal_hook(struct ns *ns, void (*hook)(void *arg, const char *name), void *arg);
 
 /**
- * ns_set_current_hook() - call @hook(@arg, name) after `current` was made to
- * name version @name (a commit through the mount: `hwfs commit`, or a manual
- * `ln -s` / `mv -T` onto `current`), once the namespace lock is released; the
- * hook may run on a FUSE thread and must not block.  Set it before the mount
- * serves requests, clear it (NULL) before the namespace is destroyed.
+ * ns_set_current_hook() - call @hook(@arg) after a commit made `current` name
+ * a version (through the mount: `hwfs commit`, or a manual `ln -s` / `mv -T`
+ * onto `current`), once the namespace lock is released.  Hooks of two commits
+ * may run in either order: the hook reads what `current` names now
+ * (ns_current_gen).  It may run on a FUSE thread and must not block.  Set it
+ * before the mount serves requests, clear it (NULL) before the namespace is
+ * destroyed.
  */
-void ns_set_current_hook(struct ns *ns, void (*hook)(void *arg, const char *name), void *arg);
+void ns_set_current_hook(struct ns *ns, void (*hook)(void *arg), void *arg);
 
 /** Allocate an inode number. */
 uint64_t ns_next_ino(struct ns *ns);

@@ -21,10 +21,10 @@ struct ns {
 	struct node orphans;       /* list head: detached nodes still referenced */
 	void (*seal_hook)(void *arg, const char *name);
 	void *seal_hook_arg;
-	void (*current_hook)(void *arg, const char *name);
+	void (*current_hook)(void *arg);
 	void *current_hook_arg;
 	/* set by commit_locked() under the exclusive lock, taken by ns_unlock_commit() */
-	char committed[512];
+	int commit_hook_due;
 	uint64_t commits; /* successful commits (ns_current_gen), under the exclusive lock */
 	uint64_t next_ino; /* atomic */
 	uint64_t next_seq;
@@ -79,8 +79,8 @@ int set_current_node(struct ns *ns, const char *name);
 int commit_locked(struct ns *ns, const char *target);
 /**
  * ns_unlock_commit() - release the exclusive lock, then, when commit_locked()
- * succeeded under it, call the current hook with the version now committed
- * (outside the lock: the hook may take other locks).
+ * succeeded under it, call the current hook (outside the lock: the hook may
+ * take other locks).
  */
 void ns_unlock_commit(struct ns *ns);
 

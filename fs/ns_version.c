@@ -646,7 +646,7 @@ int commit_locked(struct ns *ns, const char *target)
 	}
 	r = store_set_current(ns->st, name);
 	if (r == 0) {
-		snprintf(ns->committed, sizeof(ns->committed), "%s", name);
+		ns->commit_hook_due = 1;
 		ns->commits++;
 	}
 	return r;
@@ -654,18 +654,17 @@ int commit_locked(struct ns *ns, const char *target)
 
 void ns_unlock_commit(struct ns *ns)
 {
-	char name[sizeof(ns->committed)];
-	void (*hook)(void *, const char *) = ns->current_hook;
+	void (*hook)(void *) = ns->current_hook;
 	void *arg = ns->current_hook_arg;
+	int due = ns->commit_hook_due;
 
-	memcpy(name, ns->committed, sizeof(name));
-	ns->committed[0] = '\0';
+	ns->commit_hook_due = 0;
 	ns_unlock(ns);
-	if (name[0] && hook)
-		hook(arg, name);
+	if (due && hook)
+		hook(arg);
 }
 
-void ns_set_current_hook(struct ns *ns, void (*hook)(void *arg, const char *name), void *arg)
+void ns_set_current_hook(struct ns *ns, void (*hook)(void *arg), void *arg)
 {
 	ns->current_hook = hook;
 	ns->current_hook_arg = arg;

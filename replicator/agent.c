@@ -25,6 +25,7 @@
 #include <zmq.h>
 
 #include "agent_i.h"
+#include "engines.h"
 #include "keys.h"
 #include "manifest.h"
 
@@ -270,15 +271,6 @@ static void on_welcome(struct agent *a, struct proto_msg *m)
 	learn_commit(a, proto_str(m, "committed"), proto_int(m, "epoch"));
 }
 
-/* Monotonic nanoseconds: when a PREPARE arrived, for the barrier hook. */
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Answer PREPARE @txid of @name: READY, @ok or not because of @reason. */
 static void send_ready(struct agent *a, uint64_t txid, const char *name, int ok,
 		       const char *reason)
@@ -376,7 +368,7 @@ static void on_prepare(struct agent *a, struct proto_msg *m)
 		if (a->prep_version) {
 			a->prep_digest = digest;
 			a->prep_txid = txid;
-			a->prep_started = mono_ns();
+			a->prep_started = engines_now_ns();
 			barrier_check(a); /* with no engine: READY right now, as before */
 			return;
 		}
@@ -583,7 +575,7 @@ static long loop_timeout_ms(struct agent *a)
 
 	if (a->prep_version) {
 		uint64_t due = a->prep_started + hwfs_tun.engine_deadline_ms * 1000000ull;
-		uint64_t now = mono_ns();
+		uint64_t now = engines_now_ns();
 
 		left = HWFS_MIN(left, due > now ? (double)(due - now) / 1e9 : 0.0);
 	}

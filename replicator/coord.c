@@ -517,7 +517,7 @@ static json_t *count_or_null(json_t *v)
  * engines_from_hello() - the engines a node reports in its HELLO (its
  * `hwfs status` "engines"), as the coordinator keeps and shows them: at most
  * MAX_NODE_ENGINES entries; an entry without a valid engine name is left out;
- * any other field that is not what it should be (a state other than the four,
+ * any other field that is not what it should be (an unknown state,
  * a version name that cannot be one, a reason over ENGINE_REASON_MAX bytes, a
  * negative or huge number) becomes null; control characters of a reason are
  * blanked (engines_clean_text).  A node is trusted with its own engines, not
@@ -527,7 +527,6 @@ static json_t *count_or_null(json_t *v)
  */
 static json_t *engines_from_hello(json_t *in)
 {
-	static const char *const states[] = {"idle", "loading", "loaded", "refused"};
 	json_t *out = json_array(), *e;
 	size_t i;
 
@@ -538,14 +537,11 @@ static json_t *engines_from_hello(json_t *in)
 		const char *sv = version_or_null(json_object_get(e, "serving"));
 		const char *sh = version_or_null(json_object_get(e, "shadow"));
 		char *clean;
-		int known = 0;
 
 		if (!out || json_array_size(out) >= MAX_NODE_ENGINES)
 			break;
 		if (!name || !engines_valid_name(name))
 			continue;
-		for (size_t k = 0; state && k < HWFS_ARRAY_SIZE(states); k++)
-			known |= !strcmp(state, states[k]);
 		if (reason && strlen(reason) > ENGINE_REASON_MAX)
 			reason = NULL;
 		clean = reason ? engines_clean_text(reason, ENGINE_REASON_MAX) : NULL;
@@ -554,11 +550,11 @@ static json_t *engines_from_hello(json_t *in)
 				       count_or_null(json_object_get(e, "pid")), "serving",
 				       sv ? json_string(sv) : json_null(), "shadow",
 				       sh ? json_string(sh) : json_null(), "state",
-				       known ? json_string(state) : json_null(), "reason",
-				       clean ? json_string(clean) : json_null(),
+				       engines_valid_state(state) ? json_string(state) : json_null(),
+				       "reason", clean ? json_string(clean) : json_null(),
 				       "last_swap_pause_us",
-				       count_or_null(json_object_get(e, "last_swap_pause_us")),
-				       "swaps", count_or_null(json_object_get(e, "swaps"))));
+				       count_or_null(json_object_get(e, "last_swap_pause_us")), "swaps",
+				       count_or_null(json_object_get(e, "swaps"))));
 		free(clean);
 	}
 	return out;
