@@ -6,6 +6,7 @@
  * lines followed by the answer.  Who calls is the kernel's word (ctl_peer).
  */
 #define _GNU_SOURCE
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -121,8 +122,9 @@ int ctl_connect(const char *path)
 }
 
 /*
- * Write all of @s (@len bytes) to @fd; the first sendmsg() carries @passfd as
- * SCM_RIGHTS when it is >= 0.  Returns 0 or -errno.
+ * Write all of @s (@len bytes) to @fd, waiting for room when a non-blocking
+ * @fd is full; the first sendmsg() carries @passfd as SCM_RIGHTS when it is
+ * >= 0.  Returns 0 or -errno.
  */
 static int send_all(int fd, const char *s, size_t len, int passfd)
 {
@@ -150,6 +152,13 @@ static int send_all(int fd, const char *s, size_t len, int passfd)
 			memcpy(CMSG_DATA(cm), &passfd, sizeof(int));
 		}
 		n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			struct pollfd p = {.fd = fd, .events = POLLOUT};
+
+			if (poll(&p, 1, -1) < 0 && errno != EINTR)
+				return -errno;
+			continue;
+		}
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)

@@ -51,7 +51,10 @@ void ctl_peer_free(struct ctl_peer *p);
 int ctl_peer_in_group(const struct ctl_peer *p, gid_t gid);
 /** Connect to @path. Returns the fd or -errno. */
 int ctl_connect(const char *path);
-/** Send @msg as one line (does not steal the reference). Returns 0 or -errno. */
+/**
+ * Send @msg as one line (does not steal the reference); on a non-blocking
+ * @fd, wait for room.  Returns 0 or -errno.
+ */
 int ctl_send(int fd, json_t *msg);
 /**
  * ctl_send_fd() - like ctl_send(), and pass descriptor @passfd (>= 0) with the

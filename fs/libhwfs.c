@@ -49,6 +49,18 @@ const char *lib_jstr(json_t *o, const char *key)
 	return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
+int lib_valid_name(const char *name)
+{
+	size_t n = name ? strlen(name) : 0;
+
+	if (n == 0 || n > LIB_NAME_MAX || !strcmp(name, ".") || !strcmp(name, ".."))
+		return 0;
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+		if (*p == '/' || *p < 0x20 || *p == 0x7f)
+			return 0;
+	return 1;
+}
+
 /*
  * Read the control socket's path of the mount at @mount into @path (@len
  * bytes).  Returns 0, -ENOTSUP (no such xattr: not an hwfs mount),

@@ -245,13 +245,13 @@ static int stitchable(const struct pieces *pc, uint64_t page)
 	return 1;
 }
 
-/* Remember range @p (@len bytes, @heap) for hwfs_unmap. Returns 0 or -ENOMEM. */
-static int add_region(struct hwfs_map *m, void *p, size_t len, int heap, size_t cap)
+/*
+ * Remember range @p (@len bytes, @heap) for hwfs_unmap; m->regions has a slot
+ * for every tensor, and a tensor makes at most one region.
+ */
+static void add_region(struct hwfs_map *m, void *p, size_t len, int heap)
 {
-	if (m->n_regions == cap)
-		return -ENOMEM; /* sized for every tensor up front: cannot happen */
 	m->regions[m->n_regions++] = (struct region){p, len, heap};
-	return 0;
 }
 
 /*
@@ -260,7 +260,7 @@ static int add_region(struct hwfs_map *m, void *p, size_t len, int heap, size_t 
  * Returns 0 with *@data set, or -errno (nothing left mapped).
  */
 static int stitch(struct hwfs_map *m, int afd, const struct pieces *pc, uint64_t len,
-		  uint64_t page, size_t cap, const void **data)
+		  uint64_t page, const void **data)
 {
 	uint64_t pad = pc->p[0].aoff % page, at = 0;
 	size_t total = page_up(pad + len, page);
@@ -278,16 +278,13 @@ static int stitch(struct hwfs_map *m, int afd, const struct pieces *pc, uint64_t
 			r = -errno;
 		at += span;
 	}
-	if (r == 0)
-		r = add_region(m, base, total, 0, cap);
-	if (r < 0)
-		goto out;
-	*data = base + pad;
-	base = NULL;
-out:
-	if (base)
+	if (r < 0) {
 		munmap(base, total);
-	return r;
+		return r;
+	}
+	add_region(m, base, total, 0);
+	*data = base + pad;
+	return 0;
 }
 
 /*
@@ -296,7 +293,7 @@ out:
  * -ENOMEM.
  */
 static int copy_out(struct hwfs_map *m, const struct pieces *pc, uint64_t off, uint64_t len,
-		    size_t cap, const void **data)
+		    const void **data)
 {
 	char *buf = calloc(1, len);
 
@@ -305,10 +302,7 @@ static int copy_out(struct hwfs_map *m, const struct pieces *pc, uint64_t off, u
 	for (size_t i = 0; i < pc->n; i++)
 		memcpy(buf + (pc->p[i].foff - off), (const char *)m->arena + pc->p[i].aoff,
 		       pc->p[i].len);
-	if (add_region(m, buf, len, 1, cap) < 0) {
-		free(buf);
-		return -ENOMEM;
-	}
+	add_region(m, buf, len, 1);
 	*data = buf;
 	return 0;
 }
@@ -476,6 +470,7 @@ static int build_tensors(struct hwfs_map *m, json_t *res, int afd, uint64_t page
 		for (size_t j = first; j < m->n; j++) {
 			struct hwfs_tensor *t = &m->t[j];
 			uint64_t off = tmp[j].off;
+			int whole;
 
 			*t = tmp[j].t;
 			if (!t->len) {
@@ -486,16 +481,17 @@ static int build_tensors(struct hwfs_map *m, json_t *res, int afd, uint64_t page
 				r = lib_fail(-ENOMEM, "out of memory");
 				goto out;
 			}
-			if (covered(&pc, off, t->len) && pc.n == 1) {
+			whole = covered(&pc, off, t->len);
+			if (whole && pc.n == 1) {
 				t->data = (const char *)m->arena + pc.p[0].aoff;
 				continue;
 			}
 			r = -EINVAL;
-			if (covered(&pc, off, t->len) && stitchable(&pc, page))
-				r = stitch(m, afd, &pc, t->len, page, n, &t->data);
+			if (whole && stitchable(&pc, page))
+				r = stitch(m, afd, &pc, t->len, page, &t->data);
 			if (r < 0) {
 				t->copied = 1;
-				r = copy_out(m, &pc, off, t->len, n, &t->data);
+				r = copy_out(m, &pc, off, t->len, &t->data);
 			}
 			if (r < 0) {
 				r = lib_fail(r, "cannot place tensor %s of %s: %s", t->name, path,

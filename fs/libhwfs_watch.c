@@ -8,7 +8,8 @@
  * waits with poll() for at most its timeout, and a line that arrives in
  * several reads is kept in the reader until it is whole.  Reports may come
  * from another thread than the one reading events; they are written under a
- * mutex so that two reports never interleave.
+ * mutex so that two reports never interleave (ctl_send() waits for room on
+ * the non-blocking socket).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -16,7 +17,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,18 +28,6 @@ struct hwfs_watch {
 	int engine;                /* registered as an engine: reports allowed */
 	pthread_mutex_t send_lock; /* one report on the wire at a time */
 };
-
-int lib_valid_name(const char *name)
-{
-	size_t n = name ? strlen(name) : 0;
-
-	if (n == 0 || n > LIB_NAME_MAX || !strcmp(name, ".") || !strcmp(name, ".."))
-		return 0;
-	for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-		if (*p == '/' || *p < 0x20 || *p == 0x7f)
-			return 0;
-	return 1;
-}
 
 int hwfs_watch_open(struct hwfs *h, const char *engine, char **current, struct hwfs_watch **out)
 {
@@ -197,32 +185,6 @@ int hwfs_watch_next(struct hwfs_watch *w, int timeout_ms, struct hwfs_event *ev)
 	}
 }
 
-/*
- * Write all of @s (@len bytes) to the non-blocking socket @fd, waiting for
- * room when it is full.  Returns 0 or -errno (-EPIPE: the daemon is gone).
- */
-static int send_line(int fd, const char *s, size_t len)
-{
-	while (len) {
-		ssize_t n = send(fd, s, len, MSG_NOSIGNAL);
-
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-			struct pollfd p = {.fd = fd, .events = POLLOUT};
-
-			if (poll(&p, 1, -1) < 0 && errno != EINTR)
-				return -errno;
-			continue;
-		}
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return errno == ECONNRESET ? -EPIPE : -errno;
-		s += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 int hwfs_engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *version,
 		       const char *reason, uint64_t pause_us)
 {
@@ -232,9 +194,7 @@ int hwfs_engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *
 		[HWFS_REFUSED] = "refused",
 		[HWFS_SWAPPED] = "swapped",
 	};
-	json_t *msg = NULL;
-	char *s = NULL;
-	size_t len;
+	json_t *msg;
 	int r;
 
 	lib_clear_error();
@@ -247,22 +207,19 @@ int hwfs_engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *
 		json_object_set_new(msg, "reason", json_string(reason ? reason : "no reason given"));
 	if (msg && what == HWFS_SWAPPED)
 		json_object_set_new(msg, "pause_us", json_integer((json_int_t)pause_us));
-	s = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
-	if (!s) {
-		r = lib_fail(-ENOMEM, "out of memory");
-		goto out;
-	}
-	len = strlen(s);
-	s[len] = '\n'; /* the NUL becomes the newline: len + 1 bytes go out */
+	if (!msg)
+		return lib_fail(-ENOMEM, "out of memory");
 	pthread_mutex_lock(&w->send_lock);
-	r = send_line(w->fd, s, len + 1);
+	r = ctl_send(w->fd, msg); /* the socket is non-blocking: it waits for room */
 	pthread_mutex_unlock(&w->send_lock);
+	json_decref(msg);
+	if (r == -ECONNRESET)
+		r = -EPIPE; /* the daemon is gone */
 	if (r < 0)
 		lib_fail(r, "cannot report to the daemon: %s",
-			 r == -EPIPE ? "it closed the connection" : strerror(-r));
-out:
-	free(s);
-	json_decref(msg);
+			 r == -EPIPE    ? "it closed the connection"
+			 : r == -ENOMEM ? "out of memory"
+					: strerror(-r));
 	return r;
 }
 
