@@ -462,9 +462,8 @@ def part_commit(a, ctx):
     committer.cmd("commit", names[1])                       # warm-up, not counted
     wait_for(lambda: all(e.query().get("version") == names[1] for e in engines), 30,
              f"the engines did not serve {names[1]} after the warm-up commit")
-    serve_ms, cmd_ms, pauses, swaps = [], [], [], {e.name: None for e in engines}
-    for e in engines:
-        swaps[e.name] = engines_of(e.node)[e.name].get("swaps")
+    serve_ms, cmd_ms, pauses = [], [], []
+    swaps = {e.name: engines_of(e.node)[e.name].get("swaps") for e in engines}
     for i in range(a.commits):
         v = names[i % 2]
         t0 = time.perf_counter()

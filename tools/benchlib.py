@@ -22,6 +22,7 @@ import math
 import os
 import platform
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -161,8 +162,6 @@ def safetensors_header(tensors, generator):
     order, starts with: the 8-byte header length and the JSON header (its
     __metadata__ names @generator) padded to 8 bytes.  Returns (those bytes,
     [each tensor's offset from the start of the data], the data's size)."""
-    import struct
-
     header, offsets, off = {"__metadata__": {"format": "pt", "generator": generator}}, [], 0
     for name, dt, shape in tensors:
         n = DTYPE_SIZE[dt] * math.prod(shape)

@@ -81,37 +81,30 @@ trap 'exit 130' INT TERM
 if [ -t 1 ]; then B=$'\033[1m' N=$'\033[0m'; else B='' N=''; fi
 step() { printf '\n%s== %s%s\n' "$B" "$*" "$N"; }
 
-# The demo's small Python helpers (model, daemon status over the control
-# socket, engine sockets, timeline) in one file, called as `py VERB ARGS`.
+# The demo's small Python helpers (model, engine sockets and logs, timeline)
+# in one file, called as `py VERB ARGS`.
 cat >"$WORK/demo_helpers.py" <<'EOF'
 import json, os, socket, subprocess, sys, time
 
-def ask(path, line, timeout=None):
-    """Send @line (bytes ending in a newline) on the unix socket @path; the JSON
-    line it answers.  @timeout: seconds a connect or read may take (None: no limit)."""
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(timeout)
-    s.connect(path)
-    s.sendall(line)
-    buf = b""
-    while not buf.endswith(b"\n"):
-        c = s.recv(1 << 16)
-        if not c:
-            break
-        buf += c
-    s.close()
+def engine_query(path):
+    """One request line to the engine's unix socket @path: its JSON answer
+    (version, digest, ...)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(b"{}\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            c = s.recv(1 << 16)
+            if not c:
+                break
+            buf += c
     return json.loads(buf)
 
-def ctl(mnt, req):
-    """One request on the daemon's control socket (its path: the mount root's xattr)."""
-    return ask(os.getxattr(mnt, "user.hwfs.control").decode(), json.dumps(req).encode() + b"\n")
-
-def engine_query(path):
-    """One request line to an engine's socket: its answer (version, digest, ...)."""
-    return ask(path, b"{}\n", timeout=10)
-
-def pairs(args):
-    return [tuple(a.split("=", 1)) for a in args]
+def status(mnt):
+    """`hwfs status --json` of the mount @mnt."""
+    return json.loads(subprocess.run([os.environ["HWFS"], "status", "--json", "-m", mnt],
+                                     stdout=subprocess.PIPE, check=True).stdout)
 
 def model(v1dir, v2dir, n, mib):
     """The trainer: v1 straight into A's mount with safetensors, v2 into a dir to publish."""
@@ -135,12 +128,13 @@ def model(v1dir, v2dir, n, mib):
           + ", ".join(f"model.layers.{i}.weight" for i in sorted(changed)))
 
 def watch(version, t0, out, nodes):
-    """Until every node's engine logged @version loaded: print each arrival (the
-    engine's "arrived" event, sent by its daemon when the version is sealed
-    there) and each load as it happens, in ms after @t0 (epoch s)."""
+    """Until the engine of every node of @nodes (names) logged @version loaded:
+    print each arrival (the engine's "arrived" event, sent by its daemon when
+    the version is sealed there) and each load as it happens, in ms after @t0
+    (epoch s)."""
     t0, seen, end = float(t0), {}, time.time() + 120
     while time.time() < end:
-        for name, _ in nodes:
+        for name in nodes:
             ev = engine_log(os.path.join(os.environ["WORK"], f"eng-{name}.log"), version)
             if "refused" in ev:
                 sys.exit(f"demo: eng-{name} refused {version}: {ev['refused'][1]}")
@@ -149,7 +143,7 @@ def watch(version, t0, out, nodes):
                 if what in ev and (name, what) not in seen:
                     seen[(name, what)] = ev[what]
                     print(f"  {(ev[what] - t0) * 1000:+8.0f} ms  {label}", flush=True)
-        if all((name, "loaded") in seen for name, _ in nodes):
+        if all((name, "loaded") in seen for name in nodes):
             break
         time.sleep(0.02)
     else:
@@ -199,7 +193,7 @@ def check(version, nodes_engines):
     bad = 0
     for arg in nodes_engines:
         mnt, name, path = arg.split("=", 2)
-        digest = next(v["digest"] for v in ctl(mnt, {"op": "status"})["versions"] if v["name"] == version)
+        digest = next(v["digest"] for v in status(mnt)["versions"] if v["name"] == version)
         end = time.time() + 10   # the engine swaps when its daemon tells it; give it a moment
         ans = engine_query(path)
         while ans.get("version") != version and time.time() < end:
@@ -212,12 +206,12 @@ def check(version, nodes_engines):
         sys.exit(f"demo: {bad} engine(s) do not serve {version}")
 
 def timeline(version, watchf, commitf, nodes):
-    """One chronological list from the engines' own log lines (1 ms) and the
-    commit, timed around the command."""
+    """One chronological list from the own log lines (1 ms) of the engines of
+    @nodes (names) and the commit, timed around the command."""
     t0, c = json.load(open(watchf))["t0"], json.load(open(commitf))
     ev = [(c["start"], f"hwfs commit {version}: start"),
           (c["end"], f"hwfs commit {version}: end ({(c['end'] - c['start']) * 1000:.1f} ms)")]
-    for name, _ in nodes:
+    for name in nodes:
         path = os.path.join(os.environ["WORK"], f"eng-{name}.log")
         end = time.time() + 5    # the log line follows the swap by a moment
         log = engine_log(path, version)
@@ -232,20 +226,20 @@ def timeline(version, watchf, commitf, nodes):
         ev.append((log["swapped"][0], f"engine eng-{name}: swapped to {version}, serving pause {log['swapped'][1]}"))
     for t, what in sorted(ev):
         print(f"  {(t - t0) * 1000:+9.1f} ms  {what}")
-    print("  (engine lines carry 1 ms timestamps; a pause of 0 us is a pointer swap under 1 us,\n"
-          "   as the engine reports whole microseconds)")
+    print("  (engine lines carry 1 ms timestamps; the engine reports its pause in whole\n"
+          "   microseconds, rounded up: 1 us is a pointer swap under 1 us)")
 
 verb, args = sys.argv[1], sys.argv[2:]
 if verb == "model":
     model(args[0], args[1], int(args[2]), float(args[3]))
 elif verb == "watch":
-    watch(args[0], args[1], args[2], pairs(args[3:]))
+    watch(args[0], args[1], args[2], args[3:])
 elif verb == "commit":
     commit(args[0], args[1], args[2])
 elif verb == "check":
     check(args[0], args[1:])
 elif verb == "timeline":
-    timeline(args[0], args[1], args[2], pairs(args[3:]))
+    timeline(args[0], args[1], args[2], args[3:])
 elif verb == "query":
     print(json.dumps(engine_query(args[0])))
 else:
@@ -253,11 +247,8 @@ else:
 EOF
 py() { HWFS=$HWFS WORK=$WORK "$PYTHON" "$WORK/demo_helpers.py" "$@"; }
 now() { date +%s.%N; }
-NODE_ARGS=() CHECK_ARGS=()
-for n in "${NODES[@]}"; do
-	NODE_ARGS+=("$n=${MNT[$n]}")
-	CHECK_ARGS+=("${MNT[$n]}=eng-$n=$WORK/eng-$n.sock")
-done
+CHECK_ARGS=()
+for n in "${NODES[@]}"; do CHECK_ARGS+=("${MNT[$n]}=eng-$n=$WORK/eng-$n.sock"); done
 
 step "A coordinator on loopback (it picks its port)"
 "$HWFS" coord --listen 'tcp://127.0.0.1:*' --state "$WORK/coord" --insecure -f >"$WORK/coord.log" 2>&1 &
@@ -303,7 +294,7 @@ done
 step "v1: the trainer writes it with safetensors straight into A's mount, then hwfs seal v1"
 echo "  ($N_TENSORS tensors, ~256 MiB; v2 is written to $SRC2 with a tenth of them changed)"
 T0=$(now)
-py watch v1 "$T0" "$WORK/watch-v1.json" "${NODE_ARGS[@]}" >"$WORK/watch-v1.txt" &
+py watch v1 "$T0" "$WORK/watch-v1.json" "${NODES[@]}" >"$WORK/watch-v1.txt" &
 WATCH=$!
 mkdir "${MNT[A]}/versions/v1"
 py model "${MNT[A]}/versions/v1" "$SRC2" "$N_TENSORS" "$TENSOR_MIB"
@@ -318,7 +309,7 @@ py check v1 "${CHECK_ARGS[@]}"
 
 step "v2: hwfs publish on A (import + seal in one step); B and C receive only the changed shards"
 T0=$(now)
-py watch v2 "$T0" "$WORK/watch-v2.json" "${NODE_ARGS[@]}" >"$WORK/watch-v2.txt" &
+py watch v2 "$T0" "$WORK/watch-v2.json" "${NODES[@]}" >"$WORK/watch-v2.txt" &
 WATCH=$!
 "$HWFS" publish "$SRC2" v2 -m "${MNT[A]}"
 wait $WATCH
@@ -354,9 +345,9 @@ print("  C: current/model.safetensors opens with safetensors:", len(list(f.keys(
 	"${MNT[C]}/current/model.safetensors"
 
 step "Timeline of v1 (ms after the trainer started writing it)"
-py timeline v1 "$WORK/watch-v1.json" "$WORK/commit-v1.json" "${NODE_ARGS[@]}"
+py timeline v1 "$WORK/watch-v1.json" "$WORK/commit-v1.json" "${NODES[@]}"
 step "Timeline of v2 (ms after hwfs publish v2 started)"
-py timeline v2 "$WORK/watch-v2.json" "$WORK/commit-v2.json" "${NODE_ARGS[@]}"
+py timeline v2 "$WORK/watch-v2.json" "$WORK/commit-v2.json" "${NODES[@]}"
 
 step "The engines' own event lines (stderr)"
 for n in "${NODES[@]}"; do sed "s/^/  eng-$n: /" "$WORK/eng-$n.log" | tail -6; done

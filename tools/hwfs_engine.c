@@ -298,6 +298,26 @@ static long find_shadow(struct engine *e, const char *version)
 	return -1;
 }
 
+/* Make room for one more shadow. Returns 0 or -ENOMEM. */
+static int grow_shadows(struct engine *e)
+{
+	struct loaded **ns = realloc(e->shadows, (e->n_shadows + 1) * sizeof(*ns));
+
+	if (!ns)
+		return -ENOMEM;
+	e->shadows = ns;
+	return 0;
+}
+
+/* Take shadow @i out of the shadow list (the last one fills its place) and return it. */
+static struct loaded *take_shadow(struct engine *e, size_t i)
+{
+	struct loaded *l = e->shadows[i];
+
+	e->shadows[i] = e->shadows[--e->n_shadows];
+	return l;
+}
+
 /* Wait @ms milliseconds, or less if SIGTERM/SIGINT arrives (e->stop is set then). */
 static void delay(struct engine *e, long ms)
 {
@@ -327,7 +347,6 @@ static struct loaded *load(struct engine *e, const char *version, int startup)
 {
 	char why[REASON_MAX] = "";
 	struct loaded *l = calloc(1, sizeof(*l));
-	struct loaded **ns;
 	uint64_t t0 = mono_ns();
 
 	report(e, HWFS_LOADING, version, NULL, 0);
@@ -349,12 +368,10 @@ static struct loaded *load(struct engine *e, const char *version, int startup)
 		snprintf(why, sizeof(why), "out of memory");
 		goto refuse;
 	}
-	ns = realloc(e->shadows, (e->n_shadows + 1) * sizeof(*ns));
-	if (!ns) {
+	if (grow_shadows(e) < 0) {
 		snprintf(why, sizeof(why), "out of memory");
 		goto refuse;
 	}
-	e->shadows = ns;
 	if (e->load_delay_ms > 0 && !startup)
 		delay(e, e->load_delay_ms);
 	if (e->stop) {
@@ -397,12 +414,11 @@ static struct loaded *ensure_loaded(struct engine *e, const char *version, int r
 			report(e, HWFS_LOADED, version, NULL, 0);
 		return i >= 0 ? e->shadows[i] : NULL;
 	}
-	if (r && resend) {
-		report(e, HWFS_REFUSED, version, r->reason, 0);
+	if (r) {
+		if (resend)
+			report(e, HWFS_REFUSED, version, r->reason, 0);
 		return NULL;
 	}
-	if (r)
-		return NULL;
 	return load(e, version, startup);
 }
 
@@ -425,26 +441,19 @@ static void retire(struct engine *e, struct loaded *l)
  */
 static void keep_standby(struct engine *e, struct loaded *old)
 {
-	struct loaded **ns;
-
 	if (old->removed) {
 		retire(e, old);
 		return;
 	}
 	for (size_t i = 0; i < e->n_shadows; i++)
 		if (e->shadows[i]->standby) {
-			struct loaded *l = e->shadows[i];
-
-			e->shadows[i] = e->shadows[--e->n_shadows];
-			retire(e, l);
+			retire(e, take_shadow(e, i));
 			break;
 		}
-	ns = realloc(e->shadows, (e->n_shadows + 1) * sizeof(*ns));
-	if (!ns) {
+	if (grow_shadows(e) < 0) {
 		retire(e, old);
 		return;
 	}
-	e->shadows = ns;
 	old->standby = 1;
 	e->shadows[e->n_shadows++] = old;
 	report(e, HWFS_LOADED, hwfs_map_version(old->m), NULL, 0);
@@ -461,7 +470,6 @@ static void swap_to(struct engine *e, const char *version, int startup)
 {
 	struct loaded *l, *old;
 	uint64_t t0, pause_us;
-	long i;
 
 	pthread_mutex_lock(&e->lock);
 	old = e->served;
@@ -480,8 +488,7 @@ static void swap_to(struct engine *e, const char *version, int startup)
 			      old ? hwfs_map_version(old->m) : "nothing");
 		return;
 	}
-	i = find_shadow(e, version);
-	e->shadows[i] = e->shadows[--e->n_shadows];
+	take_shadow(e, (size_t)find_shadow(e, version)); /* l, a shadow: found */
 	l->standby = 0;
 	t0 = mono_ns();
 	pthread_mutex_lock(&e->lock);
@@ -507,12 +514,8 @@ static void removed(struct engine *e, const char *version)
 		*r = e->refused[--e->n_refused];
 	if (e->served && !strcmp(hwfs_map_version(e->served->m), version))
 		e->served->removed = 1; /* main thread only, like the standby flag */
-	if (i >= 0) {
-		struct loaded *l = e->shadows[i];
-
-		e->shadows[i] = e->shadows[--e->n_shadows];
-		retire(e, l);
-	}
+	if (i >= 0)
+		retire(e, take_shadow(e, (size_t)i));
 }
 
 /* ------------------------------------------------------------ serving */
@@ -681,6 +684,14 @@ static int listen_unix(const char *path)
 
 /* ------------------------------------------------------------ main */
 
+/* Print the usage line on @f and exit with @status. */
+static void usage_exit(FILE *f, int status) __attribute__((noreturn));
+static void usage_exit(FILE *f, int status)
+{
+	fprintf(f, "usage: %s\n", USAGE);
+	exit(status);
+}
+
 /* Parse the command line into @e. Exits 2 on a usage error. */
 static void parse_args(int argc, char **argv, struct engine *e)
 {
@@ -709,23 +720,17 @@ static void parse_args(int argc, char **argv, struct engine *e)
 		case 'd':
 			errno = 0;
 			e->load_delay_ms = strtol(optarg, &end, 10);
-			if (errno || *end || end == optarg || e->load_delay_ms < 0) {
-				fprintf(stderr, "usage: %s\n", USAGE);
-				exit(2);
-			}
+			if (errno || *end || end == optarg || e->load_delay_ms < 0)
+				usage_exit(stderr, 2);
 			break;
 		case 'h':
-			printf("usage: %s\n", USAGE);
-			exit(0);
+			usage_exit(stdout, 0);
 		default:
-			fprintf(stderr, "usage: %s\n", USAGE);
-			exit(2);
+			usage_exit(stderr, 2);
 		}
 	}
-	if (optind != argc || !e->name || !e->listen_path) {
-		fprintf(stderr, "usage: %s\n", USAGE);
-		exit(2);
-	}
+	if (optind != argc || !e->name || !e->listen_path)
+		usage_exit(stderr, 2);
 }
 
 /* Act on one event. */

@@ -405,7 +405,7 @@ static void swap_to(struct watch *s, const char *version, int pause0)
 {
 	struct handled *h = shadow_load(s, version, 0);
 	char why[REASON_MAX] = "";
-	uint64_t took = 0;
+	uint64_t took = 0, pause_us;
 	int r = 0;
 
 	if (!h)
@@ -423,9 +423,10 @@ static void swap_to(struct watch *s, const char *version, int pause0)
 		    r < 0 ? "the on-commit hook could not start" : why);
 		return;
 	}
-	say("swapped %s (pause %llu us)", version, (unsigned long long)(pause0 ? 0 : took));
+	pause_us = pause0 ? 0 : took;
+	say("swapped %s (pause %llu us)", version, (unsigned long long)pause_us);
 	if (s->engine)
-		report(s, HWFS_SWAPPED, version, NULL, pause0 ? 0 : took);
+		report(s, HWFS_SWAPPED, version, NULL, pause_us);
 }
 
 /* Print event @ev and act on it. */

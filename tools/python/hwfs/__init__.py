@@ -28,6 +28,7 @@ holding the raw bits.  A dtype numpy cannot express at all comes as its raw
 bytes: a 1-D uint8 array.
 """
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -395,27 +396,27 @@ class Watch:
         self._closing = False
         self._read_lock = threading.Lock()  # one next() at a time (one reader)
 
-    def _enter(self):
-        """Take a use of the C watch for one library call (ValueError once closing)."""
+    @contextlib.contextmanager
+    def _use(self):
+        """A use of the C watch for one library call: `with self._use() as w:`
+        (ValueError once closing); close() waits until no use is left."""
         with self._cv:
             if self._closing or not self._w:
                 raise ValueError("hwfs.Watch is closed")
             self._users += 1
-            return self._w
-
-    def _leave(self):
-        with self._cv:
-            self._users -= 1
-            if self._users == 0:
-                self._cv.notify_all()
+            w = self._w
+        try:
+            yield w
+        finally:
+            with self._cv:
+                self._users -= 1
+                if self._users == 0:
+                    self._cv.notify_all()
 
     def fileno(self):
         """The socket (readable: an event may be waiting)."""
-        w = self._enter()
-        try:
+        with self._use() as w:
             return _lib.hwfs_watch_fd(w)
-        finally:
-            self._leave()
 
     def next(self, timeout=None):
         """The next Event, waiting up to @timeout seconds (None: forever);
@@ -426,12 +427,8 @@ class Watch:
         left = None if timeout is None else max(0, int(timeout * 1000))
         while True:
             slice_ms = WAIT_SLICE_MS if left is None else min(WAIT_SLICE_MS, left)
-            with self._read_lock:
-                w = self._enter()
-                try:
-                    rc = _lib.hwfs_watch_next(w, slice_ms, ctypes.byref(ev))
-                finally:
-                    self._leave()
+            with self._read_lock, self._use() as w:
+                rc = _lib.hwfs_watch_next(w, slice_ms, ctypes.byref(ev))
             if rc == 0:
                 name = _lib.EVENT_NAMES.get(ev.type, str(ev.type))
                 return Event(name, ev.version.decode(), self)
@@ -459,12 +456,9 @@ class Watch:
         once the watch is closed (or while close() runs)."""
         if what not in _lib.REPORTS:
             raise ValueError(f"report must be one of {sorted(_lib.REPORTS)}, not {what!r}")
-        w = self._enter()
-        try:
+        with self._use() as w:
             rc = _lib.hwfs_engine_report(w, _lib.REPORTS[what], str(version).encode(),
                                          reason.encode() if reason else None, int(pause_us))
-        finally:
-            self._leave()
         if rc < 0 and self._closing:
             raise ValueError("hwfs.Watch is closed")
         _lib.check(rc, f"report {what} {version}")

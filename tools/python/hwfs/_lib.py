@@ -86,7 +86,8 @@ def _candidates():
 def _load():
     """Load the first libhwfs that exists; ImportError naming every place tried."""
     tried = []
-    for where, path in _candidates():
+    candidates = _candidates()
+    for where, path in candidates:
         # find_library returns a bare soname ("libhwfs.so.1") that dlopen resolves.
         if os.sep in path and not os.path.exists(path):
             tried.append(f"{where}: {path} (no such file)")
@@ -97,7 +98,7 @@ def _load():
                 tried.append(f"{where}: {path} ({e})")
         if where == "HWFS_LIBRARY":
             break  # an explicit choice that fails is an error, never a hint to look elsewhere
-    if not any(w == "find_library" for w, _ in _candidates()):
+    if not any(w == "find_library" for w, _ in candidates):
         tried.append('find_library("hwfs"): not found')
     raise ImportError("hwfs: cannot load libhwfs (build it with `make`, install it with "
                       "`make install`, or set HWFS_LIBRARY to its full path); tried:\n  "

@@ -95,22 +95,15 @@ def _targets(module):
     One entry per distinct tensor object: tied weights (one Parameter under
     several names) appear once with all their names, any of which the file
     may use.  Persistent buffers are included (is_param False: optional)."""
-    by_id = {}
-    order = []
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if id(p) not in by_id:
-            by_id[id(p)] = (p, [], True)
-            order.append(id(p))
-        by_id[id(p)][1].append(name)
     persistent = set(module.state_dict(keep_vars=True).keys())
-    for name, b in module.named_buffers(remove_duplicate=False):
-        if name not in persistent or b is None:
-            continue
-        if id(b) not in by_id:
-            by_id[id(b)] = (b, [], False)
-            order.append(id(b))
-        by_id[id(b)][1].append(name)
-    return [(tuple(by_id[i][1]), by_id[i][0], by_id[i][2]) for i in order]
+    buffers = [(n, b) for n, b in module.named_buffers(remove_duplicate=False)
+               if n in persistent and b is not None]
+    by_id = {}  # id -> (tensor, [names], is_param), in first-seen order
+    for is_param, named in ((True, module.named_parameters(remove_duplicate=False)),
+                            (False, buffers)):
+        for name, t in named:
+            by_id.setdefault(id(t), (t, [], is_param))[1].append(name)
+    return [(tuple(names), t, is_param) for t, names, is_param in by_id.values()]
 
 
 def _shape(s):
@@ -373,7 +366,7 @@ class HotSwap:
         pause_us = 0 if initial else max(1, (t1 - t0) // 1000)
         old, self._serving = self._serving, loaded
         loaded.pairs = []  # the module holds the tensors now
-        self._set_shadows([x for x in self._shadows if x is not loaded])  # served, no shadow
+        self._set_shadows(self._without(loaded))  # served, no shadow
         if old is not None:
             old.release()  # the old tensors die with the last reference to them
         with self._cond:
@@ -387,6 +380,10 @@ class HotSwap:
     # -- the shadows (engine thread only, and close() once it ended)
     def _find_shadow(self, version):
         return next((x for x in self._shadows if x.version == version), None)
+
+    def _without(self, loaded):
+        """The shadows but @loaded, oldest first."""
+        return [x for x in self._shadows if x is not loaded]
 
     def _set_shadows(self, shadows):
         """Make @shadows (oldest first) the shadows, and say so in the attributes."""
@@ -407,7 +404,7 @@ class HotSwap:
         shadows are released first, so that at most max_shadows are loaded."""
         loaded = self._find_shadow(version)
         if loaded is not None:
-            self._set_shadows([x for x in self._shadows if x is not loaded] + [loaded])
+            self._set_shadows(self._without(loaded) + [loaded])
             self._watch.report("loaded", version)
             return loaded
         if version in self.refused:
@@ -451,7 +448,7 @@ class HotSwap:
         elif ev.type == "removed":
             gone = self._find_shadow(v)
             if gone is not None:
-                self._set_shadows([x for x in self._shadows if x is not gone])
+                self._set_shadows(self._without(gone))
                 gone.release()  # let `hwfs rm` free its bytes
             self.refused.pop(v, None)
 
