@@ -98,8 +98,9 @@ def _load():
                 tried.append(f"{where}: {path} ({e})")
         if where == "HWFS_LIBRARY":
             break  # an explicit choice that fails is an error, never a hint to look elsewhere
-    if not any(w == "find_library" for w, _ in candidates):
-        tried.append('find_library("hwfs"): not found')
+    explicit = any(w == "HWFS_LIBRARY" for w, _ in candidates)
+    if not explicit and not any(w == "find_library" for w, _ in candidates):
+        tried.append('find_library("hwfs"): not found')  # searched only without HWFS_LIBRARY
     raise ImportError("hwfs: cannot load libhwfs (build it with `make`, install it with "
                       "`make install`, or set HWFS_LIBRARY to its full path); tried:\n  "
                       + "\n  ".join(tried))
