@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from conftest import make_tensors, poll, readlink_or_none, save_model
-from engine_proto import Conn, commit_async, engine, finish
+from engine_proto import Conn, commit_async, engine, engines_of, finish
 
 SKIP = ("arrived", "removed")
 
@@ -24,8 +24,11 @@ def publish(m, root, version, seed):
     m.run("publish", d, version)
 
 
-def engine_state(m, name):
-    return next(e for e in m.status()["engines"] if e["name"] == name)
+def v1_current_v2_published(m, root, seed):
+    """Publish v1 (seed) and commit it, then publish v2 (seed + 1)."""
+    publish(m, root, "v1", seed=seed)
+    m.run("commit", "v1")
+    publish(m, root, "v2", seed=seed + 1)
 
 
 def replace_v2(m, tmp_path, e):
@@ -38,16 +41,14 @@ def replace_v2(m, tmp_path, e):
 
 def test_a_loaded_version_removed_and_published_again_is_prepared_again(mount, tmp_path):
     m = mount
-    publish(m, tmp_path, "v1", seed=901)
-    m.run("commit", "v1")
-    publish(m, tmp_path, "v2", seed=902)
+    v1_current_v2_published(m, tmp_path, seed=901)
     e = engine(m, "e1")
     e.send({"report": "swapped", "version": "v1", "pause_us": 0})
     e.send({"report": "loaded", "version": "v2"})
-    assert poll(lambda: engine_state(m, "e1")["state"] == "loaded")
+    assert poll(lambda: engines_of(m)["e1"]["state"] == "loaded")
     replace_v2(m, tmp_path, e)
     # the removed v2's shadow is forgotten
-    st = engine_state(m, "e1")
+    st = engines_of(m)["e1"]
     assert st["shadow"] is None and st["state"] == "idle", st
     p = commit_async(m, "v2")
     ev = e.event(skip=SKIP)
@@ -63,12 +64,10 @@ def test_a_loaded_version_removed_and_published_again_is_prepared_again(mount, t
 
 def test_a_served_version_removed_and_published_again_is_not_ready(mount, tmp_path):
     m = mount
-    publish(m, tmp_path, "v1", seed=911)
-    m.run("commit", "v1")
-    publish(m, tmp_path, "v2", seed=912)
+    v1_current_v2_published(m, tmp_path, seed=911)
     e = engine(m, "e1")
     e.send({"report": "swapped", "version": "v2", "pause_us": 0})  # it serves v2 already
-    assert poll(lambda: engine_state(m, "e1")["serving"] == "v2")
+    assert poll(lambda: engines_of(m)["e1"]["serving"] == "v2")
     replace_v2(m, tmp_path, e)
     p = commit_async(m, "v2")
     ev = e.event(skip=SKIP)
@@ -82,9 +81,7 @@ def test_a_served_version_removed_and_published_again_is_not_ready(mount, tmp_pa
 
 def test_an_earlier_refusal_is_asked_again_and_the_new_answer_decides(mount, tmp_path):
     m = mount
-    publish(m, tmp_path, "v1", seed=921)
-    m.run("commit", "v1")
-    publish(m, tmp_path, "v2", seed=922)
+    v1_current_v2_published(m, tmp_path, seed=921)
     e = engine(m, "e1")
     why = "out of GPU memory"
     p = commit_async(m, "v2")
@@ -111,12 +108,10 @@ def test_an_earlier_refusal_is_asked_again_and_the_new_answer_decides(mount, tmp
 
 def test_an_earlier_refusal_not_answered_again_fails_at_the_deadline(mount_factory, tmp_path):
     m = mount_factory(extra=["-o", "engine_deadline_ms=300"])
-    publish(m, tmp_path, "v1", seed=931)
-    m.run("commit", "v1")
-    publish(m, tmp_path, "v2", seed=932)
+    v1_current_v2_published(m, tmp_path, seed=931)
     e = engine(m, "e1")
     e.send({"report": "refused", "version": "v2", "reason": "shape [8, 8]"})
-    assert poll(lambda: engine_state(m, "e1")["state"] == "refused")
+    assert poll(lambda: engines_of(m)["e1"]["state"] == "refused")
     rc, out = finish(commit_async(m, "v2"))
     assert rc != 0 and ("engine e1 did not report v2 loaded within 300 ms (it refused v2 before: "
                         "shape [8, 8])") in out, out

@@ -124,6 +124,18 @@ def test_an_engine_that_goes_away_stops_holding_the_commit(cluster, models):
     cluster["A"].run("commit", "v1")
 
 
+def hello_with_engines(net, rogue, engines):
+    """Send the joined peer @rogue's HELLO claiming @engines until the coordinator shows
+    them (as node A sees it); returns that node view, or None after 15 s."""
+    def seen():
+        rogue.send("HELLO", node="rogue", listen="tcp://127.0.0.1:1", versions=[], current=None,
+                   engines=engines)
+        n = node_view(net["A"].try_cluster_status(), "rogue")
+        return n if n and n.get("alive") and n.get("engines") else None
+
+    return poll(seen, timeout=15, interval=0.3)
+
+
 @pytest.mark.limit(90)
 def test_coordinator_keeps_only_sane_engine_reports(net):
     """A joined peer's HELLO claims engines with hostile values: the coordinator keeps at most
@@ -137,13 +149,7 @@ def test_coordinator_keeps_only_sane_engine_reports(net):
                 "reason": None, "last_swap_pause_us": 3, "swaps": 1}]
     hostile += [{"name": f"e{i}", "state": "idle"} for i in range(100)]
     with Rogue(net.coord.url, "rogue") as r:
-        def seen():
-            r.send("HELLO", node="rogue", listen="tcp://127.0.0.1:1", versions=[], current=None,
-                   engines=hostile)
-            n = node_view(net["A"].try_cluster_status(), "rogue")
-            return n if n and n.get("alive") and n.get("engines") else None
-
-        n = poll(seen, timeout=15, interval=0.3)
+        n = hello_with_engines(net, r, hostile)
     assert n, net["A"].try_cluster_status()
     eng = n["engines"]
     assert len(eng) == 64, len(eng)
@@ -172,13 +178,7 @@ def test_coordinator_blanks_control_characters_of_engine_reasons(net):
     eng = [{"name": "e1", "pid": 1, "serving": None, "shadow": "v1", "state": "refused",
             "reason": HOSTILE, "last_swap_pause_us": None, "swaps": 0}]
     with Rogue(net.coord.url, "rogue") as r:
-        def seen():
-            r.send("HELLO", node="rogue", listen="tcp://127.0.0.1:1", versions=[], current=None,
-                   engines=eng)
-            n = node_view(net["A"].try_cluster_status(), "rogue")
-            return n if n and n.get("alive") and n.get("engines") else None
-
-        n = poll(seen, timeout=15, interval=0.3)
+        n = hello_with_engines(net, r, eng)
         assert n, net["A"].try_cluster_status()
         assert n["engines"][0]["reason"] == BLANKED, n["engines"][0]
         text = net["A"].run("status", "--cluster").stdout
