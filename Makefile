@@ -17,7 +17,7 @@
 
 BUILD   ?= build
 CC      ?= cc
-PKGS    := fuse3 sqlite3 libzmq libxxhash jansson
+PKGS    := fuse3 sqlite3 libzmq libxxhash jansson libzstd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)

@@ -62,6 +62,13 @@ static const struct row rows[] = {
 	ROW(engine_deadline_ms, 8000, 10, 3600000,
 	    "a commit waits this long for each registered engine to report the version loaded; "
 	    "keep it below commit_deadline_ms (a daemon started otherwise logs a warning)"),
+	ROW(delta, 1, 0, 1,
+	    "1: a shard whose receiver holds an earlier version of its tensor travels as an "
+	    "element-level delta (XOR + zstd); 0: whole shards only"),
+	ROW(delta_max_pct, 50, 1, 100, "a delta larger than this percentage of its shard is not used"),
+	ROW(delta_level, 1, 1, 19, "zstd level of the deltas a donor encodes"),
+	ROW(delta_cache_bytes, 256ull << 20, 0, 1ull << 40,
+	    "encoded deltas a node keeps to send again to the next receiver (encode once)"),
 };
 static uint64_t *field(struct hwfs_tunables *t, const struct row *r)
 {

@@ -46,6 +46,11 @@ struct hwfs_tunables {
 	uint64_t status_wait_ms;     /* how long `hwfs status --cluster` waits for it */
 	/* engines (docs/engines.md) */
 	uint64_t engine_deadline_ms; /* the commit barrier waits this long for every engine's report */
+	/* element-level deltas (docs/delta.md) */
+	uint64_t delta;             /* 1: shards travel as deltas against a base the receiver holds */
+	uint64_t delta_max_pct;     /* a delta above this percentage of its shard: the whole shard */
+	uint64_t delta_level;       /* zstd level of the deltas a donor encodes */
+	uint64_t delta_cache_bytes; /* encoded deltas a node keeps to serve again (encode once) */
 };
 
 /** The process-wide values (defaults until hwfs_tunables_load()). */
