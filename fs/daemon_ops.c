@@ -323,13 +323,13 @@ static json_t *op_cluster(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	return out;
 }
 
-/* Distinct shard hashes of a snapshot. */
 static int cmp_hash(const void *a, const void *b)
 {
 	return hwfs_hash_cmp(a, b);
 }
 
-static hwfs_hash_t *distinct_shards(const struct hwfs_vrec *v, size_t *n)
+/* The distinct shard hashes of snapshot @v, sorted (daemon_i.h). */
+hwfs_hash_t *vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n)
 {
 	size_t total = 0, k = 0;
 	hwfs_hash_t *h;
@@ -369,7 +369,7 @@ static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		return err_reply("cannot verify %s: %s", v, r == -ENOENT ? "no such version"
 							      : strerror(-r));
 	}
-	hs = distinct_shards(rec, &n);
+	hs = vrec_distinct_shards(rec, &n);
 	for (size_t i = 0; hs && i < n; i++) {
 		struct shard *sh = store_get(d->st, &hs[i]);
 		hwfs_hash_t h;
@@ -506,6 +506,8 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 
 	if (!a || !b)
 		return err_reply("diff: two versions needed");
+	if (json_is_true(json_object_get(req, "elements")))
+		return op_diff_elements(d, req, rd, peer);
 	r = ns_snapshot(d->ns, a, &va);
 	if (r == 0)
 		r = ns_snapshot(d->ns, b, &vb);
@@ -537,8 +539,8 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		if (!json_object_get(mb, key))
 			json_array_append_new(removed, json_string(key));
 	/* bytes of B's distinct shards that A does not have: what moving A -> B costs */
-	ha = distinct_shards(va, &na);
-	hb = distinct_shards(vb, &nb);
+	ha = vrec_distinct_shards(va, &na);
+	hb = vrec_distinct_shards(vb, &nb);
 	for (size_t i = 0; hb && ha && i < nb; i++)
 		if (!bsearch(&hb[i], ha, na, sizeof(*ha), cmp_hash)) {
 			struct shard *sh = store_get(d->st, &hb[i]);
