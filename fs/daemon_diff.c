@@ -347,6 +347,7 @@ static int diff_tensor(struct ediff *e, const struct hwfs_frec *fb, const struct
 		owned[j] = 1;
 		dbytes += cost;
 	}
+	r = 0;
 	e->tensors++;
 	e->tensors_changed += !m || changed;
 	e->elements += elements;
@@ -414,26 +415,29 @@ static int index_a(struct ediff *e)
 	return 0;
 }
 
-/* How many tensors of A have no tensor of the same file path and name in B. */
-static uint64_t count_removed(const struct ediff *e)
+/*
+ * count_removed() - how many tensors of A have no tensor of the same file
+ * path and name in B, into *@n.  Returns 0 or -ENOMEM.
+ */
+static int count_removed(const struct ediff *e, uint64_t *n)
 {
-	uint64_t n = 0;
-	struct tref *tb = NULL;
+	struct tref *tb;
 	size_t k = 0, nb = 0;
 
 	for (size_t i = 0; i < e->vb->n_files; i++)
 		nb += e->vb->files[i].n_tensors;
 	tb = malloc((nb ? nb : 1) * sizeof(*tb));
 	if (!tb)
-		return 0;
+		return -ENOMEM;
 	for (size_t i = 0; i < e->vb->n_files; i++)
 		for (size_t j = 0; j < e->vb->files[i].n_tensors; j++)
 			tb[k++] = (struct tref){&e->vb->files[i], &e->vb->files[i].tensors[j]};
 	qsort(tb, nb, sizeof(*tb), cmp_tref);
+	*n = 0;
 	for (size_t i = 0; i < e->nta; i++)
-		n += !bsearch(&e->ta[i], tb, nb, sizeof(*tb), cmp_tref);
+		*n += !bsearch(&e->ta[i], tb, nb, sizeof(*tb), cmp_tref);
 	free(tb);
-	return n;
+	return 0;
 }
 
 /* The reply's "total" object. */
@@ -469,6 +473,7 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	struct hwfs_vrec *va = NULL, *vb = NULL;
 	struct ediff e = {.d = d};
 	json_t *arr = NULL, *res = NULL;
+	uint64_t removed;
 	int r;
 
 	if (!a || !b)
@@ -507,8 +512,12 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			goto out;
 		}
 	}
+	if (count_removed(&e, &removed) < 0) {
+		res = err_reply("cannot diff %s %s: out of memory", a, b);
+		goto out;
+	}
 	res = json_pack("{s:b, s:s, s:s, s:O, s:o}", "ok", 1, "a", a, "b", b, "tensors", arr, "total",
-			total_json(&e, count_removed(&e)));
+			total_json(&e, removed));
 out:
 	json_decref(arr);
 	delta_ctx_free(e.cx);
