@@ -232,3 +232,14 @@ def test_elements_across_shards(mount_factory, tmp_path):
     assert 0 < f["delta_bytes"] <= piece, f
     assert 0 < b["delta_bytes"] <= 2 * piece, b
     assert res["total"]["changed_elements"] == 5
+
+
+def test_plain_diff_tells_same_named_tensors_of_two_files_apart(rl_step):
+    """Plain `hwfs diff` keyed tensors by name alone: model.safetensors's
+    w.bf16 (changed) hid behind second.safetensors's (the same).  A name used
+    by two files is now qualified with the file's path, as in tensors/."""
+    m, _ = rl_step
+    d = json.loads(m.run("diff", "v1", "v2", "--json").stdout)
+    assert sorted(d["changed"]) == ["w.bf16@model.safetensors", "w.dtype", "w.f4"], d
+    assert d["tensors_same"] == 3 and d["tensors_changed"] == 3, d
+    assert sorted(d["added"]) == ["w.moved", "w.new"] and d["removed"] == ["w.gone"], d
