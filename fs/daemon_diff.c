@@ -45,18 +45,18 @@ struct tref {
 struct ediff {
 	struct daemon *d;
 	const struct hwfs_vrec *va, *vb;
-	hwfs_hash_t *ha, *hb;  /* distinct shard hashes of A and of B, sorted */
+	hwfs_hash_t *ha, *hb; /* distinct shard hashes of A and of B, sorted */
 	size_t na, nb;
-	uint8_t *counted;      /* per hb[]: already in the total */
-	struct tref *ta;       /* A's tensors sorted by (path, name) */
+	uint8_t *counted; /* per hb[]: already in the total */
+	struct tref *ta;  /* A's tensors sorted by (path, name) */
 	size_t nta;
 	struct delta_ctx *cx;
-	uint8_t *enc;          /* delta_encode()'s output, grown to the largest cap */
+	uint8_t *enc; /* delta_encode()'s output, grown to the largest cap */
 	size_t enc_cap;
 	/* totals */
 	uint64_t elements, changed, bytes, delta_bytes, other_bytes, other_delta;
 	uint64_t tensors, tensors_changed;
-	char err[512];         /* what failed, when a step returns < 0 */
+	char err[512]; /* what failed, when a step returns < 0 */
 };
 
 /* qsort/bsearch comparator over hwfs_hash_t. */
@@ -113,9 +113,9 @@ static ssize_t ext_find(const struct hwfs_frec *f, uint64_t x)
 struct span {
 	struct store *st;
 	const struct hwfs_frec *f;
-	uint64_t base;     /* the tensor's offset in the file */
-	ssize_t ei;        /* the extent whose shard is held */
-	struct shard *sh;  /* that shard, referenced; NULL before the first read */
+	uint64_t base;    /* the tensor's offset in the file */
+	ssize_t ei;       /* the extent whose shard is held */
+	struct shard *sh; /* that shard, referenced; NULL before the first read */
 };
 
 /*
@@ -390,7 +390,8 @@ static int diff_file(struct ediff *e, const struct hwfs_frec *fb, json_t *arr)
 		if (owned[j])
 			continue;
 		e->other_bytes += fb->ext[j].len;
-		if (shard_cost(e, &fb->ext[j], NULL, NULL, 1, &cost) > 0) /* no encoding: no error */
+		/* outside a tensor nothing is encoded: shard_cost() cannot fail */
+		if (shard_cost(e, &fb->ext[j], NULL, NULL, 1, &cost) > 0)
 			e->other_delta += cost;
 	}
 out:
@@ -408,9 +409,12 @@ static int index_a(struct ediff *e)
 	e->ta = malloc((n ? n : 1) * sizeof(*e->ta));
 	if (!e->ta)
 		return -ENOMEM;
-	for (size_t i = 0; i < e->va->n_files; i++)
-		for (size_t j = 0; j < e->va->files[i].n_tensors; j++)
-			e->ta[e->nta++] = (struct tref){&e->va->files[i], &e->va->files[i].tensors[j]};
+	for (size_t i = 0; i < e->va->n_files; i++) {
+		const struct hwfs_frec *f = &e->va->files[i];
+
+		for (size_t j = 0; j < f->n_tensors; j++)
+			e->ta[e->nta++] = (struct tref){f, &f->tensors[j]};
+	}
 	qsort(e->ta, e->nta, sizeof(*e->ta), cmp_tref);
 	return 0;
 }
@@ -451,7 +455,8 @@ static json_t *total_json(const struct ediff *e, uint64_t removed)
 			 (json_int_t)e->tensors, "tensors_changed", (json_int_t)e->tensors_changed,
 			 "tensors_identical", (json_int_t)(e->tensors - e->tensors_changed),
 			 "tensors_removed", (json_int_t)removed, "other_bytes",
-			 (json_int_t)e->other_bytes, "other_delta_bytes", (json_int_t)e->other_delta);
+			 (json_int_t)e->other_bytes, "other_delta_bytes",
+			 (json_int_t)e->other_delta);
 }
 
 /* Sentence for a snapshot that failed with @r. */
@@ -506,9 +511,11 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		if (vb->files[i].kind != HWFS_K_REG)
 			continue;
 		r = diff_file(&e, &vb->files[i], arr);
+		if (r == -ESHUTDOWN)
+			snprintf(e.err, sizeof(e.err), "the daemon is shutting down");
 		if (r < 0) {
-			res = r == -ESHUTDOWN ? err_reply("cannot diff %s %s: the daemon is shutting down", a, b)
-					      : err_reply("cannot diff %s %s: %s", a, b, e.err[0] ? e.err : strerror(-r));
+			res = err_reply("cannot diff %s %s: %s", a, b,
+					e.err[0] ? e.err : strerror(-r));
 			goto out;
 		}
 	}
@@ -516,8 +523,8 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		res = err_reply("cannot diff %s %s: out of memory", a, b);
 		goto out;
 	}
-	res = json_pack("{s:b, s:s, s:s, s:O, s:o}", "ok", 1, "a", a, "b", b, "tensors", arr, "total",
-			total_json(&e, removed));
+	res = json_pack("{s:b, s:s, s:s, s:O, s:o}", "ok", 1, "a", a, "b", b, "tensors", arr,
+			"total", total_json(&e, removed));
 out:
 	json_decref(arr);
 	delta_ctx_free(e.cx);

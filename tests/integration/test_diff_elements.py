@@ -243,3 +243,17 @@ def test_plain_diff_tells_same_named_tensors_of_two_files_apart(rl_step):
     assert sorted(d["changed"]) == ["w.bf16@model.safetensors", "w.dtype", "w.f4"], d
     assert d["tensors_same"] == 3 and d["tensors_changed"] == 3, d
     assert sorted(d["added"]) == ["w.moved", "w.new"] and d["removed"] == ["w.gone"], d
+
+
+def test_elements_of_versions_without_tensors(mount, tmp_path):
+    """Files that are not safetensors (or do not parse as such) have no
+    elements: their changed chunks count whole in the bytes to send."""
+    publish(mount, tmp_path, "a", {"notes.txt": b"one\n" * 1000, "bad.safetensors": b"not a header"})
+    publish(mount, tmp_path, "b", {"notes.txt": b"two\n" * 1000, "bad.safetensors": b"not a header"})
+    res = json.loads(mount.run("diff", "a", "b", "--elements", "--json").stdout)
+    assert res["tensors"] == []
+    tot = res["total"]
+    assert (tot["tensors"], tot["elements"], tot["changed_elements"], tot["changed_fraction"]) == (0, 0, 0, 0)
+    assert tot["bytes"] == 4000 + 12 and tot["delta_bytes"] == tot["other_delta_bytes"] == 4000
+    out = mount.run("diff", "a", "b", "--elements").stdout
+    assert "0 of 0 tensors changed" in out and "FILE" not in out, out
