@@ -10,20 +10,20 @@
  * that differ, reading both versions' bytes from the arena; an unmatched one
  * (new, or its dtype or length changed) counts every element as changed.
  *
- * "Delta bytes" are what a receiver holding A would be sent, shard by shard:
- * nothing for a shard whose hash A has already (anywhere); for a shard of a
- * matched tensor whose corresponding shard of A (same offset in the tensor,
- * same length) differs, the size of delta_encode() against it at
- * hwfs_tun.delta_level, or the whole shard when the delta would exceed
- * hwfs_tun.delta_max_pct of it; the whole shard otherwise (unmatched tensors,
- * safetensors headers, files that are not safetensors).  The total counts each
- * distinct shard of B once, as the receiver fetches it once.
+ * "Delta bytes" are what a receiver holding A would be sent, shard by shard,
+ * with the replicator's choice of base (delta_base_of(), the rule above, and
+ * for shards outside tensors the extent at the same offset with the same
+ * length in the file of the same path): nothing for a shard whose hash A has
+ * already (anywhere); when it has a base in A, the size of delta_encode()
+ * against it at hwfs_tun.delta_level, or the whole shard when the delta would
+ * exceed hwfs_tun.delta_max_pct of it; the whole shard otherwise.  The total
+ * counts each distinct shard of B once, as the receiver fetches it once.
  *
  * It runs on the calling control connection's thread and can take seconds
  * on a big model: it works from snapshots of the two versions (the namespace
  * lock is held only while they are taken) and holds a store reference on
  * each shard while it reads it, so a version removed meanwhile makes it fail
- * ("changed while it was compared") instead of reading freed bytes.  It stops
+ * ("a shard left the store") instead of reading freed bytes.  It stops
  * when the daemon shuts down.
  */
 #define _GNU_SOURCE
@@ -32,6 +32,7 @@
 
 #include "daemon_i.h"
 #include "delta.h"
+#include "delta_base.h"
 #include "proto.h"
 #include "tunables.h"
 
@@ -50,6 +51,7 @@ struct ediff {
 	uint8_t *counted; /* per hb[]: already in the total */
 	struct tref *ta;  /* A's tensors sorted by (path, name) */
 	size_t nta;
+	struct delta_bases *bases; /* A indexed for delta_base_of() */
 	struct delta_ctx *cx;
 	uint8_t *enc; /* delta_encode()'s output, grown to the largest cap */
 	size_t enc_cap;
@@ -107,6 +109,31 @@ static ssize_t ext_find(const struct hwfs_frec *f, uint64_t x)
 	if (lo == 0 || x - f->ext[lo - 1].off >= f->ext[lo - 1].len)
 		return -1;
 	return (ssize_t)(lo - 1);
+}
+
+/*
+ * The tensor of @f whose bytes hold all of extent @x, or NULL.  Empty
+ * tensors hold nothing: one may share its offset with the tensor that does
+ * and sort after it, so they are stepped over.
+ */
+static const struct hwfs_trec *tensor_holding(const struct hwfs_frec *f,
+					      const struct hwfs_extent *x)
+{
+	size_t lo = 0, hi = f->n_tensors;
+
+	while (lo < hi) { /* tensors [0, lo) start at or before x */
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (f->tensors[mid].off <= x->off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	while (lo > 0 && !f->tensors[lo - 1].len)
+		lo--;
+	if (lo == 0 || x->off + x->len > f->tensors[lo - 1].off + f->tensors[lo - 1].len)
+		return NULL;
+	return &f->tensors[lo - 1];
 }
 
 /* The bytes of one tensor, read shard by shard (one store reference held). */
@@ -225,30 +252,25 @@ out:
 }
 
 /*
- * encoded_size() - what the replicator sends for shard @eb of tensor @tb
- * against the corresponding extent of A's tensor @m (same offset in the
- * tensor, same length), when there is one: delta_encode()'s size, or the
- * whole shard when the delta would be larger than delta_max_pct of it.
- * *@cost gets eb->len when A has no such extent.  Returns 0, -ESTALE (a shard
- * left the store), -EIO, -ENOMEM.
+ * encoded_size() - the size of the delta of B's shard @eb against A's shard
+ * @ea, both @eb->len bytes, shuffled by @w, into *@cost; the whole shard when
+ * the delta would be larger than delta_max_pct of it (as the replicator
+ * decides).  Returns 0, -ESTALE (a shard left the store), -EIO, -ENOMEM.
  */
-static int encoded_size(struct ediff *e, const struct hwfs_extent *eb, const struct hwfs_trec *tb,
-			const struct tref *m, unsigned w, uint64_t *cost)
+static int encoded_size(struct ediff *e, const struct hwfs_extent *eb,
+			const struct hwfs_extent *ea, unsigned w, uint64_t *cost)
 {
 	struct store *st = e->d->st;
-	uint64_t at = m ? m->t->off + (eb->off - tb->off) : 0;
-	ssize_t i = m ? ext_find(m->f, at) : -1;
-	const struct hwfs_extent *ea = i >= 0 ? &m->f->ext[i] : NULL;
 	size_t cap = (size_t)(eb->len * hwfs_tun.delta_max_pct / 100);
 	struct shard *sa = NULL, *sb = NULL;
 	ssize_t n;
 	int r = 0;
 
 	*cost = eb->len;
-	if (!ea || ea->off != at || ea->len != eb->len)
+	if (cap <= DELTA_HDR)
 		return 0;
-	if (cap > e->enc_cap || !e->enc) {
-		uint8_t *nb = realloc(e->enc, cap ? cap : 1);
+	if (cap > e->enc_cap) {
+		uint8_t *nb = realloc(e->enc, cap);
 
 		if (!nb)
 			return -ENOMEM;
@@ -280,15 +302,15 @@ out:
 }
 
 /*
- * shard_cost() - what a receiver holding A is sent for extent @eb of B:
- * nothing when A has its hash; else encoded_size() when it lies in tensor
- * @tb (NULL: outside any tensor) matched to @m, the whole shard otherwise.
+ * shard_cost() - what a receiver holding A is sent for extent @eb of B, into
+ * *@cost: nothing when A has its hash; else encoded_size() against its base
+ * @ea in A (shuffled by @w), or the whole shard when it has none (@ea NULL).
  * The first time a hash of B is costed it is also added to the total
  * (e->delta_bytes): the receiver fetches it once.  Returns 1 when it was
  * added there, 0 when not, or what encoded_size() returns.
  */
-static int shard_cost(struct ediff *e, const struct hwfs_extent *eb, const struct hwfs_trec *tb,
-		      const struct tref *m, unsigned w, uint64_t *cost)
+static int shard_cost(struct ediff *e, const struct hwfs_extent *eb, const struct hwfs_extent *ea,
+		      unsigned w, uint64_t *cost)
 {
 	const hwfs_hash_t *k;
 	int r;
@@ -297,7 +319,7 @@ static int shard_cost(struct ediff *e, const struct hwfs_extent *eb, const struc
 	if (bsearch(&eb->hash, e->ha, e->na, sizeof(*e->ha), cmp_hash))
 		return 0;
 	*cost = eb->len;
-	if (tb && (r = encoded_size(e, eb, tb, m, w, cost)) < 0)
+	if (ea && (r = encoded_size(e, eb, ea, w, cost)) < 0)
 		return r;
 	k = bsearch(&eb->hash, e->hb, e->nb, sizeof(*e->hb), cmp_hash);
 	if (!k || e->counted[k - e->hb])
@@ -314,40 +336,20 @@ static double fraction(uint64_t n, uint64_t total)
 }
 
 /*
- * diff_tensor() - compare tensor @tb of B's file @fb with its match in A,
- * cost its shards (marking them in @owned, per extent of @fb) and append its
- * line to @arr.  Returns 0 or -errno with a sentence in e->err.
+ * diff_tensor() - compare tensor @tb of B's file @fb with its match in A and
+ * append its line to @arr, with @dbytes, what its shards cost.  Returns 0 or
+ * -errno.
  */
 static int diff_tensor(struct ediff *e, const struct hwfs_frec *fb, const struct hwfs_trec *tb,
-		       uint8_t *owned, json_t *arr)
+		       uint64_t dbytes, json_t *arr)
 {
 	const struct tref *m = match_tensor(e, fb, tb);
 	unsigned w = delta_width(tb->dtype);
-	uint64_t elements = tb->len / w + (tb->len % w != 0), changed = elements, dbytes = 0;
-	ssize_t i = tb->len ? ext_find(fb, tb->off) : -1;
-	int r = 0;
+	uint64_t elements = tb->len / w + (tb->len % w != 0), changed = elements;
+	int r;
 
 	if (m && (r = count_changed(e, m->f, m->t, fb, tb, w, &changed)) < 0)
-		goto out;
-	/* the shards that lie wholly inside the tensor (ingest cuts them there) */
-	for (size_t j = i < 0 ? fb->n_ext : (size_t)i; j < fb->n_ext; j++) {
-		const struct hwfs_extent *x = &fb->ext[j];
-		uint64_t cost;
-
-		if (x->off < tb->off)
-			continue; /* begins before the tensor: not one of its shards */
-		if (x->off + x->len > tb->off + tb->len)
-			break;
-		if (stopping(e)) {
-			r = -ESHUTDOWN;
-			goto out;
-		}
-		if ((r = shard_cost(e, x, tb, m, w, &cost)) < 0)
-			goto out;
-		owned[j] = 1;
-		dbytes += cost;
-	}
-	r = 0;
+		return r;
 	e->tensors++;
 	e->tensors_changed += !m || changed;
 	e->elements += elements;
@@ -359,43 +361,68 @@ static int diff_tensor(struct ediff *e, const struct hwfs_frec *fb, const struct
 			       "changed_fraction", fraction(changed, elements), "bytes",
 			       (json_int_t)tb->len, "delta_bytes", (json_int_t)dbytes, "matched",
 			       m != NULL));
-out:
-	if (r < 0)
-		snprintf(e->err, sizeof(e->err), "%s: tensor %s: %s", fb->path, tb->name,
-			 r == -ESTALE ? "a shard left the store (was a version removed?)"
-			 : r == -EIO  ? "its bytes are not where the version says"
-				      : strerror(-r));
-	return r;
+	return 0;
+}
+
+/* Sentence for error @r of a step that read shards. */
+static const char *read_error(int r)
+{
+	return r == -ESTALE ? "a shard left the store (was a version removed?)"
+	       : r == -EIO  ? "its bytes are not where the version says"
+			    : strerror(-r);
 }
 
 /*
- * diff_file() - every tensor of B's file @fb (diff_tensor), then the file's
- * other shards (headers, files that are not safetensors) at their whole
- * length unless A has them.  Returns 0 or -errno with e->err set.
+ * diff_file() - cost every shard of B's file @fb (shard_cost() against its
+ * base in A, delta_base_of()), adding it to the tensor it lies in or to the
+ * bytes outside tensors, then compare each tensor (diff_tensor()).  Returns
+ * 0 or -errno with a sentence in e->err.
  */
 static int diff_file(struct ediff *e, const struct hwfs_frec *fb, json_t *arr)
 {
-	uint8_t *owned = calloc(fb->n_ext ? fb->n_ext : 1, 1);
+	uint64_t *dbytes = calloc(fb->n_tensors ? fb->n_tensors : 1, sizeof(*dbytes));
+	size_t i = 0;
 	int r = 0;
 
-	if (!owned)
+	if (!dbytes)
 		return -ENOMEM;
 	e->bytes += fb->size;
-	for (size_t i = 0; i < fb->n_tensors; i++)
-		if ((r = diff_tensor(e, fb, &fb->tensors[i], owned, arr)) < 0)
-			goto out;
 	for (size_t j = 0; j < fb->n_ext; j++) {
+		const struct hwfs_extent *x = &fb->ext[j], *base;
+		const struct hwfs_trec *t;
 		uint64_t cost;
+		unsigned w;
 
-		if (owned[j])
-			continue;
-		e->other_bytes += fb->ext[j].len;
-		/* outside a tensor nothing is encoded: shard_cost() cannot fail */
-		if (shard_cost(e, &fb->ext[j], NULL, NULL, 1, &cost) > 0)
-			e->other_delta += cost;
+		if (stopping(e)) {
+			r = -ESHUTDOWN;
+			goto out;
+		}
+		/* the replicator's base and width; the tensor the shard belongs to */
+		base = delta_base_of(e->bases, fb, x, &w, NULL);
+		t = tensor_holding(fb, x);
+		r = shard_cost(e, x, base, w, &cost);
+		if (r < 0) {
+			snprintf(e->err, sizeof(e->err), "%s: bytes %llu..%llu: %s", fb->path,
+				 (unsigned long long)x->off, (unsigned long long)(x->off + x->len),
+				 read_error(r));
+			goto out;
+		}
+		if (t) {
+			dbytes[t - fb->tensors] += cost;
+		} else {
+			e->other_bytes += x->len;
+			e->other_delta += r > 0 ? cost : 0;
+		}
 	}
+	for (i = 0; i < fb->n_tensors; i++)
+		if ((r = diff_tensor(e, fb, &fb->tensors[i], dbytes[i], arr)) < 0) {
+			snprintf(e->err, sizeof(e->err), "%s: tensor %s: %s", fb->path,
+				 fb->tensors[i].name, read_error(r));
+			goto out;
+		}
+	r = 0;
 out:
-	free(owned);
+	free(dbytes);
 	return r;
 }
 
@@ -503,7 +530,8 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	e.counted = calloc(e.nb ? e.nb : 1, 1);
 	e.cx = delta_ctx_new((int)hwfs_tun.delta_level);
 	arr = json_array();
-	if (!e.ha || !e.hb || !e.counted || !e.cx || !arr || index_a(&e) < 0) {
+	if (!e.ha || !e.hb || !e.counted || !e.cx || !arr || index_a(&e) < 0 ||
+	    delta_bases_new(va, &e.bases) < 0) {
 		res = err_reply("cannot diff %s %s: out of memory", a, b);
 		goto out;
 	}
@@ -527,6 +555,7 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			"total", total_json(&e, removed));
 out:
 	json_decref(arr);
+	delta_bases_free(e.bases);
 	delta_ctx_free(e.cx);
 	free(e.enc);
 	free(e.ta);

@@ -70,7 +70,8 @@ def rl_step(mount_factory, tmp_path):
     tensor the same, one with another dtype (same length), one added, one
     renamed (its bytes are in A), a sub-byte tensor with 3 bytes changed, an
     empty tensor, a tensor named like the BF16 one in another file (the same
-    in both), a changed non-safetensors file and an unchanged one."""
+    in both), two changed non-safetensors files (one keeps its length, one
+    grows) and an unchanged one."""
     m = mount_factory(umask=0)
     rng = np.random.default_rng(9)
     bf = rng.integers(0, 1 << 16, ELEMS, dtype=np.uint16)
@@ -80,7 +81,7 @@ def rl_step(mount_factory, tmp_path):
     idx = rng.choice(ELEMS, CHANGED, replace=False)
     blob = rng.bytes(10_000)
     gone = rng.bytes(1000)
-    common = {"config.json": b'{"layers": 2}\n',
+    common = {"config.json": b'{"layers": 2}\n', "vocab.txt": b"a b c\n",
               "second.safetensors": {"w.bf16": ("BF16", (ELEMS,), bf.tobytes())}}
     v1 = {**common, "notes.bin": blob,
           "model.safetensors": {"w.bf16": ("BF16", (1000, 100), bf.tobytes()),
@@ -89,7 +90,7 @@ def rl_step(mount_factory, tmp_path):
                                 "w.f4": ("F4", (128,), f4.tobytes()),
                                 "w.empty": ("F32", (0,), b""),
                                 "w.gone": ("U8", (1000,), gone)}}
-    v2 = {**common, "notes.bin": blob[:-1] + b"!",
+    v2 = {**common, "notes.bin": blob[:-1] + b"!", "vocab.txt": b"a b c d\n",
           "model.safetensors": {"w.bf16": ("BF16", (1000, 100), flip(bf, idx).tobytes()),
                                 "w.same": ("F32", same.shape, same.tobytes()),
                                 "w.dtype": ("I32", dt.shape, (dt ^ 1).tobytes()),
@@ -143,14 +144,16 @@ def test_elements_totals(rl_step):
     assert tot["elements"] == sum(t["elements"] for t in ts)
     assert tot["changed_elements"] == sum(t["changed_elements"] for t in ts) == CHANGED + 3 + 4096 + 100 + 1000
     assert tot["changed_fraction"] == pytest.approx(tot["changed_elements"] / tot["elements"])
-    # every byte of B, and what a node holding A receives: the tensors' deltas,
-    # the changed header of model.safetensors and notes.bin whole; nothing for
-    # config.json and second.safetensors, which A has
+    # every byte of B, and what a node holding A receives: the tensors'
+    # deltas; outside tensors, model.safetensors's header (longer: no base)
+    # and vocab.txt (longer) whole, a delta of notes.bin (one byte changed);
+    # nothing for config.json and second.safetensors, which A has
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(d2) for f in fs)
     assert tot["bytes"] == size
     with open(os.path.join(d2, "model.safetensors"), "rb") as f:
         header = 8 + int.from_bytes(f.read(8), "little")
-    assert tot["other_delta_bytes"] == header + 10_000
+    whole = header + len(b"a b c d\n")
+    assert whole < tot["other_delta_bytes"] < whole + 10_000 // 10, tot
     assert tot["delta_bytes"] == sum(t["delta_bytes"] for t in ts) + tot["other_delta_bytes"]
     assert tot["delta_bytes"] < tot["bytes"] // 2
     assert tot["delta_ratio"] == pytest.approx(tot["delta_bytes"] / tot["bytes"])
@@ -247,13 +250,33 @@ def test_plain_diff_tells_same_named_tensors_of_two_files_apart(rl_step):
 
 def test_elements_of_versions_without_tensors(mount, tmp_path):
     """Files that are not safetensors (or do not parse as such) have no
-    elements: their changed chunks count whole in the bytes to send."""
-    publish(mount, tmp_path, "a", {"notes.txt": b"one\n" * 1000, "bad.safetensors": b"not a header"})
-    publish(mount, tmp_path, "b", {"notes.txt": b"two\n" * 1000, "bad.safetensors": b"not a header"})
+    elements; a changed chunk travels as a delta against the chunk at the same
+    place of the same file in A when it has the same length, else whole."""
+    publish(mount, tmp_path, "a", {"notes.txt": b"one\n" * 1000, "bad.safetensors": b"not a header",
+                                   "grow.txt": b"x"})
+    publish(mount, tmp_path, "b", {"notes.txt": b"two\n" * 1000, "bad.safetensors": b"not a header",
+                                   "grow.txt": b"xy"})
     res = json.loads(mount.run("diff", "a", "b", "--elements", "--json").stdout)
     assert res["tensors"] == []
     tot = res["total"]
     assert (tot["tensors"], tot["elements"], tot["changed_elements"], tot["changed_fraction"]) == (0, 0, 0, 0)
-    assert tot["bytes"] == 4000 + 12 and tot["delta_bytes"] == tot["other_delta_bytes"] == 4000
+    assert tot["bytes"] == tot["other_bytes"] == 4000 + 12 + 2
+    assert tot["delta_bytes"] == tot["other_delta_bytes"]
+    assert 2 < tot["delta_bytes"] < 2 + 4000 // 10, tot
     out = mount.run("diff", "a", "b", "--elements").stdout
     assert "0 of 0 tensors changed" in out and "FILE" not in out, out
+
+
+@pytest.mark.parametrize("names", [("a.empty", "z.big"), ("z.empty", "a.big")])
+def test_elements_empty_tensor_beside_a_changed_one(mount, tmp_path, names):
+    """An empty tensor at the same offset as a changed one, sorting before
+    or after it: the changed tensor's shard is still its own (its delta
+    bytes are on its line, not outside tensors)."""
+    a = np.arange(1024, dtype=np.uint16)
+    for v, arr in (("v1", a), ("v2", flip(a, [3]))):
+        publish(mount, tmp_path, v, {"m.safetensors": {names[0]: ("F32", (0,), b""),
+                                                       names[1]: ("BF16", (1024,), arr.tobytes())}})
+    t = by_name(json.loads(mount.run("diff", "v1", "v2", "--elements", "--json").stdout))
+    big, empty = t[("m.safetensors", names[1])], t[("m.safetensors", names[0])]
+    assert (big["changed_elements"], empty["elements"], empty["delta_bytes"]) == (1, 0, 0)
+    assert 0 < big["delta_bytes"] < 2048, big
