@@ -381,7 +381,6 @@ static const char *read_error(int r)
 static int diff_file(struct ediff *e, const struct hwfs_frec *fb, json_t *arr)
 {
 	uint64_t *dbytes = calloc(fb->n_tensors ? fb->n_tensors : 1, sizeof(*dbytes));
-	size_t i = 0;
 	int r = 0;
 
 	if (!dbytes)
@@ -414,7 +413,7 @@ static int diff_file(struct ediff *e, const struct hwfs_frec *fb, json_t *arr)
 			e->other_delta += r > 0 ? cost : 0;
 		}
 	}
-	for (i = 0; i < fb->n_tensors; i++)
+	for (size_t i = 0; i < fb->n_tensors; i++)
 		if ((r = diff_tensor(e, fb, &fb->tensors[i], dbytes[i], arr)) < 0) {
 			snprintf(e->err, sizeof(e->err), "%s: tensor %s: %s", fb->path,
 				 fb->tensors[i].name, read_error(r));
