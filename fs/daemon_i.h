@@ -2,7 +2,8 @@
  * daemon_i.h — private declarations shared by the files of the daemon:
  * daemon.c (the life of one node: start-up, shutdown, FUSE session, control
  * socket and its connections), daemon_ops.c (the table of control operations
- * and their handlers), daemon_publish.c (`hwfs publish`) and
+ * and their handlers), daemon_publish.c (`hwfs publish`), daemon_diff.c
+ * (`hwfs diff --elements`) and
  * daemon_engines.c (map, watch and engine: the long-lived operations of
  * docs/engines.md).  Nothing outside those files includes it; the public API
  * is daemon.h.
@@ -126,6 +127,16 @@ json_t *op_watch(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		 const struct ctl_peer *peer);
 json_t *op_engine(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		  const struct ctl_peer *peer);
+
+/**
+ * vrec_distinct_shards() - the distinct shard hashes of snapshot @v, sorted
+ * (hwfs_hash_cmp), their number in *@n.  Returns a malloc'd array or NULL.
+ */
+hwfs_hash_t *vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n);
+
+/** `hwfs diff A B --elements` (daemon_diff.c), a daemon_op_fn that op_diff hands to. */
+json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
+			 const struct ctl_peer *peer);
 
 /** `hwfs publish` (daemon_publish.c), a daemon_op_fn. */
 json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer);

@@ -320,13 +320,13 @@ static json_t *op_cluster(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	return out;
 }
 
-/* Distinct shard hashes of a snapshot. */
 static int cmp_hash(const void *a, const void *b)
 {
 	return hwfs_hash_cmp(a, b);
 }
 
-static hwfs_hash_t *distinct_shards(const struct hwfs_vrec *v, size_t *n)
+/* The distinct shard hashes of snapshot @v, sorted (daemon_i.h). */
+hwfs_hash_t *vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n)
 {
 	size_t total = 0, k = 0;
 	hwfs_hash_t *h;
@@ -366,7 +366,7 @@ static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		return err_reply("cannot verify %s: %s", v, r == -ENOENT ? "no such version"
 							      : strerror(-r));
 	}
-	hs = distinct_shards(rec, &n);
+	hs = vrec_distinct_shards(rec, &n);
 	for (size_t i = 0; hs && i < n; i++) {
 		struct shard *sh = store_get(d->st, &hs[i]);
 		hwfs_hash_t h;
@@ -473,18 +473,45 @@ static json_t *op_gc(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	return json_pack("{s:b, s:o}", "ok", 1, "removed", removed);
 }
 
-/* name -> (hash, len) of every tensor in a snapshot, as a jansson object */
-static json_t *tensor_map(const struct hwfs_vrec *v)
+/*
+ * Add to @dup (name -> true) the tensor names of @v that two of its files
+ * use; @first maps each name to the first file seen with it.
+ */
+static void shared_names(const struct hwfs_vrec *v, json_t *first, json_t *dup)
+{
+	for (size_t i = 0; i < v->n_files; i++)
+		for (size_t j = 0; j < v->files[i].n_tensors; j++) {
+			const char *name = v->files[i].tensors[j].name;
+			json_t *f = json_object_get(first, name);
+
+			if (!f)
+				json_object_set_new(first, name, json_string(v->files[i].path));
+			else if (strcmp(json_string_value(f), v->files[i].path))
+				json_object_set_new(dup, name, json_true());
+		}
+}
+
+/*
+ * name -> (hash, len) of every tensor in a snapshot, as a jansson object; a
+ * name in @dup (used by two files of A or of B) is qualified "name@path", as
+ * in tensors/, so that each tensor is compared with the one of its own file.
+ */
+static json_t *tensor_map(const struct hwfs_vrec *v, json_t *dup)
 {
 	json_t *m = json_object();
 
 	for (size_t i = 0; i < v->n_files; i++)
 		for (size_t j = 0; j < v->files[i].n_tensors; j++) {
 			const struct hwfs_trec *t = &v->files[i].tensors[j];
+			char *q = NULL;
 
-			json_object_set_new(m, t->name,
+			if (json_object_get(dup, t->name) &&
+			    asprintf(&q, "%s@%s", t->name, v->files[i].path) < 0)
+				q = NULL;
+			json_object_set_new(m, q ? q : t->name,
 					    json_pack("{s:o, s:I}", "hash", proto_hash_json(&t->hash),
 						      "len", (json_int_t)t->len));
+			free(q);
 		}
 	return m;
 }
@@ -494,7 +521,7 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 {
 	const char *a = req_str(req, "a"), *b = req_str(req, "b");
 	struct hwfs_vrec *va = NULL, *vb = NULL;
-	json_t *ma, *mb, *changed, *added, *removed, *val, *res;
+	json_t *ma, *mb, *changed, *added, *removed, *val, *res, *first, *dup;
 	size_t same = 0, na = 0, nb = 0;
 	uint64_t bytes_changed = 0, new_bytes = 0;
 	hwfs_hash_t *ha = NULL, *hb = NULL;
@@ -503,6 +530,8 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 
 	if (!a || !b)
 		return err_reply("diff: two versions needed");
+	if (json_is_true(json_object_get(req, "elements")))
+		return op_diff_elements(d, req, rd, peer);
 	r = ns_snapshot(d->ns, a, &va);
 	if (r == 0)
 		r = ns_snapshot(d->ns, b, &vb);
@@ -511,8 +540,15 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		return err_reply("cannot diff: %s: %s", va ? b : a,
 				 r == -ENOENT ? "no such version" : strerror(-r));
 	}
-	ma = tensor_map(va);
-	mb = tensor_map(vb);
+	first = json_object();
+	dup = json_object();
+	shared_names(va, first, dup);
+	json_object_clear(first);
+	shared_names(vb, first, dup);
+	ma = tensor_map(va, dup);
+	mb = tensor_map(vb, dup);
+	json_decref(first);
+	json_decref(dup);
 	changed = json_array();
 	added = json_array();
 	removed = json_array();
@@ -534,8 +570,8 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		if (!json_object_get(mb, key))
 			json_array_append_new(removed, json_string(key));
 	/* bytes of B's distinct shards that A does not have: what moving A -> B costs */
-	ha = distinct_shards(va, &na);
-	hb = distinct_shards(vb, &nb);
+	ha = vrec_distinct_shards(va, &na);
+	hb = vrec_distinct_shards(vb, &nb);
 	for (size_t i = 0; hb && ha && i < nb; i++)
 		if (!bsearch(&hb[i], ha, na, sizeof(*ha), cmp_hash)) {
 			struct shard *sh = store_get(d->st, &hb[i]);

@@ -450,8 +450,17 @@ static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, siz
 	uint64_t window;
 	size_t r;
 
-	if (flen < 4 || get_le32(f) != ZSTD_MAGICNUMBER) {
+	if (!flen) {
 		set_err(err, errlen, "no zstd frame after the delta header");
+		return -EBADMSG;
+	}
+	if (flen < 4) {
+		set_err(err, errlen, "truncated zstd frame (%zu bytes)", flen);
+		return -EBADMSG;
+	}
+	if (get_le32(f) != ZSTD_MAGICNUMBER) {
+		set_err(err, errlen, "no zstd frame after the delta header (magic %08x)",
+			get_le32(f));
 		return -EBADMSG;
 	}
 	fcs = ZSTD_getFrameContentSize(f, flen);
@@ -526,8 +535,6 @@ int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void 
 	r = ZSTD_decompressDCtx(cx->dc, cx->scratch, len, f, flen);
 	if (ZSTD_isError(r)) {
 		set_err(err, errlen, "zstd: %s", ZSTD_getErrorName(r));
-		/* A failure leaves the context mid-frame: start the next afresh. */
-		ZSTD_DCtx_reset(cx->dc, ZSTD_reset_session_only);
 		return ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation ? -ENOMEM : -EBADMSG;
 	}
 	if (r != len) { /* zstd checks the declared size; kept as a guard */

@@ -29,6 +29,7 @@ static int g_local;   /* commit --local */
 static int g_force;   /* seal --force */
 static int g_cluster; /* status --cluster */
 static int g_watch;   /* status --cluster --watch */
+static int g_elements; /* diff --elements */
 
 void die(const char *fmt, ...)
 {
@@ -157,7 +158,7 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 		{"help", no_argument, NULL, 'h'},        {"keep", required_argument, NULL, 'k'},
 		{"local", no_argument, NULL, 'L'},       {"cluster", no_argument, NULL, 'C'},
 		{"watch", no_argument, NULL, 'W'},       {"force", no_argument, NULL, 'F'},
-		{NULL, 0, NULL, 0},
+		{"elements", no_argument, NULL, 'E'},    {NULL, 0, NULL, 0},
 	};
 	int c;
 
@@ -189,6 +190,9 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 			break;
 		case 'F':
 			g_force = 1;
+			break;
+		case 'E':
+			g_elements = 1;
 			break;
 		case 'h':
 			printf("usage: %s\n", usage);
@@ -530,11 +534,57 @@ static int cmd_gc(int argc, char **argv)
 	return 0;
 }
 
+/* "12.34%" of @f (a fraction) into @buf; returns @buf. */
+static const char *pct(double f, char *buf, size_t len)
+{
+	snprintf(buf, len, "%.2f%%", f * 100.0);
+	return buf;
+}
+
+/*
+ * diff --elements: one line per changed tensor of B (identical ones are only
+ * counted), then the total: elements changed, bytes of B and what a node
+ * holding A would receive with deltas.
+ */
+static void print_diff_elements(const char *a, const char *b, json_t *res)
+{
+	json_t *tot = json_object_get(res, "total"), *t;
+	char s1[32], s2[32], p1[32], p2[32];
+	size_t k;
+
+	printf("%s -> %s: %lld of %lld tensors changed, %lld identical, %lld removed\n", a, b,
+	       (long long)jint(tot, "tensors_changed"), (long long)jint(tot, "tensors"),
+	       (long long)jint(tot, "tensors_identical"), (long long)jint(tot, "tensors_removed"));
+	if (jint(tot, "tensors_changed"))
+		printf("%-24s %-32s %-8s %12s %12s %8s %11s %11s  %s\n", "FILE", "TENSOR", "DTYPE",
+		       "ELEMENTS", "CHANGED", "FRACTION", "BYTES", "DELTA", "BASE");
+	json_array_foreach(json_object_get(res, "tensors"), k, t) {
+		int matched = json_is_true(json_object_get(t, "matched"));
+
+		if (matched && !jint(t, "changed_elements"))
+			continue;
+		printf("%-24s %-32s %-8s %12lld %12lld %8s %11s %11s  %s\n", jstr(t, "file"),
+		       jstr(t, "tensor"), jstr(t, "dtype"), (long long)jint(t, "elements"),
+		       (long long)jint(t, "changed_elements"),
+		       pct(json_real_value(json_object_get(t, "changed_fraction")), p1, sizeof(p1)),
+		       hwfs_fmt_size((uint64_t)jint(t, "bytes"), s1, sizeof(s1)),
+		       hwfs_fmt_size((uint64_t)jint(t, "delta_bytes"), s2, sizeof(s2)),
+		       matched ? "A" : "none");
+	}
+	printf("total: %lld of %lld elements changed (%s); %s in B, %s to send with deltas (%s)\n",
+	       (long long)jint(tot, "changed_elements"), (long long)jint(tot, "elements"),
+	       pct(json_real_value(json_object_get(tot, "changed_fraction")), p1, sizeof(p1)),
+	       hwfs_fmt_size((uint64_t)jint(tot, "bytes"), s1, sizeof(s1)),
+	       hwfs_fmt_size((uint64_t)jint(tot, "delta_bytes"), s2, sizeof(s2)),
+	       pct(json_real_value(json_object_get(tot, "delta_ratio")), p2, sizeof(p2)));
+}
+
 static int cmd_diff(int argc, char **argv)
 {
-	int i = client_opts(argc, argv, "hwfs diff A B [-m MOUNT] [--json]", 2, 2, NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:s}", "op", "diff", "a", argv[i], "b",
-				     argv[i + 1]),
+	int i = client_opts(argc, argv, "hwfs diff A B [--elements] [-m MOUNT] [--json]", 2, 2,
+			    NULL);
+	json_t *res = call(json_pack("{s:s, s:s, s:s, s:b}", "op", "diff", "a", argv[i], "b",
+				     argv[i + 1], "elements", g_elements),
 			   1);
 	char a[32], b[32];
 	json_t *v;
@@ -542,6 +592,8 @@ static int cmd_diff(int argc, char **argv)
 
 	if (g_json) {
 		print_json(res);
+	} else if (g_elements) {
+		print_diff_elements(argv[i], argv[i + 1], res);
 	} else {
 		printf("%s -> %s: %lld tensors changed, %lld added, %lld removed, %lld same\n",
 		       argv[i], argv[i + 1], (long long)jint(res, "tensors_changed"),
@@ -593,7 +645,7 @@ static const struct verb {
 	{"seal", cmd_seal, "V [--force]", "make V immutable"},
 	{"publish", cmd_publish, "SRC_DIR V", "import a directory as V"},
 	{"commit", cmd_commit, "V", "point current at V"},
-	{"diff", cmd_diff, "A B [--json]", "tensors that differ"},
+	{"diff", cmd_diff, "A B [--elements] [--json]", "tensors (or elements) that differ"},
 	{"verify", cmd_verify, "V [--json]", "re-hash every shard of V"},
 	{"rm", cmd_rm, "V", "remove V"},
 	{"gc", cmd_gc, "--keep N", "keep N newest versions"},

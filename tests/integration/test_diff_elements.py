@@ -1,0 +1,282 @@
+"""`hwfs diff A B --elements`: the elements that differ per tensor and in total,
+and the bytes a node holding A would receive with element-level deltas
+(docs/cli.md, "diff").
+
+The models are written byte by byte (write_st) so the dtypes are the ones an
+RL loop moves (BF16, with no numpy dtype of its own) and the changed
+elements are known exactly.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import assert_error_line
+from test_security_local import as_user
+
+ELEMS = 100_000  # elements of the BF16 tensor
+CHANGED = ELEMS * 2 // 100  # 2% of them change
+
+
+def write_st(path, tensors):
+    """A safetensors file of @tensors: name -> (dtype, shape, bytes), in order."""
+    header, off = {}, 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(data)]}
+        off += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h)
+        for _, _, data in tensors.values():
+            f.write(data)
+    os.chmod(path, 0o644)
+
+
+def flip(arr, idx, mask=1):
+    """@arr (an integer array) with the elements at @idx changed (@mask's bits flipped)."""
+    out = arr.copy()
+    out[idx] ^= mask
+    return out
+
+
+def publish(m, root, name, files, mode=0o755):
+    """Write @files (relative path -> tensors dict, or bytes) under @root/@name and publish it."""
+    d = os.path.join(root, name)
+    for rel, content in files.items():
+        p = os.path.join(d, rel)
+        if isinstance(content, bytes):
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "wb") as f:
+                f.write(content)
+            os.chmod(p, 0o644)
+        else:
+            write_st(p, content)
+    os.chmod(d, mode)
+    m.run("publish", d, name)
+    return d
+
+
+def by_name(res):
+    return {(t["file"], t["tensor"]): t for t in res["tensors"]}
+
+
+@pytest.fixture
+def rl_step(mount_factory, tmp_path):
+    """v1, and v2 one "RL step" later: 2% of a BF16 tensor changed, one F32
+    tensor the same, one with another dtype (same length), one added, one
+    renamed (its bytes are in A), a sub-byte tensor with 3 bytes changed, an
+    empty tensor, a tensor named like the BF16 one in another file (the same
+    in both), two changed non-safetensors files (one keeps its length, one
+    grows) and an unchanged one."""
+    m = mount_factory(umask=0)
+    rng = np.random.default_rng(9)
+    bf = rng.integers(0, 1 << 16, ELEMS, dtype=np.uint16)
+    same = rng.standard_normal((256, 64), dtype=np.float32)
+    dt = rng.integers(0, 1 << 31, (64, 64), dtype=np.int32)
+    f4 = rng.integers(0, 256, 64, dtype=np.uint8)  # 128 F4 values
+    idx = rng.choice(ELEMS, CHANGED, replace=False)
+    blob = rng.bytes(10_000)
+    gone = rng.bytes(1000)
+    common = {"config.json": b'{"layers": 2}\n', "vocab.txt": b"a b c\n",
+              "second.safetensors": {"w.bf16": ("BF16", (ELEMS,), bf.tobytes())}}
+    v1 = {**common, "notes.bin": blob,
+          "model.safetensors": {"w.bf16": ("BF16", (1000, 100), bf.tobytes()),
+                                "w.same": ("F32", same.shape, same.tobytes()),
+                                "w.dtype": ("F32", dt.shape, dt.tobytes()),
+                                "w.f4": ("F4", (128,), f4.tobytes()),
+                                "w.empty": ("F32", (0,), b""),
+                                "w.gone": ("U8", (1000,), gone)}}
+    v2 = {**common, "notes.bin": blob[:-1] + b"!", "vocab.txt": b"a b c d\n",
+          "model.safetensors": {"w.bf16": ("BF16", (1000, 100), flip(bf, idx).tobytes()),
+                                "w.same": ("F32", same.shape, same.tobytes()),
+                                "w.dtype": ("I32", dt.shape, (dt ^ 1).tobytes()),
+                                "w.f4": ("F4", (128,), flip(f4, [0, 7, 63]).tobytes()),
+                                "w.empty": ("F32", (0,), b""),
+                                "w.new": ("F16", (100,), bytes(range(200))),
+                                "w.moved": ("U8", (1000,), gone)}}
+    publish(m, tmp_path, "v1", v1)
+    d2 = publish(m, tmp_path, "v2", v2)
+    return m, d2
+
+
+def test_elements_per_tensor(rl_step):
+    m, _ = rl_step
+    res = json.loads(m.run("diff", "v1", "v2", "--elements", "--json").stdout)
+    assert res["a"] == "v1" and res["b"] == "v2"
+    t = by_name(res)
+    bf = t[("model.safetensors", "w.bf16")]
+    assert bf["matched"] and bf["dtype"] == "BF16"
+    assert (bf["elements"], bf["changed_elements"], bf["bytes"]) == (ELEMS, CHANGED, 2 * ELEMS)
+    assert bf["changed_fraction"] == pytest.approx(0.02)
+    assert 0 < bf["delta_bytes"] < bf["bytes"] // 4, bf  # a delta, well below the tensor
+    for key in (("model.safetensors", "w.same"), ("second.safetensors", "w.bf16"),
+                ("model.safetensors", "w.empty")):
+        assert t[key]["matched"], key
+        assert (t[key]["changed_elements"], t[key]["changed_fraction"], t[key]["delta_bytes"]) == \
+            (0, 0, 0), key
+    assert t[("model.safetensors", "w.empty")]["elements"] == 0
+    # a sub-byte dtype is compared byte by byte (the codec's width 1)
+    f4 = t[("model.safetensors", "w.f4")]
+    assert (f4["elements"], f4["changed_elements"], f4["matched"]) == (64, 3, True)
+    # another dtype, or a new tensor: no base, every element changed, sent whole
+    for key, elems, nbytes in ((("model.safetensors", "w.dtype"), 4096, 16384),
+                               (("model.safetensors", "w.new"), 100, 200)):
+        x = t[key]
+        assert not x["matched"], key
+        assert (x["elements"], x["changed_elements"], x["changed_fraction"]) == (elems, elems, 1), key
+        assert x["bytes"] == x["delta_bytes"] == nbytes, key
+    # renamed: no base by name, but a node holding A has its bytes: nothing to send
+    x = t[("model.safetensors", "w.moved")]
+    assert (x["matched"], x["changed_elements"], x["bytes"], x["delta_bytes"]) == (False, 1000, 1000, 0)
+
+
+def test_elements_totals(rl_step):
+    m, d2 = rl_step
+    res = json.loads(m.run("diff", "v1", "v2", "--elements", "--json").stdout)
+    ts, tot = res["tensors"], res["total"]
+    assert tot["tensors"] == len(ts) == 8
+    assert tot["tensors_changed"] == 5 and tot["tensors_identical"] == 3
+    assert tot["tensors_removed"] == 1  # w.gone
+    assert tot["elements"] == sum(t["elements"] for t in ts)
+    assert tot["changed_elements"] == sum(t["changed_elements"] for t in ts) == CHANGED + 3 + 4096 + 100 + 1000
+    assert tot["changed_fraction"] == pytest.approx(tot["changed_elements"] / tot["elements"])
+    # every byte of B, and what a node holding A receives: the tensors'
+    # deltas; outside tensors, model.safetensors's header (longer: no base)
+    # and vocab.txt (longer) whole, a delta of notes.bin (one byte changed);
+    # nothing for config.json and second.safetensors, which A has
+    size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(d2) for f in fs)
+    assert tot["bytes"] == size
+    with open(os.path.join(d2, "model.safetensors"), "rb") as f:
+        header = 8 + int.from_bytes(f.read(8), "little")
+    whole = header + len(b"a b c d\n")
+    assert whole < tot["other_delta_bytes"] < whole + 10_000 // 10, tot
+    assert tot["delta_bytes"] == sum(t["delta_bytes"] for t in ts) + tot["other_delta_bytes"]
+    assert tot["delta_bytes"] < tot["bytes"] // 2
+    assert tot["delta_ratio"] == pytest.approx(tot["delta_bytes"] / tot["bytes"])
+
+
+def test_elements_text(rl_step):
+    m, _ = rl_step
+    out = m.run("diff", "v1", "v2", "--elements").stdout
+    lines = out.splitlines()
+    assert "5 of 8 tensors changed, 3 identical, 1 removed" in lines[0], out
+    for name in ("w.bf16", "w.dtype", "w.new", "w.f4", "w.moved"):
+        assert any(name in ln for ln in lines[1:-1]), (name, out)
+    assert "w.same" not in out and "w.empty" not in out and "second.safetensors" not in out, out
+    assert "2.00%" in out and lines[-1].startswith("total:"), out
+    # A against itself: nothing changed, nothing to send
+    res = json.loads(m.run("diff", "v1", "v1", "--elements", "--json").stdout)
+    assert (res["total"]["changed_elements"], res["total"]["delta_bytes"]) == (0, 0)
+    assert res["total"]["tensors_identical"] == res["total"]["tensors"] == 7
+    # B -> A: w.new and w.moved are gone, w.gone is back (its bytes are in B: nothing to send)
+    res = json.loads(m.run("diff", "v2", "v1", "--elements", "--json").stdout)
+    assert res["total"]["tensors_removed"] == 2
+    assert by_name(res)[("model.safetensors", "w.gone")]["delta_bytes"] == 0
+
+
+def test_elements_refuses_missing_and_open_versions(rl_step):
+    m, _ = rl_step
+    for args, words in ((("v1", "nope"), ("nope", "no such version")),
+                        (("nope", "v2"), ("nope", "no such version"))):
+        assert_error_line(m.run("diff", *args, "--elements", check=False), *words)
+    os.mkdir(m.vpath("open1"))
+    assert_error_line(m.run("diff", "v1", "open1", "--elements", check=False), "open1", "open")
+    assert_error_line(m.run("diff", "open1", "v1", "--elements", "--json", check=False), "open1",
+                      "open")
+
+
+def test_elements_needs_read_access(rl_step, tmp_path):
+    """Like diff, --elements shows a version's tensor names (and more) only to
+    a caller who could read all of it through the mount."""
+    m, _ = rl_step
+    cp = as_user(m, "diff", "v1", "v2", "--elements", "--json")
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["total"]["tensors"] == 8
+    d = os.path.join(tmp_path, "private")
+    write_st(os.path.join(d, "secret.safetensors"), {"w.secret": ("U8", (4,), b"abcd")})
+    os.chmod(os.path.join(d, "secret.safetensors"), 0o600)
+    os.chmod(d, 0o755)
+    m.run("publish", d, "private")
+    for args in (("v1", "private"), ("private", "v1")):
+        cp = as_user(m, "diff", *args, "--elements")
+        assert_error_line(cp, "permission denied", "private")
+        assert "w.secret" not in cp.stdout + cp.stderr
+
+
+def test_elements_across_shards(mount_factory, tmp_path):
+    """Tensors cut in pieces of max_shard = 4099 bytes (odd, so elements span
+    two pieces): the changed elements are counted across the cuts, and only
+    the pieces that changed are sent (as deltas or whole)."""
+    piece = 4099
+    m = mount_factory(extra=["-o", f"max_shard={piece}"])
+    rng = np.random.default_rng(5)
+    f32 = rng.integers(0, 1 << 32, 64 * 256, dtype=np.uint32)  # 65536 bytes: 16 pieces
+    bf = rng.integers(0, 1 << 16, 20_000, dtype=np.uint16)  # 40000 bytes: 10 pieces
+    # element 1024 of f32 spans bytes 4096..4099, across the first cut: its
+    # top byte (4099, in the second piece) changes; 1500 and 1510 are in the
+    # second piece too.  bf element 2049 spans 4098..4099: its low byte (in
+    # the first piece) changes, and element 15000 is in the eighth piece.
+    f32_2 = flip(flip(f32, [1024], 1 << 24), [1500, 1510])
+    bf_2 = flip(bf, [2049, 15_000])
+    publish(m, tmp_path, "v1", {"m.safetensors": {"f32": ("F32", (64, 256), f32.tobytes()),
+                                                  "bf": ("BF16", (20_000,), bf.tobytes())}})
+    publish(m, tmp_path, "v2", {"m.safetensors": {"f32": ("F32", (64, 256), f32_2.tobytes()),
+                                                  "bf": ("BF16", (20_000,), bf_2.tobytes())}})
+    res = json.loads(m.run("diff", "v1", "v2", "--elements", "--json").stdout)
+    t = by_name(res)
+    f, b = t[("m.safetensors", "f32")], t[("m.safetensors", "bf")]
+    assert (f["elements"], f["changed_elements"]) == (16384, 3)
+    assert (b["elements"], b["changed_elements"]) == (20_000, 2)
+    # only the pieces that changed cost anything: f32's second, bf's first and eighth
+    assert 0 < f["delta_bytes"] <= piece, f
+    assert 0 < b["delta_bytes"] <= 2 * piece, b
+    assert res["total"]["changed_elements"] == 5
+
+
+def test_plain_diff_tells_same_named_tensors_of_two_files_apart(rl_step):
+    """Plain `hwfs diff` keyed tensors by name alone: model.safetensors's
+    w.bf16 (changed) hid behind second.safetensors's (the same).  A name used
+    by two files is now qualified with the file's path, as in tensors/."""
+    m, _ = rl_step
+    d = json.loads(m.run("diff", "v1", "v2", "--json").stdout)
+    assert sorted(d["changed"]) == ["w.bf16@model.safetensors", "w.dtype", "w.f4"], d
+    assert d["tensors_same"] == 3 and d["tensors_changed"] == 3, d
+    assert sorted(d["added"]) == ["w.moved", "w.new"] and d["removed"] == ["w.gone"], d
+
+
+def test_elements_of_versions_without_tensors(mount, tmp_path):
+    """Files that are not safetensors (or do not parse as such) have no
+    elements; a changed chunk travels as a delta against the chunk at the same
+    place of the same file in A when it has the same length, else whole."""
+    publish(mount, tmp_path, "a", {"notes.txt": b"one\n" * 1000, "bad.safetensors": b"not a header",
+                                   "grow.txt": b"x"})
+    publish(mount, tmp_path, "b", {"notes.txt": b"two\n" * 1000, "bad.safetensors": b"not a header",
+                                   "grow.txt": b"xy"})
+    res = json.loads(mount.run("diff", "a", "b", "--elements", "--json").stdout)
+    assert res["tensors"] == []
+    tot = res["total"]
+    assert (tot["tensors"], tot["elements"], tot["changed_elements"], tot["changed_fraction"]) == (0, 0, 0, 0)
+    assert tot["bytes"] == tot["other_bytes"] == 4000 + 12 + 2
+    assert tot["delta_bytes"] == tot["other_delta_bytes"]
+    assert 2 < tot["delta_bytes"] < 2 + 4000 // 10, tot
+    out = mount.run("diff", "a", "b", "--elements").stdout
+    assert "0 of 0 tensors changed" in out and "FILE" not in out, out
+
+
+@pytest.mark.parametrize("names", [("a.empty", "z.big"), ("z.empty", "a.big")])
+def test_elements_empty_tensor_beside_a_changed_one(mount, tmp_path, names):
+    """An empty tensor at the same offset as a changed one, sorting before
+    or after it: the changed tensor's shard is still its own (its delta
+    bytes are on its line, not outside tensors)."""
+    a = np.arange(1024, dtype=np.uint16)
+    for v, arr in (("v1", a), ("v2", flip(a, [3]))):
+        publish(mount, tmp_path, v, {"m.safetensors": {names[0]: ("F32", (0,), b""),
+                                                       names[1]: ("BF16", (1024,), arr.tobytes())}})
+    t = by_name(json.loads(mount.run("diff", "v1", "v2", "--elements", "--json").stdout))
+    big, empty = t[("m.safetensors", names[1])], t[("m.safetensors", names[0])]
+    assert (big["changed_elements"], empty["elements"], empty["delta_bytes"]) == (1, 0, 0)
+    assert 0 < big["delta_bytes"] < 2048, big

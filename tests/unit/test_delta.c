@@ -1,0 +1,740 @@
+/*
+ * test_delta.c — the element-level delta codec (replicator/delta.h).
+ *
+ * Round trips at every width over lengths that are and are not multiples
+ * of it (0, 1, 7, 4097, 1 MiB + 3), the exact encoded form (header fields,
+ * and the frame decompressed by plain zstd compared with a reference
+ * shuffle written here from the format's description), the size bound
+ * (-E2BIG without a byte written past cap), and the decoder's refusals:
+ * every header field, a length other than the caller's, frames that lie
+ * about or omit their content size, trailing bytes, truncation, skippable
+ * frames, oversized windows, and decompression bombs, built by hand as
+ * frames of RLE blocks so that a 1 GiB frame is 32 KiB of test data.  A
+ * delta against the wrong base decodes (0) to other bytes: only the
+ * caller's hash of the result catches it, which the last test shows.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include "delta.h"
+
+#define MIB (1ull << 20)
+#define GIB (1ull << 30)
+#define ZBLOCK (128u << 10) /* zstd's largest block */
+
+static const size_t lens[] = {0, 1, 7, 4097, MIB + 3};
+static const unsigned widths[] = {1, 2, 4, 8};
+
+/* ---- helpers ---- */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static uint8_t *xmalloc(size_t n)
+{
+	uint8_t *p = malloc(n ? n : 1);
+
+	assert_non_null(p);
+	return p;
+}
+
+static uint8_t *random_buf(size_t n)
+{
+	uint8_t *p = xmalloc(n);
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)rnd();
+	return p;
+}
+
+/* A copy of @base with about one byte in 50 changed (never to itself). */
+static uint8_t *mutated(const uint8_t *base, size_t n)
+{
+	uint8_t *p = xmalloc(n);
+
+	memcpy(p, base, n);
+	for (size_t i = 0; i < n; i++)
+		if (rnd() % 50 == 0)
+			p[i] ^= (uint8_t)(1 + rnd() % 255);
+	return p;
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A delta header declaring @len bytes at width @width. */
+static void put_hdr(uint8_t *p, uint64_t len, unsigned width)
+{
+	memcpy(p, "HWDL", 4);
+	p[4] = DELTA_FORMAT;
+	p[5] = (uint8_t)width;
+	p[6] = p[7] = 0;
+	put_le64(p + 8, len);
+}
+
+/* Encode @nw against @base with room for any result; returns the length. */
+static size_t encode_ok(struct delta_ctx *cx, const uint8_t *base, const uint8_t *nw, size_t len,
+			unsigned width, uint8_t **enc)
+{
+	size_t cap = DELTA_HDR + ZSTD_compressBound(len);
+	ssize_t n;
+
+	*enc = xmalloc(cap);
+	n = delta_encode(cx, base, nw, len, width, *enc, cap);
+	assert_true(n > DELTA_HDR);
+	assert_true((size_t)n <= cap);
+	return (size_t)n;
+}
+
+/* Decode @enc against @base for @len bytes, expecting -EBADMSG with a
+ * reason containing @why. */
+static void refused(struct delta_ctx *cx, const uint8_t *base, size_t len, const uint8_t *enc,
+		    size_t enc_len, const char *why)
+{
+	uint8_t *out = xmalloc(len);
+	char err[256] = "";
+
+	assert_int_equal(delta_decode(cx, base, len, enc, enc_len, out, err, sizeof(err)),
+			 -EBADMSG);
+	if (!strstr(err, why))
+		fail_msg("reason '%s' does not say '%s'", err, why);
+	for (const char *p = err; *p; p++)
+		assert_true(*p >= 0x20 && *p < 0x7f);
+	free(out);
+}
+
+/*
+ * A zstd frame, written by hand, of @content zero bytes as RLE blocks of at
+ * most 128 KiB (4 bytes each), whose header declares @fcs in a 4-byte field
+ * and a window of 2^@wlog bytes (not single-segment).  Returns its length;
+ * @f must hold 10 + 4 * ceil(content / 128 KiB) bytes.
+ */
+static size_t rle_frame(uint8_t *f, uint32_t fcs, uint64_t content, unsigned wlog)
+{
+	size_t p = 0;
+
+	put_le32(f, ZSTD_MAGICNUMBER);
+	p = 4;
+	f[p++] = 0x80;				   /* FCS field 4 bytes, no flags */
+	f[p++] = (uint8_t)((wlog - 10) << 3); /* window descriptor, mantissa 0 */
+	put_le32(f + p, fcs);
+	p += 4;
+	do {
+		uint32_t bs = content < ZBLOCK ? (uint32_t)content : ZBLOCK, h;
+
+		content -= bs;
+		h = bs << 3 | 1u << 1 | (content == 0); /* RLE block, last? */
+		f[p++] = (uint8_t)h;
+		f[p++] = (uint8_t)(h >> 8);
+		f[p++] = (uint8_t)(h >> 16);
+		f[p++] = 0; /* the repeated byte */
+	} while (content);
+	return p;
+}
+
+static size_t rle_frame_size(uint64_t content)
+{
+	return 10 + 4 * (content ? (content + ZBLOCK - 1) / ZBLOCK : 1);
+}
+
+/* ---- round trips and the encoded form ---- */
+
+/* Every width, every length (multiples of the width or not), three levels
+ * sharing one context whose scratch grows and shrinks in use. */
+static void test_roundtrip(void **state)
+{
+	static const int levels[] = {-5, 1, 9};
+
+	for (size_t l = 0; l < sizeof(levels) / sizeof(levels[0]); l++) {
+		struct delta_ctx *cx = delta_ctx_new(levels[l]);
+
+		assert_non_null(cx);
+		for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+			for (size_t w = 0; w < sizeof(widths) / sizeof(widths[0]); w++) {
+				size_t len = lens[i], n;
+				uint8_t *base = random_buf(len), *nw = mutated(base, len), *enc;
+				uint8_t *out = xmalloc(len);
+				uint64_t dlen = 1;
+				unsigned dw = 0;
+				char err[256] = "";
+
+				if (levels[l] == 9 && len > 4097)
+					goto next; /* slow, and adds nothing */
+				n = encode_ok(cx, base, nw, len, widths[w], &enc);
+				assert_int_equal(delta_peek(enc, n, &dlen, &dw, err, sizeof(err)), 0);
+				assert_int_equal(dlen, len);
+				assert_int_equal(dw, widths[w]);
+				memset(out, 0xa5, len);
+				if (delta_decode(cx, base, len, enc, n, out, err, sizeof(err)))
+					fail_msg("len %zu width %u: %s", len, widths[w], err);
+				assert_memory_equal(out, nw, len);
+				free(enc);
+			next:
+				free(base);
+				free(nw);
+				free(out);
+			}
+		}
+		delta_ctx_free(cx);
+	}
+}
+
+/* The frame holds exactly the format's shuffle: plane k = byte k of every
+ * whole element of base ^ new, then the tail bytes as they are.  The
+ * reference here is the format's description, written naively. */
+static void test_format_layout(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	const size_t len = 4096 * 8 + 5; /* several shuffle blocks, a tail for 2, 4, 8 */
+	uint8_t *base = random_buf(len), *nw = random_buf(len), *want = xmalloc(len);
+	uint8_t *got = xmalloc(len);
+
+	assert_non_null(cx);
+	for (size_t w = 0; w < sizeof(widths) / sizeof(widths[0]); w++) {
+		unsigned W = widths[w];
+		size_t n = len / W, enc_len;
+		uint8_t *enc;
+
+		for (size_t i = 0; i < n; i++)
+			for (unsigned k = 0; k < W; k++)
+				want[k * n + i] = base[i * W + k] ^ nw[i * W + k];
+		for (size_t i = n * W; i < len; i++)
+			want[i] = base[i] ^ nw[i];
+		enc_len = encode_ok(cx, base, nw, len, W, &enc);
+		assert_memory_equal(enc, "HWDL", 4);
+		assert_int_equal(enc[4], DELTA_FORMAT);
+		assert_int_equal(enc[5], W);
+		assert_int_equal(enc[6] | enc[7], 0);
+		for (int b = 0; b < 8; b++)
+			assert_int_equal(enc[8 + b], (uint8_t)((uint64_t)len >> (8 * b)));
+		assert_int_equal(ZSTD_getFrameContentSize(enc + DELTA_HDR, enc_len - DELTA_HDR),
+				 len);
+		assert_int_equal(ZSTD_decompress(got, len, enc + DELTA_HDR, enc_len - DELTA_HDR),
+				 len);
+		assert_memory_equal(got, want, len);
+		free(enc);
+	}
+	free(base);
+	free(nw);
+	free(want);
+	free(got);
+	delta_ctx_free(cx);
+}
+
+/* A width the format does not know is encoded as 1 (and still round trips). */
+static void test_other_width(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t *base = random_buf(1000), *nw = mutated(base, 1000), *enc, out[1000];
+	char err[256];
+	size_t n;
+
+	assert_non_null(cx);
+	n = encode_ok(cx, base, nw, 1000, 3, &enc);
+	assert_int_equal(enc[5], 1);
+	assert_int_equal(delta_decode(cx, base, 1000, enc, n, out, err, sizeof(err)), 0);
+	assert_memory_equal(out, nw, 1000);
+	free(enc);
+	free(base);
+	free(nw);
+	delta_ctx_free(cx);
+}
+
+/* len 0: a header and an empty frame declaring 0 bytes, which decodes. */
+static void test_empty(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t enc[DELTA_HDR + 64], b = 0, o = 0;
+	uint64_t dlen = 1;
+	char err[256] = "";
+	ssize_t n;
+
+	assert_non_null(cx);
+	n = delta_encode(cx, &b, &b, 0, 2, enc, sizeof(enc));
+	assert_true(n > DELTA_HDR);
+	assert_int_equal(delta_peek(enc, n, &dlen, NULL, err, sizeof(err)), 0);
+	assert_int_equal(dlen, 0);
+	assert_int_equal(ZSTD_getFrameContentSize(enc + DELTA_HDR, n - DELTA_HDR), 0);
+	if (delta_decode(cx, &b, 0, enc, n, &o, err, sizeof(err)))
+		fail_msg("%s", err);
+	/* ... and only for a shard of 0 bytes. */
+	refused(cx, &b, 1, enc, n, "declares 0 bytes");
+	delta_ctx_free(cx);
+}
+
+/* Identical inputs: a delta of a few dozen bytes for 1 MiB. */
+static void test_identical(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t *base = random_buf(MIB), *enc, *out = xmalloc(MIB);
+	char err[256];
+	size_t n;
+
+	assert_non_null(cx);
+	n = encode_ok(cx, base, base, MIB, 2, &enc);
+	if (n > 128)
+		fail_msg("identical 1 MiB encoded in %zu bytes", n);
+	assert_int_equal(delta_decode(cx, base, MIB, enc, n, out, err, sizeof(err)), 0);
+	assert_memory_equal(out, base, MIB);
+	free(enc);
+	free(base);
+	free(out);
+	delta_ctx_free(cx);
+}
+
+/* Random against random does not fit in half the length: -E2BIG, and not a
+ * byte written past cap; with room enough it round trips. */
+static void test_too_big(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	const size_t len = 256 << 10, cap = len / 2, guard = 4096;
+	uint8_t *base = random_buf(len), *nw = random_buf(len), *out = xmalloc(len);
+	uint8_t *enc = xmalloc(cap + guard);
+	char err[256];
+	ssize_t n;
+
+	assert_non_null(cx);
+	memset(enc, 0x5a, cap + guard);
+	assert_int_equal(delta_encode(cx, base, nw, len, 2, enc, cap), -E2BIG);
+	for (size_t i = cap; i < cap + guard; i++)
+		if (enc[i] != 0x5a)
+			fail_msg("byte %zu written past cap %zu", i, cap);
+	free(enc);
+
+	enc = xmalloc(DELTA_HDR + ZSTD_compressBound(len));
+	n = delta_encode(cx, base, nw, len, 2, enc, DELTA_HDR + ZSTD_compressBound(len));
+	assert_true(n > (ssize_t)cap);
+	assert_int_equal(delta_decode(cx, base, len, enc, n, out, err, sizeof(err)), 0);
+	assert_memory_equal(out, nw, len);
+	/* The exact length fits; one byte less does not. */
+	assert_int_equal(delta_encode(cx, base, nw, len, 2, enc, n), n);
+	assert_int_equal(delta_encode(cx, base, nw, len, 2, enc, n - 1), -E2BIG);
+	free(enc);
+	free(base);
+	free(nw);
+	free(out);
+	delta_ctx_free(cx);
+}
+
+/* A cap below the header (or with no room for the frame) is -E2BIG, with
+ * nothing written. */
+static void test_cap_below_header(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t b[16] = {0}, enc[64];
+
+	assert_non_null(cx);
+	for (size_t cap = 0; cap <= DELTA_HDR; cap++) {
+		memset(enc, 0x5a, sizeof(enc));
+		assert_int_equal(delta_encode(cx, b, b, sizeof(b), 1, enc, cap), -E2BIG);
+		for (size_t i = cap; i < sizeof(enc); i++)
+			assert_int_equal(enc[i], 0x5a);
+	}
+	delta_ctx_free(cx);
+}
+
+/* ---- the decoder's refusals ---- */
+
+/* A valid delta of 4096 bytes to corrupt, with its base. */
+struct fixture {
+	struct delta_ctx *cx;
+	uint8_t *base, *nw, *enc;
+	size_t n;
+};
+
+static void fixture_make(struct fixture *fx, size_t len)
+{
+	fx->cx = delta_ctx_new(1);
+	assert_non_null(fx->cx);
+	fx->base = random_buf(len);
+	fx->nw = mutated(fx->base, len);
+	fx->n = encode_ok(fx->cx, fx->base, fx->nw, len, 2, &fx->enc);
+}
+
+static void fixture_free(struct fixture *fx)
+{
+	free(fx->base);
+	free(fx->nw);
+	free(fx->enc);
+	delta_ctx_free(fx->cx);
+}
+
+/* Each header field: short, magic, version, width, reserved. */
+static void test_refuse_header(void **state)
+{
+	struct fixture fx;
+	uint8_t *e;
+	char err[256] = "";
+
+	fixture_make(&fx, 4096);
+	e = fx.enc;
+	refused(fx.cx, fx.base, 4096, e, DELTA_HDR - 1, "shorter than its 16-byte header");
+	refused(fx.cx, fx.base, 4096, e, 0, "shorter");
+	e[0] = 'X';
+	refused(fx.cx, fx.base, 4096, e, fx.n, "bad magic");
+	e[0] = 'H';
+	e[4] = DELTA_FORMAT + 1;
+	refused(fx.cx, fx.base, 4096, e, fx.n, "format version 2");
+	e[4] = DELTA_FORMAT;
+	for (unsigned w = 0; w < 256; w++) {
+		if (w == 1 || w == 2 || w == 4 || w == 8)
+			continue;
+		e[5] = (uint8_t)w;
+		refused(fx.cx, fx.base, 4096, e, fx.n, "element width");
+		assert_int_equal(delta_peek(e, fx.n, NULL, NULL, err, sizeof(err)), -EBADMSG);
+	}
+	e[5] = 2;
+	e[6] = 1;
+	refused(fx.cx, fx.base, 4096, e, fx.n, "reserved");
+	e[6] = 0;
+	e[7] = 0x80;
+	refused(fx.cx, fx.base, 4096, e, fx.n, "reserved");
+	e[7] = 0;
+	/* Restored, it decodes: each refusal was for the field changed. */
+	assert_int_equal(delta_peek(e, fx.n, NULL, NULL, err, sizeof(err)), 0);
+	{
+		uint8_t out[4096];
+
+		assert_int_equal(delta_decode(fx.cx, fx.base, 4096, e, fx.n, out, err,
+					      sizeof(err)),
+				 0);
+		assert_memory_equal(out, fx.nw, 4096);
+	}
+	fixture_free(&fx);
+}
+
+/* The header declares another length than the caller's. */
+static void test_refuse_length(void **state)
+{
+	struct fixture fx;
+
+	fixture_make(&fx, 4096);
+	refused(fx.cx, fx.base, 2048, fx.enc, fx.n, "delta declares 4096 bytes, the shard has 2048");
+	put_le64(fx.enc + 8, 2048); /* header and caller agree, the frame does not */
+	refused(fx.cx, fx.base, 2048, fx.enc, fx.n,
+		"the zstd frame declares 4096 bytes, the shard has 2048");
+	fixture_free(&fx);
+}
+
+/* A frame of another content size behind a header of the right length. */
+static void test_refuse_content_size(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t *base = random_buf(4096), src[4095] = {0};
+	uint8_t enc[DELTA_HDR + 256];
+	size_t r;
+
+	assert_non_null(cx);
+	put_hdr(enc, 4096, 1);
+	r = ZSTD_compress(enc + DELTA_HDR, sizeof(enc) - DELTA_HDR, src, sizeof(src), 1);
+	assert_false(ZSTD_isError(r));
+	refused(cx, base, 4096, enc, DELTA_HDR + r, "the zstd frame declares 4095 bytes");
+	free(base);
+	delta_ctx_free(cx);
+}
+
+/* A frame that does not declare its content size. */
+static void test_refuse_no_content_size(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	ZSTD_CCtx *cc = ZSTD_createCCtx();
+	uint8_t *base = random_buf(4096), src[4096] = {0};
+	uint8_t enc[DELTA_HDR + 256];
+	ZSTD_outBuffer o = {enc + DELTA_HDR, sizeof(enc) - DELTA_HDR, 0};
+	ZSTD_inBuffer in = {src, sizeof(src), 0};
+
+	assert_non_null(cx);
+	assert_non_null(cc);
+	put_hdr(enc, 4096, 1);
+	assert_false(ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, 0)));
+	/* Streaming, so zstd does not know the size to put in anyway. */
+	assert_int_equal(ZSTD_compressStream2(cc, &o, &in, ZSTD_e_continue), 0);
+	assert_int_equal(ZSTD_compressStream2(cc, &o, &in, ZSTD_e_end), 0);
+	assert_int_equal(ZSTD_getFrameContentSize(o.dst, o.pos), ZSTD_CONTENTSIZE_UNKNOWN);
+	refused(cx, base, 4096, enc, DELTA_HDR + o.pos, "does not declare its content size");
+	ZSTD_freeCCtx(cc);
+	free(base);
+	delta_ctx_free(cx);
+}
+
+/* Trailing bytes: one byte, or a second frame. */
+static void test_refuse_trailing(void **state)
+{
+	struct fixture fx;
+	uint8_t *e;
+
+	fixture_make(&fx, 4096);
+	e = xmalloc(2 * fx.n);
+	memcpy(e, fx.enc, fx.n);
+	e[fx.n] = 0;
+	refused(fx.cx, fx.base, 4096, e, fx.n + 1, "1 trailing bytes after the zstd frame");
+	memcpy(e + fx.n, fx.enc + DELTA_HDR, fx.n - DELTA_HDR);
+	refused(fx.cx, fx.base, 4096, e, 2 * fx.n - DELTA_HDR, "trailing bytes");
+	free(e);
+	fixture_free(&fx);
+}
+
+/* A truncated frame, at every length short of whole. */
+static void test_refuse_truncated(void **state)
+{
+	struct fixture fx;
+
+	fixture_make(&fx, 4096);
+	refused(fx.cx, fx.base, 4096, fx.enc, DELTA_HDR, "no zstd frame");
+	for (size_t n = DELTA_HDR + 1; n < fx.n; n++)
+		refused(fx.cx, fx.base, 4096, fx.enc, n, "truncated");
+	fixture_free(&fx);
+}
+
+/* A skippable frame, or no zstd frame at all, after the header. */
+static void test_refuse_not_a_frame(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t base[1] = {0}, enc[DELTA_HDR + 8];
+
+	assert_non_null(cx);
+	put_hdr(enc, 0, 1);
+	put_le32(enc + DELTA_HDR, 0x184D2A50); /* skippable frame, 0 bytes of content */
+	put_le32(enc + DELTA_HDR + 4, 0);
+	assert_int_equal(ZSTD_getFrameContentSize(enc + DELTA_HDR, 8), 0); /* zstd: fine */
+	refused(cx, base, 0, enc, sizeof(enc), "no zstd frame");
+	memset(enc + DELTA_HDR, 0, 8);
+	refused(cx, base, 0, enc, sizeof(enc), "no zstd frame");
+	delta_ctx_free(cx);
+}
+
+/* A frame asking for a window above the limit (2^28 for 4096 bytes) is
+ * refused though one-shot decoding would not need it; the same frame with a
+ * 128 KiB window decodes. */
+static void test_refuse_window(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t base[4096] = {0}, out[4096], enc[DELTA_HDR + 16];
+	char err[256];
+	size_t n;
+
+	assert_non_null(cx);
+	put_hdr(enc, 4096, 1);
+	n = rle_frame(enc + DELTA_HDR, 4096, 4096, 28);
+	refused(cx, base, 4096, enc, DELTA_HDR + n, "zstd window of 268435456 bytes");
+	n = rle_frame(enc + DELTA_HDR, 4096, 4096, 17);
+	memset(out, 1, sizeof(out));
+	if (delta_decode(cx, base, 4096, enc, DELTA_HDR + n, out, err, sizeof(err)))
+		fail_msg("%s", err);
+	assert_memory_equal(out, base, sizeof(out));
+	delta_ctx_free(cx);
+}
+
+/* The process's peak resident size, in bytes. */
+static uint64_t maxrss(void)
+{
+	struct rusage ru;
+
+	assert_int_equal(getrusage(RUSAGE_SELF, &ru), 0);
+	return (uint64_t)ru.ru_maxrss << 10;
+}
+
+/*
+ * Decompression bombs for a 4096-byte shard, each refused without the
+ * 1 GiB being made (the peak resident size grows by far less): a header
+ * declaring 1 GiB; a header declaring 4096 before a frame of 1 GiB that
+ * says so; and a frame that says 4096 but whose blocks hold 1 GiB (zstd
+ * stops at the end of the 4096-byte buffer).
+ */
+static void test_refuse_bombs(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	size_t fsz = rle_frame_size(GIB), n;
+	uint8_t *enc = xmalloc(DELTA_HDR + fsz), base[4096] = {0};
+	uint64_t rss0 = maxrss();
+
+	assert_non_null(cx);
+	n = rle_frame(enc + DELTA_HDR, (uint32_t)GIB, GIB, 17);
+	assert_int_equal(n, fsz);
+	assert_int_equal(ZSTD_findFrameCompressedSize(enc + DELTA_HDR, n), n); /* well-formed */
+
+	put_hdr(enc, GIB, 1);
+	refused(cx, base, 4096, enc, DELTA_HDR + n, "delta declares 1073741824 bytes, the shard has 4096");
+	put_hdr(enc, 4096, 1);
+	refused(cx, base, 4096, enc, DELTA_HDR + n,
+		"the zstd frame declares 1073741824 bytes, the shard has 4096");
+	put_le32(enc + DELTA_HDR + 6, 4096); /* the frame's content size field lies */
+	refused(cx, base, 4096, enc, DELTA_HDR + n, "zstd: ");
+	if (maxrss() - rss0 > 64 * MIB)
+		fail_msg("peak resident size grew by %llu MiB",
+			 (unsigned long long)((maxrss() - rss0) / MIB));
+	free(enc);
+	delta_ctx_free(cx);
+}
+
+/* After a decode that failed inside zstd (a frame whose blocks hold 8192
+ * bytes where it declared 4096), the same context decodes again. */
+static void test_ctx_after_failure(void **state)
+{
+	struct fixture fx;
+	uint8_t out[4096], bad[DELTA_HDR + 32];
+	char err[256];
+	size_t n;
+
+	fixture_make(&fx, 4096);
+	put_hdr(bad, 4096, 2);
+	n = rle_frame(bad + DELTA_HDR, 4096, 8192, 17);
+	refused(fx.cx, fx.base, 4096, bad, DELTA_HDR + n, "zstd: ");
+	assert_int_equal(delta_decode(fx.cx, fx.base, 4096, fx.enc, fx.n, out, err, sizeof(err)),
+			 0);
+	assert_memory_equal(out, fx.nw, 4096);
+	fixture_free(&fx);
+}
+
+/*
+ * A delta applied to a base other than the one it was made against decodes
+ * (returns 0: nothing in a delta names its base) to bytes that are not the
+ * new shard.  Only the caller's XXH3-128 of the result tells: the contract
+ * delta.h states, and the reason the rebuilt shard is hashed before use.
+ */
+static void test_wrong_base(void **state)
+{
+	struct fixture fx;
+	uint8_t *other, out[4096];
+	char err[256];
+	XXH128_hash_t want, got;
+
+	fixture_make(&fx, 4096);
+	other = mutated(fx.base, 4096);
+	assert_memory_not_equal(other, fx.base, 4096);
+	assert_int_equal(delta_decode(fx.cx, other, 4096, fx.enc, fx.n, out, err, sizeof(err)),
+			 0);
+	want = XXH3_128bits(fx.nw, 4096);
+	got = XXH3_128bits(out, 4096);
+	assert_false(XXH128_isEqual(want, got));
+	/* Against its own base, the same delta gives the new shard's hash. */
+	assert_int_equal(delta_decode(fx.cx, fx.base, 4096, fx.enc, fx.n, out, err, sizeof(err)),
+			 0);
+	assert_true(XXH128_isEqual(want, XXH3_128bits(out, 4096)));
+	free(other);
+	fixture_free(&fx);
+}
+
+/* ---- delta_count_diff, delta_width ---- */
+
+/* 35 bytes (tails of 1, 3, 3 bytes at widths 2, 4, 8) differing at bytes 0,
+ * 1, 3, 9 and 34 (the last byte, in every width's tail). */
+static void test_count_diff(void **state)
+{
+	uint8_t a[35], b[35];
+	static const struct {
+		unsigned width;
+		uint64_t want;
+	} cases[] = {{1, 5}, {2, 4}, {4, 3}, {8, 3}, {3, 5}, {0, 5}};
+
+	for (size_t i = 0; i < sizeof(a); i++)
+		a[i] = b[i] = (uint8_t)(i * 31 + 7);
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+		assert_int_equal(delta_count_diff(a, b, sizeof(a), cases[c].width), 0);
+	b[0] ^= 1;
+	b[1] ^= 2;
+	b[3] ^= 4;
+	b[9] ^= 8;
+	b[34] ^= 16;
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+		if (delta_count_diff(a, b, sizeof(a), cases[c].width) != cases[c].want)
+			fail_msg("width %u: %llu differ, want %llu", cases[c].width,
+				 (unsigned long long)delta_count_diff(a, b, sizeof(a),
+								     cases[c].width),
+				 (unsigned long long)cases[c].want);
+	/* Only the tail differs: one element at every width. */
+	memcpy(b, a, sizeof(a));
+	b[33] ^= 1;
+	assert_int_equal(delta_count_diff(a, b, sizeof(a), 1), 1);
+	assert_int_equal(delta_count_diff(a, b, sizeof(a), 2), 1); /* element 16 */
+	assert_int_equal(delta_count_diff(a, b, sizeof(a), 4), 1);
+	assert_int_equal(delta_count_diff(a, b, sizeof(a), 8), 1);
+	assert_int_equal(delta_count_diff(a, b, 0, 8), 0);
+	/* Every element of a longer buffer. */
+	{
+		size_t len = 4096 + 3;
+		uint8_t *x = xmalloc(len), *y = xmalloc(len);
+
+		memset(x, 0, len);
+		memset(y, 0xff, len);
+		for (size_t w = 0; w < sizeof(widths) / sizeof(widths[0]); w++)
+			assert_int_equal(delta_count_diff(x, y, len, widths[w]),
+					 len / widths[w] + (len % widths[w] != 0));
+		free(x);
+		free(y);
+	}
+}
+
+static void test_width(void **state)
+{
+	static const struct {
+		const char *dtype;
+		unsigned width;
+	} cases[] = {
+		{"BOOL", 1}, {"U8", 1},	    {"I8", 1},	   {"F8_E4M3", 1}, {"F8_E5M2", 1},
+		{"F8_E8M0", 1}, {"BF16", 2},   {"F16", 2},	   {"I16", 2},	   {"U16", 2},
+		{"F32", 4},	{"I32", 4},	    {"U32", 4},	   {"F64", 8},	   {"I64", 8},
+		{"U64", 8},	{"C64", 4},	    {"F4", 1},	   {"F6_E2M3", 1}, {"bf16", 1},
+		{"", 1},	{"BF16 ", 1}, {"F32F32F32F32F32F32", 1},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		if (delta_width(cases[i].dtype) != cases[i].width)
+			fail_msg("%s: width %u, want %u", cases[i].dtype,
+				 delta_width(cases[i].dtype), cases[i].width);
+	assert_int_equal(delta_width(NULL), 1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_refuse_bombs), /* first: the peak RSS is still low */
+		cmocka_unit_test(test_roundtrip),
+		cmocka_unit_test(test_format_layout),
+		cmocka_unit_test(test_other_width),
+		cmocka_unit_test(test_empty),
+		cmocka_unit_test(test_identical),
+		cmocka_unit_test(test_too_big),
+		cmocka_unit_test(test_cap_below_header),
+		cmocka_unit_test(test_refuse_header),
+		cmocka_unit_test(test_refuse_length),
+		cmocka_unit_test(test_refuse_content_size),
+		cmocka_unit_test(test_refuse_no_content_size),
+		cmocka_unit_test(test_refuse_trailing),
+		cmocka_unit_test(test_refuse_truncated),
+		cmocka_unit_test(test_refuse_not_a_frame),
+		cmocka_unit_test(test_refuse_window),
+		cmocka_unit_test(test_ctx_after_failure),
+		cmocka_unit_test(test_wrong_base),
+		cmocka_unit_test(test_count_diff),
+		cmocka_unit_test(test_width),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
