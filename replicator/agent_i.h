@@ -30,6 +30,7 @@
 #define PULLS_SNAPSHOT_S 0.25 /* agent_pulls() is at most this old (agent.h) */
 #define ENGINES_HELLO_GAP_S 0.05 /* an engine change reaches the coordinator at most this late */
 #define HANDLE_BURST 256      /* messages taken from one socket before looking at the others */
+#define DCACHE_MAX_ENTRIES 65536 /* deltas (and "not worth it" marks) kept, whatever their bytes */
 
 /* Where one shard of a version being pulled stands. */
 enum want_state { W_QUEUED, W_INFLIGHT, W_HELD };
@@ -104,13 +105,26 @@ struct deferred {
  * shard @hash against @base, shuffled by @width; @enc NULL with @len 0
  * records that the delta is not worth sending (larger than delta_max_pct).
  */
-struct dcache {
+struct dentry {
 	hwfs_hash_t base, hash;
 	unsigned width;
 	uint8_t *enc;
 	size_t len;
-	uint64_t used; /* agent->dcache_clock when last sent */
-	struct dcache *next;
+	struct dentry *chain;      /* next in its hash bucket */
+	struct dentry *newer, *older; /* the recency list */
+};
+
+/*
+ * The deltas kept: a hash table of entries on (hash, base, width) and a
+ * recency list, so finding, adding and evicting are O(1).  At most
+ * delta_cache_bytes of entries (their bytes and their own size) and
+ * DCACHE_MAX_ENTRIES entries; the least recently sent go first.
+ */
+struct dcache {
+	struct dentry **bucket;
+	size_t n_bucket, n;
+	uint64_t bytes;
+	struct dentry *newest, *oldest;
 };
 
 /* Delta counters (all atomic), as `hwfs status --json` shows them (replication.delta). */
@@ -210,8 +224,7 @@ struct agent {
 	struct delta_ctx *dcx; /* the codec (agent thread) */
 	uint8_t *scratch;      /* a rebuilt shard before it is checked (agent thread) */
 	size_t scratch_len;
-	struct dcache *dcache; /* deltas kept to send again, at most delta_cache_bytes */
-	uint64_t dcache_bytes, dcache_clock;
+	struct dcache dcache;  /* deltas kept to send again (agent thread) */
 	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
 	uint64_t import_seq;
 	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */

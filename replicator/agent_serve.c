@@ -122,68 +122,132 @@ static void send_whole(struct agent *a, const void *ident, size_t ident_len, uin
 
 /* ------------------------------------------------------------ deltas kept */
 
-static size_t dcache_cost(const struct dcache *e)
+static size_t dentry_cost(const struct dentry *e)
 {
 	return sizeof(*e) + e->len;
 }
 
-/* The kept delta of @hash against @base shuffled by @width (or its "not worth it"), or NULL. */
-static struct dcache *dcache_find(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
-				  unsigned width)
+/* The bucket of (@base, @hash, @width) in a table of @n buckets (a power of two). */
+static size_t dbucket(const hwfs_hash_t *base, const hwfs_hash_t *hash, unsigned width, size_t n)
 {
-	for (struct dcache *e = a->dcache; e; e = e->next)
+	uint64_t x, y;
+
+	memcpy(&x, hash->b, sizeof(x));
+	memcpy(&y, base->b, sizeof(y));
+	return (size_t)((x ^ (y * 0x9e3779b97f4a7c15ull) ^ width) & (n - 1));
+}
+
+/* Take @e out of the recency list. */
+static void dlist_unlink(struct dcache *c, struct dentry *e)
+{
+	if (e->newer)
+		e->newer->older = e->older;
+	else
+		c->newest = e->older;
+	if (e->older)
+		e->older->newer = e->newer;
+	else
+		c->oldest = e->newer;
+	e->newer = e->older = NULL;
+}
+
+/* Put @e at the newest end of the recency list. */
+static void dlist_push(struct dcache *c, struct dentry *e)
+{
+	e->older = c->newest;
+	e->newer = NULL;
+	if (c->newest)
+		c->newest->newer = e;
+	c->newest = e;
+	if (!c->oldest)
+		c->oldest = e;
+}
+
+/* Remove and free the least recently sent entry. */
+static void dcache_evict(struct dcache *c)
+{
+	struct dentry *e = c->oldest, **pp;
+
+	dlist_unlink(c, e);
+	pp = &c->bucket[dbucket(&e->base, &e->hash, e->width, c->n_bucket)];
+	while (*pp != e)
+		pp = &(*pp)->chain;
+	*pp = e->chain;
+	c->n--;
+	c->bytes -= dentry_cost(e);
+	free(e->enc);
+	free(e);
+}
+
+/* The kept delta of @hash against @base shuffled by @width (or its "not worth it"), or NULL. */
+static struct dentry *dcache_find(struct dcache *c, const hwfs_hash_t *base,
+				  const hwfs_hash_t *hash, unsigned width)
+{
+	if (!c->n_bucket)
+		return NULL;
+	for (struct dentry *e = c->bucket[dbucket(base, hash, width, c->n_bucket)]; e; e = e->chain)
 		if (e->width == width && !hwfs_hash_cmp(&e->hash, hash) &&
 		    !hwfs_hash_cmp(&e->base, base))
 			return e;
 	return NULL;
 }
 
+/* @e was sent (or found) just now: it becomes the newest. */
+static void dcache_touch(struct dcache *c, struct dentry *e)
+{
+	dlist_unlink(c, e);
+	dlist_push(c, e);
+}
+
 /*
  * dcache_put() - keep @enc (@len bytes, malloc'd, owned from here; NULL with
  * @len 0 for "not worth it") as the delta of @hash against @base, making
  * room first: the least recently sent entries go until the new one fits in
- * delta_cache_bytes (a single entry larger than that is still kept until
- * the next one arrives, so the caller can send it).  Returns the entry, or
- * NULL (out of memory: @enc is freed).
+ * delta_cache_bytes and DCACHE_MAX_ENTRIES (a single entry larger than that
+ * is still kept until the next one arrives, so the caller can send it).
+ * Returns the entry, or NULL (out of memory: @enc is freed).
  */
-static struct dcache *dcache_put(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
-				 unsigned width, uint8_t *enc, size_t len)
+static struct dentry *dcache_put(struct dcache *c, const hwfs_hash_t *base,
+				 const hwfs_hash_t *hash, unsigned width, uint8_t *enc, size_t len)
 {
-	struct dcache *e = dcache_find(a, base, hash, width);
+	struct dentry *e = dcache_find(c, base, hash, width);
+	size_t b;
 
 	if (e) { /* kept already (another puller's request got there first) */
 		free(enc);
-		e->used = ++a->dcache_clock;
+		dcache_touch(c, e);
 		return e;
+	}
+	if (!c->n_bucket) {
+		c->bucket = calloc(DCACHE_MAX_ENTRIES, sizeof(*c->bucket));
+		if (!c->bucket) {
+			free(enc);
+			return NULL;
+		}
+		c->n_bucket = DCACHE_MAX_ENTRIES;
 	}
 	e = calloc(1, sizeof(*e));
 	if (!e) {
 		free(enc);
 		return NULL;
 	}
-	*e = (struct dcache){*base, *hash, width, enc, len, ++a->dcache_clock, NULL};
-	while (a->dcache && a->dcache_bytes + dcache_cost(e) > hwfs_tun.delta_cache_bytes) {
-		struct dcache **old = &a->dcache, *victim;
-
-		for (struct dcache **pp = &a->dcache; *pp; pp = &(*pp)->next)
-			if ((*pp)->used < (*old)->used)
-				old = pp;
-		victim = *old;
-		*old = victim->next;
-		a->dcache_bytes -= dcache_cost(victim);
-		free(victim->enc);
-		free(victim);
-	}
-	e->next = a->dcache;
-	a->dcache = e;
-	a->dcache_bytes += dcache_cost(e);
+	*e = (struct dentry){.base = *base, .hash = *hash, .width = width, .enc = enc, .len = len};
+	while (c->oldest && (c->bytes + dentry_cost(e) > hwfs_tun.delta_cache_bytes ||
+			     c->n >= DCACHE_MAX_ENTRIES))
+		dcache_evict(c);
+	b = dbucket(base, hash, width, c->n_bucket);
+	e->chain = c->bucket[b];
+	c->bucket[b] = e;
+	dlist_push(c, e);
+	c->n++;
+	c->bytes += dentry_cost(e);
 	return e;
 }
 
 void serve_keep_delta(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
 		      unsigned width, uint8_t *enc, size_t len)
 {
-	dcache_put(a, base, hash, width, enc, len);
+	dcache_put(&a->dcache, base, hash, width, enc, len);
 }
 
 /*
@@ -193,20 +257,20 @@ void serve_keep_delta(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_
  * has another length, or the delta would be larger than delta_max_pct of
  * the shard (remembered, so it is not encoded again).
  */
-static struct dcache *delta_for(struct agent *a, struct shard *sh, const hwfs_hash_t *base,
+static struct dentry *delta_for(struct agent *a, struct shard *sh, const hwfs_hash_t *base,
 				unsigned width)
 {
 	uint64_t cap = sh->size * hwfs_tun.delta_max_pct / 100, t0;
-	struct dcache *e;
+	struct dentry *e;
 	struct shard *bsh;
 	uint8_t *buf;
 	ssize_t n;
 
 	if (!hwfs_tun.delta || hwfs_hash_is_zero(base) || !hwfs_hash_cmp(base, &sh->hash))
 		return NULL;
-	e = dcache_find(a, base, &sh->hash, width);
+	e = dcache_find(&a->dcache, base, &sh->hash, width);
 	if (e) {
-		e->used = ++a->dcache_clock;
+		dcache_touch(&a->dcache, e);
 		return e->enc ? e : NULL;
 	}
 	bsh = store_get(a->st, base);
@@ -226,10 +290,11 @@ static struct dcache *delta_for(struct agent *a, struct shard *sh, const hwfs_ha
 	if (n < 0) {
 		free(buf);
 		if (n == -E2BIG) /* not worth it: remember, do not encode it again */
-			dcache_put(a, base, &sh->hash, width, NULL, 0);
+			dcache_put(&a->dcache, base, &sh->hash, width, NULL, 0);
 		return NULL;
 	}
-	e = dcache_put(a, base, &sh->hash, width, realloc(buf, (size_t)n) ?: buf, (size_t)n);
+	e = dcache_put(&a->dcache, base, &sh->hash, width, realloc(buf, (size_t)n) ?: buf,
+		       (size_t)n);
 	return e && e->enc ? e : NULL;
 }
 
@@ -241,10 +306,12 @@ static struct dcache *delta_for(struct agent *a, struct shard *sh, const hwfs_ha
 static void serve_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 			struct shard *sh, const hwfs_hash_t *base, unsigned width, uint64_t pos)
 {
-	struct dcache *e = pos == 0 ? delta_for(a, sh, base, width) : NULL;
+	struct dentry *e = pos == 0 ? delta_for(a, sh, base, width) : NULL;
 
 	if (e) {
-		for (uint64_t off = 0; off < e->len;) {
+		uint64_t off = 0;
+
+		while (off < e->len) {
 			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, e->len - off);
 
 			if (send_piece(a, ident, ident_len, req, &sh->hash, base, off, len, e->len,
@@ -252,8 +319,10 @@ static void serve_shard(struct agent *a, const void *ident, size_t ident_len, ui
 				break;
 			off += len;
 		}
-		__atomic_add_fetch(&a->ds.sent, 1, __ATOMIC_RELAXED);
-		__atomic_add_fetch(&a->tx, sh->size, __ATOMIC_RELAXED);
+		if (off == e->len) { /* all of it went */
+			__atomic_add_fetch(&a->ds.sent, 1, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&a->tx, sh->size, __ATOMIC_RELAXED);
+		}
 	} else {
 		if (!hwfs_hash_is_zero(base) && hwfs_tun.delta)
 			__atomic_add_fetch(&a->ds.whole, 1, __ATOMIC_RELAXED);
@@ -413,12 +482,8 @@ void serve_free(struct agent *a)
 		a->deferred = d->next;
 		free(d);
 	}
-	while (a->dcache) {
-		struct dcache *e = a->dcache;
-
-		a->dcache = e->next;
-		free(e->enc);
-		free(e);
-	}
-	a->dcache_bytes = 0;
+	while (a->dcache.oldest)
+		dcache_evict(&a->dcache);
+	free(a->dcache.bucket);
+	memset(&a->dcache, 0, sizeof(a->dcache));
 }
