@@ -543,21 +543,54 @@ int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void 
 }
 
 /*
+ * Whether the elements of @W bytes (a constant once inlined) at @x and @y
+ * differ: one load of each as an integer of that width.
+ */
+static inline __attribute__((always_inline)) unsigned elem_ne(const uint8_t *x, const uint8_t *y,
+                                                              const unsigned W)
+{
+	uint16_t h, k;
+	uint32_t u, v;
+	uint64_t q, r;
+
+	switch (W) {
+	case 1:
+		return x[0] != y[0];
+	case 2:
+		memcpy(&h, x, 2);
+		memcpy(&k, y, 2);
+		return h != k;
+	case 4:
+		memcpy(&u, x, 4);
+		memcpy(&v, y, 4);
+		return u != v;
+	default:
+		memcpy(&q, x, 8);
+		memcpy(&r, y, 8);
+		return q != r;
+	}
+}
+
+/*
  * Count the elements of @W bytes that differ between @a and @b (@n whole
- * elements); inlined with a constant @W, so the comparison is one load each.
+ * elements), in blocks of SHUF_BLOCK elements for the vectoriser.
  */
 static inline __attribute__((always_inline)) uint64_t count_w(const uint8_t *a, const uint8_t *b,
                                                               size_t n, const unsigned W)
 {
 	uint64_t c = 0;
+	size_t i = 0;
 
-	for (size_t i = 0; i < n; i++) {
-		uint64_t x = 0, y = 0;
+	for (; i + SHUF_BLOCK <= n; i += SHUF_BLOCK) {
+		const uint8_t *pa = a + i * W, *pb = b + i * W;
+		unsigned bc = 0;
 
-		memcpy(&x, a + i * W, W);
-		memcpy(&y, b + i * W, W);
-		c += x != y;
+		for (size_t j = 0; j < SHUF_BLOCK; j++)
+			bc += elem_ne(pa + j * W, pb + j * W, W);
+		c += bc;
 	}
+	for (; i < n; i++)
+		c += elem_ne(a + i * W, b + i * W, W);
 	return c;
 }
 
