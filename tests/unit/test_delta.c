@@ -530,6 +530,30 @@ static void test_refuse_not_a_frame(void **state)
 	delta_ctx_free(cx);
 }
 
+/* A frame that names a dictionary (1-byte dictionary ID 7): refused before
+ * zstd is asked to decode it; without the ID the same frame decodes. */
+static void test_refuse_dictionary(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t base[4096] = {0}, out[4096], enc[DELTA_HDR + 16];
+	uint8_t *f = enc + DELTA_HDR;
+	char err[256];
+	size_t n;
+
+	assert_non_null(cx);
+	put_hdr(enc, 4096, 1);
+	n = rle_frame(f, 4096, 4096, 17); /* magic, FHD, WD, FCS(4), one block */
+	memmove(f + 7, f + 6, n - 6);     /* room for the ID after the WD */
+	f[4] |= 0x01;                     /* Dictionary_ID_flag: 1 byte */
+	f[6] = 7;
+	assert_int_equal(ZSTD_getDictID_fromFrame(f, n + 1), 7);
+	refused(cx, base, 4096, enc, DELTA_HDR + n + 1, "needs a dictionary");
+	n = rle_frame(f, 4096, 4096, 17);
+	assert_int_equal(delta_decode(cx, base, 4096, enc, DELTA_HDR + n, out, err, sizeof(err)),
+	                 0);
+	delta_ctx_free(cx);
+}
+
 /* A frame asking for a window above the limit (2^28 for 4096 bytes) is
  * refused though one-shot decoding would not need it; the same frame with a
  * 128 KiB window decodes. */
@@ -733,26 +757,27 @@ static void test_width(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_refuse_bombs), /* first: the peak RSS is still low */
-	    cmocka_unit_test(test_roundtrip),
-	    cmocka_unit_test(test_format_layout),
-	    cmocka_unit_test(test_other_width),
-	    cmocka_unit_test(test_empty),
-	    cmocka_unit_test(test_identical),
-	    cmocka_unit_test(test_too_big),
-	    cmocka_unit_test(test_cap_below_header),
-	    cmocka_unit_test(test_refuse_header),
-	    cmocka_unit_test(test_refuse_length),
-	    cmocka_unit_test(test_refuse_content_size),
-	    cmocka_unit_test(test_refuse_no_content_size),
-	    cmocka_unit_test(test_refuse_trailing),
-	    cmocka_unit_test(test_refuse_truncated),
-	    cmocka_unit_test(test_refuse_not_a_frame),
-	    cmocka_unit_test(test_refuse_window),
-	    cmocka_unit_test(test_ctx_after_failure),
-	    cmocka_unit_test(test_wrong_base),
-	    cmocka_unit_test(test_count_diff),
-	    cmocka_unit_test(test_width),
+		cmocka_unit_test(test_refuse_bombs), /* first: the peak RSS is still low */
+		cmocka_unit_test(test_roundtrip),
+		cmocka_unit_test(test_format_layout),
+		cmocka_unit_test(test_other_width),
+		cmocka_unit_test(test_empty),
+		cmocka_unit_test(test_identical),
+		cmocka_unit_test(test_too_big),
+		cmocka_unit_test(test_cap_below_header),
+		cmocka_unit_test(test_refuse_header),
+		cmocka_unit_test(test_refuse_length),
+		cmocka_unit_test(test_refuse_content_size),
+		cmocka_unit_test(test_refuse_no_content_size),
+		cmocka_unit_test(test_refuse_trailing),
+		cmocka_unit_test(test_refuse_truncated),
+		cmocka_unit_test(test_refuse_not_a_frame),
+		cmocka_unit_test(test_refuse_dictionary),
+		cmocka_unit_test(test_refuse_window),
+		cmocka_unit_test(test_ctx_after_failure),
+		cmocka_unit_test(test_wrong_base),
+		cmocka_unit_test(test_count_diff),
+		cmocka_unit_test(test_width),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
