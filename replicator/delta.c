@@ -77,7 +77,9 @@ set_err(char *err, size_t errlen, const char *fmt, ...)
 /*
  * Create a context: zstd contexts set to compress at @level with the content
  * size in the frame and no checksum (the caller hashes the rebuilt shard),
- * and to refuse windows above DELTA_WINDOW_LOG_MAX.  NULL when out of memory.
+ * and to refuse windows above DELTA_WINDOW_LOG_MAX (zstd applies that to
+ * streaming only; check_frame() applies it to our one-shot decoding).
+ * NULL when out of memory.
  */
 struct delta_ctx *delta_ctx_new(int level)
 {

@@ -8,10 +8,10 @@
  * (-E2BIG without a byte written past cap), and the decoder's refusals:
  * every header field, a length other than the caller's, frames that lie
  * about or omit their content size, trailing bytes, truncation, skippable
- * frames, oversized windows, and decompression bombs, built by hand as
- * frames of RLE blocks so that a 1 GiB frame is 32 KiB of test data.  A
- * delta against the wrong base decodes (0) to other bytes: only the
- * caller's hash of the result catches it, which the last test shows.
+ * frames, dictionaries, oversized windows, and decompression bombs (built
+ * by hand as frames of RLE blocks, so that a 1 GiB frame is 32 KiB of test
+ * data).  A delta against the wrong base decodes (0) to other bytes: only
+ * the caller's hash of the result catches it (test_wrong_base).
  */
 #include <stdarg.h>
 #include <stddef.h>
