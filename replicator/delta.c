@@ -59,8 +59,8 @@ struct delta_ctx {
 };
 
 /* Format one line into @err (if any), control characters replaced by '?'. */
-static void __attribute__((format(printf, 3, 4))) set_err(char *err, size_t errlen,
-							   const char *fmt, ...)
+static void __attribute__((format(printf, 3, 4)))
+set_err(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -77,7 +77,9 @@ static void __attribute__((format(printf, 3, 4))) set_err(char *err, size_t errl
 /*
  * Create a context: zstd contexts set to compress at @level with the content
  * size in the frame and no checksum (the caller hashes the rebuilt shard),
- * and to refuse windows above DELTA_WINDOW_LOG_MAX.  NULL when out of memory.
+ * and to refuse windows above DELTA_WINDOW_LOG_MAX (zstd applies that to
+ * streaming only; check_frame() applies it to our one-shot decoding).
+ * NULL when out of memory.
  */
 struct delta_ctx *delta_ctx_new(int level)
 {
@@ -171,9 +173,9 @@ static unsigned norm_width(unsigned w)
  */
 static inline __attribute__((always_inline)) void
 xor_shuffle_block(const unsigned W, uint8_t *restrict d0, uint8_t *restrict d1,
-		  uint8_t *restrict d2, uint8_t *restrict d3, uint8_t *restrict d4,
-		  uint8_t *restrict d5, uint8_t *restrict d6, uint8_t *restrict d7,
-		  const uint8_t *restrict a, const uint8_t *restrict b)
+                  uint8_t *restrict d2, uint8_t *restrict d3, uint8_t *restrict d4,
+                  uint8_t *restrict d5, uint8_t *restrict d6, uint8_t *restrict d7,
+                  const uint8_t *restrict a, const uint8_t *restrict b)
 {
 	for (size_t j = 0; j < SHUF_BLOCK; j++) {
 		d0[j] = a[j * W] ^ b[j * W];
@@ -196,9 +198,8 @@ xor_shuffle_block(const unsigned W, uint8_t *restrict d0, uint8_t *restrict d1,
  * i goes to s[k * n + i].  Whole blocks go through xor_shuffle_block(), the
  * last n % SHUF_BLOCK elements byte by byte.
  */
-static inline __attribute__((always_inline)) void xor_shuffle_w(uint8_t *s, const uint8_t *a,
-								 const uint8_t *b, size_t n,
-								 const unsigned W)
+static inline __attribute__((always_inline)) void
+xor_shuffle_w(uint8_t *s, const uint8_t *a, const uint8_t *b, size_t n, const unsigned W)
 {
 	uint8_t *p[8];
 	size_t i = 0;
@@ -207,7 +208,7 @@ static inline __attribute__((always_inline)) void xor_shuffle_w(uint8_t *s, cons
 		p[k] = s + (k < W ? k : 0) * n;
 	for (; i + SHUF_BLOCK <= n; i += SHUF_BLOCK)
 		xor_shuffle_block(W, p[0] + i, p[1] + i, p[2] + i, p[3] + i, p[4] + i, p[5] + i,
-				  p[6] + i, p[7] + i, a + i * W, b + i * W);
+		                  p[6] + i, p[7] + i, a + i * W, b + i * W);
 	for (; i < n; i++)
 		for (unsigned k = 0; k < W; k++)
 			s[k * n + i] = a[i * W + k] ^ b[i * W + k];
@@ -216,10 +217,10 @@ static inline __attribute__((always_inline)) void xor_shuffle_w(uint8_t *s, cons
 /* The inverse of xor_shuffle_block(): o[j * W + k] = base ^ d<k>[j]. */
 static inline __attribute__((always_inline)) void
 unshuffle_xor_block(const unsigned W, uint8_t *restrict o, const uint8_t *restrict base,
-		    const uint8_t *restrict d0, const uint8_t *restrict d1,
-		    const uint8_t *restrict d2, const uint8_t *restrict d3,
-		    const uint8_t *restrict d4, const uint8_t *restrict d5,
-		    const uint8_t *restrict d6, const uint8_t *restrict d7)
+                    const uint8_t *restrict d0, const uint8_t *restrict d1,
+                    const uint8_t *restrict d2, const uint8_t *restrict d3,
+                    const uint8_t *restrict d4, const uint8_t *restrict d5,
+                    const uint8_t *restrict d6, const uint8_t *restrict d7)
 {
 	for (size_t j = 0; j < SHUF_BLOCK; j++) {
 		o[j * W] = base[j * W] ^ d0[j];
@@ -241,10 +242,8 @@ unshuffle_xor_block(const unsigned W, uint8_t *restrict o, const uint8_t *restri
  * out = base ^ unshuffle(s) for @n whole elements of @W bytes: the inverse
  * of xor_shuffle_w().
  */
-static inline __attribute__((always_inline)) void unshuffle_xor_w(uint8_t *out,
-								   const uint8_t *base,
-								   const uint8_t *s, size_t n,
-								   const unsigned W)
+static inline __attribute__((always_inline)) void
+unshuffle_xor_w(uint8_t *out, const uint8_t *base, const uint8_t *s, size_t n, const unsigned W)
 {
 	const uint8_t *p[8];
 	size_t i = 0;
@@ -253,7 +252,7 @@ static inline __attribute__((always_inline)) void unshuffle_xor_w(uint8_t *out,
 		p[k] = s + (k < W ? k : 0) * n;
 	for (; i + SHUF_BLOCK <= n; i += SHUF_BLOCK)
 		unshuffle_xor_block(W, out + i * W, base + i * W, p[0] + i, p[1] + i, p[2] + i,
-				    p[3] + i, p[4] + i, p[5] + i, p[6] + i, p[7] + i);
+		                    p[3] + i, p[4] + i, p[5] + i, p[6] + i, p[7] + i);
 	for (; i < n; i++)
 		for (unsigned k = 0; k < W; k++)
 			out[i * W + k] = base[i * W + k] ^ s[k * n + i];
@@ -264,7 +263,7 @@ static inline __attribute__((always_inline)) void unshuffle_xor_w(uint8_t *out,
  * blocks of SHUF_BLOCK bytes for the vectoriser as above.
  */
 static void xor_bytes(uint8_t *restrict s, const uint8_t *restrict a, const uint8_t *restrict b,
-		      size_t len)
+                      size_t len)
 {
 	size_t i = 0;
 
@@ -280,7 +279,7 @@ static void xor_bytes(uint8_t *restrict s, const uint8_t *restrict a, const uint
  * planes of the len / w whole elements, then the len % w tail bytes.
  */
 static void xor_shuffle(uint8_t *restrict s, const uint8_t *a, const uint8_t *b, size_t len,
-			unsigned w)
+                        unsigned w)
 {
 	size_t n = len / w, whole = n * w;
 
@@ -302,8 +301,8 @@ static void xor_shuffle(uint8_t *restrict s, const uint8_t *a, const uint8_t *b,
 }
 
 /* Write @base ^ unshuffle(@s) into @out: the inverse of xor_shuffle(). */
-static void unshuffle_xor(uint8_t *restrict out, const uint8_t *base, const uint8_t *s,
-			  size_t len, unsigned w)
+static void unshuffle_xor(uint8_t *restrict out, const uint8_t *base, const uint8_t *s, size_t len,
+                          unsigned w)
 {
 	size_t n = len / w, whole = n * w;
 
@@ -349,7 +348,7 @@ static uint64_t get_le64(const uint8_t *p)
  * -ENOMEM when the scratch or zstd's own memory cannot be had.
  */
 ssize_t delta_encode(struct delta_ctx *cx, const void *base, const void *new_, size_t len,
-		     unsigned width, void *out, size_t cap)
+                     unsigned width, void *out, size_t cap)
 {
 	uint8_t *o = out;
 	size_t r;
@@ -384,13 +383,13 @@ ssize_t delta_encode(struct delta_ctx *cx, const void *base, const void *new_, s
  * one-line reason in @err.
  */
 int delta_peek(const void *enc, size_t enc_len, uint64_t *len, unsigned *width, char *err,
-	       size_t errlen)
+               size_t errlen)
 {
 	const uint8_t *e = enc;
 
 	if (enc_len < DELTA_HDR) {
 		set_err(err, errlen, "delta of %zu bytes is shorter than its %d-byte header",
-			enc_len, DELTA_HDR);
+		        enc_len, DELTA_HDR);
 		return -EBADMSG;
 	}
 	if (memcmp(e, delta_magic, sizeof(delta_magic))) {
@@ -399,7 +398,7 @@ int delta_peek(const void *enc, size_t enc_len, uint64_t *len, unsigned *width, 
 	}
 	if (e[4] != DELTA_FORMAT) {
 		set_err(err, errlen, "delta format version %u (this node reads %d)", e[4],
-			DELTA_FORMAT);
+		        DELTA_FORMAT);
 		return -EBADMSG;
 	}
 	if (norm_width(e[5]) != e[5]) {
@@ -460,7 +459,7 @@ static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, siz
 	}
 	if (get_le32(f) != ZSTD_MAGICNUMBER) {
 		set_err(err, errlen, "no zstd frame after the delta header (magic %08x)",
-			get_le32(f));
+		        get_le32(f));
 		return -EBADMSG;
 	}
 	fcs = ZSTD_getFrameContentSize(f, flen);
@@ -474,7 +473,7 @@ static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, siz
 	}
 	if (fcs != len) {
 		set_err(err, errlen, "the zstd frame declares %llu bytes, the shard has %zu", fcs,
-			len);
+		        len);
 		return -EBADMSG;
 	}
 	if (ZSTD_getDictID_fromFrame(f, flen)) {
@@ -484,7 +483,7 @@ static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, siz
 	window = frame_window(f, fcs);
 	if (window > 1ull << DELTA_WINDOW_LOG_MAX && window != len) {
 		set_err(err, errlen, "zstd window of %llu bytes (limit %llu)",
-			(unsigned long long)window, 1ull << DELTA_WINDOW_LOG_MAX);
+		        (unsigned long long)window, 1ull << DELTA_WINDOW_LOG_MAX);
 		return -EBADMSG;
 	}
 	r = ZSTD_findFrameCompressedSize(f, flen);
@@ -507,7 +506,7 @@ static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, siz
  * undefined), or -ENOMEM when the scratch cannot grow to @len.
  */
 int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void *enc,
-		 size_t enc_len, void *out, char *err, size_t errlen)
+                 size_t enc_len, void *out, char *err, size_t errlen)
 {
 	const uint8_t *f = (const uint8_t *)enc + DELTA_HDR;
 	uint64_t dlen;
@@ -520,7 +519,7 @@ int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void 
 		return rc;
 	if (dlen != len) {
 		set_err(err, errlen, "delta declares %llu bytes, the shard has %zu",
-			(unsigned long long)dlen, len);
+		        (unsigned long long)dlen, len);
 		return -EBADMSG;
 	}
 	flen = enc_len - DELTA_HDR;
@@ -546,21 +545,54 @@ int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void 
 }
 
 /*
+ * Whether the elements of @W bytes (a constant once inlined) at @x and @y
+ * differ: one load of each as an integer of that width.
+ */
+static inline __attribute__((always_inline)) unsigned elem_ne(const uint8_t *x, const uint8_t *y,
+                                                              const unsigned W)
+{
+	uint16_t h, k;
+	uint32_t u, v;
+	uint64_t q, r;
+
+	switch (W) {
+	case 1:
+		return x[0] != y[0];
+	case 2:
+		memcpy(&h, x, 2);
+		memcpy(&k, y, 2);
+		return h != k;
+	case 4:
+		memcpy(&u, x, 4);
+		memcpy(&v, y, 4);
+		return u != v;
+	default:
+		memcpy(&q, x, 8);
+		memcpy(&r, y, 8);
+		return q != r;
+	}
+}
+
+/*
  * Count the elements of @W bytes that differ between @a and @b (@n whole
- * elements); inlined with a constant @W, so the comparison is one load each.
+ * elements), in blocks of SHUF_BLOCK elements for the vectoriser.
  */
 static inline __attribute__((always_inline)) uint64_t count_w(const uint8_t *a, const uint8_t *b,
-							       size_t n, const unsigned W)
+                                                              size_t n, const unsigned W)
 {
 	uint64_t c = 0;
+	size_t i = 0;
 
-	for (size_t i = 0; i < n; i++) {
-		uint64_t x = 0, y = 0;
+	for (; i + SHUF_BLOCK <= n; i += SHUF_BLOCK) {
+		const uint8_t *pa = a + i * W, *pb = b + i * W;
+		unsigned bc = 0;
 
-		memcpy(&x, a + i * W, W);
-		memcpy(&y, b + i * W, W);
-		c += x != y;
+		for (size_t j = 0; j < SHUF_BLOCK; j++)
+			bc += elem_ne(pa + j * W, pb + j * W, W);
+		c += bc;
 	}
+	for (; i < n; i++)
+		c += elem_ne(a + i * W, b + i * W, W);
 	return c;
 }
 

@@ -8,10 +8,10 @@
  * (-E2BIG without a byte written past cap), and the decoder's refusals:
  * every header field, a length other than the caller's, frames that lie
  * about or omit their content size, trailing bytes, truncation, skippable
- * frames, oversized windows, and decompression bombs, built by hand as
- * frames of RLE blocks so that a 1 GiB frame is 32 KiB of test data.  A
- * delta against the wrong base decodes (0) to other bytes: only the
- * caller's hash of the result catches it, which the last test shows.
+ * frames, dictionaries, oversized windows, and decompression bombs (built
+ * by hand as frames of RLE blocks, so that a 1 GiB frame is 32 KiB of test
+ * data).  A delta against the wrong base decodes (0) to other bytes: only
+ * the caller's hash of the result catches it (test_wrong_base).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -100,7 +100,7 @@ static void put_hdr(uint8_t *p, uint64_t len, unsigned width)
 
 /* Encode @nw against @base with room for any result; returns the length. */
 static size_t encode_ok(struct delta_ctx *cx, const uint8_t *base, const uint8_t *nw, size_t len,
-			unsigned width, uint8_t **enc)
+                        unsigned width, uint8_t **enc)
 {
 	size_t cap = DELTA_HDR + ZSTD_compressBound(len);
 	ssize_t n;
@@ -115,13 +115,13 @@ static size_t encode_ok(struct delta_ctx *cx, const uint8_t *base, const uint8_t
 /* Decode @enc against @base for @len bytes, expecting -EBADMSG with a
  * reason containing @why. */
 static void refused(struct delta_ctx *cx, const uint8_t *base, size_t len, const uint8_t *enc,
-		    size_t enc_len, const char *why)
+                    size_t enc_len, const char *why)
 {
 	uint8_t *out = xmalloc(len);
 	char err[256] = "";
 
 	assert_int_equal(delta_decode(cx, base, len, enc, enc_len, out, err, sizeof(err)),
-			 -EBADMSG);
+	                 -EBADMSG);
 	if (!strstr(err, why))
 		fail_msg("reason '%s' does not say '%s'", err, why);
 	for (const char *p = err; *p; p++)
@@ -141,7 +141,7 @@ static size_t rle_frame(uint8_t *f, uint32_t fcs, uint64_t content, unsigned wlo
 
 	put_le32(f, ZSTD_MAGICNUMBER);
 	p = 4;
-	f[p++] = 0x80;				   /* FCS field 4 bytes, no flags */
+	f[p++] = 0x80;                        /* FCS field 4 bytes, no flags */
 	f[p++] = (uint8_t)((wlog - 10) << 3); /* window descriptor, mantissa 0 */
 	put_le32(f + p, fcs);
 	p += 4;
@@ -187,7 +187,8 @@ static void test_roundtrip(void **state)
 				if (levels[l] == 9 && len > 4097)
 					goto next; /* slow, and adds nothing */
 				n = encode_ok(cx, base, nw, len, widths[w], &enc);
-				assert_int_equal(delta_peek(enc, n, &dlen, &dw, err, sizeof(err)), 0);
+				assert_int_equal(delta_peek(enc, n, &dlen, &dw, err, sizeof(err)),
+				                 0);
 				assert_int_equal(dlen, len);
 				assert_int_equal(dw, widths[w]);
 				memset(out, 0xa5, len);
@@ -234,9 +235,9 @@ static void test_format_layout(void **state)
 		for (int b = 0; b < 8; b++)
 			assert_int_equal(enc[8 + b], (uint8_t)((uint64_t)len >> (8 * b)));
 		assert_int_equal(ZSTD_getFrameContentSize(enc + DELTA_HDR, enc_len - DELTA_HDR),
-				 len);
+		                 len);
 		assert_int_equal(ZSTD_decompress(got, len, enc + DELTA_HDR, enc_len - DELTA_HDR),
-				 len);
+		                 len);
 		assert_memory_equal(got, want, len);
 		free(enc);
 	}
@@ -421,9 +422,8 @@ static void test_refuse_header(void **state)
 	{
 		uint8_t out[4096];
 
-		assert_int_equal(delta_decode(fx.cx, fx.base, 4096, e, fx.n, out, err,
-					      sizeof(err)),
-				 0);
+		assert_int_equal(delta_decode(fx.cx, fx.base, 4096, e, fx.n, out, err, sizeof(err)),
+		                 0);
 		assert_memory_equal(out, fx.nw, 4096);
 	}
 	fixture_free(&fx);
@@ -435,10 +435,11 @@ static void test_refuse_length(void **state)
 	struct fixture fx;
 
 	fixture_make(&fx, 4096);
-	refused(fx.cx, fx.base, 2048, fx.enc, fx.n, "delta declares 4096 bytes, the shard has 2048");
+	refused(fx.cx, fx.base, 2048, fx.enc, fx.n,
+	        "delta declares 4096 bytes, the shard has 2048");
 	put_le64(fx.enc + 8, 2048); /* header and caller agree, the frame does not */
 	refused(fx.cx, fx.base, 2048, fx.enc, fx.n,
-		"the zstd frame declares 4096 bytes, the shard has 2048");
+	        "the zstd frame declares 4096 bytes, the shard has 2048");
 	fixture_free(&fx);
 }
 
@@ -529,6 +530,30 @@ static void test_refuse_not_a_frame(void **state)
 	delta_ctx_free(cx);
 }
 
+/* A frame that names a dictionary (1-byte dictionary ID 7): refused before
+ * zstd is asked to decode it; without the ID the same frame decodes. */
+static void test_refuse_dictionary(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t base[4096] = {0}, out[4096], enc[DELTA_HDR + 16];
+	uint8_t *f = enc + DELTA_HDR;
+	char err[256];
+	size_t n;
+
+	assert_non_null(cx);
+	put_hdr(enc, 4096, 1);
+	n = rle_frame(f, 4096, 4096, 17); /* magic, FHD, WD, FCS(4), one block */
+	memmove(f + 7, f + 6, n - 6);     /* room for the ID after the WD */
+	f[4] |= 0x01;                     /* Dictionary_ID_flag: 1 byte */
+	f[6] = 7;
+	assert_int_equal(ZSTD_getDictID_fromFrame(f, n + 1), 7);
+	refused(cx, base, 4096, enc, DELTA_HDR + n + 1, "needs a dictionary");
+	n = rle_frame(f, 4096, 4096, 17);
+	assert_int_equal(delta_decode(cx, base, 4096, enc, DELTA_HDR + n, out, err, sizeof(err)),
+	                 0);
+	delta_ctx_free(cx);
+}
+
 /* A frame asking for a window above the limit (2^28 for 4096 bytes) is
  * refused though one-shot decoding would not need it; the same frame with a
  * 128 KiB window decodes. */
@@ -580,15 +605,16 @@ static void test_refuse_bombs(void **state)
 	assert_int_equal(ZSTD_findFrameCompressedSize(enc + DELTA_HDR, n), n); /* well-formed */
 
 	put_hdr(enc, GIB, 1);
-	refused(cx, base, 4096, enc, DELTA_HDR + n, "delta declares 1073741824 bytes, the shard has 4096");
+	refused(cx, base, 4096, enc, DELTA_HDR + n,
+	        "delta declares 1073741824 bytes, the shard has 4096");
 	put_hdr(enc, 4096, 1);
 	refused(cx, base, 4096, enc, DELTA_HDR + n,
-		"the zstd frame declares 1073741824 bytes, the shard has 4096");
+	        "the zstd frame declares 1073741824 bytes, the shard has 4096");
 	put_le32(enc + DELTA_HDR + 6, 4096); /* the frame's content size field lies */
 	refused(cx, base, 4096, enc, DELTA_HDR + n, "zstd: ");
 	if (maxrss() - rss0 > 64 * MIB)
 		fail_msg("peak resident size grew by %llu MiB",
-			 (unsigned long long)((maxrss() - rss0) / MIB));
+		         (unsigned long long)((maxrss() - rss0) / MIB));
 	free(enc);
 	delta_ctx_free(cx);
 }
@@ -607,7 +633,7 @@ static void test_ctx_after_failure(void **state)
 	n = rle_frame(bad + DELTA_HDR, 4096, 8192, 17);
 	refused(fx.cx, fx.base, 4096, bad, DELTA_HDR + n, "zstd: ");
 	assert_int_equal(delta_decode(fx.cx, fx.base, 4096, fx.enc, fx.n, out, err, sizeof(err)),
-			 0);
+	                 0);
 	assert_memory_equal(out, fx.nw, 4096);
 	fixture_free(&fx);
 }
@@ -628,14 +654,13 @@ static void test_wrong_base(void **state)
 	fixture_make(&fx, 4096);
 	other = mutated(fx.base, 4096);
 	assert_memory_not_equal(other, fx.base, 4096);
-	assert_int_equal(delta_decode(fx.cx, other, 4096, fx.enc, fx.n, out, err, sizeof(err)),
-			 0);
+	assert_int_equal(delta_decode(fx.cx, other, 4096, fx.enc, fx.n, out, err, sizeof(err)), 0);
 	want = XXH3_128bits(fx.nw, 4096);
 	got = XXH3_128bits(out, 4096);
 	assert_false(XXH128_isEqual(want, got));
 	/* Against its own base, the same delta gives the new shard's hash. */
 	assert_int_equal(delta_decode(fx.cx, fx.base, 4096, fx.enc, fx.n, out, err, sizeof(err)),
-			 0);
+	                 0);
 	assert_true(XXH128_isEqual(want, XXH3_128bits(out, 4096)));
 	free(other);
 	fixture_free(&fx);
@@ -664,10 +689,10 @@ static void test_count_diff(void **state)
 	b[34] ^= 16;
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
 		if (delta_count_diff(a, b, sizeof(a), cases[c].width) != cases[c].want)
-			fail_msg("width %u: %llu differ, want %llu", cases[c].width,
-				 (unsigned long long)delta_count_diff(a, b, sizeof(a),
-								     cases[c].width),
-				 (unsigned long long)cases[c].want);
+			fail_msg(
+			    "width %u: %llu differ, want %llu", cases[c].width,
+			    (unsigned long long)delta_count_diff(a, b, sizeof(a), cases[c].width),
+			    (unsigned long long)cases[c].want);
 	/* Only the tail differs: one element at every width. */
 	memcpy(b, a, sizeof(a));
 	b[33] ^= 1;
@@ -685,7 +710,7 @@ static void test_count_diff(void **state)
 		memset(y, 0xff, len);
 		for (size_t w = 0; w < sizeof(widths) / sizeof(widths[0]); w++)
 			assert_int_equal(delta_count_diff(x, y, len, widths[w]),
-					 len / widths[w] + (len % widths[w] != 0));
+			                 len / widths[w] + (len % widths[w] != 0));
 		free(x);
 		free(y);
 	}
@@ -697,17 +722,35 @@ static void test_width(void **state)
 		const char *dtype;
 		unsigned width;
 	} cases[] = {
-		{"BOOL", 1}, {"U8", 1},	    {"I8", 1},	   {"F8_E4M3", 1}, {"F8_E5M2", 1},
-		{"F8_E8M0", 1}, {"BF16", 2},   {"F16", 2},	   {"I16", 2},	   {"U16", 2},
-		{"F32", 4},	{"I32", 4},	    {"U32", 4},	   {"F64", 8},	   {"I64", 8},
-		{"U64", 8},	{"C64", 4},	    {"F4", 1},	   {"F6_E2M3", 1}, {"bf16", 1},
-		{"", 1},	{"BF16 ", 1}, {"F32F32F32F32F32F32", 1},
+	    {"BOOL", 1},
+	    {"U8", 1},
+	    {"I8", 1},
+	    {"F8_E4M3", 1},
+	    {"F8_E5M2", 1},
+	    {"F8_E8M0", 1},
+	    {"BF16", 2},
+	    {"F16", 2},
+	    {"I16", 2},
+	    {"U16", 2},
+	    {"F32", 4},
+	    {"I32", 4},
+	    {"U32", 4},
+	    {"F64", 8},
+	    {"I64", 8},
+	    {"U64", 8},
+	    {"C64", 4},
+	    {"F4", 1},
+	    {"F6_E2M3", 1},
+	    {"bf16", 1},
+	    {"", 1},
+	    {"BF16 ", 1},
+	    {"F32F32F32F32F32F32", 1},
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		if (delta_width(cases[i].dtype) != cases[i].width)
 			fail_msg("%s: width %u, want %u", cases[i].dtype,
-				 delta_width(cases[i].dtype), cases[i].width);
+			         delta_width(cases[i].dtype), cases[i].width);
 	assert_int_equal(delta_width(NULL), 1);
 }
 
@@ -729,6 +772,7 @@ int main(void)
 		cmocka_unit_test(test_refuse_trailing),
 		cmocka_unit_test(test_refuse_truncated),
 		cmocka_unit_test(test_refuse_not_a_frame),
+		cmocka_unit_test(test_refuse_dictionary),
 		cmocka_unit_test(test_refuse_window),
 		cmocka_unit_test(test_ctx_after_failure),
 		cmocka_unit_test(test_wrong_base),
