@@ -111,31 +111,6 @@ static ssize_t ext_find(const struct hwfs_frec *f, uint64_t x)
 	return (ssize_t)(lo - 1);
 }
 
-/*
- * The tensor of @f whose bytes hold all of extent @x, or NULL.  Empty
- * tensors hold nothing: one may share its offset with the tensor that does
- * and sort after it, so they are stepped over.
- */
-static const struct hwfs_trec *tensor_holding(const struct hwfs_frec *f,
-					      const struct hwfs_extent *x)
-{
-	size_t lo = 0, hi = f->n_tensors;
-
-	while (lo < hi) { /* tensors [0, lo) start at or before x */
-		size_t mid = lo + (hi - lo) / 2;
-
-		if (f->tensors[mid].off <= x->off)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	while (lo > 0 && !f->tensors[lo - 1].len)
-		lo--;
-	if (lo == 0 || x->off + x->len > f->tensors[lo - 1].off + f->tensors[lo - 1].len)
-		return NULL;
-	return &f->tensors[lo - 1];
-}
-
 /* The bytes of one tensor, read shard by shard (one store reference held). */
 struct span {
 	struct store *st;
@@ -398,7 +373,7 @@ static int diff_file(struct ediff *e, const struct hwfs_frec *fb, json_t *arr)
 		}
 		/* the replicator's base and width; the tensor the shard belongs to */
 		base = delta_base_of(e->bases, fb, x, &w, NULL);
-		t = tensor_holding(fb, x);
+		t = delta_tensor_at(fb, x->off, x->len);
 		r = shard_cost(e, x, base, w, &cost);
 		if (r < 0) {
 			snprintf(e->err, sizeof(e->err), "%s: bytes %llu..%llu: %s", fb->path,

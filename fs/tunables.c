@@ -66,8 +66,10 @@ static const struct row rows[] = {
 	    "1: a shard whose receiver holds an earlier version of its tensor travels as an "
 	    "element-level delta (XOR + zstd); 0: whole shards only"),
 	ROW(delta_max_pct, 50, 1, 100, "a delta larger than this percentage of its shard is not used"),
-	ROW(delta_level, 1, 1, 19, "zstd level of the deltas a donor encodes"),
-	ROW(delta_cache_bytes, 256ull << 20, 0, 1ull << 40,
+	ROW(delta_level, 1, 1, 3,
+	    "zstd level of the deltas a donor encodes (higher levels gain nothing on weight deltas "
+	    "and cost seconds per shard on the replication thread)"),
+	ROW(delta_cache_bytes, 64ull << 20, 0, 1ull << 40,
 	    "encoded deltas a node keeps to send again to the next receiver (encode once)"),
 };
 static uint64_t *field(struct hwfs_tunables *t, const struct row *r)

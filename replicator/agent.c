@@ -480,10 +480,17 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 		if (r == -EAGAIN)
 			return;
 		if (r < 0) {
-			if (r == -EBADMSG)
-				LOG_WARN("agent: malformed message from %s dropped: %s", what, err);
-			else
+			if (r != -EBADMSG)
 				return;
+			if (now_s() - a->badmsg_logged >= BADMSG_LOG_GAP_S) {
+				LOG_WARN("agent: malformed message from %s dropped: %s (%llu more dropped "
+					 "since the last of these lines)", what, err,
+					 (unsigned long long)a->badmsg_quiet);
+				a->badmsg_logged = now_s();
+				a->badmsg_quiet = 0;
+			} else {
+				a->badmsg_quiet++;
+			}
 			continue;
 		}
 		if (sock == a->coord)

@@ -30,7 +30,10 @@
 #define PULLS_SNAPSHOT_S 0.25 /* agent_pulls() is at most this old (agent.h) */
 #define ENGINES_HELLO_GAP_S 0.05 /* an engine change reaches the coordinator at most this late */
 #define HANDLE_BURST 256      /* messages taken from one socket before looking at the others */
+#define BADMSG_LOG_GAP_S 10.0 /* at most one "malformed message" line this often (a v1 peer) */
 #define DCACHE_MAX_ENTRIES 65536 /* deltas (and "not worth it" marks) kept, whatever their bytes */
+#define DELTA_PROBES 64          /* windows few_changed() looks at before encoding a shard */
+#define DELTA_PROBE_BYTES 4096   /* bytes of each (a multiple of every element width) */
 
 /* Where one shard of a version being pulled stands. */
 enum want_state { W_QUEUED, W_INFLIGHT, W_HELD };
@@ -226,6 +229,8 @@ struct agent {
 	size_t scratch_len;
 	struct dcache dcache;  /* deltas kept to send again (agent thread) */
 	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
+	double badmsg_logged; /* when a malformed message was last logged */
+	uint64_t badmsg_quiet; /* malformed messages dropped since, not logged */
 	uint64_t import_seq;
 	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */
 	double last_pulls;  /* when the agent thread last rebuilt it */

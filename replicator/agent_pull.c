@@ -407,26 +407,58 @@ static int set_donors(struct agent *a, struct fetch *f, json_t *donors, int stri
 	return 0;
 }
 
-/*
- * open_bases() - the plan names version @base as the one to take deltas
- * against (the coordinator picked it from the have-table): index it for
- * delta_base_of() when deltas are on and this node holds it sealed (*@bv
- * gets its record, freed by the caller after the index).  NULL otherwise:
- * the shards are asked for whole.
- */
-static struct delta_bases *open_bases(struct agent *a, const char *base, struct hwfs_vrec **bv)
+static int cmp_want_hash(const void *x, const void *y)
 {
-	struct delta_bases *idx = NULL;
+	return hwfs_hash_cmp(&(*(struct want *const *)x)->hash, &(*(struct want *const *)y)->hash);
+}
 
-	*bv = NULL;
-	if (!base || !hwfs_tun.delta || ns_snapshot(a->ns, base, bv) < 0)
-		return NULL;
-	if ((*bv)->state != HWFS_V_SEALED || delta_bases_new(*bv, &idx) < 0) {
-		hwfs_vrec_free(*bv);
-		*bv = NULL;
-		return NULL;
+/*
+ * assign_bases() - the plan names version @base (or NULL) as the one to take
+ * deltas against (the coordinator picked it from the have-table): give each
+ * shard of @f still to fetch its base shard by the rule of delta_base.h,
+ * when deltas are on and this node holds @base sealed; else none (asked for
+ * whole).  A re-plan calls it again: the bases follow the newest plan
+ * (requests in flight were put back in the queue by set_donors()).  Shards
+ * a delta of which failed stay whole.
+ */
+static void assign_bases(struct agent *a, struct fetch *f, const char *base)
+{
+	struct hwfs_vrec *bv = NULL;
+	struct delta_bases *idx = NULL;
+	struct want **by_hash = NULL;
+	size_t mapped = 0;
+
+	for (size_t k = 0; k < f->n; k++) {
+		memset(&f->w[k].base, 0, sizeof(f->w[k].base));
+		f->w[k].width = 1;
 	}
-	return idx;
+	if (!base || !hwfs_tun.delta || ns_snapshot(a->ns, base, &bv) < 0 ||
+	    bv->state != HWFS_V_SEALED || delta_bases_new(bv, &idx) < 0 ||
+	    !(by_hash = malloc((f->n ? f->n : 1) * sizeof(*by_hash))))
+		goto out;
+	for (size_t k = 0; k < f->n; k++)
+		by_hash[k] = &f->w[k];
+	qsort(by_hash, f->n, sizeof(*by_hash), cmp_want_hash);
+	for (size_t i = 0; i < f->rec->n_files; i++)
+		for (size_t j = 0; j < f->rec->files[i].n_ext; j++) {
+			const struct hwfs_extent *e = &f->rec->files[i].ext[j], *be;
+			struct want key = {.hash = e->hash}, *kp = &key, **hit;
+			unsigned width;
+
+			be = delta_base_of(idx, &f->rec->files[i], e, &width, NULL);
+			hit = be ? bsearch(&kp, by_hash, f->n, sizeof(*by_hash), cmp_want_hash) : NULL;
+			if (!hit || (*hit)->state == W_HELD || !hwfs_hash_is_zero(&(*hit)->base) ||
+			    !hwfs_hash_cmp(&be->hash, &e->hash))
+				continue; /* (a shard used twice takes the base of its first use) */
+			(*hit)->base = be->hash;
+			(*hit)->width = width;
+			mapped++;
+		}
+	LOG_INFO("agent: %s: %zu shard(s) can come as deltas against %s", f->name, mapped, base);
+out:
+	free(by_hash);
+	delta_bases_free(idx);
+	hwfs_vrec_free(bv);
 }
 
 void pull_on_plan(struct agent *a, struct proto_msg *m)
@@ -437,9 +469,7 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	struct version *v;
 	hwfs_hash_t digest, *hs = NULL;
 	char err[256];
-	size_t total = 0, n = 0, n_based = 0;
-	struct delta_bases *idx = NULL;
-	struct hwfs_vrec *bv = NULL;
+	size_t total = 0, n = 0;
 	int have;
 
 	if (proto_hash(m, "digest", &digest) < 0)
@@ -457,8 +487,9 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 		return;
 	}
 	for (f = a->fetches; f; f = f->next)
-		if (!strcmp(f->name, name)) { /* a new plan: new donors */
+		if (!strcmp(f->name, name)) { /* a new plan: new donors, maybe another base */
 			set_donors(a, f, json_object_get(m->h, "donors"), proto_bool(m, "stripe"));
+			assign_bases(a, f, proto_str(m, "base"));
 			return;
 		}
 	if (manifest_parse(m->payload, m->payload_len, &rec, err, sizeof(err)) < 0) {
@@ -480,11 +511,10 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	f->digest = digest;
 	f->rec = rec;
 	rec = NULL;
-	/* distinct shards, in manifest order of first use, with their bases */
+	/* distinct shards, in manifest order of first use */
 	f->w = calloc(total ? total : 1, sizeof(*f->w));
 	if (!f->name || !f->w)
 		goto oom;
-	idx = open_bases(a, proto_str(m, "base"), &bv);
 	for (size_t i = 0; i < f->rec->n_files; i++)
 		for (size_t j = 0; j < f->rec->files[i].n_ext; j++) {
 			const struct hwfs_extent *e = &f->rec->files[i].ext[j];
@@ -514,30 +544,14 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 			if (f->w[f->n].sh) {
 				f->w[f->n].state = W_HELD;
 			} else {
-				const struct hwfs_extent *be = NULL;
-				unsigned width = 1;
-
 				f->w[f->n].state = W_QUEUED;
 				f->bytes_needed += e->len;
-				if (idx)
-					be = delta_base_of(idx, &f->rec->files[i], e, &width, NULL);
-				if (be) { /* differs: it is not held */
-					f->w[f->n].base = be->hash;
-					f->w[f->n].width = width;
-					n_based++;
-				}
 			}
 			f->n++;
 		}
 	free(hs);
 	hs = NULL;
-	if (idx)
-		LOG_INFO("agent: %s: %zu shard(s) can come as deltas against %s", name, n_based,
-			 proto_str(m, "base"));
-	delta_bases_free(idx);
-	hwfs_vrec_free(bv);
-	idx = NULL;
-	bv = NULL;
+	assign_bases(a, f, proto_str(m, "base"));
 	if (set_donors(a, f, json_object_get(m->h, "donors"), proto_bool(m, "stripe")) < 0)
 		goto oom;
 	f->last_rx = now_s();
@@ -550,8 +564,6 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	return;
 oom:
 	free(hs);
-	delta_bases_free(idx);
-	hwfs_vrec_free(bv);
 	hwfs_vrec_free(rec);
 	if (f)
 		fetch_free(a, f);
@@ -614,6 +626,22 @@ static int want_delta(const struct want *w)
 	return hwfs_tun.delta && !w->whole && !hwfs_hash_is_zero(&w->base);
 }
 
+/*
+ * base_held() - about to ask for @w as a delta: is its base still here?  A
+ * base removed meanwhile (hwfs rm, gc) makes it asked for whole at once,
+ * rather than after a delta made against it travelled for nothing.
+ */
+static int base_held(struct agent *a, struct want *w)
+{
+	struct shard *bsh = store_get(a->st, &w->base);
+
+	if (bsh)
+		store_unref(a->st, bsh);
+	else
+		w->whole = 1;
+	return bsh != NULL;
+}
+
 /* Keep each fetch's window full: GET batches from each want's donor. */
 void pull_pump(struct agent *a)
 {
@@ -621,6 +649,11 @@ void pull_pump(struct agent *a)
 
 	if (now - a->last_pulls >= PULLS_SNAPSHOT_S)
 		publish_pulls(a);
+	if (!a->fetches && a->scratch) { /* nothing to rebuild: give the largest shard's buffer back */
+		free(a->scratch);
+		a->scratch = NULL;
+		a->scratch_len = 0;
+	}
 	for (struct fetch *f = a->fetches, *next; f; f = next) {
 		uint64_t inflight;
 
@@ -699,7 +732,7 @@ void pull_pump(struct agent *a)
 				if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
 					continue;
 				json_array_append_new(hashes, proto_hash_json(&w->hash));
-				if (want_delta(w)) {
+				if (want_delta(w) && base_held(a, w)) {
 					json_array_append_new(bases, proto_hash_json(&w->base));
 					json_array_append_new(widths, json_integer(w->width));
 					n_based++;
@@ -790,7 +823,9 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 	char err[160] = "";
 	int r;
 
-	if (!bsh) { /* its base went while the delta travelled */
+	if (!bsh || bsh->size != w->size) { /* its base went while the delta travelled */
+		if (bsh)
+			store_unref(a->st, bsh);
 		LOG_INFO("agent: the base of a shard of %s is gone here; asking for it whole", f->name);
 		drop_partial(a, w);
 		w->whole = 1;
@@ -812,7 +847,6 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 	r = delta_decode(a->dcx, store_shard_data(a->st, bsh), w->size, w->enc, w->enc_total,
 			 a->scratch, err, sizeof(err));
 	__atomic_add_fetch(&a->ds.decode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
-	store_unref(a->st, bsh);
 	if (r == 0) {
 		__atomic_add_fetch(&a->ds.decoded, 1, __ATOMIC_RELAXED);
 		__atomic_add_fetch(&a->ds.decode_bytes, w->size, __ATOMIC_RELAXED);
@@ -821,6 +855,19 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 			snprintf(err, sizeof(err), "the rebuilt shard does not match its hash");
 		delta_peek(w->enc, w->enc_total, NULL, &width, NULL, 0);
 	}
+	if (*err) { /* whose fault: is the base here intact? */
+		hwfs_hash_buf(store_shard_data(a->st, bsh), w->size, &got);
+		if (hwfs_hash_cmp(&got, &w->base)) {
+			LOG_ERR("agent: the base of a shard of %s is damaged here (hwfs verify will "
+				"say which version); asking for the shard whole", f->name);
+			store_unref(a->st, bsh);
+			drop_partial(a, w);
+			w->whole = 1;
+			w->state = W_QUEUED;
+			return;
+		}
+	}
+	store_unref(a->st, bsh);
 	if (*err) {
 		LOG_ERR("agent: bad delta from %s for %s (%s); asking for the whole shard", from,
 			f->name, err);
@@ -849,7 +896,10 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 	}
 	__atomic_add_fetch(&a->ds.received, 1, __ATOMIC_RELAXED);
 	__atomic_add_fetch(&a->rx, w->size, __ATOMIC_RELAXED);
-	serve_keep_delta(a, &w->base, &w->hash, width, w->enc, w->enc_total);
+	if (w->enc_total <= w->size * hwfs_tun.delta_max_pct / 100) /* else not worth sending on */
+		serve_keep_delta(a, &w->base, &w->hash, width, w->enc, w->enc_total);
+	else
+		free(w->enc);
 	w->enc = NULL;
 	w->enc_total = 0;
 	w->got = 0;
@@ -874,6 +924,8 @@ static void on_delta_piece(struct agent *a, struct fetch *f, struct want *w, str
 	hwfs_hash_t base;
 
 	proto_hash(m, "base", &base);
+	if (pos > 0 && (!w->enc || w->from != peer || pos != w->got || total != w->enc_total))
+		return; /* a stray piece (an old request's, an old donor's, out of order): ignore */
 	if (!want_delta(w))
 		why = "a delta that was not asked for";
 	else if (hwfs_hash_cmp(&base, &w->base))
@@ -898,8 +950,6 @@ static void on_delta_piece(struct agent *a, struct fetch *f, struct want *w, str
 		}
 		w->enc_total = total;
 		w->from = peer;
-	} else if (!w->enc || w->from != peer || pos != w->got || total != w->enc_total) {
-		return; /* a stray piece (an old donor's, or out of order): ignore */
 	}
 	memcpy(w->enc + pos, m->payload, len);
 	w->got += len;

@@ -251,11 +251,34 @@ void serve_keep_delta(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_
 }
 
 /*
+ * few_changed() - a cheap look before encoding: do at most half the elements
+ * of DELTA_PROBES evenly spaced windows of DELTA_PROBE_BYTES differ between
+ * @base and @new_ (@len bytes, elements of @width)?  Most do in a
+ * fine-tuning step or an unrelated tensor, whose delta would not be worth
+ * sending: those are sent whole without spending the encoding on them.
+ */
+static int few_changed(const uint8_t *base, const uint8_t *new_, uint64_t len, unsigned width)
+{
+	uint64_t step = len / DELTA_PROBES, seen = 0, changed = 0;
+
+	if (len <= DELTA_PROBES * DELTA_PROBE_BYTES)
+		return 1; /* small: encoding it costs no more than looking */
+	for (uint64_t off = 0; off + DELTA_PROBE_BYTES <= len; off += step) {
+		uint64_t at = off - off % width;
+
+		changed += delta_count_diff(base + at, new_ + at, DELTA_PROBE_BYTES, width);
+		seen += DELTA_PROBE_BYTES / width;
+	}
+	return changed * 2 <= seen;
+}
+
+/*
  * delta_for() - the delta to send for @sh to a puller holding @base (width
  * @width): the one kept, or encoded now and kept.  NULL: send it whole —
  * deltas are off, there is no base, this node does not hold the base or it
  * has another length, or the delta would be larger than delta_max_pct of
- * the shard (remembered, so it is not encoded again).
+ * the shard, or few_changed() says it would be (remembered either way, so
+ * it is not looked at again).
  */
 static struct dentry *delta_for(struct agent *a, struct shard *sh, const hwfs_hash_t *base,
 				unsigned width)
@@ -276,7 +299,16 @@ static struct dentry *delta_for(struct agent *a, struct shard *sh, const hwfs_ha
 	bsh = store_get(a->st, base);
 	if (!bsh)
 		return NULL;
-	if (bsh->size != sh->size || cap <= DELTA_HDR || !(buf = malloc(cap))) {
+	if (bsh->size != sh->size || cap <= DELTA_HDR) {
+		store_unref(a->st, bsh);
+		return NULL;
+	}
+	if (!few_changed(store_shard_data(a->st, bsh), store_shard_data(a->st, sh), sh->size, width)) {
+		store_unref(a->st, bsh);
+		dcache_put(&a->dcache, base, &sh->hash, width, NULL, 0);
+		return NULL;
+	}
+	if (!(buf = malloc(cap))) {
 		store_unref(a->st, bsh);
 		return NULL;
 	}
@@ -377,15 +409,23 @@ void serve_arrived(struct agent *a, struct shard *sh)
  * Cut-through: a piece of @w just arrived; pass what waiting pullers have not
  * had yet straight on, before the whole shard is here and verified (they
  * verify it themselves).  This makes a chain a pipeline of pieces, not of
- * shards.  Pullers that named a base wait for the shard and get a delta.
+ * shards.  (Only a shard arriving whole is cut through; one arriving as a
+ * delta is sent on as that delta once it is rebuilt.)
  */
 void serve_forward(struct agent *a, struct want *w)
 {
 	const uint8_t *staged = store_stage_data(a->st, w->roff);
 
 	for (struct deferred *d = a->deferred; d; d = d->next) {
-		if (hwfs_hash_cmp(&d->hash, &w->hash) || !hwfs_hash_is_zero(&d->base))
-			continue; /* (a puller with a base waits for the whole shard: a delta) */
+		if (hwfs_hash_cmp(&d->hash, &w->hash))
+			continue;
+		/*
+		 * A puller that named a base gets the pieces too: this node gets
+		 * the shard whole because its own donor found no delta worth
+		 * sending against that same base (the planner gave the chain one
+		 * base), so cutting through beats waiting to find that again.
+		 */
+		memset(&d->base, 0, sizeof(d->base));
 		while (d->sent < w->got) {
 			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, w->got - d->sent);
 

@@ -29,6 +29,7 @@
 #include <zmq.h>
 
 #include "coord.h"
+#include "delta_base.h"
 #include "engines.h"
 #include "keys.h"
 #include "manifest.h"
@@ -43,6 +44,7 @@
 #define MAX_NODE_ENGINES 64        /* engines of one node kept from its HELLO (a memory bound) */
 #define MAX_NODE_REASON 1024       /* bytes of a node's READY or ACK reason kept (longer: cut) */
 #define MAX_VERSION_NAME 255       /* longest version name (ns_tree.c, valid_name) */
+#define PICK_BASE_CANDIDATES 8     /* newest held versions pick_base() compares */
 
 struct cnode {
 	char *name;
@@ -66,6 +68,8 @@ struct cversion {
 	size_t mlen;
 	char *origin;
 	uint64_t bytes; /* distinct shard bytes: what a complete holder holds */
+	struct hwfs_vrec *rec; /* the manifest parsed, once a plan needed it (pick_base) */
+	json_t *affinity;      /* digest of another version -> bytes of this one with a base there */
 };
 
 struct tx {
@@ -259,6 +263,8 @@ static void cversion_free(struct cversion *v)
 	free(v->name);
 	free(v->manifest);
 	free(v->origin);
+	hwfs_vrec_free(v->rec);
+	json_decref(v->affinity);
 }
 
 /*
@@ -324,11 +330,7 @@ static int cmp_join(const void *x, const void *y)
 	return a->join_seq < b->join_seq ? -1 : a->join_seq > b->join_seq;
 }
 
-/*
- * @stripe: every donor is complete, so the receiver spreads its requests over
- * all of them (late join); otherwise it asks the first and falls back in order.
- */
-/* Does every node of @donors (PLAN donor entries) hold @b complete? */
+/* Does every node of the first @upto entries of @donors (PLAN donor entries) hold @b complete? */
 static int donors_have(struct coord *c, json_t *donors, const struct cversion *b, size_t upto)
 {
 	size_t i;
@@ -345,13 +347,56 @@ static int donors_have(struct coord *c, json_t *donors, const struct cversion *b
 	return 1;
 }
 
+/* @v's manifest, parsed once (NULL if it does not parse: it did when announced). */
+static const struct hwfs_vrec *cversion_rec(struct cversion *v)
+{
+	char err[128];
+
+	if (!v->rec && manifest_parse(v->manifest, v->mlen, &v->rec, err, sizeof(err)) < 0)
+		v->rec = NULL;
+	return v->rec;
+}
+
+/*
+ * affinity() - how many shard bytes of @v have a base in @b by the rule of
+ * delta_base.h (same file, tensor name, dtype, length): 0 for versions of
+ * another model.  Computed once per pair and kept in @v.
+ */
+static uint64_t affinity(struct cversion *v, struct cversion *b)
+{
+	const struct hwfs_vrec *vr = cversion_rec(v), *br = cversion_rec(b);
+	json_t *known = v->affinity ? json_object_get(v->affinity, b->digest) : NULL;
+	struct delta_bases *idx = NULL;
+	uint64_t bytes = 0;
+
+	if (known)
+		return (uint64_t)json_integer_value(known);
+	if (vr && br && delta_bases_new(br, &idx) == 0) {
+		for (size_t i = 0; i < vr->n_files; i++)
+			for (size_t j = 0; j < vr->files[i].n_ext; j++) {
+				unsigned width;
+
+				if (delta_base_of(idx, &vr->files[i], &vr->files[i].ext[j], &width, NULL))
+					bytes += vr->files[i].ext[j].len;
+			}
+		delta_bases_free(idx);
+	}
+	if (!v->affinity)
+		v->affinity = json_object();
+	json_object_set_new(v->affinity, b->digest, json_integer((json_int_t)bytes));
+	return bytes;
+}
+
 /*
  * pick_base() - the version @to should take deltas against when it pulls @v
- * from @donors (docs/delta.md): the newest version, in the order the cluster
- * first heard of them, other than @v, that @to holds complete and every
- * donor holds too; failing that, the newest that @to and its first donor
- * hold.  Only the have-table decides, so every planner run picks the same
- * base for the same holdings.  NULL: none (whole shards), or deltas off.
+ * from @donors (docs/delta.md, "Which base"): among the newest
+ * PICK_BASE_CANDIDATES versions other than @v, in the order the cluster first
+ * heard of them, that @to holds complete and every donor holds too (failing
+ * any, that @to and its first donor hold), the one in which most of @v's
+ * bytes have a base (affinity(); the newest of equals).  A version of
+ * another model has none and is never picked.  Only the have-table and the
+ * manifests decide, so a planner picks the same base for the same holdings.
+ * NULL: none (whole shards), or deltas off.
  */
 static const char *pick_base(struct coord *c, struct cversion *v, struct cnode *to,
 			     json_t *donors)
@@ -360,16 +405,35 @@ static const char *pick_base(struct coord *c, struct cversion *v, struct cnode *
 
 	if (!hwfs_tun.delta || nd == 0)
 		return NULL;
-	for (int pass = 0; pass < 2; pass++)
-		for (size_t k = c->n_vers; k-- > 0;) {
-			struct cversion *b = &c->vers[k];
+	for (int pass = 0; pass < 2; pass++) {
+		struct cversion *best = NULL;
+		uint64_t best_bytes = 0;
+		size_t seen = 0;
 
-			if (b != v && node_has(to, b) && donors_have(c, donors, b, pass ? 1 : nd))
-				return b->name;
+		for (size_t k = c->n_vers; k-- > 0 && seen < PICK_BASE_CANDIDATES;) {
+			struct cversion *b = &c->vers[k];
+			uint64_t bytes;
+
+			if (b == v || !node_has(to, b) || !donors_have(c, donors, b, pass ? 1 : nd))
+				continue;
+			seen++;
+			bytes = affinity(v, b);
+			if (bytes > best_bytes) {
+				best = b;
+				best_bytes = bytes;
+			}
 		}
+		if (best)
+			return best->name;
+	}
 	return NULL;
 }
 
+/*
+ * @stripe: every donor is complete, so the receiver spreads its requests over
+ * all of them (late join); otherwise it asks the first and falls back in order.
+ * The plan names the base pick_base() chose for @to.
+ */
 static void send_plan(struct coord *c, struct cnode *to, struct cversion *v, json_t *donors,
 		      int stripe)
 {

@@ -23,8 +23,9 @@
  * refuses (-EBADMSG, with a one-line reason) anything but exactly that: a
  * length other than the one the caller expects, a frame that does not
  * declare its content size, declares another one, or is followed by
- * trailing bytes.  It decompresses into the caller's buffer of the expected
- * length and no further, so a decompression bomb costs at most that length.
+ * trailing bytes.  It decompresses in one shot into the context's scratch
+ * buffer of exactly the expected length and no further, so a decompression
+ * bomb costs at most that length; unshuffling writes the caller's buffer.
  *
  * A context (struct delta_ctx) holds the zstd contexts and a scratch buffer
  * that grows to the largest shard seen; it is not thread-safe: one per

@@ -99,12 +99,12 @@ static const struct hwfs_extent *extent_at(const struct hwfs_frec *f, uint64_t o
 	return NULL;
 }
 
-/* The tensor of @f whose bytes hold all of [@off, @off+@len), or NULL. */
-static const struct hwfs_trec *tensor_of(const struct hwfs_frec *f, uint64_t off, uint64_t len)
+const struct hwfs_trec *delta_tensor_at(const struct hwfs_frec *f, uint64_t off, uint64_t len)
 {
+	const struct hwfs_trec *t;
 	size_t lo = 0, hi = f->n_tensors;
 
-	while (lo < hi) { /* the last tensor starting at or before @off */
+	while (lo < hi) { /* tensors [0, lo) start at or before @off */
 		size_t mid = lo + (hi - lo) / 2;
 
 		if (f->tensors[mid].off <= off)
@@ -112,10 +112,11 @@ static const struct hwfs_trec *tensor_of(const struct hwfs_frec *f, uint64_t off
 		else
 			hi = mid;
 	}
+	while (lo > 0 && !f->tensors[lo - 1].len) /* an empty tensor may share the offset */
+		lo--;
 	if (lo == 0)
 		return NULL;
-	const struct hwfs_trec *t = &f->tensors[lo - 1];
-
+	t = &f->tensors[lo - 1];
 	return off + len <= t->off + t->len ? t : NULL;
 }
 
@@ -135,7 +136,7 @@ const struct hwfs_extent *delta_base_of(const struct delta_bases *b, const struc
 					const struct hwfs_extent *e, unsigned *width,
 					const struct hwfs_trec **tensor)
 {
-	const struct hwfs_trec *t = tensor_of(f, e->off, e->len), *bt;
+	const struct hwfs_trec *t = delta_tensor_at(f, e->off, e->len), *bt;
 	ssize_t i = f->kind == HWFS_K_REG ? file_index(b->v, f->path) : -1;
 	const struct hwfs_frec *bf;
 

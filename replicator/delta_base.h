@@ -43,4 +43,11 @@ const struct hwfs_extent *delta_base_of(const struct delta_bases *b, const struc
 					const struct hwfs_extent *e, unsigned *width,
 					const struct hwfs_trec **tensor);
 
+/**
+ * delta_tensor_at() - the tensor of @f whose bytes hold all of [@off,
+ * @off+@len), or NULL (a header, bytes between or after tensors, a file
+ * without tensors).  Zero-length tensors hold nothing, even at @off.
+ */
+const struct hwfs_trec *delta_tensor_at(const struct hwfs_frec *f, uint64_t off, uint64_t len);
+
 #endif /* HWFS_DELTA_BASE_H */
