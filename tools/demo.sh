@@ -111,21 +111,40 @@ def model(v1dir, v2dir, n, mib):
     import numpy as np
     from safetensors.numpy import save_file
     rows = int(mib * (1 << 20)) // (4 * 1024)
-    changed = set(range(0, n, 10))  # every tenth tensor
     v1, v2 = {}, {}
     for i in range(n):
         rng = np.random.default_rng([42, i])
         bits = rng.integers(0, 1 << 32, size=(rows, 1024), dtype=np.uint32)
         t = (bits & np.uint32(0xBFFFFFFF)).view(np.float32)  # finite float32
         v1[f"model.layers.{i}.weight"] = t
-        v2[f"model.layers.{i}.weight"] = (t * np.float32(0.5)) if i in changed else t
+        # an RL step: 2% of the elements of every tensor move by one ulp
+        step = t.copy().reshape(-1)
+        idx = rng.choice(step.size, step.size // 50, replace=False)
+        step[idx] = np.nextafter(step[idx], np.float32(np.inf))
+        v2[f"model.layers.{i}.weight"] = step.reshape(t.shape)
     cfg = {"architectures": ["DemoForCausalLM"], "num_hidden_layers": n, "hidden_size": 1024}
     for d, tensors in ((v1dir, v1), (v2dir, v2)):
         save_file(tensors, f"{d}/model.safetensors", metadata={"format": "np"})
         with open(f"{d}/config.json", "w") as f:
             json.dump(cfg, f, indent=2)
-    print(f"  {n} tensors of {rows * 4096 / 2**20:.1f} MiB; v2 changes {len(changed)}: "
-          + ", ".join(f"model.layers.{i}.weight" for i in sorted(changed)))
+    print(f"  {n} tensors of {rows * 4096 / 2**20:.1f} MiB; v2 moves 2% of the elements of "
+          "every tensor by one ulp (an RL step)")
+
+def wire(out, nodes):
+    """Each node's replication counters into @out; with an earlier @out, what v2 moved."""
+    now = {n: status(m)["replication"] for n, m in (x.split("=", 1) for x in nodes)}
+    if os.path.exists(out):
+        with open(out) as f:
+            was = json.load(f)
+        for n, r in now.items():
+            got = r["bytes_received"] - was[n]["bytes_received"]
+            wire = r["wire_bytes_received"] - was[n]["wire_bytes_received"]
+            deltas = r["delta"]["received"] - was[n]["delta"]["received"]
+            if got:
+                print(f"  node {n}: {got / 2**20:6.1f} MiB of shards rebuilt from "
+                      f"{wire / 2**20:5.1f} MiB on the wire ({wire / got:.1%}; {deltas} deltas)")
+    with open(out, "w") as f:
+        json.dump(now, f)
 
 def watch(version, t0, out, nodes):
     """Until the engine of every node of @nodes (names) logged @version loaded:
@@ -240,6 +259,8 @@ elif verb == "check":
     check(args[0], args[1:])
 elif verb == "timeline":
     timeline(args[0], args[1], args[2], args[3:])
+elif verb == "wire":
+    wire(args[0], args[1:])
 elif verb == "query":
     print(json.dumps(engine_query(args[0])))
 else:
@@ -292,7 +313,7 @@ for n in "${NODES[@]}"; do
 done
 
 step "v1: the trainer writes it with safetensors straight into A's mount, then hwfs seal v1"
-echo "  ($N_TENSORS tensors, ~256 MiB; v2 is written to $SRC2 with a tenth of them changed)"
+echo "  ($N_TENSORS tensors, ~256 MiB; v2, an RL step of it, is written to $SRC2)"
 T0=$(now)
 py watch v1 "$T0" "$WORK/watch-v1.json" "${NODES[@]}" >"$WORK/watch-v1.txt" &
 WATCH=$!
@@ -307,21 +328,25 @@ step "hwfs commit v1 (two-phase: every node's engine has v1 loaded, so every nod
 py commit "${MNT[B]}" v1 "$WORK/commit-v1.json"
 py check v1 "${CHECK_ARGS[@]}"
 
-step "v2: hwfs publish on A (import + seal in one step); B and C receive only the changed shards"
+step "v2: hwfs publish on A (import + seal in one step); B and C receive deltas of the changed elements"
+WIRE_ARGS=()
+for n in "${NODES[@]}"; do WIRE_ARGS+=("$n=${MNT[$n]}"); done
+py wire "$WORK/wire.json" "${WIRE_ARGS[@]}"
 T0=$(now)
 py watch v2 "$T0" "$WORK/watch-v2.json" "${NODES[@]}" >"$WORK/watch-v2.txt" &
 WATCH=$!
 "$HWFS" publish "$SRC2" v2 -m "${MNT[A]}"
 wait $WATCH
 cat "$WORK/watch-v2.txt"
+py wire "$WORK/wire.json" "${WIRE_ARGS[@]}"
 for n in "${NODES[@]}"; do "$HWFS" status -m "${MNT[$n]}" | sed -n "s/^engine: */  node $n: engine /p"; done
 
 step "Per-tensor view of v2 on C (first entries) and their xattrs"
 ls "${MNT[C]}/versions/v2/tensors" | head -5 || true
 getfattr -d -m 'user.hwfs' "${MNT[C]}/versions/v2/tensors/model.layers.0.weight" 2>/dev/null || true
 
-step "hwfs diff v1 v2"
-"$HWFS" diff v1 v2 -m "${MNT[C]}"
+step "hwfs diff v1 v2 --elements (last lines: the total)"
+"$HWFS" diff v1 v2 --elements -m "${MNT[C]}" | tail -4
 
 step "Deduplication on every node: stored bytes vs logical bytes"
 for n in "${NODES[@]}"; do
