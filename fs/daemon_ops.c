@@ -117,18 +117,15 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	json_object_set_new(r, "engines", engines_json(d->engines) ?: json_array());
 	json_object_set_new(r, "leases", engines_leases_json(d->engines) ?: json_array());
 	if (agent) {
-		uint64_t rx, tx, rq;
+		json_t *rep = agent_counters(agent);
 
-		agent_counters(agent, &rx, &tx, &rq);
 		json_object_set_new(r, "node", json_string(d->o->node));
 		json_object_set_new(r, "coordinator",
 				    json_string(d->coord_ep[0] ? d->coord_ep : d->o->join));
 		json_object_set_new(r, "listen", json_string(agent_endpoint(agent)));
-		json_object_set_new(r, "replication",
-				    json_pack("{s:I, s:I, s:I, s:o}", "bytes_received", (json_int_t)rx,
-					      "bytes_sent", (json_int_t)tx, "requests_received",
-					      (json_int_t)rq, "pulls",
-					      agent_pulls(agent) ?: json_array()));
+		if (rep)
+			json_object_set_new(rep, "pulls", agent_pulls(agent) ?: json_array());
+		json_object_set_new(r, "replication", rep ?: json_object());
 	}
 	return r;
 }

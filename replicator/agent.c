@@ -519,6 +519,7 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 				serve_on_get(a, ident, ident_len, &m);
 			break;
 		case P_SHARD:
+			__atomic_add_fetch(&a->wire_rx, m.payload_len, __ATOMIC_RELAXED);
 			pull_on_shard(a, &m, what, sock);
 			break;
 		case P_MISSING:
@@ -641,7 +642,8 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 	a->arg = o->arg;
 	a->barrier = o->barrier;
 	a->engines = o->engines;
-	if (!a->node || !a->listen || !a->coordinator || !a->mountpoint)
+	a->dcx = delta_ctx_new((int)hwfs_tun.delta_level);
+	if (!a->node || !a->listen || !a->coordinator || !a->mountpoint || !a->dcx)
 		goto fail;
 	load_applied(a);
 	{
@@ -754,6 +756,8 @@ void agent_stop(struct agent *a)
 	free(a->listen);
 	free(a->coordinator);
 	free(a->mountpoint);
+	delta_ctx_free(a->dcx);
+	free(a->scratch);
 	pthread_mutex_destroy(&a->mu);
 	free(a);
 }
@@ -864,9 +868,31 @@ json_t *agent_pulls(struct agent *a)
 	return r;
 }
 
-void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent, uint64_t *requests)
+/* An atomic counter as a JSON integer. */
+static json_t *counter(uint64_t *c)
 {
-	*received = __atomic_load_n(&a->rx, __ATOMIC_RELAXED);
-	*sent = __atomic_load_n(&a->tx, __ATOMIC_RELAXED);
-	*requests = __atomic_load_n(&a->req_rx, __ATOMIC_RELAXED);
+	return json_integer((json_int_t)__atomic_load_n(c, __ATOMIC_RELAXED));
+}
+
+/* An atomic nanosecond counter as JSON seconds. */
+static json_t *seconds(uint64_t *ns)
+{
+	return json_real((double)__atomic_load_n(ns, __ATOMIC_RELAXED) / 1e9);
+}
+
+json_t *agent_counters(struct agent *a)
+{
+	struct delta_stats *d = &a->ds;
+
+	return json_pack("{s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, "
+			 "s:o}}",
+			 "bytes_received", counter(&a->rx), "wire_bytes_received", counter(&a->wire_rx),
+			 "bytes_sent", counter(&a->tx), "wire_bytes_sent", counter(&a->wire_tx),
+			 "requests_received", counter(&a->req_rx), "delta", "encoded",
+			 counter(&d->encoded), "encode_bytes", counter(&d->encode_bytes),
+			 "encode_cpu_s", seconds(&d->encode_ns), "decoded", counter(&d->decoded),
+			 "decode_bytes", counter(&d->decode_bytes), "decode_cpu_s",
+			 seconds(&d->decode_ns), "sent", counter(&d->sent), "received",
+			 counter(&d->received), "failed", counter(&d->failed), "whole",
+			 counter(&d->whole));
 }

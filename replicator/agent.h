@@ -91,10 +91,15 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms);
 json_t *agent_pulls(struct agent *a);
 
 /**
- * Replication counters: payload bytes received and sent, and shards other
- * nodes asked this one for (each hash of each GET it received).
+ * agent_counters() - the replication counters as a new JSON object (any
+ * thread): "bytes_received"/"bytes_sent" (shard bytes: a shard that
+ * travelled as a delta counts its whole size), "wire_bytes_received"/
+ * "wire_bytes_sent" (SHARD payload bytes, what crossed the wire),
+ * "requests_received" (each hash of each GET received), and "delta"
+ * {encoded, encode_bytes, encode_cpu_s, decoded, decode_bytes, decode_cpu_s,
+ * sent, received, failed, whole} (docs/delta.md).  NULL without memory.
  */
-void agent_counters(struct agent *a, uint64_t *received, uint64_t *sent, uint64_t *requests);
+json_t *agent_counters(struct agent *a);
 /** The data-plane endpoint bound (a :* port resolved); valid until agent_stop(). */
 const char *agent_endpoint(const struct agent *a);
 

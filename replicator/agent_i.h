@@ -12,9 +12,11 @@
 #define HWFS_AGENT_I_H
 
 #include <pthread.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "agent.h"
+#include "delta.h"
 #include "proto.h"
 #include "store.h"
 #include "tunables.h"
@@ -43,10 +45,21 @@ struct want {
 	double not_before;
 	double sent_at;   /* when it was last asked for */
 	struct shard *sh; /* held: one reference, dropped after import */
+	/*
+	 * Deltas (docs/delta.md): @base is the shard of an earlier version of
+	 * the same tensor that this node holds (zero: none), @width its element
+	 * width; @whole is set once a delta of it failed (or its base went):
+	 * from then on it is asked for whole.
+	 */
+	hwfs_hash_t base;
+	unsigned width;
+	int whole;
 	/* arriving in pieces, in order, from one donor */
-	uint64_t got;       /* bytes received */
+	uint64_t got;       /* bytes received (of the shard, or of its delta) */
 	uint64_t roff;      /* its staging range (unbacked, store_stage_write()) */
-	XXH3_state_t *xs;   /* running hash, NULL when nothing is arriving */
+	XXH3_state_t *xs;   /* running hash, NULL when no whole shard is arriving */
+	uint8_t *enc;       /* a delta arriving: its bytes (NULL when none is) */
+	uint64_t enc_total; /* its length, as the first piece declared */
 	const void *from;   /* the peer the pieces come from */
 };
 
@@ -80,8 +93,33 @@ struct deferred {
 	size_t ident_len;
 	uint64_t req;
 	hwfs_hash_t hash;
+	hwfs_hash_t base; /* the base the puller holds (zero: none), and its width */
+	unsigned width;
 	uint64_t sent; /* bytes of it forwarded already while it was arriving */
 	struct deferred *next;
+};
+
+/*
+ * An encoded delta kept to be sent again (agent_serve.c, "encode once"):
+ * shard @hash against @base, shuffled by @width; @enc NULL with @len 0
+ * records that the delta is not worth sending (larger than delta_max_pct).
+ */
+struct dcache {
+	hwfs_hash_t base, hash;
+	unsigned width;
+	uint8_t *enc;
+	size_t len;
+	uint64_t used; /* agent->dcache_clock when last sent */
+	struct dcache *next;
+};
+
+/* Delta counters (all atomic), as `hwfs status --json` shows them (replication.delta). */
+struct delta_stats {
+	uint64_t encoded, encode_bytes, encode_ns;  /* deltas made here, their shard bytes, CPU */
+	uint64_t decoded, decode_bytes, decode_ns;  /* deltas rebuilt here */
+	uint64_t sent, received;                    /* deltas that crossed the wire */
+	uint64_t failed;  /* received deltas that did not rebuild the shard (asked whole again) */
+	uint64_t whole;   /* shards asked for with a base but sent whole (not worth it, no base) */
 };
 
 /* A DEALER to one donor's serving socket, with its back-off (agent_pull.c). */
@@ -166,7 +204,14 @@ struct agent {
 	int64_t last_coord_ns; /* atomic: monotonic ns of the last coordinator message */
 	int coord_send_failing; /* the last send to the coordinator failed (warned once) */
 	char session[33];      /* this incarnation, so the coordinator notices a restart */
-	uint64_t rx, tx; /* atomic */
+	uint64_t rx, tx; /* atomic: shard bytes received and sent (a delta counts its shard) */
+	uint64_t wire_rx, wire_tx; /* atomic: SHARD payload bytes that crossed the wire */
+	struct delta_stats ds;
+	struct delta_ctx *dcx; /* the codec (agent thread) */
+	uint8_t *scratch;      /* a rebuilt shard before it is checked (agent thread) */
+	size_t scratch_len;
+	struct dcache *dcache; /* deltas kept to send again, at most delta_cache_bytes */
+	uint64_t dcache_bytes, dcache_clock;
 	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
 	uint64_t import_seq;
 	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */
@@ -222,7 +267,23 @@ void serve_arrived(struct agent *a, struct shard *sh);
 void serve_forward(struct agent *a, struct want *w);
 /** Shard @h arrived bad: requests that had part of it forwarded get MISSING. */
 void serve_abort_forwarded(struct agent *a, const hwfs_hash_t *h);
-/** agent_stop(): forget the requests still waiting. */
+/** agent_stop(): forget the requests still waiting, and the deltas kept. */
 void serve_free(struct agent *a);
+/**
+ * serve_keep_delta() - a delta received from a donor rebuilt shard @hash
+ * against @base: keep it (ownership of @enc, malloc'd, @len bytes, passes
+ * here) to send as it is to the next puller with that base.
+ */
+void serve_keep_delta(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
+		      unsigned width, uint8_t *enc, size_t len);
+
+/* CPU time of the calling thread, in ns (what the delta counters add up). */
+static inline uint64_t delta_cpu_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
 
 #endif /* HWFS_AGENT_I_H */

@@ -18,6 +18,7 @@
 #include <zmq.h>
 
 #include "agent_i.h"
+#include "delta_base.h"
 #include "keys.h"
 #include "manifest.h"
 
@@ -72,14 +73,19 @@ struct want *pull_find_want(struct agent *a, const hwfs_hash_t *h, struct fetch 
 	return NULL;
 }
 
-/* Forget a shard that was arriving in pieces (its range goes back). */
+/* Forget a shard, or its delta, that was arriving in pieces (its range goes back). */
 static void drop_partial(struct agent *a, struct want *w)
 {
-	if (!w->xs)
-		return;
-	XXH3_freeState(w->xs);
-	w->xs = NULL;
-	store_stage_free(a->st, w->roff, w->size);
+	if (w->enc) { /* a delta arriving */
+		free(w->enc);
+		w->enc = NULL;
+		w->enc_total = 0;
+	}
+	if (w->xs) { /* a whole shard arriving */
+		XXH3_freeState(w->xs);
+		w->xs = NULL;
+		store_stage_free(a->st, w->roff, w->size);
+	}
 	w->got = 0;
 	w->from = NULL;
 }
@@ -401,6 +407,28 @@ static int set_donors(struct agent *a, struct fetch *f, json_t *donors, int stri
 	return 0;
 }
 
+/*
+ * open_bases() - the plan names version @base as the one to take deltas
+ * against (the coordinator picked it from the have-table): index it for
+ * delta_base_of() when deltas are on and this node holds it sealed (*@bv
+ * gets its record, freed by the caller after the index).  NULL otherwise:
+ * the shards are asked for whole.
+ */
+static struct delta_bases *open_bases(struct agent *a, const char *base, struct hwfs_vrec **bv)
+{
+	struct delta_bases *idx = NULL;
+
+	*bv = NULL;
+	if (!base || !hwfs_tun.delta || ns_snapshot(a->ns, base, bv) < 0)
+		return NULL;
+	if ((*bv)->state != HWFS_V_SEALED || delta_bases_new(*bv, &idx) < 0) {
+		hwfs_vrec_free(*bv);
+		*bv = NULL;
+		return NULL;
+	}
+	return idx;
+}
+
 void pull_on_plan(struct agent *a, struct proto_msg *m)
 {
 	const char *name = proto_str(m, "version");
@@ -409,7 +437,9 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	struct version *v;
 	hwfs_hash_t digest, *hs = NULL;
 	char err[256];
-	size_t total = 0, n = 0;
+	size_t total = 0, n = 0, n_based = 0;
+	struct delta_bases *idx = NULL;
+	struct hwfs_vrec *bv = NULL;
 	int have;
 
 	if (proto_hash(m, "digest", &digest) < 0)
@@ -450,10 +480,11 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	f->digest = digest;
 	f->rec = rec;
 	rec = NULL;
-	/* distinct shards, in manifest order of first use */
+	/* distinct shards, in manifest order of first use, with their bases */
 	f->w = calloc(total ? total : 1, sizeof(*f->w));
 	if (!f->name || !f->w)
 		goto oom;
+	idx = open_bases(a, proto_str(m, "base"), &bv);
 	for (size_t i = 0; i < f->rec->n_files; i++)
 		for (size_t j = 0; j < f->rec->files[i].n_ext; j++) {
 			const struct hwfs_extent *e = &f->rec->files[i].ext[j];
@@ -483,13 +514,30 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 			if (f->w[f->n].sh) {
 				f->w[f->n].state = W_HELD;
 			} else {
+				const struct hwfs_extent *be = NULL;
+				unsigned width = 1;
+
 				f->w[f->n].state = W_QUEUED;
 				f->bytes_needed += e->len;
+				if (idx)
+					be = delta_base_of(idx, &f->rec->files[i], e, &width, NULL);
+				if (be) { /* differs: it is not held */
+					f->w[f->n].base = be->hash;
+					f->w[f->n].width = width;
+					n_based++;
+				}
 			}
 			f->n++;
 		}
 	free(hs);
 	hs = NULL;
+	if (idx)
+		LOG_INFO("agent: %s: %zu shard(s) can come as deltas against %s", name, n_based,
+			 proto_str(m, "base"));
+	delta_bases_free(idx);
+	hwfs_vrec_free(bv);
+	idx = NULL;
+	bv = NULL;
 	if (set_donors(a, f, json_object_get(m->h, "donors"), proto_bool(m, "stripe")) < 0)
 		goto oom;
 	f->last_rx = now_s();
@@ -502,6 +550,8 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	return;
 oom:
 	free(hs);
+	delta_bases_free(idx);
+	hwfs_vrec_free(bv);
 	hwfs_vrec_free(rec);
 	if (f)
 		fetch_free(a, f);
@@ -556,6 +606,12 @@ static void prefer_donors(struct agent *a, struct fetch *f, double now)
 		}
 	}
 	free(off);
+}
+
+/* Is @w to be asked for as a delta (it has a base, no delta of it failed, deltas are on)? */
+static int want_delta(const struct want *w)
+{
+	return hwfs_tun.delta && !w->whole && !hwfs_hash_is_zero(&w->base);
 }
 
 /* Keep each fetch's window full: GET batches from each want's donor. */
@@ -621,10 +677,14 @@ void pull_pump(struct agent *a)
 			}
 		prefer_donors(a, f, now);
 		for (size_t d = 0; d < f->n_donors && inflight < hwfs_tun.pull_window_bytes; d++) {
-			json_t *hashes = json_array();
+			json_t *hashes = json_array(), *bases = json_array(), *widths = json_array();
+			static const hwfs_hash_t none;
+			size_t n_based = 0;
 
 			if (donor_off(a, f, d, now)) {
 				json_decref(hashes);
+				json_decref(bases);
+				json_decref(widths);
 				continue;
 			}
 			uint64_t batch = 0;
@@ -639,6 +699,14 @@ void pull_pump(struct agent *a)
 				if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
 					continue;
 				json_array_append_new(hashes, proto_hash_json(&w->hash));
+				if (want_delta(w)) {
+					json_array_append_new(bases, proto_hash_json(&w->base));
+					json_array_append_new(widths, json_integer(w->width));
+					n_based++;
+				} else {
+					json_array_append_new(bases, proto_hash_json(&none));
+					json_array_append_new(widths, json_integer(1));
+				}
 				w->state = W_INFLIGHT;
 				w->sent_at = now;
 				batch += w->size;
@@ -647,7 +715,13 @@ void pull_pump(struct agent *a)
 			if (p) {
 				json_t *g = json_pack("{s:I, s:O}", "req", (json_int_t)++a->next_req,
 						      "hashes", hashes);
-				int r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
+				int r;
+
+				if (g && n_based) {
+					json_object_set(g, "bases", bases);
+					json_object_set(g, "widths", widths);
+				}
+				r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
 
 				json_decref(g);
 				if (r < 0) {
@@ -668,6 +742,8 @@ void pull_pump(struct agent *a)
 				unsend(a, f, d, now);
 			}
 			json_decref(hashes);
+			json_decref(bases);
+			json_decref(widths);
 		}
 		/* progress for status --cluster */
 		if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
@@ -675,6 +751,160 @@ void pull_pump(struct agent *a)
 			f->last_report = now;
 		}
 	}
+}
+
+/*
+ * shard_arrived() - @w's shard @sh (one reference, kept by @w) is here and
+ * verified, from donor socket @peer: count it, answer the requests that
+ * waited for it, and build the version if it was the last.
+ */
+static void shard_arrived(struct agent *a, struct fetch *f, struct want *w, struct shard *sh,
+			  const void *peer)
+{
+	w->sh = sh;
+	w->state = W_HELD;
+	donor_ok(a, peer);
+	f->bytes_held += w->size;
+	f->space_backoff = 0; /* it fits again: a later shortage starts the back-off afresh */
+	serve_arrived(a, sh);
+	if (fetch_complete(f))
+		materialize(a, f);
+}
+
+/*
+ * rebuild() - the whole delta of @w is here (w->enc): rebuild the shard
+ * from the base this node holds into the scratch buffer, check its hash,
+ * then stage and intern it.  The delta is kept to be sent on as it is.  A
+ * base that went meanwhile (hwfs rm) makes it ask for the whole shard; a
+ * delta that does not decode or rebuilds other bytes (corrupt, made against
+ * another base) is reported as a bad donor and the whole shard is asked of
+ * the next donor.  Nothing is staged before the hash matched.
+ */
+static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char *from,
+		    const void *peer)
+{
+	struct shard *bsh = store_get(a->st, &w->base), *sh;
+	unsigned width = w->width;
+	hwfs_hash_t got;
+	uint64_t t0, roff;
+	char err[160] = "";
+	int r;
+
+	if (!bsh) { /* its base went while the delta travelled */
+		LOG_INFO("agent: the base of a shard of %s is gone here; asking for it whole", f->name);
+		drop_partial(a, w);
+		w->whole = 1;
+		w->state = W_QUEUED;
+		return;
+	}
+	if (a->scratch_len < w->size) {
+		uint8_t *p = realloc(a->scratch, w->size);
+
+		if (!p) {
+			store_unref(a->st, bsh);
+			fetch_wait_space(a, f);
+			return;
+		}
+		a->scratch = p;
+		a->scratch_len = w->size;
+	}
+	t0 = delta_cpu_ns();
+	r = delta_decode(a->dcx, store_shard_data(a->st, bsh), w->size, w->enc, w->enc_total,
+			 a->scratch, err, sizeof(err));
+	__atomic_add_fetch(&a->ds.decode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
+	store_unref(a->st, bsh);
+	if (r == 0) {
+		__atomic_add_fetch(&a->ds.decoded, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&a->ds.decode_bytes, w->size, __ATOMIC_RELAXED);
+		hwfs_hash_buf(a->scratch, w->size, &got);
+		if (hwfs_hash_cmp(&got, &w->hash))
+			snprintf(err, sizeof(err), "the rebuilt shard does not match its hash");
+		delta_peek(w->enc, w->enc_total, NULL, &width, NULL, 0);
+	}
+	if (*err) {
+		LOG_ERR("agent: bad delta from %s for %s (%s); asking for the whole shard", from,
+			f->name, err);
+		__atomic_add_fetch(&a->ds.failed, 1, __ATOMIC_RELAXED);
+		report_progress(a, f, f->donor_names[w->donor]);
+		donor_failed(a, f, w->donor, "sent a delta that does not rebuild its shard");
+		w->whole = 1;
+		next_donor(a, f, w);
+		return;
+	}
+	if (store_stage_alloc(a->st, w->size, 1, &roff) < 0) {
+		fetch_wait_space(a, f);
+		return;
+	}
+	r = store_stage_write(a->st, roff, a->scratch, w->size);
+	if (r < 0) {
+		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
+		store_stage_free(a->st, roff, w->size);
+		fetch_wait_space(a, f);
+		return;
+	}
+	sh = store_intern_staged(a->st, &w->hash, roff, w->size);
+	if (!sh) {
+		fetch_fail(a, f, "out of memory");
+		return;
+	}
+	__atomic_add_fetch(&a->ds.received, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&a->rx, w->size, __ATOMIC_RELAXED);
+	serve_keep_delta(a, &w->base, &w->hash, width, w->enc, w->enc_total);
+	w->enc = NULL;
+	w->enc_total = 0;
+	w->got = 0;
+	w->from = NULL;
+	shard_arrived(a, f, w, sh, peer);
+}
+
+/*
+ * on_delta_piece() - a SHARD piece of a delta for @w.  Refused as malformed
+ * (the donor backs off, the next one is asked): a delta @w was not asked
+ * for as, or against another base, a total under the codec's header or
+ * larger than the shard itself (a delta is never worth more), bytes past the
+ * total, an empty piece.  Pieces come in order from one donor into a buffer
+ * of the declared total; the last one rebuilds the shard.
+ */
+static void on_delta_piece(struct agent *a, struct fetch *f, struct want *w, struct proto_msg *m,
+			   const char *from, const void *peer)
+{
+	uint64_t pos = proto_int(m, "offset"), len = m->payload_len;
+	uint64_t total = json_object_get(m->h, "total") ? proto_int(m, "total") : len;
+	const char *why = NULL;
+	hwfs_hash_t base;
+
+	proto_hash(m, "base", &base);
+	if (!want_delta(w))
+		why = "a delta that was not asked for";
+	else if (hwfs_hash_cmp(&base, &w->base))
+		why = "a delta against another base";
+	else if (total < DELTA_HDR || total > w->size)
+		why = "a delta of an impossible length";
+	else if (pos + len > total || len == 0)
+		why = "a delta piece outside its delta";
+	if (why) {
+		LOG_ERR("agent: malformed piece from %s for %s: %s; asking another donor", from,
+			f->name, why);
+		donor_failed(a, f, w->donor, "sent a malformed piece");
+		next_donor(a, f, w);
+		return;
+	}
+	if (pos == 0) { /* (re)start */
+		drop_partial(a, w);
+		w->enc = malloc(total);
+		if (!w->enc) {
+			fetch_wait_space(a, f);
+			return;
+		}
+		w->enc_total = total;
+		w->from = peer;
+	} else if (!w->enc || w->from != peer || pos != w->got || total != w->enc_total) {
+		return; /* a stray piece (an old donor's, or out of order): ignore */
+	}
+	memcpy(w->enc + pos, m->payload, len);
+	w->got += len;
+	if (w->got == w->enc_total)
+		rebuild(a, f, w, from, peer);
 }
 
 /*
@@ -701,6 +931,10 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 	if (!w || w->state != W_INFLIGHT)
 		return; /* late duplicate, or a shard we stopped asking for */
 	f->last_rx = now_s();
+	if (proto_str(m, "enc")) {
+		on_delta_piece(a, f, w, m, from, peer);
+		return;
+	}
 	if (total != w->size || pos + len > total || len == 0) {
 		LOG_ERR("agent: malformed piece from %s for %s; asking another donor", from, f->name);
 		donor_failed(a, f, w->donor, "sent a malformed piece");
@@ -756,14 +990,7 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 		fetch_fail(a, f, "out of memory");
 		return;
 	}
-	w->sh = sh;
-	w->state = W_HELD;
-	donor_ok(a, peer);
-	f->bytes_held += w->size;
-	f->space_backoff = 0; /* it fits again: a later shortage starts the back-off afresh */
-	serve_arrived(a, sh);
-	if (fetch_complete(f))
-		materialize(a, f);
+	shard_arrived(a, f, w, sh, peer);
 }
 
 void pull_on_missing(struct agent *a, struct proto_msg *m)

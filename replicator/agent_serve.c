@@ -6,8 +6,16 @@
  * shard this node is itself still pulling is deferred and answered when it
  * arrives, and the pieces already here are forwarded as they come
  * (cut-through), which makes a chain of nodes a pipeline of pieces.  Anything
- * else, or a deferred shard whose pull ended without it, gets MISSING.  Runs
- * on the agent thread only.
+ * else, or a deferred shard whose pull ended without it, gets MISSING.
+ *
+ * A GET may name, per shard, a base the puller holds (an earlier version of
+ * the same tensor) and its element width: when this node holds the base too,
+ * the shard goes as a delta against it (replicator/delta.h) if that is at
+ * most delta_max_pct of the shard, else whole.  Deltas are kept (up to
+ * delta_cache_bytes, least recently sent first out), so a delta is encoded
+ * once however many pullers ask for it, and a delta this node received is
+ * sent on as it came (serve_keep_delta()): down a chain only the first node
+ * encodes.  Runs on the agent thread only.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -30,13 +38,14 @@ static void sent_free(void *data, void *hint)
 }
 
 /*
- * Send bytes [@pos, @pos+@len) of a shard of @total bytes as one SHARD piece.
- * With @sh, zero copy (the piece holds a reference on the shard); else @data
- * is copied (a shard still arriving here, forwarded before it is complete).
+ * Send bytes [@pos, @pos+@len) of a shard of @total bytes as one SHARD piece,
+ * or with @base, of its delta against @base, @total bytes long.  With @sh,
+ * zero copy (the piece holds a reference on the shard); else @data is copied
+ * (a shard still arriving here, forwarded before it is complete, or a delta).
  */
 static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
-		      const hwfs_hash_t *hash, uint64_t pos, uint64_t len, uint64_t total,
-		      struct shard *sh, const void *data)
+		      const hwfs_hash_t *hash, const hwfs_hash_t *base, uint64_t pos, uint64_t len,
+		      uint64_t total, struct shard *sh, const void *data)
 {
 	json_t *f = json_pack("{s:I, s:o, s:I, s:I, s:I}", "req", (json_int_t)req, "hash",
 			      proto_hash_json(hash), "size", (json_int_t)len, "offset", (json_int_t)pos,
@@ -47,6 +56,10 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 	zmq_msg_t m;
 	int r = -ENOMEM;
 
+	if (f && base) {
+		json_object_set_new(f, "enc", json_string(PROTO_ENC_DELTA));
+		json_object_set_new(f, "base", proto_hash_json(base));
+	}
 	if (!f || proto_encode(P_SHARD, f, len, &hdr, &hlen) < 0)
 		goto out;
 	if (zmq_send(a->serve, ident, ident_len, ZMQ_SNDMORE) < 0 ||
@@ -73,7 +86,9 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 		r = -errno;
 		goto out;
 	}
-	__atomic_add_fetch(&a->tx, len, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&a->wire_tx, len, __ATOMIC_RELAXED);
+	if (!base)
+		__atomic_add_fetch(&a->tx, len, __ATOMIC_RELAXED);
 	r = 0;
 out:
 	free(hdr);
@@ -91,16 +106,158 @@ static void send_missing(struct agent *a, const void *ident, size_t ident_len, u
 	json_decref(mf);
 }
 
-/* Send shard @sh from byte @pos on, in pieces; drops the caller's reference. */
-static void send_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+/* Send shard @sh from byte @pos on, in pieces, whole. */
+static void send_whole(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 		       struct shard *sh, uint64_t pos)
 {
 	while (pos < sh->size) {
 		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, sh->size - pos);
 
-		if (send_piece(a, ident, ident_len, req, &sh->hash, pos, len, sh->size, sh, NULL) < 0)
+		if (send_piece(a, ident, ident_len, req, &sh->hash, NULL, pos, len, sh->size, sh,
+			       NULL) < 0)
 			break;
 		pos += len;
+	}
+}
+
+/* ------------------------------------------------------------ deltas kept */
+
+static size_t dcache_cost(const struct dcache *e)
+{
+	return sizeof(*e) + e->len;
+}
+
+/* The kept delta of @hash against @base shuffled by @width (or its "not worth it"), or NULL. */
+static struct dcache *dcache_find(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
+				  unsigned width)
+{
+	for (struct dcache *e = a->dcache; e; e = e->next)
+		if (e->width == width && !hwfs_hash_cmp(&e->hash, hash) &&
+		    !hwfs_hash_cmp(&e->base, base))
+			return e;
+	return NULL;
+}
+
+/*
+ * dcache_put() - keep @enc (@len bytes, malloc'd, owned from here; NULL with
+ * @len 0 for "not worth it") as the delta of @hash against @base, making
+ * room first: the least recently sent entries go until the new one fits in
+ * delta_cache_bytes (a single entry larger than that is still kept until
+ * the next one arrives, so the caller can send it).  Returns the entry, or
+ * NULL (out of memory: @enc is freed).
+ */
+static struct dcache *dcache_put(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
+				 unsigned width, uint8_t *enc, size_t len)
+{
+	struct dcache *e = dcache_find(a, base, hash, width);
+
+	if (e) { /* kept already (another puller's request got there first) */
+		free(enc);
+		e->used = ++a->dcache_clock;
+		return e;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e) {
+		free(enc);
+		return NULL;
+	}
+	*e = (struct dcache){*base, *hash, width, enc, len, ++a->dcache_clock, NULL};
+	while (a->dcache && a->dcache_bytes + dcache_cost(e) > hwfs_tun.delta_cache_bytes) {
+		struct dcache **old = &a->dcache, *victim;
+
+		for (struct dcache **pp = &a->dcache; *pp; pp = &(*pp)->next)
+			if ((*pp)->used < (*old)->used)
+				old = pp;
+		victim = *old;
+		*old = victim->next;
+		a->dcache_bytes -= dcache_cost(victim);
+		free(victim->enc);
+		free(victim);
+	}
+	e->next = a->dcache;
+	a->dcache = e;
+	a->dcache_bytes += dcache_cost(e);
+	return e;
+}
+
+void serve_keep_delta(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
+		      unsigned width, uint8_t *enc, size_t len)
+{
+	dcache_put(a, base, hash, width, enc, len);
+}
+
+/*
+ * delta_for() - the delta to send for @sh to a puller holding @base (width
+ * @width): the one kept, or encoded now and kept.  NULL: send it whole —
+ * deltas are off, there is no base, this node does not hold the base or it
+ * has another length, or the delta would be larger than delta_max_pct of
+ * the shard (remembered, so it is not encoded again).
+ */
+static struct dcache *delta_for(struct agent *a, struct shard *sh, const hwfs_hash_t *base,
+				unsigned width)
+{
+	uint64_t cap = sh->size * hwfs_tun.delta_max_pct / 100, t0;
+	struct dcache *e;
+	struct shard *bsh;
+	uint8_t *buf;
+	ssize_t n;
+
+	if (!hwfs_tun.delta || hwfs_hash_is_zero(base) || !hwfs_hash_cmp(base, &sh->hash))
+		return NULL;
+	e = dcache_find(a, base, &sh->hash, width);
+	if (e) {
+		e->used = ++a->dcache_clock;
+		return e->enc ? e : NULL;
+	}
+	bsh = store_get(a->st, base);
+	if (!bsh)
+		return NULL;
+	if (bsh->size != sh->size || cap <= DELTA_HDR || !(buf = malloc(cap))) {
+		store_unref(a->st, bsh);
+		return NULL;
+	}
+	t0 = delta_cpu_ns();
+	n = delta_encode(a->dcx, store_shard_data(a->st, bsh), store_shard_data(a->st, sh), sh->size,
+			 width, buf, cap);
+	__atomic_add_fetch(&a->ds.encode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&a->ds.encoded, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&a->ds.encode_bytes, sh->size, __ATOMIC_RELAXED);
+	store_unref(a->st, bsh);
+	if (n < 0) {
+		free(buf);
+		if (n == -E2BIG) /* not worth it: remember, do not encode it again */
+			dcache_put(a, base, &sh->hash, width, NULL, 0);
+		return NULL;
+	}
+	e = dcache_put(a, base, &sh->hash, width, realloc(buf, (size_t)n) ?: buf, (size_t)n);
+	return e && e->enc ? e : NULL;
+}
+
+/*
+ * serve_shard() - answer a request for @sh: as a delta against @base (width
+ * @width) when delta_for() has one, else whole from byte @pos on.  Drops
+ * the caller's reference on @sh.
+ */
+static void serve_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+			struct shard *sh, const hwfs_hash_t *base, unsigned width, uint64_t pos)
+{
+	struct dcache *e = pos == 0 ? delta_for(a, sh, base, width) : NULL;
+
+	if (e) {
+		for (uint64_t off = 0; off < e->len;) {
+			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, e->len - off);
+
+			if (send_piece(a, ident, ident_len, req, &sh->hash, base, off, len, e->len,
+				       NULL, e->enc + off) < 0)
+				break;
+			off += len;
+		}
+		__atomic_add_fetch(&a->ds.sent, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&a->tx, sh->size, __ATOMIC_RELAXED);
+	} else {
+		if (!hwfs_hash_is_zero(base) && hwfs_tun.delta)
+			__atomic_add_fetch(&a->ds.whole, 1, __ATOMIC_RELAXED);
+		send_whole(a, ident, ident_len, req, sh, pos);
 	}
 	store_unref(a->st, sh);
 }
@@ -121,7 +278,7 @@ void serve_flush_deferred(struct agent *a)
 		}
 		sh = store_get(a->st, &d->hash);
 		if (sh) {
-			send_shard(a, d->ident, d->ident_len, d->req, sh, 0);
+			serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width, 0);
 		} else {
 			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
 		}
@@ -141,7 +298,7 @@ void serve_arrived(struct agent *a, struct shard *sh)
 			continue;
 		}
 		store_ref(a->st, sh);
-		send_shard(a, d->ident, d->ident_len, d->req, sh, d->sent);
+		serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width, d->sent);
 		*pp = d->next;
 		free(d);
 	}
@@ -151,20 +308,20 @@ void serve_arrived(struct agent *a, struct shard *sh)
  * Cut-through: a piece of @w just arrived; pass what waiting pullers have not
  * had yet straight on, before the whole shard is here and verified (they
  * verify it themselves).  This makes a chain a pipeline of pieces, not of
- * shards.
+ * shards.  Pullers that named a base wait for the shard and get a delta.
  */
 void serve_forward(struct agent *a, struct want *w)
 {
-	const uint8_t *base = store_stage_data(a->st, w->roff);
+	const uint8_t *staged = store_stage_data(a->st, w->roff);
 
 	for (struct deferred *d = a->deferred; d; d = d->next) {
-		if (hwfs_hash_cmp(&d->hash, &w->hash))
-			continue;
+		if (hwfs_hash_cmp(&d->hash, &w->hash) || !hwfs_hash_is_zero(&d->base))
+			continue; /* (a puller with a base waits for the whole shard: a delta) */
 		while (d->sent < w->got) {
 			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, w->got - d->sent);
 
-			if (send_piece(a, d->ident, d->ident_len, d->req, &w->hash, d->sent, len,
-				       w->size, NULL, base + d->sent) < 0)
+			if (send_piece(a, d->ident, d->ident_len, d->req, &w->hash, NULL, d->sent,
+				       len, w->size, NULL, staged + d->sent) < 0)
 				break;
 			d->sent += len;
 		}
@@ -187,6 +344,22 @@ void serve_abort_forwarded(struct agent *a, const hwfs_hash_t *h)
 	}
 }
 
+/*
+ * get_base() - entry @i of a GET's optional "bases" and "widths" (the codec
+ * checked that each has one entry per hash): into *@base (zero: none) and
+ * *@width (1 when absent).
+ */
+static void get_base(struct proto_msg *m, size_t i, hwfs_hash_t *base, unsigned *width)
+{
+	const char *hex = json_string_value(json_array_get(json_object_get(m->h, "bases"), i));
+	json_t *w = json_array_get(json_object_get(m->h, "widths"), i);
+
+	memset(base, 0, sizeof(*base));
+	if (hex)
+		hwfs_hash_parse(hex, base);
+	*width = w ? (unsigned)json_integer_value(w) : 1;
+}
+
 /* A GET on the serving socket. */
 void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct proto_msg *m)
 {
@@ -196,15 +369,17 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 
 	__atomic_add_fetch(&a->req_rx, json_array_size(hashes), __ATOMIC_RELAXED);
 	json_array_foreach(hashes, i, hj) {
-		hwfs_hash_t h;
+		hwfs_hash_t h, base;
+		unsigned width;
 		struct shard *sh;
 		struct want *w;
 
 		if (hwfs_hash_parse(json_string_value(hj), &h) < 0)
 			continue;
+		get_base(m, i, &base, &width);
 		sh = store_get(a->st, &h);
 		if (sh) {
-			send_shard(a, ident, ident_len, req, sh, 0);
+			serve_shard(a, ident, ident_len, req, sh, &base, width, 0);
 			continue;
 		}
 		w = pull_find_want(a, &h, NULL);
@@ -216,6 +391,8 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 				d->ident_len = ident_len;
 				d->req = req;
 				d->hash = h;
+				d->base = base;
+				d->width = width;
 				d->next = a->deferred;
 				a->deferred = d;
 				if (w->xs && w->got) /* arriving: pass on what is here */
@@ -236,4 +413,12 @@ void serve_free(struct agent *a)
 		a->deferred = d->next;
 		free(d);
 	}
+	while (a->dcache) {
+		struct dcache *e = a->dcache;
+
+		a->dcache = e->next;
+		free(e->enc);
+		free(e);
+	}
+	a->dcache_bytes = 0;
 }

@@ -328,13 +328,58 @@ static int cmp_join(const void *x, const void *y)
  * @stripe: every donor is complete, so the receiver spreads its requests over
  * all of them (late join); otherwise it asks the first and falls back in order.
  */
+/* Does every node of @donors (PLAN donor entries) hold @b complete? */
+static int donors_have(struct coord *c, json_t *donors, const struct cversion *b, size_t upto)
+{
+	size_t i;
+	json_t *d;
+
+	json_array_foreach(donors, i, d) {
+		struct cnode *n = node_find(c, json_string_value(json_object_get(d, "node")));
+
+		if (i >= upto)
+			break;
+		if (!n || !node_has(n, b))
+			return 0;
+	}
+	return 1;
+}
+
+/*
+ * pick_base() - the version @to should take deltas against when it pulls @v
+ * from @donors (docs/delta.md): the newest version, in the order the cluster
+ * first heard of them, other than @v, that @to holds complete and every
+ * donor holds too; failing that, the newest that @to and its first donor
+ * hold.  Only the have-table decides, so every planner run picks the same
+ * base for the same holdings.  NULL: none (whole shards), or deltas off.
+ */
+static const char *pick_base(struct coord *c, struct cversion *v, struct cnode *to,
+			     json_t *donors)
+{
+	size_t nd = json_array_size(donors);
+
+	if (!hwfs_tun.delta || nd == 0)
+		return NULL;
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t k = c->n_vers; k-- > 0;) {
+			struct cversion *b = &c->vers[k];
+
+			if (b != v && node_has(to, b) && donors_have(c, donors, b, pass ? 1 : nd))
+				return b->name;
+		}
+	return NULL;
+}
+
 static void send_plan(struct coord *c, struct cnode *to, struct cversion *v, json_t *donors,
 		      int stripe)
 {
-	send_to(c, to->name, P_PLAN,
-		json_pack("{s:s, s:s, s:o, s:b}", "version", v->name, "digest", v->digest,
-			  "donors", donors, "stripe", stripe),
-		v->manifest, v->mlen);
+	const char *base = pick_base(c, v, to, donors);
+	json_t *f = json_pack("{s:s, s:s, s:o, s:b}", "version", v->name, "digest", v->digest,
+			      "donors", donors, "stripe", stripe);
+
+	if (f && base)
+		json_object_set_new(f, "base", json_string(base));
+	send_to(c, to->name, P_PLAN, f, v->manifest, v->mlen);
 }
 
 /*

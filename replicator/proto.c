@@ -37,6 +37,7 @@ enum fkind {
 	F_OBJ,      /* any object (contents not checked) */
 	F_STRS,     /* array of F_STR, <= PROTO_MAX_ARRAY */
 	F_HASHES,   /* array of F_HEX, 1..PROTO_MAX_GET */
+	F_WIDTHS,   /* array of F_INT, 1..PROTO_MAX_GET */
 	F_VERSIONS, /* array of {name:str, digest:hex, complete:bool}, <= PROTO_MAX_ARRAY */
 	F_DONORS,   /* array of {node:str, addr:str}, <= PROTO_MAX_ARRAY */
 };
@@ -90,7 +91,8 @@ static const struct schema schemas[] = {
 		       {{"coordinator", F_STR, 0}, {"committed", F_STR_NULL, 0}, {"epoch", F_INT, 1}}},
 	[P_PLAN] = {"PLAN",
 		    1,
-		    {{"version", F_STR, 0}, {"digest", F_HEX, 0}, {"donors", F_DONORS, 0}}},
+		    {{"version", F_STR, 0}, {"digest", F_HEX, 0}, {"donors", F_DONORS, 0},
+		     {"base", F_STR, 1}}},
 	[P_PREPARE] = {"PREPARE",
 		       0,
 		       {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"digest", F_HEX, 0}}},
@@ -111,10 +113,16 @@ static const struct schema schemas[] = {
 	[P_STATUS_RES] = {"STATUS_RES", 0, {{"req", F_INT, 0}, {"cluster", F_OBJ, 0}}},
 	[P_PONG] = {"PONG", 0, {{"committed", F_STR, 1}, {"epoch", F_INT, 1}}},
 	/* node <-> node */
-	[P_GET] = {"GET", 0, {{"req", F_INT, 0}, {"hashes", F_HASHES, 0}}},
-	/* a piece [offset, offset+size) of a shard of `total` bytes (defaults: 0, size) */
+	/* bases[i], widths[i]: a base the puller holds for hashes[i] (zero: none), its element width */
+	[P_GET] = {"GET", 0, {{"req", F_INT, 0}, {"hashes", F_HASHES, 0}, {"bases", F_HASHES, 1},
+			      {"widths", F_WIDTHS, 1}}},
+	/*
+	 * a piece [offset, offset+size) of `total` bytes (defaults: 0, size): of
+	 * the shard, or with "enc" of its delta against shard "base"
+	 */
 	[P_SHARD] = {"SHARD", 1, {{"req", F_INT, 0}, {"hash", F_HEX, 0}, {"size", F_INT, 0},
-				  {"offset", F_INT, 1}, {"total", F_INT, 1}}},
+				  {"offset", F_INT, 1}, {"total", F_INT, 1}, {"enc", F_STR, 1},
+				  {"base", F_HEX, 1}}},
 	[P_MISSING] = {"MISSING", 0, {{"req", F_INT, 0}, {"hash", F_HEX, 0}}},
 };
 
@@ -245,6 +253,7 @@ static int check_value(struct ectx *e, const char *tname, const char *path, cons
 		return 0;
 	case F_STRS:
 	case F_HASHES:
+	case F_WIDTHS:
 	case F_VERSIONS:
 	case F_DONORS:
 		break;
@@ -254,10 +263,10 @@ static int check_value(struct ectx *e, const char *tname, const char *path, cons
 	if (!json_is_array(v))
 		return fail(e, "%s: \"%s\" is not an array", tname, path);
 	n = json_array_size(v);
-	max = k == F_HASHES ? PROTO_MAX_GET : PROTO_MAX_ARRAY;
+	max = k == F_HASHES || k == F_WIDTHS ? PROTO_MAX_GET : PROTO_MAX_ARRAY;
 	if (n > max)
 		return fail(e, "%s: \"%s\" has %zu entries (limit %zu)", tname, path, n, max);
-	if (k == F_HASHES && n == 0)
+	if ((k == F_HASHES || k == F_WIDTHS) && n == 0)
 		return fail(e, "%s: \"%s\" is empty", tname, path);
 	for (size_t i = 0; i < n; i++) {
 		const json_t *x = json_array_get(v, i);
@@ -270,6 +279,9 @@ static int check_value(struct ectx *e, const char *tname, const char *path, cons
 			break;
 		case F_HASHES:
 			r = check_value(e, tname, sub, x, F_HEX);
+			break;
+		case F_WIDTHS:
+			r = check_value(e, tname, sub, x, F_INT);
 			break;
 		case F_VERSIONS:
 			r = check_fields(e, tname, sub, x, version_entry);
@@ -308,6 +320,58 @@ static int check_fields(struct ectx *e, const char *tname, const char *where, co
 		r = check_value(e, tname, path, v, f->kind);
 		if (r)
 			return r;
+	}
+	return 0;
+}
+
+/* Is optional field @key of @h there (present and not null)? */
+static int present(const json_t *h, const char *key)
+{
+	const json_t *v = json_object_get(h, key);
+
+	return v && !json_is_null(v);
+}
+
+/*
+ * check_relations() - the rules that tie fields of one message together,
+ * after each field passed on its own: a GET's "bases" and "widths" have one
+ * entry per hash, each width is 1, 2, 4 or 8; a SHARD with "enc" names the
+ * only encoding there is (PROTO_ENC_DELTA) and its "base", and a "base"
+ * comes only with "enc".
+ */
+static int check_relations(struct ectx *e, enum proto_type t, const json_t *h)
+{
+	if (t == P_GET) {
+		size_t n = json_array_size(json_object_get(h, "hashes"));
+		const json_t *w = json_object_get(h, "widths"), *x;
+		size_t i;
+
+		if (present(h, "bases") && json_array_size(json_object_get(h, "bases")) != n)
+			return fail(e, "GET: \"bases\" has %zu entries, \"hashes\" %zu",
+				    json_array_size(json_object_get(h, "bases")), n);
+		if (!present(h, "widths"))
+			return 0;
+		if (json_array_size(w) != n)
+			return fail(e, "GET: \"widths\" has %zu entries, \"hashes\" %zu",
+				    json_array_size(w), n);
+		json_array_foreach(w, i, x) {
+			json_int_t v = json_integer_value(x);
+
+			if (v != 1 && v != 2 && v != 4 && v != 8)
+				return fail(e, "GET: \"widths[%zu]\" is %lld, not 1, 2, 4 or 8", i,
+					    (long long)v);
+		}
+	}
+	if (t == P_SHARD) {
+		const char *enc = json_string_value(json_object_get(h, "enc"));
+
+		if (enc && strcmp(enc, PROTO_ENC_DELTA))
+			return fail(e, "SHARD: unknown encoding \"enc\" (only \"%s\")",
+				    PROTO_ENC_DELTA);
+		if (enc && !present(h, "base"))
+			return fail(e, "SHARD: \"enc\" without \"base\"");
+		if (!enc && present(h, "base"))
+			return fail(e, "SHARD: \"base\" without \"enc\"");
 	}
 	return 0;
 }
@@ -373,6 +437,8 @@ static int parse_header(struct ectx *e, const void *buf, size_t len, json_t **ou
 		goto out;
 	}
 	r = check_fields(e, schemas[type].name, "", h, schemas[type].f);
+	if (!r)
+		r = check_relations(e, type, h);
 	if (r)
 		goto out;
 	*out = h;

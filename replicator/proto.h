@@ -1,10 +1,10 @@
 /*
- * proto.h — the replicator's wire codec (protocol version 1).
+ * proto.h — the replicator's wire codec (protocol version 2).
  *
  * Every message between a node agent, the coordinator and other nodes is a
  * ZeroMQ multipart message of one or two frames (a ROUTER's routing-identity
  * frame comes before them and is the caller's business):
- *   frame 0  header: a UTF-8 JSON object {"v":1,"t":"TYPE", ...fields},
+ *   frame 0  header: a UTF-8 JSON object {"v":2,"t":"TYPE", ...fields},
  *            at most PROTO_MAX_HEADER bytes, no duplicate keys;
  *   frame 1  payload, only for ANNOUNCE, PLAN (a manifest) and SHARD (the
  *            shard's bytes), at most PROTO_MAX_PAYLOAD bytes.
@@ -26,7 +26,9 @@
 
 #include "hwfs_common.h"
 
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2
+/* SHARD "enc" of a delta against "base" (replicator/delta.h) */
+#define PROTO_ENC_DELTA "xor-zstd"
 #define PROTO_MAX_HEADER (1u << 20)
 #define PROTO_MAX_PAYLOAD (1ull << 30)
 #define PROTO_MAX_GET 1024
@@ -97,7 +99,7 @@ int proto_decode_frames(const void *const *frames, const size_t *lens, size_t nf
 void proto_msg_clear(struct proto_msg *m);
 
 /**
- * proto_encode() - build the header {"v":1,"t":name} merged with @fields (not
+ * proto_encode() - build the header {"v":2,"t":name} merged with @fields (not
  * stolen; may be NULL; it may hold "v"/"t" only with those same values, so a
  * decoded header can be sent on) and validate it with the decoder's rules,
  * together with a payload of @payload_len bytes: a type that takes a payload

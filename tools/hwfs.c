@@ -351,10 +351,15 @@ static int cmd_status(int argc, char **argv)
 		if (json_object_get(res, "node")) {
 			json_t *rep = json_object_get(res, "replication");
 
-			printf("node:    %s, coordinator %s; received %s, sent %s\n",
+			char wa[32], wb[32];
+
+			printf("node:    %s, coordinator %s; received %s (%s on the wire), sent %s "
+			       "(%s on the wire)\n",
 			       jstr(res, "node"), jstr(res, "coordinator"),
 			       hwfs_fmt_size((uint64_t)jint(rep, "bytes_received"), a, sizeof(a)),
-			       hwfs_fmt_size((uint64_t)jint(rep, "bytes_sent"), b, sizeof(b)));
+			       hwfs_fmt_size((uint64_t)jint(rep, "wire_bytes_received"), wa, sizeof(wa)),
+			       hwfs_fmt_size((uint64_t)jint(rep, "bytes_sent"), b, sizeof(b)),
+			       hwfs_fmt_size((uint64_t)jint(rep, "wire_bytes_sent"), wb, sizeof(wb)));
 			json_array_foreach(json_object_get(rep, "pulls"), k, v)
 				printf("pulling: %s, %s of %s%s%s\n", jstr(v, "version"),
 				       hwfs_fmt_size((uint64_t)jint(v, "bytes_held"), a, sizeof(a)),

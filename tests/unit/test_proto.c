@@ -255,7 +255,7 @@ static void test_roundtrip_every_type(void **state)
 
 		assert_int_equal(proto_encode(t, f, plen, &hdr, &hlen), 0);
 		assert_int_equal(strlen(hdr), hlen);
-		assert_int_equal(strncmp(hdr, "{\"v\":1,\"t\":\"", 12), 0);
+		assert_int_equal(strncmp(hdr, "{\"v\":2,\"t\":\"", 12), 0);
 		fr[0] = hdr;
 		fl[0] = hlen;
 		fr[1] = pl;
@@ -294,14 +294,14 @@ static void test_encode_null_fields(void **state)
 	size_t len;
 
 	assert_int_equal(proto_encode(P_PING, NULL, 0, &hdr, &len), 0);
-	assert_string_equal(hdr, "{\"v\":1,\"t\":\"PING\"}");
+	assert_string_equal(hdr, "{\"v\":2,\"t\":\"PING\"}");
 	assert_int_equal(len, strlen(hdr));
 	assert_int_equal(dec(hdr, NULL, 0, 0, &m, err, sizeof(err)), 0);
 	assert_int_equal(m.type, P_PING);
 	proto_msg_clear(&m);
 	free(hdr);
 	assert_int_equal(proto_encode(P_PONG, NULL, 0, &hdr, &len), 0);
-	assert_string_equal(hdr, "{\"v\":1,\"t\":\"PONG\"}");
+	assert_string_equal(hdr, "{\"v\":2,\"t\":\"PONG\"}");
 	free(hdr);
 	/* NULL fields for a type with required fields is an invalid message. */
 	assert_enc_invalid(P_HELLO, NULL, 0);
@@ -322,7 +322,7 @@ static void test_encode_rules(void **state)
 	json_decref(g);
 	/* "v"/"t" may repeat the right values (re-sending a decoded header) ... */
 	g = json_deep_copy(f);
-	json_object_set_new(g, "v", json_integer(1));
+	json_object_set_new(g, "v", json_integer(PROTO_VERSION));
 	json_object_set_new(g, "t", json_string("COMMIT"));
 	assert_int_equal(proto_encode(P_COMMIT, g, 0, &hdr, &len), 0);
 	free(hdr);
@@ -330,7 +330,7 @@ static void test_encode_rules(void **state)
 	json_object_set_new(g, "t", json_string("ABORT"));
 	assert_enc_invalid(P_COMMIT, g, 0);
 	json_object_set_new(g, "t", json_string("COMMIT"));
-	json_object_set_new(g, "v", json_integer(2));
+	json_object_set_new(g, "v", json_integer(PROTO_VERSION + 1));
 	assert_enc_invalid(P_COMMIT, g, 0);
 	json_object_set_new(g, "v", json_string("1"));
 	assert_enc_invalid(P_COMMIT, g, 0);
@@ -416,6 +416,59 @@ static void test_optional_and_nullable(void **state)
 }
 
 /* The optional fields added for commit results, commit catch-up and waiting pulls. */
+/*
+ * Version 2's delta fields: GET bases/widths (one per hash, widths 1/2/4/8),
+ * SHARD enc (only "xor-zstd", with its base), PLAN base.
+ */
+static void test_delta_fields(void **state)
+{
+	char err[256];
+	json_t *f;
+
+	/* valid */
+	f = json_pack("{s:i, s:[s,s], s:[s,s], s:[i,i]}", "req", 1, "hashes", HA, HB, "bases", HB,
+		      "00000000000000000000000000000000", "widths", 2, 8);
+	assert_int_equal(dec_fields(P_GET, f, err, sizeof(err)), 0);
+	/* one base too few, one width too many, a width of 3, a bad base */
+	json_object_set_new(f, "bases", json_pack("[s]", HB));
+	assert_bad(dec_fields(P_GET, f, err, sizeof(err)), err);
+	assert_non_null(strstr(err, "\"bases\" has 1 entries, \"hashes\" 2"));
+	json_object_set_new(f, "bases", json_null());
+	json_object_set_new(f, "widths", json_pack("[i,i,i]", 1, 1, 1));
+	assert_bad(dec_fields(P_GET, f, err, sizeof(err)), err);
+	json_object_set_new(f, "widths", json_pack("[i,i]", 1, 3));
+	assert_bad(dec_fields(P_GET, f, err, sizeof(err)), err);
+	assert_non_null(strstr(err, "widths[1]"));
+	json_object_set_new(f, "widths", json_pack("[s,i]", "2", 1));
+	assert_bad(dec_fields(P_GET, f, err, sizeof(err)), err);
+	json_object_set_new(f, "widths", json_null());
+	json_object_set_new(f, "bases", json_pack("[s,s]", HA, "XYZ"));
+	assert_bad(dec_fields(P_GET, f, err, sizeof(err)), err);
+	json_decref(f);
+
+	/* SHARD: a delta piece, and what is refused */
+	f = json_pack("{s:i, s:s, s:I, s:s, s:s}", "req", 1, "hash", HA, "size",
+		      (json_int_t)strlen(SHARD_BYTES), "enc", PROTO_ENC_DELTA, "base", HB);
+	assert_int_equal(dec_fields(P_SHARD, f, err, sizeof(err)), 0);
+	json_object_set_new(f, "enc", json_string("gzip"));
+	assert_bad(dec_fields(P_SHARD, f, err, sizeof(err)), err);
+	assert_non_null(strstr(err, "unknown encoding"));
+	json_object_del(f, "enc");
+	assert_bad(dec_fields(P_SHARD, f, err, sizeof(err)), err);
+	assert_non_null(strstr(err, "\"base\" without \"enc\""));
+	json_object_set_new(f, "enc", json_string(PROTO_ENC_DELTA));
+	json_object_del(f, "base");
+	assert_bad(dec_fields(P_SHARD, f, err, sizeof(err)), err);
+	json_decref(f);
+
+	/* PLAN: base is a version name */
+	f = json_pack("{s:s, s:s, s:[], s:s}", "version", "v2", "digest", HA, "donors", "base", "v1");
+	assert_int_equal(dec_fields(P_PLAN, f, err, sizeof(err)), 0);
+	json_object_set_new(f, "base", json_integer(1));
+	assert_bad(dec_fields(P_PLAN, f, err, sizeof(err)), err);
+	json_decref(f);
+}
+
 static void test_optional_result_fields(void **state)
 {
 	char err[256];
@@ -641,7 +694,7 @@ static void test_ints(void **state)
 		struct proto_msg m = {0};
 		int r;
 
-		snprintf(hdr, sizeof(hdr), "{\"v\":1,\"t\":\"STATUS_REQ\",\"req\":%s}",
+		snprintf(hdr, sizeof(hdr), "{\"v\":2,\"t\":\"STATUS_REQ\",\"req\":%s}",
 			 cases[i].text);
 		r = dec(hdr, NULL, 0, 0, &m, err, sizeof(err));
 		if (cases[i].ok) {
@@ -689,9 +742,9 @@ static void test_strings(void **state)
 	/* NUL escapes and invalid UTF-8 never get through the parser. */
 	{
 		struct proto_msg m;
-		static const char nul[] = "{\"v\":1,\"t\":\"COMMIT\",\"txid\":1,\"version\":\"a\\u0000b\"}";
-		static const char bad_utf8[] = "{\"v\":1,\"t\":\"COMMIT\",\"txid\":1,\"version\":\"\xff\xfe\"}";
-		static const char utf8[] = "{\"v\":1,\"t\":\"COMMIT\",\"txid\":1,\"version\":\"v\xc3\xa9\"}";
+		static const char nul[] = "{\"v\":2,\"t\":\"COMMIT\",\"txid\":1,\"version\":\"a\\u0000b\"}";
+		static const char bad_utf8[] = "{\"v\":2,\"t\":\"COMMIT\",\"txid\":1,\"version\":\"\xff\xfe\"}";
+		static const char utf8[] = "{\"v\":2,\"t\":\"COMMIT\",\"txid\":1,\"version\":\"v\xc3\xa9\"}";
 
 		assert_bad(dec(nul, NULL, 0, 0, &m, err, sizeof(err)), err);
 		assert_bad(dec(bad_utf8, NULL, 0, 0, &m, err, sizeof(err)), err);
@@ -740,7 +793,7 @@ static void test_array_limit(void **state)
 static void test_header_size_limit(void **state)
 {
 	/* {"v":1,"t":"PING","pad":"xxx..."}: unknown fields are not checked, the size is. */
-	static const char pre[] = "{\"v\":1,\"t\":\"PING\",\"pad\":\"";
+	static const char pre[] = "{\"v\":2,\"t\":\"PING\",\"pad\":\"";
 	const size_t n = PROTO_MAX_HEADER, plen = sizeof(pre) - 1;
 	char *h = calloc(1, n + 3), err[256];
 	struct proto_msg m;
@@ -778,8 +831,8 @@ static void test_bad_headers(void **state)
 		"{",
 		"{}x",
 		"\x01",                                    /* jansson quotes these bytes ... */
-		"{\"v\":1,\"t\":\"PING\",\"\x1b[31m\":1}",
-		"{\"v\":1,\"t\":\"PING\",\"a\":\"\n\"}",
+		"{\"v\":2,\"t\":\"PING\",\"\x1b[31m\":1}",
+		"{\"v\":2,\"t\":\"PING\",\"a\":\"\n\"}",
 		"\xff\xfe",                                 /* ... and these */
 		"[]",
 		"\"PING\"",
@@ -787,21 +840,21 @@ static void test_bad_headers(void **state)
 		"null",
 		"{}",
 		"{\"t\":\"PING\"}",                         /* no v */
-		"{\"v\":2,\"t\":\"PING\"}",                 /* other version */
+		"{\"v\":1,\"t\":\"PING\"}",                 /* version 1: before deltas */
 		"{\"v\":0,\"t\":\"PING\"}",
-		"{\"v\":\"1\",\"t\":\"PING\"}",
-		"{\"v\":1.0,\"t\":\"PING\"}",
-		"{\"v\":1}",                                /* no t */
-		"{\"v\":1,\"t\":5}",
-		"{\"v\":1,\"t\":\"NOPE\"}",                 /* unknown type */
-		"{\"v\":1,\"t\":\"ping\"}",
-		"{\"v\":1,\"t\":\"\"}",
-		"{\"v\":1,\"t\":\"PING\\u0000\"}",
-		"{\"v\":1,\"t\":\"PING\",\"v\":1}",         /* duplicate keys */
-		"{\"v\":1,\"t\":\"PING\",\"t\":\"PING\"}",
-		"{\"v\":1,\"t\":\"PING\",\"x\":{\"a\":1,\"a\":2}}",
-		"{\"v\":1,\"t\":\"STATUS_REQ\",\"req\":1,\"req\":2}",
-		"{\"v\":1,\"t\":\"HELLO\",\"node\":\"n\",\"listen\":\"l\",\"current\":null,"
+		"{\"v\":\"2\",\"t\":\"PING\"}",
+		"{\"v\":2.0,\"t\":\"PING\"}",
+		"{\"v\":2}",                                /* no t */
+		"{\"v\":2,\"t\":5}",
+		"{\"v\":2,\"t\":\"NOPE\"}",                 /* unknown type */
+		"{\"v\":2,\"t\":\"ping\"}",
+		"{\"v\":2,\"t\":\"\"}",
+		"{\"v\":2,\"t\":\"PING\\u0000\"}",
+		"{\"v\":2,\"t\":\"PING\",\"v\":2}",         /* duplicate keys */
+		"{\"v\":2,\"t\":\"PING\",\"t\":\"PING\"}",
+		"{\"v\":2,\"t\":\"PING\",\"x\":{\"a\":1,\"a\":2}}",
+		"{\"v\":2,\"t\":\"STATUS_REQ\",\"req\":1,\"req\":2}",
+		"{\"v\":2,\"t\":\"HELLO\",\"node\":\"n\",\"listen\":\"l\",\"current\":null,"
 		"\"versions\":[{\"name\":\"a\",\"name\":\"b\",\"digest\":\"" HA "\",\"complete\":true}]}",
 	};
 	char err[256];
@@ -816,12 +869,12 @@ static void test_bad_headers(void **state)
 	{
 		struct proto_msg m;
 
-		assert_bad(dec("{\"v\":2,\"t\":\"PING\"}", NULL, 0, 0, &m, err, sizeof(err)), err);
-		assert_non_null(strstr(err, "version 2"));
-		assert_bad(dec("{\"v\":1,\"t\":\"NOPE\"}", NULL, 0, 0, &m, err, sizeof(err)), err);
+		assert_bad(dec("{\"v\":1,\"t\":\"PING\"}", NULL, 0, 0, &m, err, sizeof(err)), err);
+		assert_non_null(strstr(err, "protocol version 1 not supported (this side speaks 2)"));
+		assert_bad(dec("{\"v\":2,\"t\":\"NOPE\"}", NULL, 0, 0, &m, err, sizeof(err)), err);
 		assert_non_null(strstr(err, "unknown message type \"NOPE\""));
 		/* A hostile type name is not quoted back. */
-		assert_bad(dec("{\"v\":1,\"t\":\"a\\nb\"}", NULL, 0, 0, &m, err, sizeof(err)), err);
+		assert_bad(dec("{\"v\":2,\"t\":\"a\\nb\"}", NULL, 0, 0, &m, err, sizeof(err)), err);
 		assert_string_equal(err, "unknown message type");
 		/* A small err buffer truncates; no err buffer at all is fine. */
 		assert_int_equal(dec("[]", NULL, 0, 0, &m, err, 4), -EBADMSG);
@@ -830,7 +883,7 @@ static void test_bad_headers(void **state)
 	}
 	/* A header with NUL bytes inside the frame. */
 	{
-		static const char h[] = "{\"v\":1,\"t\":\"PING\"}\0garbage";
+		static const char h[] = "{\"v\":2,\"t\":\"PING\"}\0garbage";
 		const void *fr[1] = {h};
 		size_t fl[1] = {sizeof(h) - 1};
 		struct proto_msg m;
@@ -843,7 +896,7 @@ static void test_bad_headers(void **state)
 
 static void test_frames(void **state)
 {
-	static const char ping[] = "{\"v\":1,\"t\":\"PING\"}";
+	static const char ping[] = "{\"v\":2,\"t\":\"PING\"}";
 	const void *fr[4] = {ping, "x", "y", "z"};
 	size_t fl[4] = {strlen(ping), 1, 1, 1};
 	struct proto_msg m = {0};
@@ -879,7 +932,7 @@ static void test_payload_rules(void **state)
 	for (int t = P_HELLO; t <= P_MISSING; t++) {
 		json_t *f = valid_fields(t);
 		struct proto_msg m = {0};
-		char *h = raw_header(1, proto_type_name(t), f);
+		char *h = raw_header(PROTO_VERSION, proto_type_name(t), f);
 
 		if (takes_payload(t)) {
 			/* Without its payload frame. */
@@ -898,7 +951,7 @@ static void test_payload_rules(void **state)
 	/* Manifests are never empty. */
 	{
 		json_t *f = valid_fields(P_ANNOUNCE);
-		char *h = raw_header(1, "ANNOUNCE", f);
+		char *h = raw_header(PROTO_VERSION, "ANNOUNCE", f);
 		struct proto_msg m;
 
 		assert_bad(dec(h, "", 0, 1, &m, err, sizeof(err)), err);
@@ -910,7 +963,7 @@ static void test_payload_rules(void **state)
 	/* SHARD: payload exactly `size` bytes; size 0 means an empty frame. */
 	{
 		json_t *f = valid_fields(P_SHARD);
-		char *h = raw_header(1, "SHARD", f);
+		char *h = raw_header(PROTO_VERSION, "SHARD", f);
 		struct proto_msg m;
 
 		assert_bad(dec(h, SHARD_BYTES, 10, 1, &m, err, sizeof(err)), err);
@@ -919,7 +972,7 @@ static void test_payload_rules(void **state)
 		assert_enc_invalid(P_SHARD, f, 10);
 		free(h);
 		json_object_set_new(f, "size", json_integer(0));
-		h = raw_header(1, "SHARD", f);
+		h = raw_header(PROTO_VERSION, "SHARD", f);
 		assert_int_equal(dec(h, NULL, 0, 1, &m, err, sizeof(err)), 0);
 		assert_non_null(m.payload); /* present, empty */
 		assert_int_equal(m.payload_len, 0);
@@ -937,7 +990,7 @@ static void test_payload_rules(void **state)
 		struct proto_msg m;
 
 		json_object_set_new(f, "size", json_integer((json_int_t)PROTO_MAX_PAYLOAD + 1));
-		h = raw_header(1, "SHARD", f);
+		h = raw_header(PROTO_VERSION, "SHARD", f);
 		assert_bad(dec(h, "x", (size_t)PROTO_MAX_PAYLOAD + 1, 1, &m, err, sizeof(err)),
 			   err);
 		assert_non_null(strstr(err, "limit"));
@@ -961,14 +1014,14 @@ static void test_accessors(void **state)
 	char *h, err[256];
 	hwfs_hash_t x, want;
 
-	h = raw_header(1, "HELLO", f);
+	h = raw_header(PROTO_VERSION, "HELLO", f);
 	assert_int_equal(dec(h, NULL, 0, 0, &m, err, sizeof(err)), 0);
 	assert_string_equal(proto_str(&m, "node"), "n1");
 	assert_string_equal(proto_str(&m, "current"), "v1");
 	assert_null(proto_str(&m, "nope"));
 	assert_null(proto_str(&m, "versions"));
 	assert_string_equal(proto_str(&m, "t"), "HELLO");
-	assert_int_equal(proto_int(&m, "v"), 1);
+	assert_int_equal(proto_int(&m, "v"), PROTO_VERSION);
 	assert_int_equal(proto_int(&m, "nope"), 0);
 	assert_int_equal(proto_hash(&m, "node", &x), -EINVAL);
 	assert_int_equal(proto_hash(&m, "nope", &x), -EINVAL);
@@ -977,7 +1030,7 @@ static void test_accessors(void **state)
 	json_decref(f);
 
 	f = valid_fields(P_HAVE);
-	h = raw_header(1, "HAVE", f);
+	h = raw_header(PROTO_VERSION, "HAVE", f);
 	assert_int_equal(dec(h, NULL, 0, 0, &m, err, sizeof(err)), 0);
 	assert_int_equal(proto_int(&m, "bytes_held"), 123);
 	assert_int_equal(proto_int(&m, "bytes_needed"), 1ull << 40);
@@ -990,7 +1043,7 @@ static void test_accessors(void **state)
 	json_decref(f);
 
 	f = valid_fields(P_WELCOME);
-	h = raw_header(1, "WELCOME", f);
+	h = raw_header(PROTO_VERSION, "WELCOME", f);
 	assert_int_equal(dec(h, NULL, 0, 0, &m, err, sizeof(err)), 0);
 	assert_null(proto_str(&m, "committed")); /* null */
 	assert_int_equal(proto_bool(&m, "committed"), 0);
@@ -999,7 +1052,7 @@ static void test_accessors(void **state)
 	json_decref(f);
 
 	f = valid_fields(P_READY);
-	h = raw_header(1, "READY", f);
+	h = raw_header(PROTO_VERSION, "READY", f);
 	assert_int_equal(dec(h, NULL, 0, 0, &m, err, sizeof(err)), 0);
 	assert_int_equal(proto_bool(&m, "ok"), 1);
 	assert_int_equal(proto_int(&m, "txid"), 7);
@@ -1093,7 +1146,7 @@ static void test_zmq_pair(void **state)
 
 	/* A hostile 3-frame message is read whole and dropped; the next one arrives. */
 	{
-		static const char ping[] = "{\"v\":1,\"t\":\"PING\"}";
+		static const char ping[] = "{\"v\":2,\"t\":\"PING\"}";
 		const char *fr[3] = {ping, "junk", "more junk"};
 		size_t fl[3] = {strlen(ping), 4, 9};
 
@@ -1122,7 +1175,7 @@ static void test_zmq_pair(void **state)
 	{
 		size_t n = PROTO_MAX_HEADER + 1;
 		char *huge = malloc(n);
-		static const char ping[] = "{\"v\":1,\"t\":\"PING\"}";
+		static const char ping[] = "{\"v\":2,\"t\":\"PING\"}";
 		const char *fr[2] = {ping, "payload"};
 		size_t fl[2] = {strlen(ping), 7};
 
@@ -1240,7 +1293,7 @@ static void test_zmq_router_dealer(void **state)
 
 	/* A hostile 3-frame message (4 with the identity), then a good one. */
 	{
-		static const char ping[] = "{\"v\":1,\"t\":\"PING\"}";
+		static const char ping[] = "{\"v\":2,\"t\":\"PING\"}";
 		const char *fr[3] = {ping, "a", "b"};
 		size_t fl[3] = {strlen(ping), 1, 1};
 
@@ -1317,6 +1370,7 @@ int main(void)
 		cmocka_unit_test(test_zmq_pair),
 		cmocka_unit_test(test_zmq_router_dealer),
 		cmocka_unit_test(test_optional_result_fields),
+		cmocka_unit_test(test_delta_fields),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

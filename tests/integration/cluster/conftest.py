@@ -939,7 +939,7 @@ class Rogue:
         self.sock.connect(url)
 
     def send(self, t, payload=None, **fields):
-        hdr = json.dumps({"v": 1, "t": t, **fields}, separators=(",", ":")).encode()
+        hdr = json.dumps({"v": 2, "t": t, **fields}, separators=(",", ":")).encode()
         self.sock.send_multipart([hdr] + ([payload] if payload is not None else []))
 
     def received(self, timeout_ms=0):
