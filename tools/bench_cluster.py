@@ -657,8 +657,8 @@ RL_CONV_TARGET = 0.2         # N = 4, deltas on: converged within 0.2 x S/B
 RL_WIRE_TARGET = 1.3         # wire bytes per receiver <= 1.3 x zstd -1 of XOR(v1, v2)
 RL_DECODE_TARGET = 1.0       # decode CPU seconds per GiB rebuilt
 RL_V1, RL_V2 = "rl-v1", "rl-v2"
-DELTA_KEYS = ("encoded", "encode_bytes", "encode_cpu_s", "decoded", "decode_bytes", "decode_cpu_s", "failed",
-              "whole")
+DELTA_KEYS = ("encoded", "encode_bytes", "encode_cpu_s", "decoded", "decode_bytes", "decode_cpu_s", "sent",
+              "received", "failed", "whole")
 
 
 def rl_layout(hidden, layers):
@@ -1031,7 +1031,8 @@ def print_rl(rl):
         dc = r["delta_counters"]
         if dc:
             print(f"  delta counters, all nodes (last run), deltas {'on' if r['delta'] else 'off'} N={r['n']}: "
-                  + ", ".join(f"{k} {dc[k]}" for k in ("encoded", "decoded", "whole", "failed") if k in dc))
+                  + ", ".join(f"{k} {dc[k]}" for k in ("encoded", "sent", "received", "decoded", "whole", "failed")
+                     if k in dc))
     v = verdicts
     val = lambda x, f, unit="": "n/a" if x["value"] is None else format(x["value"], f) + unit  # noqa: E731
     print(f"\n  N=4, deltas on, converges <= {RL_CONV_TARGET:g} x S/B: {val(v['converge_n4'], '.3f', ' x')}  "
