@@ -236,7 +236,7 @@ fuzz:
 		-o build-fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c build-fuzz/libhwfs-core.a $(LIBS)
 	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Ifs -Ireplicator $(PKG_CFLAGS) \
 		-o build-fuzz/fuzz_proto tests/fuzz/fuzz_proto.c build-fuzz/libhwfs-core.a $(LIBS)
-	@echo "run e.g.: build-fuzz/fuzz_proto -max_total_time=60"
+	@echo "run e.g.: build-fuzz/fuzz_proto -max_total_time=60 tests/fuzz/corpus/proto (seeds: version-2 messages)"
 
 format:
 	clang-format -i fs/*.[ch] replicator/*.[ch] tools/*.c tests/unit/*.c
