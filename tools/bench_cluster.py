@@ -31,6 +31,23 @@ Measured, each on a fresh cluster (fresh stores, so no shard is deduplicated):
                                1 MiB versions everywhere, `hwfs commit` of the
                                two alternately 50 times on one node (wall time
                                of the command), p50 / p99.
+  rl (issue 9)                 an RL update: a 1 GiB bf16 version v1 (29
+                               tensors of 16-64 MiB, llama-like shapes, two
+                               files) and v2 = v1 with ~2% of the bf16 values
+                               changed in every tensor (a float32 master w,
+                               v1 = bf16(w), v2 = bf16(w + step), rounded to
+                               nearest even; the step's scale calibrated so
+                               that --rl-changed of the values change).  Chain
+                               to N receivers that all hold v1 (replicated
+                               first, untimed); v2 published on pub and timed
+                               as above, with deltas on and with `-o delta=0`
+                               on every daemon.  Also: wire bytes per receiver
+                               (status replication.wire_bytes_received), the
+                               zstd -1 size of XOR(v1, v2) as the reference,
+                               encode/decode CPU s per GiB (status
+                               replication.delta); "n/a" where the daemon does
+                               not report them.  Targets: N=4 <= 0.2x S/B,
+                               wire <= 1.3x zstd, decode <= 1 CPU s per GiB.
 
 Every time is also given as a ratio to S/B (size over link rate, 1 Gbit =
 1e9 bit): 1 GiB / 1 Gbit/s = 8.59 s.  Target: chain <= 1.15x S/B and flat in
@@ -50,6 +67,8 @@ The helpers it shares with the other benchmarks are in tools/benchlib.py.
   python3 tools/bench_cluster.py              full run (several minutes)
   python3 tools/bench_cluster.py --quick      N = 2, 4 and 256 MiB (development)
   python3 tools/bench_cluster.py --reps 3     repeat every (method, N); median reported
+  python3 tools/bench_cluster.py --scenario rl          only the RL update (--quick: 256 MiB, N = 2, 4)
+  python3 tools/bench_cluster.py --scenario replication only the methods and the commit latency
 """
 
 import argparse
@@ -64,9 +83,9 @@ import sys
 import tempfile
 import time
 
-from benchlib import (CMD_TIMEOUT, HWFS, REPO, fmt, git_describe, ignore_interrupts, interrupt_on_term, logger,
-                      machine, mount_daemon, mounted, pctl, read_log, run, safetensors_header, stop_node, stop_proc,
-                      tail, write_json)
+from benchlib import (CMD_TIMEOUT, HWFS, REPO, bf16_bits, fmt, git_describe, ignore_interrupts, interrupt_on_term,
+                      logger, machine, mount_daemon, mounted, pctl, read_log, run, safetensors_header, stop_node,
+                      stop_proc, tail, write_json, zstd_size)
 
 SEED = 20240607
 SUBNET = "10.201.7"          # /24 that exists only inside this script's namespaces
@@ -78,6 +97,7 @@ POLL_S = 0.020
 RATE = "1gbit"
 CHAIN_TARGET = 1.15
 METHODS = ("chain", "tree:2", "star", "rsync")
+SCENARIOS = ("all", "replication", "rl")
 
 PID = os.getpid()
 TAG = f"hwfsb{PID}"          # every name this run creates starts with it
@@ -258,6 +278,7 @@ class Node:
         self.root = root
         self.store = None
         self.pid = None
+        self.opts = []          # tunables NAME=VALUE given to the daemon with -o at the next mount
         self.url = f"tcp://{net.ip(name)}:{NODE_PORT}"
 
     def cmd(self, *args, check=True, timeout=CMD_TIMEOUT):
@@ -272,7 +293,7 @@ class Node:
         args = self.net.nsenter(self.name) + [
             HWFS, "mount", self.mnt, "--store", self.store, "--capacity", self.capacity,
             "--join", coord_url, "--node", self.name, "--listen", self.url, "--insecure"] + (
-            ["--preallocate"] if self.preallocate else [])
+            ["--preallocate"] if self.preallocate else []) + (["-o", ",".join(self.opts)] if self.opts else [])
         try:
             mount_daemon(args)
         except RuntimeError as e:
@@ -378,6 +399,57 @@ def qdisc_delta(a, b):
     return {"total": tot, "links": per}
 
 
+def wait_arrivals(ctx, recv, version, t_start):
+    """Poll every POLL_S until MNT/versions/@version exists on every node of
+    @recv, at most ctx["timeout"] seconds from @t_start (monotonic).  Returns
+    (name -> monotonic time it was seen, None) or (those seen, why it failed):
+    the timeout, or every node still waiting logged "giving up on V" and
+    nothing arrived for 10 s."""
+    arrival = {}
+    pending = {x.name: x for x in recv}
+    deadline = t_start + ctx["timeout"]
+    failed, gave_up_since, next_log_check = None, None, t_start + 0.5
+    while pending:
+        now = time.monotonic()
+        for name, x in list(pending.items()):
+            if x.has(version):
+                arrival[name] = time.monotonic()
+                del pending[name]
+                gave_up_since = None
+        if not pending:
+            break
+        if now > deadline:
+            failed = f"did not reach {','.join(sorted(pending))} within {ctx['timeout']:g} s"
+            break
+        if now >= next_log_check:   # a puller that gave up never finishes: do not wait 120 s for it
+            next_log_check = now + 0.5
+            if all(f"giving up on {version}" in x.log_text() for x in pending.values()):
+                gave_up_since = gave_up_since or now
+                if now - gave_up_since > 10:
+                    failed = (f"{','.join(sorted(pending))} gave up (\"giving up on {version}\" in their "
+                              f"logs) and nothing arrived for 10 s")
+                    break
+        time.sleep(POLL_S)
+    return arrival, failed
+
+
+def check_sealed(pub, recv, version):
+    """Check that every node of @recv holds @version sealed with the digest it
+    has on @pub.  Returns (that digest, node name -> its status "replication"
+    object, @pub's included); raises RuntimeError naming the first node that
+    does not."""
+    digest = next(v["digest"] for v in pub.status()["versions"] if v["name"] == version)
+    rx = {}
+    for x in recv:
+        st = x.status()
+        v = next((v for v in st["versions"] if v["name"] == version), None)
+        if not v or v["state"] != "sealed" or v["digest"] != digest:
+            raise RuntimeError(f"{version} on {x.name}: {v} (publisher's digest {digest})")
+        rx[x.name] = st.get("replication", {})
+    rx[pub.name] = pub.status().get("replication", {})
+    return digest, rx
+
+
 def replicate_once(ctx, topology, n, rep):
     """Fresh cluster pub + r1..rN with @topology; publish; wait for every receiver."""
     net, work = ctx["net"], ctx["work"]
@@ -390,38 +462,13 @@ def replicate_once(ctx, topology, n, rep):
         pub, recv = nodes[0], nodes[1:]
         pids = {x.name: x.pid for x in nodes}
         pids["coord"] = cl.coord.pid
-        c0, m0, qd0 = cpu_snapshot(pids), machine_cpu(), net.qdisc_stats()
-        f0 = {k: proc_minflt(p) for k, p in pids.items()}
+        c0, qd0 = cpu_snapshot(pids), net.qdisc_stats()
         t0 = time.monotonic()
         pub.cmd("publish", ctx["srcdir"], version, timeout=600)
         t_pub = time.monotonic()
         c1, m1 = cpu_snapshot(pids), machine_cpu()
         f1 = {k: proc_minflt(p) for k, p in pids.items()}
-        arrival = {}
-        pending = {x.name: x for x in recv}
-        deadline = t_pub + ctx["timeout"]
-        failed, gave_up_since, next_log_check = None, None, t_pub + 0.5
-        while pending:
-            now = time.monotonic()
-            for name, x in list(pending.items()):
-                if x.has(version):
-                    arrival[name] = time.monotonic()
-                    del pending[name]
-                    gave_up_since = None
-            if not pending:
-                break
-            if now > deadline:
-                failed = f"did not reach {','.join(sorted(pending))} within {ctx['timeout']:g} s"
-                break
-            if now >= next_log_check:   # a puller that gave up never finishes: do not wait 120 s for it
-                next_log_check = now + 0.5
-                if all(f"giving up on {version}" in x.log_text() for x in pending.values()):
-                    gave_up_since = gave_up_since or now
-                    if now - gave_up_since > 10:
-                        failed = (f"{','.join(sorted(pending))} gave up (\"giving up on {version}\" in their "
-                                  f"logs) and nothing arrived for 10 s")
-                        break
-            time.sleep(POLL_S)
+        arrival, failed = wait_arrivals(ctx, recv, version, t_pub)
         events = cl.events()
         qd1 = net.qdisc_stats()
         if failed:
@@ -434,16 +481,7 @@ def replicate_once(ctx, topology, n, rep):
         end = max(arrival.values())
         c2, m2 = cpu_snapshot(pids), machine_cpu()
         f2 = {k: proc_minflt(p) for k, p in pids.items()}
-        # check: every receiver holds exactly the publisher's version
-        digest = next(v["digest"] for v in pub.status()["versions"] if v["name"] == version)
-        rx = {}
-        for x in recv:
-            st = x.status()
-            v = next((v for v in st["versions"] if v["name"] == version), None)
-            if not v or v["state"] != "sealed" or v["digest"] != digest:
-                raise RuntimeError(f"{version} on {x.name}: {v} (publisher's digest {digest})")
-            rx[x.name] = st.get("replication", {})
-        rx[pub.name] = pub.status().get("replication", {})
+        digest, rx = check_sealed(pub, recv, version)
         busy = (m2[0] - m1[0]) / max(1, m2[1] - m1[1])
         return {
             "replication_s": end - t_pub, "total_s": end - t0, "publish_s": t_pub - t0,
@@ -610,6 +648,409 @@ def commit_latency(ctx, n_nodes=4, commits=50):
 
 
 # --------------------------------------------------------------------------
+# rl: an RL update v1 -> v2 where ~2% of the bf16 values changed (issue 9)
+
+RL_HIDDEN = 4096             # 4 layers at 4096: 29 bf16 tensors of 16-64 MiB, 1 GiB
+RL_LAYERS = 4
+RL_CHANGED = 0.02            # fraction of the bf16 values an update changes
+RL_CONV_TARGET = 0.2         # N = 4, deltas on: converged within 0.2 x S/B
+RL_WIRE_TARGET = 1.3         # wire bytes per receiver <= 1.3 x zstd -1 of XOR(v1, v2)
+RL_DECODE_TARGET = 1.0       # decode CPU seconds per GiB rebuilt
+RL_V1, RL_V2 = "rl-v1", "rl-v2"
+DELTA_KEYS = ("encoded", "encode_bytes", "encode_cpu_s", "decoded", "decode_bytes", "decode_cpu_s", "sent",
+              "received", "failed", "whole")
+
+
+def rl_layout(hidden, layers):
+    """The tensors of a llama-like bf16 model in two safetensors files:
+    [(file index, name, shape, init std)]: an embedding [2h, h], then per
+    layer q/o [h, h], k/v [h/2, h] (grouped-query attention), gate/up [1.5h, h]
+    and down [h, 1.5h].  h = 4096 and 4 layers: 29 tensors, 16-64 MiB, 1 GiB."""
+    h, inter = hidden, hidden * 3 // 2
+    out = [(0, "model.embed_tokens.weight", [2 * h, h], 0.02)]
+    for i in range(layers):
+        f, p = (0 if i < (layers + 1) // 2 else 1), f"model.layers.{i}."
+        proj = 0.02 / (2 * layers) ** 0.5      # GPT-2-style scaled init of the output projections
+        out += [(f, p + "self_attn.q_proj.weight", [h, h], 0.02),
+                (f, p + "self_attn.k_proj.weight", [h // 2, h], 0.02),
+                (f, p + "self_attn.v_proj.weight", [h // 2, h], 0.02),
+                (f, p + "self_attn.o_proj.weight", [h, h], proj),
+                (f, p + "mlp.gate_proj.weight", [inter, h], 0.02),
+                (f, p + "mlp.up_proj.weight", [inter, h], 0.02),
+                (f, p + "mlp.down_proj.weight", [h, inter], proj)]
+    return out
+
+
+def rl_changed_fraction(k, n, seed):
+    """Fraction of the bf16 values of @n N(0, 1) float32 weights that change
+    when each weight moves by k * N(0, 1) (scale-free: the same for any std)."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 1 << 20])
+    w = rng.standard_normal(n, dtype=np.float32)
+    a = bf16_bits(w)
+    step = rng.standard_normal(n, dtype=np.float32)
+    step *= np.float32(k)
+    w += step
+    return np.count_nonzero(a != bf16_bits(w)) / n
+
+
+def rl_calibrate(target, seed, n=1 << 21):
+    """The step scale k (step = k x the tensor's init std x N(0, 1), what an
+    optimizer step of roughly constant relative size does) that changes
+    @target of the bf16 values, by bisection in log space on a sample of @n
+    weights.  Returns (k, the sample's fraction at k)."""
+    lo, hi = 1e-7, 1.0
+    for _ in range(30):
+        mid = (lo * hi) ** 0.5
+        if rl_changed_fraction(mid, n, seed) < target:
+            lo = mid
+        else:
+            hi = mid
+    k = (lo * hi) ** 0.5
+    return k, rl_changed_fraction(k, n, seed)
+
+
+def write_rl_versions(v1dir, v2dir, xor_path, layout, k, seed):
+    """Write v1 and v2 of the model @layout: a float32 master w per tensor
+    (N(0, std), generated one tensor at a time), v1 = bf16(w), v2 = bf16(w +
+    k * std * N(0, 1)), both rounded to nearest even; the same file and
+    tensor names in @v1dir and @v2dir.  The XOR of the two versions' tensor
+    data (headers left out), in file and tensor order, goes to @xor_path.
+    Returns {"bytes": one version's size, "tensor_bytes", "changed": bf16
+    values that differ, "elements", "per_tensor_changed": [fraction]}."""
+    import numpy as np
+
+    files = sorted({f for f, *_ in layout})
+    nfiles = len(files)
+    out = {"bytes": 0, "tensor_bytes": 0, "changed": 0, "elements": 0, "per_tensor_changed": [], "files": []}
+    with open(xor_path, "wb") as xf:
+        for f in files:
+            name = f"model-{f + 1:05d}-of-{nfiles:05d}.safetensors"
+            ts = [(i, t) for i, t in enumerate(layout) if t[0] == f]
+            head, _, size = safetensors_header([(t[1], "BF16", t[2]) for _, t in ts], "hwfs bench-cluster rl")
+            with open(os.path.join(v1dir, name), "wb") as f1, open(os.path.join(v2dir, name), "wb") as f2:
+                f1.write(head)
+                f2.write(head)
+                for i, (_, tname, shape, std) in ts:
+                    n = shape[0] * shape[1]
+                    rng = np.random.default_rng([seed, i])
+                    w = rng.standard_normal(n, dtype=np.float32)
+                    w *= np.float32(std)
+                    a = bf16_bits(w)
+                    f1.write(a.data)
+                    step = rng.standard_normal(n, dtype=np.float32)
+                    step *= np.float32(k * std)
+                    w += step
+                    del step
+                    b = bf16_bits(w)
+                    del w
+                    f2.write(b.data)
+                    b ^= a
+                    del a
+                    xf.write(b.data)
+                    c = int(np.count_nonzero(b))
+                    del b
+                    out["changed"] += c
+                    out["elements"] += n
+                    out["per_tensor_changed"].append(c / n)
+            out["files"].append(name)
+            out["bytes"] += len(head) + size
+            out["tensor_bytes"] += size
+    return out
+
+
+def counters_delta(a, b):
+    """What the status "replication" objects' counters grew by from @a to @b:
+    {"wire_bytes_received": n or None, "delta": {key: n} or None}; None where
+    a daemon does not report the field (yet)."""
+    wa, wb = a.get("wire_bytes_received"), b.get("wire_bytes_received")
+    da, db = a.get("delta"), b.get("delta")
+    d = None
+    if isinstance(da, dict) and isinstance(db, dict):
+        d = {k: db[k] - da[k] for k in DELTA_KEYS if isinstance(da.get(k), (int, float))
+             and isinstance(db.get(k), (int, float))}
+    return {"wire_bytes_received": wb - wa if isinstance(wa, int) and isinstance(wb, int) else None, "delta": d}
+
+
+def rl_once(ctx, n, rep, delta_on):
+    """Fresh chain pub + r1..rN, every daemon with -o delta=0 unless
+    @delta_on; publish v1 and wait for every receiver (untimed), then publish
+    v2 and time until every receiver has it (as replicate_once).  Returns the
+    run's figures; raises RuntimeError when a mount, a publish or v1 fails."""
+    net, work, rl = ctx["net"], ctx["work"], ctx["rl"]
+    nodes = [ctx["nodes"]["pub"]] + [ctx["nodes"][f"r{i}"] for i in range(1, n + 1)]
+    run_dir = os.path.join(work, f"run-rl-{'on' if delta_on else 'off'}-n{n}-{rep}")
+    cl = Cluster(net, nodes, "chain", run_dir, ctx["procs"])
+    saved = [(x.opts, x.capacity) for x in nodes]
+    for x in nodes:
+        x.opts, x.capacity = ([] if delta_on else ["delta=0"]), rl["capacity"]
+    try:
+        cl.start()
+        pub, recv = nodes[0], nodes[1:]
+        t = time.monotonic()
+        pub.cmd("publish", rl["v1dir"], RL_V1, timeout=600)
+        arrival, failed = wait_arrivals(ctx, recv, RL_V1, time.monotonic())
+        if failed:
+            raise RuntimeError(f"v1 ({RL_V1}) {failed}: {cl.events()[-5:]}")
+        _, st0 = check_sealed(pub, recv, RL_V1)
+        log(f"  v1 on every node in {time.monotonic() - t:.1f} s (untimed)")
+        pids = {x.name: x.pid for x in nodes}
+        pids["coord"] = cl.coord.pid
+        qd0 = net.qdisc_stats()
+        t0 = time.monotonic()
+        pub.cmd("publish", rl["v2dir"], RL_V2, timeout=600)
+        t_pub = time.monotonic()
+        c1, m1 = cpu_snapshot(pids), machine_cpu()
+        arrival, failed = wait_arrivals(ctx, recv, RL_V2, t_pub)
+        events = cl.events()
+        qd1 = net.qdisc_stats()
+        tbf = qdisc_delta(qd0, qd1)
+        links_in = {x.name: tbf["links"].get(f"{x.name} in", {}).get("bytes") for x in recv}
+        if failed:
+            log(f"  FAILED: {RL_V2} {failed}; arrived: {sorted(arrival)}")
+            for e in events[-30:]:
+                log(f"    {e}")
+            return {"failed": failed, "replication_s": None, "total_s": None, "publish_s": t_pub - t0,
+                    "arrival_s": {k: round(v - t_pub, 3) for k, v in sorted(arrival.items())},
+                    "tbf": tbf, "events": events}
+        end = max(arrival.values())
+        c2, m2 = cpu_snapshot(pids), machine_cpu()
+        digest, st1 = check_sealed(pub, recv, RL_V2)
+        grew = {name: counters_delta(st0.get(name, {}), st1.get(name, {})) for name in st1}
+        wire = {x.name: grew[x.name]["wire_bytes_received"] for x in recv}
+        dsum = None
+        if any(g["delta"] is not None for g in grew.values()):
+            dsum = {k: sum((g["delta"] or {}).get(k, 0) for g in grew.values()) for k in DELTA_KEYS}
+        per_gib = lambda s, b: (dsum[s] / (dsum[b] / 2**30) if dsum and dsum.get(b) else None)  # noqa: E731
+        return {
+            "replication_s": end - t_pub, "total_s": end - t0, "publish_s": t_pub - t0,
+            "arrival_s": {k: round(v - t_pub, 3) for k, v in sorted(arrival.items())},
+            "cpu_s_replication": cpu_delta(c1, c2),
+            "machine_busy": round((m2[0] - m1[0]) / max(1, m2[1] - m1[1]), 3),
+            "digest": digest, "wire_bytes_received": wire, "link_in_bytes": links_in,
+            "pub_out_bytes": tbf["links"].get("pub out", {}).get("bytes"),
+            "delta_counters": dsum, "encode_cpu_s_per_gib": per_gib("encode_cpu_s", "encode_bytes"),
+            "decode_cpu_s_per_gib": per_gib("decode_cpu_s", "decode_bytes"),
+            "counters_before": st0, "counters_after": st1, "tbf": tbf, "events": events,
+        }
+    finally:
+        cl.stop()
+        for x, (o, c) in zip(nodes, saved):
+            x.opts, x.capacity = o, c
+
+
+def mem_available():
+    """MemAvailable of /proc/meminfo in bytes (0 when it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def rl_scenario(ctx, a, ns_list, res):
+    """The rl scenario: write v1 and v2 (and measure zstd -1 of their XOR),
+    then for every N and rep one run with deltas on and one with delta=0.
+    Fills res["rl"]; the sources are removed at the end."""
+    hidden, layers = (RL_HIDDEN // 2 if a.quick else RL_HIDDEN), RL_LAYERS
+    size_of = lambda L: sum(2 * s[0] * s[1] for _, _, s, _ in rl_layout(hidden, L))  # noqa: E731
+    maxn = max(ns_list)
+    cap_of = lambda L: 2 * size_of(L) + size_of(L) // 8 + (64 << 20)  # noqa: E731  v1 + v2 + margin
+    # in memory at once: v1 and v2 sources, the XOR (while zstd reads it), maxN+1 stores
+    per_store = lambda L: cap_of(L) if not a.no_preallocate else 2 * size_of(L)  # noqa: E731
+    need = lambda L: 3 * size_of(L) + (maxn + 1) * per_store(L) + (1 << 30)  # noqa: E731
+    free = min(shutil.disk_usage("/dev/shm").free, mem_available() or shutil.disk_usage("/dev/shm").free)
+    if free < need(layers):
+        fit = layers
+        while fit > 1 and free < need(fit):
+            fit -= 1
+        if free < need(fit):
+            raise RuntimeError(f"rl: {free / 2**30:.1f} GiB of memory free, {need(1) / 2**30:.1f} GiB needed "
+                               f"even for one layer")
+        log(f"NOTE: rl: {free / 2**30:.1f} GiB free (/dev/shm and MemAvailable), {need(layers) / 2**30:.1f} GiB "
+            f"needed for {layers} layers; SCALED DOWN to {fit} layers ({size_of(fit) / 2**30:.2f} GiB)")
+        layers = fit
+    layout = rl_layout(hidden, layers)
+    capacity = f"{-(-cap_of(layers) // (1 << 20))}M"
+    d = os.path.join(ctx["work"], "rl")
+    v1dir, v2dir = os.path.join(d, "v1"), os.path.join(d, "v2")
+    os.makedirs(v1dir)
+    os.makedirs(v2dir)
+    out = {"cores": os.cpu_count(), "hidden": hidden, "layers": layers, "tensors": len(layout), "dtype": "BF16", "topology": "chain",
+           "capacity": capacity, "target_changed": a.rl_changed, "runs": [], "notes": []}
+    res["rl"] = out
+    try:
+        t = time.monotonic()
+        k, sample = rl_calibrate(a.rl_changed, SEED)
+        log(f"rl: step = {k:.4g} x std x N(0,1) changes {sample * 100:.2f}% of the bf16 values of a 2M sample "
+            f"(target {a.rl_changed * 100:g}%; {time.monotonic() - t:.1f} s)")
+        t = time.monotonic()
+        xor_path = os.path.join(d, "xor.bin")
+        g = write_rl_versions(v1dir, v2dir, xor_path, layout, k, SEED)
+        sizes = [2 * s[0] * s[1] for _, _, s, _ in layout]
+        log(f"rl: wrote v1 and v2, {g['bytes'] / 2**30:.3f} GiB each, {len(layout)} bf16 tensors of "
+            f"{min(sizes) / 2**20:.0f}-{max(sizes) / 2**20:.0f} MiB in {len(g['files'])} files, "
+            f"{time.monotonic() - t:.1f} s; measured: {g['changed'] / g['elements'] * 100:.3f}% of the bf16 values "
+            f"changed (per tensor {min(g['per_tensor_changed']) * 100:.3f}-"
+            f"{max(g['per_tensor_changed']) * 100:.3f}%)")
+        t = time.monotonic()
+        zb, zcpu = zstd_size(xor_path, 1)
+        os.unlink(xor_path)
+        log(f"rl: zstd -1 of XOR(v1, v2) tensor data: {zb / 2**20:.1f} MiB = {zb / g['tensor_bytes'] * 100:.2f}% "
+            f"({zcpu:.2f} CPU s, {time.monotonic() - t:.1f} s)")
+        sb = g["bytes"] * 8 / rate_bps(a.rate)
+        out.update(step_k=k, sample_changed=sample, size_bytes=g["bytes"], tensor_bytes=g["tensor_bytes"],
+                   changed_fraction=g["changed"] / g["elements"], per_tensor_changed=g["per_tensor_changed"],
+                   files=g["files"], tensor_mib=[s / 2**20 for s in sizes], xor_zstd1_bytes=zb,
+                   xor_zstd1_cpu_s=round(zcpu, 3), s_over_b=sb)
+        ctx["rl"] = {"v1dir": v1dir, "v2dir": v2dir, "capacity": capacity}
+        modes = [True] if a.rl_no_off else [True, False]
+        off_refused = None
+        for n in ns_list:
+            for delta_on in modes:
+                label = "on" if delta_on else "off"
+                for rep in range(a.reps):
+                    if not delta_on and off_refused:
+                        break
+                    log(f"rl delta={label} N={n} run {rep + 1}/{a.reps} ...")
+                    try:
+                        r = rl_once(ctx, n, rep, delta_on)
+                    except (RuntimeError, subprocess.TimeoutExpired, OSError) as e:
+                        if not delta_on and "tunable" in str(e):
+                            off_refused = ("the daemon refuses `-o delta=0` (no `delta` tunable in this build): "
+                                           "runs with deltas off skipped")
+                            out["notes"].append(off_refused)
+                            log(f"  NOTE: {off_refused}")
+                            break
+                        log(f"  FAILED: {e}")
+                        r = {"failed": str(e).splitlines()[0], "error": str(e), "replication_s": None}
+                    ok = not r.get("failed")
+                    r.update(delta=delta_on, n=n, rep=rep, ratio=r["replication_s"] / sb if ok else None)
+                    out["runs"].append(r)
+                    if ok:
+                        w = [v for v in r["wire_bytes_received"].values() if v is not None]
+                        li = [v for v in r["link_in_bytes"].values() if v is not None]
+                        log(f"  {r['replication_s']:.2f} s = {r['ratio']:.3f} x S/B; arrivals {r['arrival_s']}; "
+                            f"wire/node {statistics.mean(w) / 2**20 if w else float('nan'):.1f} MiB; "
+                            f"link in/node {statistics.mean(li) / 2**20 if li else float('nan'):.1f} MiB; "
+                            f"delta counters {r['delta_counters']}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        ctx.pop("rl", None)
+
+
+def rl_rows(rl):
+    """Aggregate rl runs per (delta on/off, N): medians; the targets' verdicts."""
+    sb, zb = rl["s_over_b"], rl["xor_zstd1_bytes"]
+    groups = {}
+    for r in rl["runs"]:
+        groups.setdefault((r["delta"], r["n"]), []).append(r)
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    rows = []
+    for (on, n), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], not kv[0][0])):
+        ok = [r for r in rs if not r.get("failed")]
+        row = {"delta": on, "n": n, "runs": len(rs), "failed_runs": len(rs) - len(ok),
+               "failures": [r["failed"] for r in rs if r.get("failed")],
+               "samples_s": [round(r["replication_s"], 3) for r in ok]}
+        wire = [statistics.mean(v) for r in ok
+                if (v := [x for x in r["wire_bytes_received"].values() if x is not None])]
+        wire_max = [max(v) for r in ok if (v := [x for x in r["wire_bytes_received"].values() if x is not None])]
+        link = [statistics.mean(v) for r in ok if (v := [x for x in r["link_in_bytes"].values() if x is not None])]
+        rep_s = med([r["replication_s"] for r in ok])
+        row.update(replication_s=rep_s, ratio=rep_s / sb if rep_s is not None else None,
+                   total_s=med([r["total_s"] for r in ok]),
+                   wire_per_node=med(wire), wire_max_node=max(wire_max) if wire_max else None,
+                   wire_x_zstd=med(wire) / zb if wire else None, link_in_per_node=med(link),
+                   cpu_s=med([sum(sum(v) for v in r["cpu_s_replication"].values() if v) for r in ok]),
+                   machine_busy=med([r["machine_busy"] for r in ok]),
+                   encode_cpu_s_per_gib=med([r["encode_cpu_s_per_gib"] for r in ok
+                                             if r["encode_cpu_s_per_gib"] is not None]),
+                   decode_cpu_s_per_gib=med([r["decode_cpu_s_per_gib"] for r in ok
+                                             if r["decode_cpu_s_per_gib"] is not None]),
+                   delta_counters=ok[-1]["delta_counters"] if ok else None)
+        rows.append(row)
+    verdicts = {}
+    n4 = next((r for r in rows if r["delta"] and r["n"] == 4), None)
+    if n4 is None or n4["ratio"] is None:
+        verdicts["converge_n4"] = {"value": None, "result": "n/a" if n4 is None else "FAILED"}
+    else:
+        verdicts["converge_n4"] = {"value": n4["ratio"],
+                                   "result": "PASS" if n4["ratio"] <= RL_CONV_TARGET and not n4["failed_runs"]
+                                   else "MISS"}
+    on = [r for r in rows if r["delta"]]
+    wmax = [r["wire_max_node"] for r in on if r["wire_max_node"] is not None]
+    verdicts["wire"] = ({"value": max(wmax) / zb, "result": "PASS" if max(wmax) / zb <= RL_WIRE_TARGET
+                         else "MISS"} if wmax else {"value": None, "result": "n/a"})
+    dec = [r["decode_cpu_s_per_gib"] for r in on if r["decode_cpu_s_per_gib"] is not None]
+    verdicts["decode"] = ({"value": max(dec), "result": "PASS" if max(dec) <= RL_DECODE_TARGET
+                           else "MISS"} if dec else {"value": None, "result": "n/a"})
+    return rows, verdicts
+
+
+def print_rl(rl):
+    """The rl scenario's table, targets and notes on stdout; rows and
+    verdicts stored into @rl."""
+    if "s_over_b" not in rl:
+        print("\nhwfs RL update: FAILED before any run (see the log)")
+        return
+    rows, verdicts = rl_rows(rl)
+    rl["rows"], rl["verdicts"] = rows, verdicts
+    sb, zb = rl["s_over_b"], rl["xor_zstd1_bytes"]
+    cores = rl.get("cores") or 1
+    mib = lambda v: "n/a" if v is None else f"{v / 2**20:.1f}"  # noqa: E731
+    print(f"\nhwfs RL update (issue 9): v1 -> v2 of a {rl['size_bytes'] / 2**30:.2f} GiB bf16 version "
+          f"({rl['tensors']} tensors of {min(rl['tensor_mib']):.0f}-{max(rl['tensor_mib']):.0f} MiB in "
+          f"{len(rl['files'])} files), {rl['changed_fraction'] * 100:.2f}% of the bf16 values changed (measured; "
+          f"target {rl['target_changed'] * 100:g}%), chain, every receiver holding v1; S/B = {sb:.2f} s")
+    print(f"zstd -1 of XOR(v1, v2) tensor data: {mib(zb)} MiB ({zb / rl['tensor_bytes'] * 100:.2f}% of the data; "
+          f"zstd used {rl['xor_zstd1_cpu_s'] / (rl['tensor_bytes'] / 2**30):.2f} CPU s per GiB)\n")
+    hdr = (f"{'delta':5} {'N':>2} {'conv s':>7} {'x S/B':>6} {'wire MiB/node':>13} {'x zstd':>6} "
+           f"{'link MiB/node':>13} {'CPU s':>6} {'floor':>6} {'busy':>5} {'enc s/GiB':>9} {'dec s/GiB':>9}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{'on' if r['delta'] else 'off':5} {r['n']:>2} {fmt(r['replication_s'], '7.2f')} "
+              f"{fmt(r['ratio'], '6.3f')} {mib(r['wire_per_node']):>13} "
+              f"{'n/a' if r['wire_x_zstd'] is None else format(r['wire_x_zstd'], '.2f'):>6} "
+              f"{mib(r['link_in_per_node']):>13} {fmt(r['cpu_s'], '6.1f')} "
+              f"{fmt(None if r['cpu_s'] is None else r['cpu_s'] / cores / sb, '6.3f')} "
+              f"{fmt(r['machine_busy'], '4.0f', 100)}% "
+              f"{'n/a' if r['encode_cpu_s_per_gib'] is None else format(r['encode_cpu_s_per_gib'], '.2f'):>9} "
+              f"{'n/a' if r['decode_cpu_s_per_gib'] is None else format(r['decode_cpu_s_per_gib'], '.2f'):>9}"
+              + (f"  {r['failed_runs']}/{r['runs']} runs FAILED" if r["failed_runs"] else ""))
+        for why in r["failures"]:
+            print(f"  FAILED delta {'on' if r['delta'] else 'off'} N={r['n']}: {why}")
+    print("  conv s: from the end of `hwfs publish` of v2 until MNT/versions/v2 exists on every receiver "
+          "(each then checked sealed with the publisher's digest)")
+    print("  wire: status replication.wire_bytes_received grown during v2, mean over receivers; link: bytes the "
+          "receiver's tbf carried in (TCP/IP headers and control traffic included)")
+    print("  enc/dec s/GiB: status replication.delta CPU seconds per GiB of raw shard bytes encoded / rebuilt, "
+          "all nodes; CPU s, busy: daemons + coordinator, and the whole machine, during v2")
+    print(f"  floor: CPU s / {cores} cores, x S/B: the time this run's CPU work takes spread perfectly over the "
+          f"machine's cores (a CPU bound; the link bound of the deltas-on runs is far lower)")
+    for r in rows:
+        dc = r["delta_counters"]
+        if dc:
+            print(f"  delta counters, all nodes (last run), deltas {'on' if r['delta'] else 'off'} N={r['n']}: "
+                  + ", ".join(f"{k} {dc[k]}" for k in ("encoded", "sent", "received", "decoded", "whole", "failed")
+                     if k in dc))
+    v = verdicts
+    val = lambda x, f, unit="": "n/a" if x["value"] is None else format(x["value"], f) + unit  # noqa: E731
+    print(f"\n  N=4, deltas on, converges <= {RL_CONV_TARGET:g} x S/B: {val(v['converge_n4'], '.3f', ' x')}  "
+          f"{v['converge_n4']['result']}")
+    print(f"  wire bytes per node <= {RL_WIRE_TARGET:g} x zstd -1 of the XOR (largest receiver, deltas on): "
+          f"{val(v['wire'], '.2f', ' x')}  {v['wire']['result']}")
+    print(f"  decode <= {RL_DECODE_TARGET:g} CPU s per GiB (deltas on, largest row): "
+          f"{val(v['decode'], '.2f')}  {v['decode']['result']}")
+    for note in rl.get("notes", []):
+        print(f"  note: {note}")
+
+
+# --------------------------------------------------------------------------
 
 
 def check_env():
@@ -628,6 +1069,9 @@ def check_env():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", choices=SCENARIOS, default="all",
+                    help="replication: the methods and the commit latency; rl: the RL update v1 -> v2 "
+                         "(deltas on and off); all: both (default)")
     ap.add_argument("--quick", action="store_true", help="N = 2 and 4 only, 256 MiB (development)")
     ap.add_argument("--nodes", default=None, help="receiver counts, e.g. 2,4,6 (default; --quick: 2,4)")
     ap.add_argument("--tensors", type=int, default=None, help="tensors in the version (default 32; --quick 8)")
@@ -640,6 +1084,9 @@ def main():
     ap.add_argument("--no-preallocate", action="store_true",
                     help="mount the nodes without --preallocate (pages allocated as shards arrive)")
     ap.add_argument("--no-link-check", action="store_true", help="skip the raw TCP check of one link")
+    ap.add_argument("--rl-changed", type=float, default=RL_CHANGED,
+                    help=f"rl: fraction of the bf16 values v2 changes (default {RL_CHANGED:g})")
+    ap.add_argument("--rl-no-off", action="store_true", help="rl: skip the runs with deltas off (delta=0)")
     ap.add_argument("--json", default=str(REPO / "build" / "bench-cluster.json"), help="where to write results")
     a = ap.parse_args()
 
@@ -651,17 +1098,20 @@ def main():
     for m in methods:
         if m not in METHODS:
             sys.exit(f"bench-cluster: unknown method {m!r} (one of {', '.join(METHODS)})")
+    if not 0 < a.rl_changed < 0.5:
+        sys.exit("bench-cluster: --rl-changed takes a fraction between 0 and 0.5")
+    do_repl, do_rl = a.scenario in ("all", "replication"), a.scenario in ("all", "rl")
     tensors = a.tensors or (8 if a.quick else 32)
     size_est = int(tensors * a.tensor_mib * (1 << 20))
     maxn = max(ns_list)
-    hosts = max(maxn, 3 if a.commits > 0 else 1)   # the commit latency needs pub + r1..r3
+    hosts = max(maxn, 3 if a.commits > 0 and do_repl else 1)   # the commit latency needs pub + r1..r3
 
     # /dev/shm must hold the source, maxN+1 stores (or maxN rsync copies) and a margin;
     # a preallocated store holds its whole capacity (1.5 x the version + 64 MiB).
     free = shutil.disk_usage("/dev/shm").free
     per_store = 1.5 if not a.no_preallocate else 1.0
     need = lambda t: int(t * a.tensor_mib * (1 << 20) * (1 + per_store * (maxn + 1))) + (576 << 20)  # noqa: E731
-    if free < need(tensors):
+    if do_repl and free < need(tensors):
         fit = tensors
         while fit > 1 and free < need(fit):
             fit -= 1
@@ -686,7 +1136,7 @@ def main():
            "machine": machine(),
            "rate": a.rate, "rate_bps": rate_bps(a.rate), "tensors": tensors, "tensor_mib": a.tensor_mib,
            "receivers": ns_list, "reps": a.reps, "statistic": "median", "capacity": capacity,
-           "preallocate": not a.no_preallocate, "runs": []}
+           "preallocate": not a.no_preallocate, "scenario": a.scenario, "runs": []}
     interrupted = False
     try:
         # Run a private copy of the binary: a rebuild of build/hwfs during the run changes nothing.
@@ -696,14 +1146,15 @@ def main():
         HWFS = shutil.copy2(HWFS, os.path.join(work, "bin", "hwfs"))
         res["git"] = git_describe()
         srcdir = os.path.join(work, "src")
-        os.makedirs(srcdir)
-        log(f"writing {tensors} x {a.tensor_mib:g} MiB random float16 tensors to {srcdir}")
-        t = time.monotonic()
-        size = write_model(os.path.join(srcdir, "model.safetensors"), tensors, a.tensor_mib, SEED)
-        ctx.update(srcdir=srcdir, size=size)
-        sb = size * 8 / rate_bps(a.rate)
-        res.update(size_bytes=size, s_over_b=sb)
-        log(f"  {size / 2**30:.3f} GiB in {time.monotonic() - t:.1f} s; S/B = {sb:.3f} s at {a.rate}")
+        if do_repl:
+            os.makedirs(srcdir)
+            log(f"writing {tensors} x {a.tensor_mib:g} MiB random float16 tensors to {srcdir}")
+            t = time.monotonic()
+            size = write_model(os.path.join(srcdir, "model.safetensors"), tensors, a.tensor_mib, SEED)
+            ctx.update(srcdir=srcdir, size=size)
+            sb = size * 8 / rate_bps(a.rate)
+            res.update(size_bytes=size, s_over_b=sb)
+            log(f"  {size / 2**30:.3f} GiB in {time.monotonic() - t:.1f} s; S/B = {sb:.3f} s at {a.rate}")
 
         members = [("coord", 2), ("pub", 10)] + [(f"r{i}", 10 + i) for i in range(1, hosts + 1)]
         log(f"network: {len(members)} namespaces + hub {TAG}-hub, {SUBNET}.0/24, every link tbf {a.rate} "
@@ -718,7 +1169,7 @@ def main():
             log(f"link check: raw TCP pub -> r1 {lc['gbit_s']:.2f} Gbit/s ({lc['bytes'] >> 20} MiB), "
                 f"{lc['cpu_s_per_gib']:.2f} CPU s per GiB (sender + receiver processes)")
 
-        for m in methods:
+        for m in (methods if do_repl else []):
             for n in ns_list:
                 for rep in range(a.reps):
                     log(f"{m:7} N={n} run {rep + 1}/{a.reps} ...")
@@ -733,7 +1184,7 @@ def main():
                     if ok:
                         log(f"  {r['replication_s']:.2f} s = {r['ratio']:.2f} x S/B; arrivals {r['arrival_s']}; "
                             f"CPU busy {r['machine_busy'] * 100:.0f}%; CPU s (user, sys) {r['cpu_s_replication']}")
-        if a.commits > 0:
+        if do_repl and a.commits > 0:
             log(f"commit latency: 4 nodes, {a.commits} commits ...")
             try:
                 res["commit"] = commit_latency(ctx, 4, a.commits)
@@ -741,6 +1192,13 @@ def main():
             except (RuntimeError, subprocess.TimeoutExpired, OSError) as e:
                 log(f"  FAILED: {e}")
                 res["commit"] = {"failed": str(e)}
+        shutil.rmtree(srcdir, ignore_errors=True)     # its memory goes to the rl versions
+        if do_rl:
+            try:
+                rl_scenario(ctx, a, ns_list, res)
+            except (RuntimeError, subprocess.TimeoutExpired, OSError) as e:
+                log(f"rl: FAILED: {e}")
+                res.setdefault("rl", {})["failed"] = str(e)
         return finish(res, a.json)
     except KeyboardInterrupt:
         interrupted = True
@@ -787,6 +1245,19 @@ def teardown(ctx, net, work, mntroot):
 
 
 def finish(res, json_path):
+    """Print the results of the scenarios that ran and write them to @json_path."""
+    if "s_over_b" in res:
+        print_replication(res)
+    if "rl" in res:
+        print_rl(res["rl"])
+    write_json(res, json_path)
+    print(f"\nresults written to {json_path}")
+    return 0
+
+
+def print_replication(res):
+    """The replication scenario's table and verdicts on stdout; rows and
+    verdicts stored into @res."""
     sb = res["s_over_b"]
     groups = {}
     for r in res["runs"]:
@@ -891,9 +1362,6 @@ def finish(res, json_path):
     print(f"\ncaveat: all {res['machine']['cores']} cores of this one machine run every node, the kernel's "
           "veth/bridge forwarding and the tmpfs writes; when CPU busy is near 100% the CPU, not the "
           "links, is the bottleneck, and the ratios are upper bounds of what real links would show.")
-    write_json(res, json_path)
-    print(f"\nresults written to {json_path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ the script's prefix, the nearest-rank percentile, /proc/mounts and pid checks,
 dropping the page cache, `hwfs mount` (a command whose daemon stays behind)
 and the teardown of a mounted node (`hwfs umount`, a lazy unmount if it stays
 mounted, SIGKILL to its daemon by pid), stopping a process started with Popen,
-the tail of a log, the header of a safetensors file, the description of the
+the tail of a log, the header of a safetensors file, float32 -> bfloat16
+rounding and the size of a file under `zstd -1`, the description of the
 machine and the git revision, Ctrl-C/SIGTERM handling around a teardown, a
 table cell that may be empty, and writing the results as JSON.
 
@@ -171,6 +172,50 @@ def safetensors_header(tensors, generator):
     hj = json.dumps(header, separators=(",", ":")).encode()
     hj += b" " * (-len(hj) % 8)
     return struct.pack("<Q", len(hj)) + hj, offsets, off
+
+
+def bf16_bits(f32):
+    """The bfloat16 bit patterns (uint16) of the finite float32 numpy array
+    @f32, rounded to nearest, ties to even (what torch's .to(torch.bfloat16)
+    does), computed on a uint32 view: one uint32 temporary of @f32's size and
+    the uint16 result; @f32 is left as it is."""
+    import numpy as np
+
+    u = f32.view(np.uint32)
+    t = u >> 16
+    t &= 1                  # the lowest bit that is kept: ties go to even
+    t += 0x7FFF
+    t += u                  # no overflow for finite values (<= 0xFF7FFFFF)
+    t >>= 16
+    return t.astype(np.uint16)
+
+
+def zstd_size(path, level=1, timeout=CMD_TIMEOUT * 5):
+    """(bytes, CPU seconds) of `zstd -LEVEL -c PATH`: the compressed size of
+    the file @path, counted as zstd writes it (nothing is kept), and the CPU
+    time zstd used.  Raises RuntimeError when zstd fails."""
+    t0 = os.times()
+    p = subprocess.Popen(["zstd", f"-{level}", "-q", "-c", str(path)], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    n = 0
+    try:
+        while True:
+            b = p.stdout.read(1 << 20)
+            if not b:
+                break
+            n += len(b)
+        err = p.stderr.read().decode(errors="replace").strip()
+        rc = p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stdout.close()
+        p.stderr.close()
+    if rc != 0:
+        raise RuntimeError(f"`zstd -{level} -c {path}` failed ({rc}): {err}")
+    t1 = os.times()
+    return n, (t1.children_user - t0.children_user) + (t1.children_system - t0.children_system)
 
 
 def machine():
