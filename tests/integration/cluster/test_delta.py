@@ -552,6 +552,22 @@ class RogueDonor:
         self.ctx.term()
 
 
+def zstd(data):
+    """@data compressed as one zstd frame (level 1) that declares its content size."""
+    cp = subprocess.run(["zstd", "-1", "-c", "-q", f"--stream-size={len(data)}"], input=data,
+                        capture_output=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    return cp.stdout
+
+
+def xor_delta(base, new, width=2):
+    """The delta of @new against @base as replicator/delta.h encodes it: the XOR, shuffled by
+    element width (all first bytes of the elements, then all second bytes...), in one zstd
+    frame behind the 16-byte header."""
+    x = np.bitwise_xor(np.frombuffer(base, np.uint8), np.frombuffer(new, np.uint8))
+    return delta_header(len(new), width) + zstd(x.reshape(-1, width).T.tobytes())
+
+
 def shard_map(manifest, root):
     """hash -> (file path, offset, length) of every extent of @manifest (JSON bytes), the
     files being under @root."""
@@ -574,15 +590,16 @@ def test_hostile_donor_deltas_are_refused(net, tmp_path):
     manifest, and so becomes A's only donor of v2, with base v1.  To each GET it first
     answers with hostile deltas — a total larger than the shard, a base that was not asked,
     a piece past its total, then a decompression bomb (a zstd frame declaring 1 GiB, one
-    declaring no size, one declaring the shard's 4 MiB but holding 1 GiB) or a valid header
-    followed by garbage, and a delta where the shard was asked whole — and only then with
-    the whole shard.  A stays alive, its peak RSS grows by far less than the bomb, it logs
+    declaring no size, one declaring the shard's 4 MiB but holding 1 GiB), a valid header
+    followed by garbage, or the right delta followed by trailing bytes, and a delta where the
+    shard was asked whole — and only then with the whole shard.  A stays alive, its peak RSS grows by far less than the bomb, it logs
     every refusal, and v2 ends byte-identical."""
     start(net, ["A"], extra=["-o", "donor_backoff_max_ms=400"])
     a = net["A"]
     w1 = bf16_model(1)
     v1 = model_dir(str(tmp_path / "v1"), w1)
     d1 = net.publish("A", v1, "v1")
+    bases = shard_map(a.run("manifest", "v1").stdout.encode(), v1)
     v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
 
     # v2's real manifest and digest, from a separate single-node mount of the same files
@@ -624,8 +641,12 @@ def test_hostile_donor_deltas_are_refused(net, tmp_path):
                 return [({**enc, "base": "ab" * 16, "offset": 0, "total": 4096}, b"\0" * 4096)]
             if k == 2:    # a piece past the delta's total
                 return [({**enc, "offset": 2048, "total": 4096}, b"\0" * 4096)]
-            frame = [bomb_declared, bomb_undeclared, bomb_lying, os.urandom(2000)][i % 4]
-            body = delta_header(length) + frame  # each rebuild fails: the shard is asked whole
+            if i % 5 == 4:  # the right delta, then trailing bytes
+                body = xor_delta(read_range(*bases[base_hex]), data) + b"trailing"
+            else:           # a bomb, or garbage behind a valid header
+                body = delta_header(length) + [bomb_declared, bomb_undeclared, bomb_lying,
+                                               os.urandom(2000)][i % 5]
+            # each rebuild fails: the shard is asked whole
             return [({**enc, "offset": 0, "total": len(body)}, body)]
         if h not in asked_whole:  # a delta, though the shard was asked whole
             asked_whole.add(h)
@@ -653,6 +674,10 @@ def test_hostile_donor_deltas_are_refused(net, tmp_path):
                 "a delta piece outside its delta", "a delta that was not asked for"):
         assert f"malformed piece from {rogue.url} for v2: {why}" in log, f"A did not log {why!r}:\n{a.log_tail()}"
     assert log.count(f"bad delta from {rogue.url} for v2") >= TENSORS, a.log_tail()
+    for why in ("the zstd frame declares 1073741824 bytes, the shard has 4194304",
+                "the zstd frame does not declare its content size", "zstd: ",  # (too small a buffer)
+                "no zstd frame after the delta header", "8 trailing bytes after the zstd frame"):
+        assert f"bad delta from {rogue.url} for v2 ({why})" in log, f"A did not log {why!r}:\n{a.log_tail()}"
     rd = replication(a)["delta"]
     assert rd["failed"] >= TENSORS and rd["received"] == 0, rd
     based = {h for h, b in rogue.gets if b != "0" * 32}
