@@ -1,0 +1,432 @@
+/*
+ * test_delta_base.c — the base-matching rule of replicator/delta_base.c
+ * (docs/delta.md, "Which base"): which shard of an earlier version a shard of
+ * a new version is a delta against.
+ *
+ * A shard inside a tensor matches the shard at the same offset within the
+ * tensor of the same name, in the file of the same path, when both tensors
+ * have the same dtype and byte length and that shard has the same length;
+ * a shard outside every tensor matches the shard at the same offset with the
+ * same length in the file of the same path; anything else has no base.  The
+ * versions here are built by hand (hwfs_vrec records, as manifest_parse()
+ * makes them), so each case states exactly the layout it is about.
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "delta_base.h"
+
+/* ---- building versions by hand ---- */
+
+/* A distinct hash per (version, tag): which shard a match returned is visible. */
+static hwfs_hash_t H(const char *ver, const char *tag)
+{
+	char buf[320];
+	hwfs_hash_t h;
+
+	snprintf(buf, sizeof(buf), "%s/%s", ver, tag);
+	hwfs_hash_buf(buf, strlen(buf), &h);
+	return h;
+}
+
+/* A tensor description: name, dtype, absolute offset in the file, byte length. */
+struct tdesc {
+	const char *name, *dtype;
+	uint64_t off, len;
+};
+
+/*
+ * A regular file @path of version @ver whose extents are the consecutive
+ * lengths @lens (@n of them, hashed "ver/path@off") and whose tensors are
+ * @ts (@nt of them, sorted by offset).
+ */
+static void make_file(struct hwfs_frec *f, const char *ver, const char *path, const uint64_t *lens,
+		      size_t n, const struct tdesc *ts, size_t nt)
+{
+	uint64_t off = 0;
+	char tag[256];
+
+	memset(f, 0, sizeof(*f));
+	f->path = strdup(path);
+	f->kind = HWFS_K_REG;
+	f->mode = 0644;
+	f->n_ext = n;
+	f->ext = calloc(n ? n : 1, sizeof(*f->ext));
+	assert_non_null(f->path);
+	assert_non_null(f->ext);
+	for (size_t i = 0; i < n; i++) {
+		snprintf(tag, sizeof(tag), "%s@%llu", path, (unsigned long long)off);
+		f->ext[i] = (struct hwfs_extent){off, lens[i], H(ver, tag)};
+		off += lens[i];
+	}
+	f->size = off;
+	f->n_tensors = nt;
+	f->tensors = nt ? calloc(nt, sizeof(*f->tensors)) : NULL;
+	for (size_t i = 0; i < nt; i++) {
+		struct hwfs_trec *t = &f->tensors[i];
+
+		t->name = strdup(ts[i].name);
+		assert_non_null(t->name);
+		snprintf(t->dtype, sizeof(t->dtype), "%s", ts[i].dtype);
+		t->off = ts[i].off;
+		t->len = ts[i].len;
+	}
+}
+
+/* A non-regular entry (directory or symlink) @path. */
+static void make_other(struct hwfs_frec *f, const char *path, enum hwfs_kind kind)
+{
+	memset(f, 0, sizeof(*f));
+	f->path = strdup(path);
+	f->kind = kind;
+	f->mode = kind == HWFS_K_DIR ? 0755 : 0777;
+	f->target = kind == HWFS_K_LNK ? strdup("elsewhere") : NULL;
+	assert_non_null(f->path);
+}
+
+/* An empty sealed version @name with room for @n files (filled by the caller, sorted by path). */
+static struct hwfs_vrec *make_version(const char *name, size_t n)
+{
+	struct hwfs_vrec *v = calloc(1, sizeof(*v));
+
+	assert_non_null(v);
+	v->name = strdup(name);
+	v->state = HWFS_V_SEALED;
+	v->n_files = n;
+	v->files = calloc(n ? n : 1, sizeof(*v->files));
+	assert_non_null(v->files);
+	return v;
+}
+
+/* The extent of @f starting at @off (the test's layouts always have one). */
+static const struct hwfs_extent *ext_at(const struct hwfs_frec *f, uint64_t off)
+{
+	for (size_t i = 0; i < f->n_ext; i++)
+		if (f->ext[i].off == off)
+			return &f->ext[i];
+	fail_msg("no extent at %llu in %s", (unsigned long long)off, f->path);
+	return NULL;
+}
+
+/* delta_base_of() of the extent of @f at @off against @idx; width and tensor into the out-params. */
+static const struct hwfs_extent *base_of(const struct delta_bases *idx, const struct hwfs_frec *f,
+					 uint64_t off, unsigned *width, const struct hwfs_trec **t)
+{
+	*width = 99;
+	return delta_base_of(idx, f, ext_at(f, off), width, t);
+}
+
+/* ---- the cases ---- */
+
+/*
+ * A safetensors file: header shard, then tensors a (BF16, 64 bytes),
+ * b (F32, 128 bytes), c (F64, 32 bytes), one shard each.  In the base the
+ * header is longer (another JSON) and the tensors lie in another order, so
+ * their absolute offsets differ: they match by name, offset within tensor.
+ */
+static void test_same_tensor_matches_by_name_not_file_offset(void **state)
+{
+	(void)state;
+	struct hwfs_vrec *v1 = make_version("v1", 1), *v2 = make_version("v2", 1);
+	/* v1: header 40, c@40 (32), a@72 (64), b@136 (128) */
+	const uint64_t l1[] = {40, 32, 64, 128};
+	const struct tdesc t1[] = {{"c", "F64", 40, 32}, {"a", "BF16", 72, 64}, {"b", "F32", 136, 128}};
+	/* v2: header 24, a@24 (64), b@88 (128), c@216 (32) */
+	const uint64_t l2[] = {24, 64, 128, 32};
+	const struct tdesc t2[] = {{"a", "BF16", 24, 64}, {"b", "F32", 88, 128}, {"c", "F64", 216, 32}};
+	struct delta_bases *idx = NULL;
+	const struct hwfs_trec *t;
+	const struct hwfs_extent *e;
+	unsigned width;
+
+	make_file(&v1->files[0], "v1", "model.safetensors", l1, 4, t1, 3);
+	make_file(&v2->files[0], "v2", "model.safetensors", l2, 4, t2, 3);
+	assert_int_equal(delta_bases_new(v1, &idx), 0);
+
+	e = base_of(idx, &v2->files[0], 24, &width, &t);
+	assert_ptr_equal(e, &v1->files[0].ext[2]); /* a@72 */
+	assert_int_equal(width, 2);
+	assert_non_null(t);
+	assert_string_equal(t->name, "a");
+
+	e = base_of(idx, &v2->files[0], 88, &width, &t);
+	assert_ptr_equal(e, &v1->files[0].ext[3]); /* b@136 */
+	assert_int_equal(width, 4);
+	assert_string_equal(t->name, "b");
+
+	e = base_of(idx, &v2->files[0], 216, &width, &t);
+	assert_ptr_equal(e, &v1->files[0].ext[1]); /* c@40 */
+	assert_int_equal(width, 8);
+
+	/* the header (outside every tensor): 24 bytes at 0 vs 40 at 0 — another length */
+	e = base_of(idx, &v2->files[0], 0, &width, &t);
+	assert_null(e);
+	assert_int_equal(width, 1);
+	assert_null(t);
+
+	delta_bases_free(idx);
+	hwfs_vrec_free(v1);
+	hwfs_vrec_free(v2);
+}
+
+/*
+ * Shards outside tensors — a safetensors header of the same length, a file
+ * that is not safetensors (fixed-size chunks) — match the base shard at the
+ * same offset with the same length in the file of the same path; another
+ * length at that offset, or no shard starting there, is no base.
+ */
+static void test_outside_tensors_same_offset_and_length(void **state)
+{
+	(void)state;
+	struct hwfs_vrec *v1 = make_version("v1", 3), *v2 = make_version("v2", 3);
+	const uint64_t hdr[] = {16, 64};
+	const struct tdesc tw[] = {{"w", "BF16", 16, 64}};
+	const uint64_t bin1[] = {100, 100, 50}, bin2[] = {100, 100, 60};
+	const uint64_t odd1[] = {30, 70}, odd2[] = {40, 60};
+	struct delta_bases *idx = NULL;
+	const struct hwfs_trec *t;
+	const struct hwfs_extent *e;
+	unsigned width;
+
+	/* sorted by path: data.bin, m.safetensors, odd.bin */
+	make_file(&v1->files[0], "v1", "data.bin", bin1, 3, NULL, 0);
+	make_file(&v1->files[1], "v1", "m.safetensors", hdr, 2, tw, 1);
+	make_file(&v1->files[2], "v1", "odd.bin", odd1, 2, NULL, 0);
+	make_file(&v2->files[0], "v2", "data.bin", bin2, 3, NULL, 0);
+	make_file(&v2->files[1], "v2", "m.safetensors", hdr, 2, tw, 1);
+	make_file(&v2->files[2], "v2", "odd.bin", odd2, 2, NULL, 0);
+	assert_int_equal(delta_bases_new(v1, &idx), 0);
+
+	e = base_of(idx, &v2->files[1], 0, &width, &t); /* the header: same length */
+	assert_ptr_equal(e, &v1->files[1].ext[0]);
+	assert_int_equal(width, 1);
+	assert_null(t);
+
+	e = base_of(idx, &v2->files[0], 0, &width, &t);
+	assert_ptr_equal(e, &v1->files[0].ext[0]);
+	assert_int_equal(width, 1);
+	e = base_of(idx, &v2->files[0], 100, &width, &t);
+	assert_ptr_equal(e, &v1->files[0].ext[1]);
+	/* the last chunk grew: 60 bytes at 200 vs 50 */
+	assert_null(base_of(idx, &v2->files[0], 200, &width, &t));
+	assert_int_equal(width, 1);
+
+	/* odd.bin: chunks 0+40, 40+60 against 0+30, 30+70: nothing starts alike */
+	assert_null(base_of(idx, &v2->files[2], 0, &width, &t));
+	assert_null(base_of(idx, &v2->files[2], 40, &width, &t));
+
+	delta_bases_free(idx);
+	hwfs_vrec_free(v1);
+	hwfs_vrec_free(v2);
+}
+
+/*
+ * A renamed tensor, a reshaped one (another byte length), a retyped one
+ * (same length, another dtype) and a new one have no base, though a shard of
+ * the same length lies at the same file offset in the base; the width and
+ * the tensor are reported anyway.  A tensor whose shape changed but not its
+ * dtype or byte length keeps its base (the rule looks at bytes, not shape).
+ */
+static void test_renamed_reshaped_retyped_new_have_no_base(void **state)
+{
+	(void)state;
+	struct hwfs_vrec *v1 = make_version("v1", 1), *v2 = make_version("v2", 1);
+	const uint64_t l1[] = {8, 64, 64, 64, 64}, l2[] = {8, 64, 64, 32, 64, 64};
+	const struct tdesc t1[] = {{"old", "BF16", 8, 64},
+				   {"typed", "BF16", 72, 64},
+				   {"shaped", "F32", 136, 64},
+				   {"square", "F32", 200, 64}};
+	const struct tdesc t2[] = {{"renamed", "BF16", 8, 64}, {"typed", "F16", 72, 64},
+				   {"shaped", "F32", 136, 32}, {"square", "F32", 168, 64},
+				   {"fresh", "I8", 232, 64}};
+	struct delta_bases *idx = NULL;
+	const struct hwfs_trec *t;
+	const struct hwfs_extent *e;
+	unsigned width;
+
+	make_file(&v1->files[0], "v1", "m.safetensors", l1, 5, t1, 4);
+	make_file(&v2->files[0], "v2", "m.safetensors", l2, 6, t2, 5);
+	v2->files[0].tensors[3].ndim = 2; /* "square": another shape, same dtype and length */
+	v2->files[0].tensors[3].shape = calloc(2, sizeof(uint64_t));
+	assert_non_null(v2->files[0].tensors[3].shape);
+	v2->files[0].tensors[3].shape[0] = v2->files[0].tensors[3].shape[1] = 4;
+	assert_int_equal(delta_bases_new(v1, &idx), 0);
+
+	assert_null(base_of(idx, &v2->files[0], 8, &width, &t)); /* renamed */
+	assert_int_equal(width, 2);
+	assert_string_equal(t->name, "renamed");
+	assert_null(base_of(idx, &v2->files[0], 72, &width, &t)); /* BF16 -> F16 */
+	assert_int_equal(width, 2);
+	assert_string_equal(t->name, "typed");
+	assert_null(base_of(idx, &v2->files[0], 136, &width, &t)); /* 64 -> 32 bytes */
+	assert_int_equal(width, 4);
+	assert_null(base_of(idx, &v2->files[0], 232, &width, &t)); /* new */
+	assert_int_equal(width, 1);
+	assert_string_equal(t->name, "fresh");
+
+	e = base_of(idx, &v2->files[0], 168, &width, &t); /* moved and reshaped, same bytes */
+	assert_ptr_equal(e, &v1->files[0].ext[4]);
+	assert_int_equal(width, 4);
+
+	delta_bases_free(idx);
+	hwfs_vrec_free(v1);
+	hwfs_vrec_free(v2);
+}
+
+/*
+ * A tensor larger than max_shard is cut into several shards; each maps to
+ * the shard at the same offset within the same tensor of the base (cut
+ * alike), piece by piece, whatever the tensor's offset in the file.  A piece
+ * the base cut otherwise (another length at that offset) has no base, and
+ * none of the pieces of a tensor that grew has one, not even those whose
+ * place and length the base shares.
+ */
+static void test_cut_tensor_maps_piece_by_piece(void **state)
+{
+	(void)state;
+	struct hwfs_vrec *v1 = make_version("v1", 1), *v2 = make_version("v2", 1);
+	/* big: 3 pieces 100+100+50; in v1 after a 16-byte header, in v2 after 48 bytes and "small" */
+	const uint64_t l1[] = {16, 100, 100, 50}, l2[] = {32, 16, 100, 100, 50};
+	const struct tdesc t1[] = {{"big", "BF16", 16, 250}};
+	const struct tdesc t2[] = {{"small", "F32", 32, 16}, {"big", "BF16", 48, 250}};
+	/* v3: big cut 100+150 (another max_shard) */
+	struct hwfs_vrec *v3 = make_version("v3", 1);
+	const uint64_t l3[] = {16, 100, 150};
+	/* v4: big was 200 bytes (100+100): it grew to 250 in v2 */
+	struct hwfs_vrec *v4 = make_version("v4", 1);
+	const uint64_t l4[] = {16, 100, 100};
+	const struct tdesc t4[] = {{"big", "BF16", 16, 200}};
+	struct delta_bases *idx = NULL, *idx3 = NULL, *idx4 = NULL;
+	const struct hwfs_trec *t;
+	unsigned width;
+
+	make_file(&v1->files[0], "v1", "m.safetensors", l1, 4, t1, 1);
+	make_file(&v2->files[0], "v2", "m.safetensors", l2, 5, t2, 2);
+	make_file(&v3->files[0], "v3", "m.safetensors", l3, 3, t1, 1);
+	make_file(&v4->files[0], "v4", "m.safetensors", l4, 3, t4, 1);
+	assert_int_equal(delta_bases_new(v1, &idx), 0);
+	assert_int_equal(delta_bases_new(v3, &idx3), 0);
+	assert_int_equal(delta_bases_new(v4, &idx4), 0);
+
+	assert_ptr_equal(base_of(idx, &v2->files[0], 48, &width, &t), &v1->files[0].ext[1]);
+	assert_int_equal(width, 2);
+	assert_string_equal(t->name, "big");
+	assert_ptr_equal(base_of(idx, &v2->files[0], 148, &width, &t), &v1->files[0].ext[2]);
+	assert_ptr_equal(base_of(idx, &v2->files[0], 248, &width, &t), &v1->files[0].ext[3]);
+	assert_null(base_of(idx, &v2->files[0], 32, &width, &t)); /* "small" is new */
+
+	/* against v3 (cut 100+150): the first piece matches, the others do not */
+	assert_ptr_equal(base_of(idx3, &v2->files[0], 48, &width, &t), &v3->files[0].ext[1]);
+	assert_null(base_of(idx3, &v2->files[0], 148, &width, &t));
+	assert_null(base_of(idx3, &v2->files[0], 248, &width, &t));
+
+	/* against v4 (big was 200 bytes): no piece, though 48+100 and 148+100 are cut alike */
+	assert_null(base_of(idx4, &v2->files[0], 48, &width, &t));
+	assert_null(base_of(idx4, &v2->files[0], 148, &width, &t));
+	assert_null(base_of(idx4, &v2->files[0], 248, &width, &t));
+	assert_int_equal(width, 2);
+
+	delta_bases_free(idx);
+	delta_bases_free(idx3);
+	delta_bases_free(idx4);
+	hwfs_vrec_free(v4);
+	hwfs_vrec_free(v1);
+	hwfs_vrec_free(v2);
+	hwfs_vrec_free(v3);
+}
+
+/*
+ * A file the base does not have (another path, or the same path as a
+ * directory or symlink there) has no base for any of its shards; a new
+ * version's symlink or directory entry is never looked up; an empty base
+ * matches nothing.  A shard that spans two tensors lies in no single one and
+ * is matched as bytes outside tensors (same offset and length).
+ */
+static void test_missing_file_and_other_kinds(void **state)
+{
+	(void)state;
+	struct hwfs_vrec *v1 = make_version("v1", 3), *v2 = make_version("v2", 4);
+	struct hwfs_vrec *empty = make_version("v0", 0);
+	const uint64_t l[] = {16, 64}, two[] = {8, 48};
+	const struct tdesc tw[] = {{"w", "BF16", 16, 64}};
+	const struct tdesc tpair[] = {{"p", "F32", 8, 24}, {"q", "F32", 32, 24}};
+	struct delta_bases *idx = NULL, *idx0 = NULL;
+	const struct hwfs_trec *t;
+	unsigned width;
+
+	/* v1: a.safetensors, dir (a directory), pair.safetensors */
+	make_file(&v1->files[0], "v1", "a.safetensors", l, 2, tw, 1);
+	make_other(&v1->files[1], "dir", HWFS_K_DIR);
+	make_file(&v1->files[2], "v1", "pair.safetensors", two, 2, tpair, 2);
+	/* v2: b.safetensors (new path, same layout), dir (now a file), link, pair.safetensors */
+	make_file(&v2->files[0], "v2", "b.safetensors", l, 2, tw, 1);
+	make_file(&v2->files[1], "v2", "dir", l, 2, NULL, 0);
+	make_other(&v2->files[2], "link", HWFS_K_LNK);
+	make_file(&v2->files[3], "v2", "pair.safetensors", two, 2, tpair, 2);
+	assert_int_equal(delta_bases_new(v1, &idx), 0);
+	assert_int_equal(delta_bases_new(empty, &idx0), 0);
+
+	assert_null(base_of(idx, &v2->files[0], 16, &width, &t)); /* a file the base lacks */
+	assert_int_equal(width, 2);
+	assert_string_equal(t->name, "w");
+	assert_null(base_of(idx, &v2->files[0], 0, &width, &t));
+	assert_null(base_of(idx, &v2->files[1], 0, &width, &t)); /* a directory in the base */
+	assert_null(base_of(idx, &v2->files[1], 16, &width, &t));
+
+	/* the 48-byte shard holds both p and q: matched as bytes at 8 (width 1) */
+	assert_ptr_equal(base_of(idx, &v2->files[3], 8, &width, &t), &v1->files[2].ext[1]);
+	assert_int_equal(width, 1);
+	assert_null(t);
+
+	assert_null(base_of(idx0, &v2->files[3], 8, &width, &t));
+	assert_null(base_of(idx0, &v2->files[0], 16, &width, &t));
+
+	delta_bases_free(idx);
+	delta_bases_free(idx0);
+	hwfs_vrec_free(v1);
+	hwfs_vrec_free(v2);
+	hwfs_vrec_free(empty);
+}
+
+/* delta_base_of() with a NULL @tensor out-parameter, and delta_bases_free(NULL). */
+static void test_null_tensor_out_and_free_null(void **state)
+{
+	(void)state;
+	struct hwfs_vrec *v1 = make_version("v1", 1);
+	const uint64_t l[] = {16, 64};
+	const struct tdesc tw[] = {{"w", "F64", 16, 64}};
+	struct delta_bases *idx = NULL;
+	unsigned width = 0;
+
+	make_file(&v1->files[0], "v1", "m.safetensors", l, 2, tw, 1);
+	assert_int_equal(delta_bases_new(v1, &idx), 0);
+	/* a version against itself: every shard is its own base */
+	assert_ptr_equal(delta_base_of(idx, &v1->files[0], &v1->files[0].ext[1], &width, NULL),
+			 &v1->files[0].ext[1]);
+	assert_int_equal(width, 8);
+	delta_bases_free(idx);
+	delta_bases_free(NULL);
+	hwfs_vrec_free(v1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_same_tensor_matches_by_name_not_file_offset),
+		cmocka_unit_test(test_outside_tensors_same_offset_and_length),
+		cmocka_unit_test(test_renamed_reshaped_retyped_new_have_no_base),
+		cmocka_unit_test(test_cut_tensor_maps_piece_by_piece),
+		cmocka_unit_test(test_missing_file_and_other_kinds),
+		cmocka_unit_test(test_null_tensor_out_and_free_null),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
