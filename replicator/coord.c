@@ -169,7 +169,8 @@ static void refuse(struct coord *c, const char *from, enum proto_type t, const c
 	if (c->n_warned < HWFS_ARRAY_SIZE(c->warned))
 		snprintf(c->warned[c->n_warned++], sizeof(c->warned[0]), "%s", key);
 	LOG_WARN("coord: dropped %s from peer \"%s\": %s (logged once; every drop is counted in "
-		 "refused_messages of status --cluster)", proto_type_name(t), who, why);
+		 "refused_messages of status --cluster)",
+		 t ? proto_type_name(t) : "a malformed message", who, why);
 }
 
 static struct cnode *node_find(struct coord *c, const char *name)
@@ -669,6 +670,32 @@ static json_t *engines_from_hello(json_t *in)
 	return out;
 }
 
+/*
+ * forget_removed() - @vers is the list of versions node @n holds (its
+ * HELLO): a version the have-table has as complete there and the list
+ * lacks was removed on the node (hwfs rm), so neither the planner (a donor,
+ * a delta base) nor commit counts on it there any more.
+ */
+static void forget_removed(struct cnode *n, json_t *vers)
+{
+	const char *name;
+	json_t *e, *x;
+	void *tmp;
+	size_t i;
+
+	json_object_foreach_safe(n->versions, tmp, name, e) {
+		int listed = 0;
+
+		if (!json_is_true(json_object_get(e, "complete")))
+			continue; /* being pulled: not in the list yet */
+		json_array_foreach(vers, i, x)
+			if (!strcmp(json_string_value(json_object_get(x, "name")) ?: "", name))
+				listed = 1;
+		if (!listed)
+			json_object_del(n->versions, name);
+	}
+}
+
 static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 {
 	struct cnode *n = node_find(c, from);
@@ -750,6 +777,7 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 			 json_is_true(json_object_get(e, "complete")),
 			 v ? (json_int_t)v->bytes : 0, 0);
 	}
+	forget_removed(n, vers);
 	if (!fresh) { /* heartbeat answered; the decision is repeated for nodes that missed it */
 		send_to(c, from, P_PONG, committed_fields(c), NULL, 0);
 		return;
@@ -1084,8 +1112,9 @@ static void handle(struct coord *c)
 		if (r == -EAGAIN)
 			return;
 		if (r < 0) {
-			if (r == -EBADMSG) {
-				LOG_WARN("coord: malformed message dropped: %s", err);
+			if (r == -EBADMSG) { /* (a peer of another protocol version, too) */
+				ident[HWFS_MIN(ident_len, sizeof(ident) - 1)] = '\0';
+				refuse(c, ident, 0, err);
 				continue;
 			}
 			return;
