@@ -125,6 +125,12 @@ void hwfs_log(const char *level, const char *fmt, ...) __attribute__((format(pri
 #define LOG_WARN(...) hwfs_log("warn", __VA_ARGS__)
 #define LOG_INFO(...) hwfs_log("info", __VA_ARGS__)
 
+/**
+ * Format one line into @err (@errlen bytes; nothing when @err is NULL),
+ * control characters replaced by '?'.
+ */
+void hwfs_set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /** Parse "123", "4K", "512M", "2G", "1T" (powers of 1024). Returns 0 or -EINVAL. */
 int hwfs_parse_size(const char *s, uint64_t *out);
 /** Format bytes as "1.50 GiB" into @buf. Returns @buf. */

@@ -40,7 +40,6 @@
  */
 #define _GNU_SOURCE
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,21 +66,6 @@ unsigned st_dtype_bits(const char *dtype)
 		if (!strcmp(dtype, dtypes[i].name))
 			return dtypes[i].bits;
 	return 0;
-}
-
-/* Format one line into @err, then replace control characters with '?'. */
-static void __attribute__((format(printf, 3, 4))) set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	for (char *p = err; *p; p++)
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
-			*p = '?';
 }
 
 /*
@@ -161,13 +145,13 @@ static int check_metadata(const json_t *meta, char *err, size_t errlen)
 	char qb[NAME_QUOTE_MAX + 4];
 
 	if (!json_is_object(meta)) {
-		set_err(err, errlen, "__metadata__ is not an object");
+		hwfs_set_err(err, errlen, "__metadata__ is not an object");
 		return -EINVAL;
 	}
 	json_object_foreach((json_t *)meta, key, val) {
 		if (!json_is_string(val)) {
-			set_err(err, errlen, "__metadata__ value of '%s' is not a string",
-				qname(key, qb));
+			hwfs_set_err(err, errlen, "__metadata__ value of '%s' is not a string",
+			             qname(key, qb));
 			return -EINVAL;
 		}
 	}
@@ -192,16 +176,16 @@ static int parse_tensor(const char *name, size_t name_len, const json_t *obj,
 	int zero = 0;
 
 	if (name_len == 0) {
-		set_err(err, errlen, "empty tensor name");
+		hwfs_set_err(err, errlen, "empty tensor name");
 		return -EINVAL;
 	}
 	if (strlen(name) != name_len) {
-		set_err(err, errlen, "tensor name contains a NUL byte");
+		hwfs_set_err(err, errlen, "tensor name contains a NUL byte");
 		return -EINVAL;
 	}
 	qn = qname(name, qb);
 	if (!json_is_object(obj)) {
-		set_err(err, errlen, "tensor '%s': entry is not an object", qn);
+		hwfs_set_err(err, errlen, "tensor '%s': entry is not an object", qn);
 		return -EINVAL;
 	}
 	t->name = strdup(name);
@@ -210,7 +194,7 @@ static int parse_tensor(const char *name, size_t name_len, const json_t *obj,
 
 	dtype = json_object_get(obj, "dtype");
 	if (!json_is_string(dtype)) {
-		set_err(err, errlen, "tensor '%s': missing or non-string dtype", qn);
+		hwfs_set_err(err, errlen, "tensor '%s': missing or non-string dtype", qn);
 		return -EINVAL;
 	}
 	ds = json_string_value(dtype);
@@ -218,20 +202,20 @@ static int parse_tensor(const char *name, size_t name_len, const json_t *obj,
 	if (!bits) {
 		char db[NAME_QUOTE_MAX + 4];
 
-		set_err(err, errlen, "tensor '%s': unknown dtype '%s'", qn, qname(ds, db));
+		hwfs_set_err(err, errlen, "tensor '%s': unknown dtype '%s'", qn, qname(ds, db));
 		return -EINVAL;
 	}
 	strcpy(t->dtype, ds); /* known dtypes are at most 15 bytes */
 
 	shape = json_object_get(obj, "shape");
 	if (!json_is_array(shape)) {
-		set_err(err, errlen, "tensor '%s': missing or non-array shape", qn);
+		hwfs_set_err(err, errlen, "tensor '%s': missing or non-array shape", qn);
 		return -EINVAL;
 	}
 	ndim = json_array_size(shape);
 	if (ndim > ST_MAX_NDIM) {
-		set_err(err, errlen, "tensor '%s': %zu dimensions (limit %d)", qn, ndim,
-			ST_MAX_NDIM);
+		hwfs_set_err(err, errlen, "tensor '%s': %zu dimensions (limit %d)", qn, ndim,
+		             ST_MAX_NDIM);
 		return -EINVAL;
 	}
 	if (ndim) {
@@ -242,8 +226,9 @@ static int parse_tensor(const char *name, size_t name_len, const json_t *obj,
 	t->ndim = (uint32_t)ndim;
 	for (size_t i = 0; i < ndim; i++) {
 		if (get_uint(json_array_get(shape, i), &t->shape[i])) {
-			set_err(err, errlen,
-				"tensor '%s': shape[%zu] is not a non-negative integer", qn, i);
+			hwfs_set_err(err, errlen,
+			             "tensor '%s': shape[%zu] is not a non-negative integer", qn,
+			             i);
 			return -EINVAL;
 		}
 		if (t->shape[i] == 0)
@@ -255,19 +240,20 @@ static int parse_tensor(const char *name, size_t name_len, const json_t *obj,
 	} else {
 		for (size_t i = 0; i < ndim; i++) {
 			if (__builtin_mul_overflow(count, t->shape[i], &count)) {
-				set_err(err, errlen, "tensor '%s': shape element count overflows",
-					qn);
+				hwfs_set_err(err, errlen,
+				             "tensor '%s': shape element count overflows", qn);
 				return -EINVAL;
 			}
 		}
 	}
 	if (__builtin_mul_overflow(count, (uint64_t)bits, &nbits)) {
-		set_err(err, errlen, "tensor '%s': shape byte size overflows", qn);
+		hwfs_set_err(err, errlen, "tensor '%s': shape byte size overflows", qn);
 		return -EINVAL;
 	}
 	if (nbits % 8) {
-		set_err(err, errlen, "tensor '%s': %llu elements of %s do not fill whole bytes",
-			qn, (unsigned long long)count, t->dtype);
+		hwfs_set_err(err, errlen,
+		             "tensor '%s': %llu elements of %s do not fill whole bytes", qn,
+		             (unsigned long long)count, t->dtype);
 		return -EINVAL;
 	}
 
@@ -275,19 +261,20 @@ static int parse_tensor(const char *name, size_t name_len, const json_t *obj,
 	if (!json_is_array(offs) || json_array_size(offs) != 2 ||
 	    get_uint(json_array_get(offs, 0), &begin) ||
 	    get_uint(json_array_get(offs, 1), &end)) {
-		set_err(err, errlen,
-			"tensor '%s': data_offsets is not two non-negative integers", qn);
+		hwfs_set_err(err, errlen,
+		             "tensor '%s': data_offsets is not two non-negative integers", qn);
 		return -EINVAL;
 	}
 	if (begin > end) {
-		set_err(err, errlen, "tensor '%s': data_offsets begin %llu > end %llu", qn,
-			(unsigned long long)begin, (unsigned long long)end);
+		hwfs_set_err(err, errlen, "tensor '%s': data_offsets begin %llu > end %llu", qn,
+		             (unsigned long long)begin, (unsigned long long)end);
 		return -EINVAL;
 	}
 	if (end - begin != nbits / 8) {
-		set_err(err, errlen,
-			"tensor '%s': data_offsets span %llu bytes, dtype and shape need %llu",
-			qn, (unsigned long long)(end - begin), (unsigned long long)(nbits / 8));
+		hwfs_set_err(err, errlen,
+		             "tensor '%s': data_offsets span %llu bytes, dtype and shape need %llu",
+		             qn, (unsigned long long)(end - begin),
+		             (unsigned long long)(nbits / 8));
 		return -EINVAL;
 	}
 	t->off = begin;
@@ -324,26 +311,29 @@ static int check_layout(const struct st_header *h, uint64_t *data_len, char *err
 			if (!t->len)
 				continue;
 			if (group_nz) {
-				set_err(err, errlen, "tensors '%s' and '%s' overlap",
-					qname(group_nz, qa), qname(t->name, qb));
+				hwfs_set_err(err, errlen, "tensors '%s' and '%s' overlap",
+				             qname(group_nz, qa), qname(t->name, qb));
 				return -EINVAL;
 			}
 		} else {
 			if (t->off < cursor) {
-				set_err(err, errlen, "tensors '%s' and '%s' overlap",
-					qname(last_nz, qa), qname(t->name, qb));
+				hwfs_set_err(err, errlen, "tensors '%s' and '%s' overlap",
+				             qname(last_nz, qa), qname(t->name, qb));
 				return -EINVAL;
 			}
 			if (t->off > cursor) {
 				if (!last_nz)
-					set_err(err, errlen,
-						"tensor data does not start at offset 0: '%s' begins at %llu",
-						qname(t->name, qb), (unsigned long long)t->off);
+					hwfs_set_err(err, errlen,
+					             "tensor data does not start at offset 0: '%s' "
+					             "begins at %llu",
+					             qname(t->name, qb),
+					             (unsigned long long)t->off);
 				else
-					set_err(err, errlen,
-						"gap of %llu bytes between tensors '%s' and '%s'",
-						(unsigned long long)(t->off - cursor),
-						qname(last_nz, qa), qname(t->name, qb));
+					hwfs_set_err(
+					    err, errlen,
+					    "gap of %llu bytes between tensors '%s' and '%s'",
+					    (unsigned long long)(t->off - cursor),
+					    qname(last_nz, qa), qname(t->name, qb));
 				return -EINVAL;
 			}
 			group_nz = NULL;
@@ -365,17 +355,17 @@ int st_check_size(const struct st_header *h, uint64_t file_size, char *err, size
 	if (!h)
 		return -EINVAL;
 	if (__builtin_add_overflow(h->data_start, h->data_len, &need)) {
-		set_err(err, errlen, "tensor data end overflows");
+		hwfs_set_err(err, errlen, "tensor data end overflows");
 		return -EINVAL;
 	}
 	if (file_size < need) {
-		set_err(err, errlen, "truncated data: file is %llu bytes, tensors need %llu",
-			(unsigned long long)file_size, (unsigned long long)need);
+		hwfs_set_err(err, errlen, "truncated data: file is %llu bytes, tensors need %llu",
+		             (unsigned long long)file_size, (unsigned long long)need);
 		return -EINVAL;
 	}
 	if (file_size > need) {
-		set_err(err, errlen, "trailing bytes after tensor data: %llu extra",
-			(unsigned long long)(file_size - need));
+		hwfs_set_err(err, errlen, "trailing bytes after tensor data: %llu extra",
+		             (unsigned long long)(file_size - need));
 		return -EINVAL;
 	}
 	return 0;
@@ -393,26 +383,27 @@ int st_parse(const uint8_t *buf, size_t len, uint64_t file_size, struct st_heade
 	int ret;
 
 	if (!buf || len < 8) {
-		set_err(err, errlen, "file shorter than the 8-byte header length");
+		hwfs_set_err(err, errlen, "file shorter than the 8-byte header length");
 		return -EINVAL;
 	}
 	n = get_le64(buf);
 	if (n == 0) {
-		set_err(err, errlen, "header length is 0");
+		hwfs_set_err(err, errlen, "header length is 0");
 		return -EINVAL;
 	}
 	if (n > ST_MAX_HEADER) {
-		set_err(err, errlen, "header length %llu exceeds limit", (unsigned long long)n);
+		hwfs_set_err(err, errlen, "header length %llu exceeds limit",
+		             (unsigned long long)n);
 		return -EINVAL;
 	}
 	total = 8 + n;
 	if (len < total) {
-		set_err(err, errlen, "header incomplete: %llu of %llu bytes",
-			(unsigned long long)len, (unsigned long long)total);
+		hwfs_set_err(err, errlen, "header incomplete: %llu of %llu bytes",
+		             (unsigned long long)len, (unsigned long long)total);
 		return -EINVAL;
 	}
 	if (buf[8] != '{') {
-		set_err(err, errlen, "header does not start with '{'");
+		hwfs_set_err(err, errlen, "header does not start with '{'");
 		return -EINVAL;
 	}
 
@@ -422,13 +413,13 @@ int st_parse(const uint8_t *buf, size_t len, uint64_t file_size, struct st_heade
 			ret = -ENOMEM;
 			goto out;
 		}
-		set_err(err, errlen, "invalid JSON header: %s (offset %d)", jerr.text,
-			jerr.position);
+		hwfs_set_err(err, errlen, "invalid JSON header: %s (offset %d)", jerr.text,
+		             jerr.position);
 		ret = -EINVAL;
 		goto out;
 	}
 	if (!json_is_object(root)) {
-		set_err(err, errlen, "header is not a JSON object");
+		hwfs_set_err(err, errlen, "header is not a JSON object");
 		ret = -EINVAL;
 		goto out;
 	}
@@ -468,7 +459,7 @@ int st_parse(const uint8_t *buf, size_t len, uint64_t file_size, struct st_heade
 	if (ret)
 		goto out;
 	if (__builtin_add_overflow(h->data_start, h->data_len, &total)) {
-		set_err(err, errlen, "tensor data end overflows");
+		hwfs_set_err(err, errlen, "tensor data end overflows");
 		ret = -EINVAL;
 		goto out;
 	}
@@ -484,7 +475,7 @@ int st_parse(const uint8_t *buf, size_t len, uint64_t file_size, struct st_heade
 	ret = 0;
 out:
 	if (ret == -ENOMEM)
-		set_err(err, errlen, "out of memory");
+		hwfs_set_err(err, errlen, "out of memory");
 	st_free(h);
 	json_decref(root);
 	return ret;

@@ -130,6 +130,25 @@ void hwfs_log(const char *level, const char *fmt, ...)
 	fprintf(stderr, "%s.%03ldZ hwfs[%s]: %s\n", when, ts.tv_nsec / 1000000, level, buf);
 }
 
+/*
+ * Format one line into @err (nothing when @err is NULL or @errlen 0), control
+ * characters (below 0x20, and DEL) replaced by '?', so a reason built from
+ * untrusted bytes can be logged or put in a JSON string as it is.
+ */
+void hwfs_set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || !errlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	for (char *p = err; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
+}
+
 int hwfs_parse_size(const char *s, uint64_t *out)
 {
 	char *end;

@@ -27,14 +27,13 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
 #include <zstd_errors.h>
 
 #include "delta.h"
+#include "hwfs_common.h"
 #include "safetensors.h"
 
 static const uint8_t delta_magic[4] = {'H', 'W', 'D', 'L'};
@@ -57,22 +56,6 @@ struct delta_ctx {
 	uint8_t *scratch; /* the shuffled XOR: grows to the largest shard */
 	size_t scratch_cap;
 };
-
-/* Format one line into @err (if any), control characters replaced by '?'. */
-static void __attribute__((format(printf, 3, 4)))
-set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	for (char *p = err; *p; p++)
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
-			*p = '?';
-}
 
 /*
  * Create a context: zstd contexts set to compress at @level with the content
@@ -388,25 +371,25 @@ int delta_peek(const void *enc, size_t enc_len, uint64_t *len, unsigned *width, 
 	const uint8_t *e = enc;
 
 	if (enc_len < DELTA_HDR) {
-		set_err(err, errlen, "delta of %zu bytes is shorter than its %d-byte header",
-		        enc_len, DELTA_HDR);
+		hwfs_set_err(err, errlen, "delta of %zu bytes is shorter than its %d-byte header",
+		             enc_len, DELTA_HDR);
 		return -EBADMSG;
 	}
 	if (memcmp(e, delta_magic, sizeof(delta_magic))) {
-		set_err(err, errlen, "not a delta (bad magic)");
+		hwfs_set_err(err, errlen, "not a delta (bad magic)");
 		return -EBADMSG;
 	}
 	if (e[4] != DELTA_FORMAT) {
-		set_err(err, errlen, "delta format version %u (this node reads %d)", e[4],
-		        DELTA_FORMAT);
+		hwfs_set_err(err, errlen, "delta format version %u (this node reads %d)", e[4],
+		             DELTA_FORMAT);
 		return -EBADMSG;
 	}
 	if (norm_width(e[5]) != e[5]) {
-		set_err(err, errlen, "delta element width %u (not 1, 2, 4 or 8)", e[5]);
+		hwfs_set_err(err, errlen, "delta element width %u (not 1, 2, 4 or 8)", e[5]);
 		return -EBADMSG;
 	}
 	if (e[6] || e[7]) {
-		set_err(err, errlen, "delta reserved bytes are not zero");
+		hwfs_set_err(err, errlen, "delta reserved bytes are not zero");
 		return -EBADMSG;
 	}
 	if (len)
@@ -450,49 +433,50 @@ static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, siz
 	size_t r;
 
 	if (!flen) {
-		set_err(err, errlen, "no zstd frame after the delta header");
+		hwfs_set_err(err, errlen, "no zstd frame after the delta header");
 		return -EBADMSG;
 	}
 	if (flen < 4) {
-		set_err(err, errlen, "truncated zstd frame (%zu bytes)", flen);
+		hwfs_set_err(err, errlen, "truncated zstd frame (%zu bytes)", flen);
 		return -EBADMSG;
 	}
 	if (get_le32(f) != ZSTD_MAGICNUMBER) {
-		set_err(err, errlen, "no zstd frame after the delta header (magic %08x)",
-		        get_le32(f));
+		hwfs_set_err(err, errlen, "no zstd frame after the delta header (magic %08x)",
+		             get_le32(f));
 		return -EBADMSG;
 	}
 	fcs = ZSTD_getFrameContentSize(f, flen);
 	if (fcs == ZSTD_CONTENTSIZE_ERROR) {
-		set_err(err, errlen, "truncated or corrupt zstd frame header");
+		hwfs_set_err(err, errlen, "truncated or corrupt zstd frame header");
 		return -EBADMSG;
 	}
 	if (fcs == ZSTD_CONTENTSIZE_UNKNOWN) {
-		set_err(err, errlen, "the zstd frame does not declare its content size");
+		hwfs_set_err(err, errlen, "the zstd frame does not declare its content size");
 		return -EBADMSG;
 	}
 	if (fcs != len) {
-		set_err(err, errlen, "the zstd frame declares %llu bytes, the shard has %zu", fcs,
-		        len);
+		hwfs_set_err(err, errlen, "the zstd frame declares %llu bytes, the shard has %zu",
+		             fcs, len);
 		return -EBADMSG;
 	}
 	if (ZSTD_getDictID_fromFrame(f, flen)) {
-		set_err(err, errlen, "the zstd frame needs a dictionary");
+		hwfs_set_err(err, errlen, "the zstd frame needs a dictionary");
 		return -EBADMSG;
 	}
 	window = frame_window(f, fcs);
 	if (window > 1ull << DELTA_WINDOW_LOG_MAX && window != len) {
-		set_err(err, errlen, "zstd window of %llu bytes (limit %llu)",
-		        (unsigned long long)window, 1ull << DELTA_WINDOW_LOG_MAX);
+		hwfs_set_err(err, errlen, "zstd window of %llu bytes (limit %llu)",
+		             (unsigned long long)window, 1ull << DELTA_WINDOW_LOG_MAX);
 		return -EBADMSG;
 	}
 	r = ZSTD_findFrameCompressedSize(f, flen);
 	if (ZSTD_isError(r)) {
-		set_err(err, errlen, "truncated or corrupt zstd frame (%s)", ZSTD_getErrorName(r));
+		hwfs_set_err(err, errlen, "truncated or corrupt zstd frame (%s)",
+		             ZSTD_getErrorName(r));
 		return -EBADMSG;
 	}
 	if (r != flen) {
-		set_err(err, errlen, "%zu trailing bytes after the zstd frame", flen - r);
+		hwfs_set_err(err, errlen, "%zu trailing bytes after the zstd frame", flen - r);
 		return -EBADMSG;
 	}
 	return 0;
@@ -518,8 +502,8 @@ int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void 
 	if (rc)
 		return rc;
 	if (dlen != len) {
-		set_err(err, errlen, "delta declares %llu bytes, the shard has %zu",
-		        (unsigned long long)dlen, len);
+		hwfs_set_err(err, errlen, "delta declares %llu bytes, the shard has %zu",
+		             (unsigned long long)dlen, len);
 		return -EBADMSG;
 	}
 	flen = enc_len - DELTA_HDR;
@@ -528,16 +512,17 @@ int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void 
 		return rc;
 	rc = scratch_reserve(cx, len);
 	if (rc) {
-		set_err(err, errlen, "no memory for a %zu-byte delta", len);
+		hwfs_set_err(err, errlen, "no memory for a %zu-byte delta", len);
 		return rc;
 	}
 	r = ZSTD_decompressDCtx(cx->dc, cx->scratch, len, f, flen);
 	if (ZSTD_isError(r)) {
-		set_err(err, errlen, "zstd: %s", ZSTD_getErrorName(r));
+		hwfs_set_err(err, errlen, "zstd: %s", ZSTD_getErrorName(r));
 		return ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation ? -ENOMEM : -EBADMSG;
 	}
 	if (r != len) { /* zstd checks the declared size; kept as a guard */
-		set_err(err, errlen, "the zstd frame holds %zu bytes, the shard has %zu", r, len);
+		hwfs_set_err(err, errlen, "the zstd frame holds %zu bytes, the shard has %zu", r,
+		             len);
 		return -EBADMSG;
 	}
 	unshuffle_xor(out, base, cx->scratch, len, width);

@@ -1015,12 +1015,12 @@ def print_rl(rl):
     for r in rows:
         print(f"{'on' if r['delta'] else 'off':5} {r['n']:>2} {fmt(r['replication_s'], '7.2f')} "
               f"{fmt(r['ratio'], '6.3f')} {mib(r['wire_per_node']):>13} "
-              f"{'n/a' if r['wire_x_zstd'] is None else format(r['wire_x_zstd'], '.2f'):>6} "
+              f"{fmt(r['wire_x_zstd'], '6.2f')} "
               f"{mib(r['link_in_per_node']):>13} {fmt(r['cpu_s'], '6.1f')} "
               f"{fmt(None if r['cpu_s'] is None else r['cpu_s'] / cores / sb, '6.3f')} "
               f"{fmt(r['machine_busy'], '4.0f', 100)}% "
-              f"{'n/a' if r['encode_cpu_s_per_gib'] is None else format(r['encode_cpu_s_per_gib'], '.2f'):>9} "
-              f"{'n/a' if r['decode_cpu_s_per_gib'] is None else format(r['decode_cpu_s_per_gib'], '.2f'):>9}"
+              f"{fmt(r['encode_cpu_s_per_gib'], '9.2f')} "
+              f"{fmt(r['decode_cpu_s_per_gib'], '9.2f')}"
               + (f"  {r['failed_runs']}/{r['runs']} runs FAILED" if r["failed_runs"] else ""))
         for why in r["failures"]:
             print(f"  FAILED delta {'on' if r['delta'] else 'off'} N={r['n']}: {why}")

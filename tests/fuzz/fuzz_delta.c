@@ -29,27 +29,13 @@
 
 #include "delta.h"
 
+#define FUZZ_NAME "fuzz_delta"
+#include "fuzz_util.h"
+
 #define MAX_LEN ((1u << 20) + 7)
 
 static struct delta_ctx *cx;
 static uint8_t *base;
-
-static void die(const char *what, const char *err)
-{
-	fprintf(stderr, "fuzz_delta: %s%s%s\n", what, err ? ": " : "", err ? err : "");
-	abort();
-}
-
-/* A reason is one non-empty line of printable ASCII. */
-static int one_line(const char *s)
-{
-	if (!*s)
-		return 0;
-	for (; *s; s++)
-		if (*s < 0x20 || *s >= 0x7f)
-			return 0;
-	return 1;
-}
 
 /* A buffer of exactly @n bytes (1 for 0). */
 static uint8_t *exact(size_t n)

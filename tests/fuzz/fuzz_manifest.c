@@ -14,11 +14,8 @@
 
 #include "manifest.h"
 
-static void die(const char *what, const char *err)
-{
-	fprintf(stderr, "fuzz_manifest: %s%s%s\n", what, err ? ": " : "", err ? err : "");
-	abort();
-}
+#define FUZZ_NAME "fuzz_manifest"
+#include "fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

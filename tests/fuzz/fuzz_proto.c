@@ -17,22 +17,8 @@
 
 #include "proto.h"
 
-static void die(const char *what, const char *err)
-{
-	fprintf(stderr, "fuzz_proto: %s%s%s\n", what, err ? ": " : "", err ? err : "");
-	abort();
-}
-
-/* A reason is one non-empty line of printable ASCII. */
-static int one_line(const char *s)
-{
-	if (!*s)
-		return 0;
-	for (; *s; s++)
-		if (*s < 0x20 || *s >= 0x7f)
-			return 0;
-	return 1;
-}
+#define FUZZ_NAME "fuzz_proto"
+#include "fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -893,17 +893,23 @@ def assert_identical(src, node, version):
         assert cp.returncode == 0, f"{node.name}: {version}/{name} differs from the source: {cp.stdout}{cp.stderr}"
 
 
-def corrupt_chunk(node, src_file, index):
-    """Flip a byte of shard @index (CHUNK-sized pieces) of @src_file in @node's arena."""
+def corrupt_at(node, src_file, offset, what):
+    """Flip a byte in every copy, in @node's arena, of the 4 KiB of @src_file at @offset
+    (@what names them when none is found).  Returns the number of copies."""
     with open(src_file, "rb") as f:
-        f.seek(index * CHUNK + CHUNK // 2)
+        f.seek(offset)
         needle = f.read(4096)
     arena = os.path.join(node.store, "arena")
     hits = find_all(arena, needle)
-    assert hits, f"could not find chunk {index} of {src_file} in {node.name}'s {arena}"
+    assert hits, f"could not find {what} in {node.name}'s {arena}"
     for off in hits:
         flip_byte(arena, off + 1000)
     return len(hits)
+
+
+def corrupt_chunk(node, src_file, index):
+    """Flip a byte of shard @index (CHUNK-sized pieces) of @src_file in @node's arena."""
+    return corrupt_at(node, src_file, index * CHUNK + CHUNK // 2, f"chunk {index} of {src_file}")
 
 
 def ring(net, names, **coord_kw):

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 import conftest as base  # tests/integration/conftest.py
-from conftest import HwfsMount, find_all, flip_byte, poll, read_text, wait_dead
+from conftest import HwfsMount, poll, read_text, wait_dead
 
-from .conftest import assert_identical, node_view, ring
+from .conftest import assert_identical, corrupt_at, node_view, ring
 
 TENSORS = 8
 TENSOR_BYTES = 4 << 20  # each tensor is one shard (max_shard is 64 MiB)
@@ -88,6 +88,14 @@ def model_dir(root, tensors):
     return root
 
 
+def rl_versions(tmp_path):
+    """Model directories under @tmp_path: v1 (bf16_model(1)) and v2, v1 after an RL step
+    that moved 2% of every tensor's elements.  Returns (v1, v2)."""
+    w1 = bf16_model(1)
+    return (model_dir(str(tmp_path / "v1"), w1),
+            model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2)))
+
+
 def replication(node):
     return node.status()["replication"]
 
@@ -124,15 +132,7 @@ def corrupt_tensor(node, path, name):
     in @node's store arena, as corrupt_chunk does for a plain file's shard.  Returns the
     number of copies found (1: the arena holds each distinct shard once)."""
     off, length = tensor_span(path, name)
-    with open(path, "rb") as f:
-        f.seek(off + length // 2)
-        needle = f.read(4096)
-    arena = os.path.join(node.store, "arena")
-    hits = find_all(arena, needle)
-    assert hits, f"could not find tensor {name} of {path} in {node.name}'s {arena}"
-    for at in hits:
-        flip_byte(arena, at + 1000)
-    return len(hits)
+    return corrupt_at(node, path, off + length // 2, f"tensor {name} of {path}")
 
 
 def start(net, names, coord=None, extra=()):
@@ -159,12 +159,10 @@ def test_rl_update_moves_only_changed_elements(net, tmp_path):
     each receiving at most 8% of v2's bytes over the wire; A encodes each delta once and
     B, a relay, forwards A's deltas as they came (it encodes nothing)."""
     ring(net, ["A", "B", "C"])
-    w1 = bf16_model(1)
-    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
     before = {n: replication(net[n]) for n in "ABC"}
 
-    v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
     net.wait_version("v2", net.publish("A", v2, "v2"))
     size = os.path.getsize(os.path.join(v2, "model.safetensors"))
     after = {n: replication(net[n]) for n in "ABC"}
@@ -192,14 +190,12 @@ def test_delta_against_a_corrupt_base_is_refused_and_the_shard_comes_whole(net, 
     tensors still came as deltas, and C (fed by B) saw no bad delta."""
     ring(net, ["A", "B", "C"])
     a, b, c = (net[x] for x in "ABC")
-    w1 = bf16_model(1)
-    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
     assert corrupt_tensor(a, os.path.join(v1, "model.safetensors"), "layers.3.weight") == 1
     before = {n: replication(net[n]) for n in "ABC"}
     bad0 = bad_shards(b, "A")
 
-    v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
     net.wait_version("v2", net.publish("A", v2, "v2"))
     size = os.path.getsize(os.path.join(v2, "model.safetensors"))
     after = {n: replication(net[n]) for n in "ABC"}
@@ -227,16 +223,15 @@ def test_late_joiner_gets_a_shard_whole_from_another_donor_after_a_bad_delta(net
     backed off, and the shard comes whole from B or C.  v2 ends identical on every node."""
     ring(net, ["A", "B", "C", "D"])
     a, b, c, d = (net[x] for x in "ABCD")
-    w1 = bf16_model(1)
-    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
     d.umount()
     assert wait_dead(d.pid, 10), "D's daemon still alive after hwfs umount"
     net.wait_dead("D", viewer=a)
-    for name in w1:
+    for i in range(TENSORS):
+        name = f"layers.{i}.weight"
         assert corrupt_tensor(a, os.path.join(v1, "model.safetensors"), name) == 1
 
-    v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
     d2 = net.publish("A", v2, "v2")
     net.wait_version("v2", d2, nodes=[a, b, c])
     sent0 = {n.name: replication(n)["wire_bytes_sent"] for n in (b, c)}
@@ -263,14 +258,12 @@ def test_a_receiver_without_the_base_gets_whole_shards(net, tmp_path):
     received, about v2's size on the wire) while B, which holds v1, still takes deltas."""
     ring(net, ["A", "B", "C"])
     b, c = net["B"], net["C"]
-    w1 = bf16_model(1)
-    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
     c.run("rm", "v1")
     assert not c.visible("v1")
     before = {n: replication(net[n]) for n in "BC"}
 
-    v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
     net.wait_version("v2", net.publish("A", v2, "v2"))
     size = sum(os.path.getsize(os.path.join(v2, f)) for f in os.listdir(v2))
     after = {n: replication(net[n]) for n in "BC"}
@@ -292,14 +285,12 @@ def test_a_restarted_node_holding_the_base_pulls_deltas(net, tmp_path):
     8% of v2's bytes on the wire, byte-identical."""
     ring(net, ["A", "B", "C", "D"])
     a, d = net["A"], net["D"]
-    w1 = bf16_model(1)
-    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
     d.umount()
     assert wait_dead(d.pid, 10), "D's daemon still alive after hwfs umount"
     net.wait_dead("D", viewer=a)
 
-    v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
     d2 = net.publish("A", v2, "v2")
     net.wait_version("v2", d2, nodes=[net[x] for x in "ABC"])
     size = os.path.getsize(os.path.join(v2, "model.safetensors"))
@@ -327,11 +318,9 @@ def test_base_removed_while_its_deltas_travel(net, tmp_path):
     start(net, ["A", "B", "C"], coord={"tunables": {"node_dead_ms": 60000}},
           extra=["-o", "donor_silence_ms=60000"])
     b, c = net["B"], net["C"]
-    w1 = bf16_model(1)
-    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
     before = replication(c)
-    v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
     b_pid = int(b.status()["pid"])
     planned = f"v2: {TENSORS} shard(s) can come as deltas against v1"
     os.kill(b_pid, signal.SIGSTOP)
@@ -363,11 +352,9 @@ def test_delta_off_moves_whole_shards(net, tmp_path, where):
     coord = {"tunables": {"delta": 0}} if where in ("everywhere", "coordinator") else {}
     extra = ["-o", "delta=0"] if where in ("everywhere", "nodes") else []
     start(net, ["A", "B", "C"], coord=coord, extra=extra)
-    w1 = bf16_model(1)
-    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
     before = {n: replication(net[n]) for n in "BC"}
-    v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
     net.wait_version("v2", net.publish("A", v2, "v2"))
     size = os.path.getsize(os.path.join(v2, "model.safetensors"))
     for x in "BC":
@@ -596,11 +583,9 @@ def test_hostile_donor_deltas_are_refused(net, tmp_path):
     every refusal, and v2 ends byte-identical."""
     start(net, ["A"], extra=["-o", "donor_backoff_max_ms=400"])
     a = net["A"]
-    w1 = bf16_model(1)
-    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v1, v2 = rl_versions(tmp_path)
     d1 = net.publish("A", v1, "v1")
     bases = shard_map(a.run("manifest", "v1").stdout.encode(), v1)
-    v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
 
     # v2's real manifest and digest, from a separate single-node mount of the same files
     solo = HwfsMount()
