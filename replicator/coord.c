@@ -674,26 +674,25 @@ static json_t *engines_from_hello(json_t *in)
  * forget_removed() - @vers is the list of versions node @n holds (its
  * HELLO): a version the have-table has as complete there and the list
  * lacks was removed on the node (hwfs rm), so neither the planner (a donor,
- * a delta base) nor commit counts on it there any more.
+ * a delta base) nor commit counts on it there any more.  Linear in the
+ * versions: the list's names go into a set first (a HELLO comes from every
+ * node every heartbeat).
  */
 static void forget_removed(struct cnode *n, json_t *vers)
 {
+	json_t *listed = json_object(), *e, *x;
 	const char *name;
-	json_t *e, *x;
 	void *tmp;
 	size_t i;
 
-	json_object_foreach_safe(n->versions, tmp, name, e) {
-		int listed = 0;
-
-		if (!json_is_true(json_object_get(e, "complete")))
-			continue; /* being pulled: not in the list yet */
-		json_array_foreach(vers, i, x)
-			if (!strcmp(json_string_value(json_object_get(x, "name")) ?: "", name))
-				listed = 1;
-		if (!listed)
-			json_object_del(n->versions, name);
-	}
+	if (!listed)
+		return;
+	json_array_foreach(vers, i, x)
+		json_object_set(listed, json_string_value(json_object_get(x, "name")), json_true());
+	json_object_foreach_safe(n->versions, tmp, name, e)
+		if (json_is_true(json_object_get(e, "complete")) && !json_object_get(listed, name))
+			json_object_del(n->versions, name); /* (one being pulled is not listed yet) */
+	json_decref(listed);
 }
 
 static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
