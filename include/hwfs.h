@@ -222,6 +222,82 @@ int hwfs_engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *
 /** Stop watching, unregistering the engine (NULL is a no-op). */
 void hwfs_watch_close(struct hwfs_watch *w);
 
+/* ------------------------------------------------------------ GPU and DLPack (docs/gpu.md) */
+
+/**
+ * hwfs_load() - shadow-load sealed version @version into the memory of CUDA
+ * device @gpu on this node: the daemon copies every tensor from its arena
+ * (pinned when mounted with --pin) with several streams into device buckets
+ * sized from the device's free memory, and holds them until hwfs_unload().
+ * @progress (may be NULL) gets bytes done of total.  Loading a version that
+ * is loaded already returns 0 at once.  Needs root, the mount's owner or the
+ * --ctl-group.  Returns 0, -ENODEV (no CUDA runtime or device, or no device
+ * @gpu: hwfs_errmsg() says which), -ENOMEM (the version does not fit in the
+ * share of free device memory hwfs may use), -ENOENT, -EBUSY, -EIO, -EACCES,
+ * -errno.
+ */
+int hwfs_load(struct hwfs *h, const char *version, int gpu, hwfs_progress_fn progress,
+	      void *arg);
+
+/**
+ * hwfs_unload() - drop the device copy of @version on device @gpu (-1: on
+ * every device).  Device memory is freed at once, or, while processes still
+ * have it mapped (hwfs_map_gpu()), when the last of them unmaps or exits.
+ * Returns 0, -ENOENT (not loaded), -EACCES, -errno.
+ */
+int hwfs_unload(struct hwfs *h, const char *version, int gpu);
+
+/**
+ * hwfs_map_gpu() - map the device copy of @version on device @gpu (made by
+ * hwfs_load()) into this process with CUDA IPC: no byte is copied, every
+ * tensor's `data` is a device pointer into the daemon's buckets.  The same
+ * struct hwfs_map as hwfs_map() (hwfs_map_device() tells them apart); the
+ * daemon does not free the buckets while it lives.  Needs a CUDA runtime in
+ * this process (loaded at run time, like the daemon's).  Returns 0, -ENOENT
+ * (not loaded on that device), -ENODEV (no CUDA runtime or device here),
+ * -EACCES, -errno.
+ */
+int hwfs_map_gpu(struct hwfs *h, const char *version, int gpu, struct hwfs_map **out);
+
+/** The CUDA device whose memory @m's tensors point into, or -1 for host memory. */
+int hwfs_map_device(const struct hwfs_map *m);
+
+/* DLPack's types (dlpack/dlpack.h, from libdlpack-dev): only pointers to them here. */
+struct DLManagedTensor;
+struct DLManagedTensorVersioned;
+
+/**
+ * hwfs_map_dlpack() - tensor @i of @m as a DLPack tensor, without a copy:
+ * kDLCPU over the arena mapping (hwfs_map()) or kDLCUDA over the IPC mapping
+ * (hwfs_map_gpu()), C-contiguous (strides NULL).  The tensor holds a
+ * reference on @m: hwfs_unmap() releases the caller's reference, and the
+ * mapping (and its lease) ends when the last DLPack tensor's deleter has run
+ * too.  The bytes are read-only: writing through a host tensor faults.
+ * *@out is released by calling its deleter (the consumer does that).
+ * Returns 0, -ERANGE (no tensor @i), -ENOTSUP (a dtype DLPack cannot express,
+ * such as F8_E4M3), -ENOMEM.
+ */
+int hwfs_map_dlpack(struct hwfs_map *m, size_t i, struct DLManagedTensor **out);
+
+/**
+ * hwfs_map_dlpack_versioned() - the same as a DLPack 1.0 tensor
+ * (DLManagedTensorVersioned, version 1.0) flagged DLPACK_FLAG_BITMASK_READ_ONLY,
+ * so that consumers that honour the flag (numpy >= 2.1) make read-only arrays.
+ */
+int hwfs_map_dlpack_versioned(struct hwfs_map *m, size_t i,
+			      struct DLManagedTensorVersioned **out);
+
+/**
+ * hwfs_watch_open_gpu() - hwfs_watch_open() for an engine whose readiness is
+ * a device shadow-load: when a commit of V is prepared, the node itself loads
+ * V on device @gpu (hwfs_load()) and counts the engine ready once V is
+ * resident there, or refused with the reason the load failed.  The engine
+ * then maps the loaded version with hwfs_map_gpu() and swaps when `current`
+ * arrives.  @gpu -1 is hwfs_watch_open(): the engine reports itself.
+ */
+int hwfs_watch_open_gpu(struct hwfs *h, const char *engine, int gpu, char **current,
+			struct hwfs_watch **out);
+
 #ifdef __cplusplus
 }
 #endif
