@@ -75,6 +75,7 @@ struct arena {
 	size_t n;
 	size_t nalloc;
 	int resident;     /* preallocated: pages are never punched; set before the arena is shared */
+	int locked;       /* arena_preallocate(a, 1) locked every page (mlock succeeded) */
 };
 
 static uint64_t round_up(uint64_t x, uint64_t page)
@@ -509,9 +510,18 @@ int arena_preallocate(struct arena *a, int lock)
 		for (uint64_t off = 0; off < a->cap; off += a->page)
 			(void)*(volatile uint8_t *)(a->base + off);
 	}
-	if (lock && mlock(a->base, (size_t)a->cap) < 0)
-		LOG_WARN("arena: mlock of %llu bytes: %s (pages stay allocated, not locked)",
-			 (unsigned long long)a->cap, strerror(errno));
+	if (lock) {
+		if (mlock(a->base, (size_t)a->cap) == 0)
+			a->locked = 1;
+		else
+			LOG_WARN("arena: mlock of %llu bytes: %s (pages stay allocated, not locked)",
+				 (unsigned long long)a->cap, strerror(errno));
+	}
 	a->resident = 1;
 	return 0;
+}
+
+int arena_locked(const struct arena *a)
+{
+	return a->locked;
 }

@@ -88,7 +88,8 @@ void arena_free(struct arena *a, uint64_t off, uint64_t len);
 
 /**
  * arena_preallocate() - allocate and touch every page of the arena now, lock
- * it in RAM if @lock (best effort: a refused mlock() is logged), and keep
+ * it in RAM if @lock (best effort: a refused mlock() is logged and
+ * arena_locked() then says 0; it is not an error), and keep
  * every page from then on: frees and arena_trim() no longer punch holes and
  * allocation no longer fallocate()s.  Contents are unchanged.  Call it at
  * start-up, before any other thread uses the arena.  Returns 0, -ENOSPC when
@@ -98,6 +99,9 @@ int arena_preallocate(struct arena *a, int lock);
 
 /** Whether arena_preallocate() has succeeded: every page present and mapped. */
 int arena_preallocated(const struct arena *a);
+
+/** Whether arena_preallocate(a, 1) locked the arena (its mlock() was not refused). */
+int arena_locked(const struct arena *a);
 
 /**
  * arena_trim() - punch out every whole page of every free run. Start-up calls

@@ -340,6 +340,70 @@ static void notify(const struct daemon_opts *o, const char *msg)
 	}
 }
 
+/*
+ * Tell the starting process something it should show its user before "ok"
+ * ("note: @note\n" on the notify pipe, which stays open; `hwfs mount` prints
+ * "hwfs: note: ..." on stderr), and log it.  Without a starting process
+ * (foreground) the log line is all: it goes to stderr there.
+ */
+static void notify_note(const struct daemon_opts *o, const char *note)
+{
+	char line[1100];
+	int n;
+
+	LOG_WARN("%s", note);
+	if (o->notify_fd < 0)
+		return;
+	n = snprintf(line, sizeof(line), "note: %.1000s\n", note);
+	if (write(o->notify_fd, line, (size_t)n) < 0)
+		LOG_WARN("cannot notify the starting process");
+}
+
+/*
+ * prepare_arena() - --preallocate and --pin (after ns_create(): its trim has
+ * punched stale pages, so the ones allocated here are clean).  --pin
+ * preallocates without locking (pinned pages must never be punched), then
+ * gpu_pin() registers the arena for CUDA, or mlocks it when there is no GPU;
+ * --preallocate alone locks it with mlock.  A pin or lock that is refused is
+ * said (notify_note) and the mount goes on without it.  Returns 0, or -errno
+ * with the "error: ...\n" line in @msg when the arena cannot be preallocated.
+ */
+static int prepare_arena(struct daemon *d, char *msg, size_t len)
+{
+	struct arena *a = store_arena(d->st);
+	unsigned long long cap = (unsigned long long)arena_capacity(a);
+	char pmsg[1024], note[1100];
+	int r;
+
+	r = arena_preallocate(a, !d->o->pin);
+	if (r < 0) {
+		snprintf(msg, len, "error: cannot preallocate the %llu-byte arena: %s\n", cap,
+			 r == -ENOSPC ? "not enough memory in its filesystem" : strerror(-r));
+		return r;
+	}
+	if (!d->o->pin) {
+		if (arena_locked(a)) {
+			LOG_INFO("arena: %llu bytes preallocated and locked", cap);
+		} else {
+			snprintf(note, sizeof(note), "arena preallocated (%llu bytes) but not locked: "
+				 "mlock refused (RLIMIT_MEMLOCK: ulimit -l, or run as root)", cap);
+			notify_note(d->o, note);
+		}
+		return 0;
+	}
+	r = gpu_pin(d->gpu, arena_base(a), arena_capacity(a), pmsg, sizeof(pmsg));
+	if (r < 0) {
+		notify_note(d->o, pmsg); /* says what failed; the mount goes on unpinned */
+	} else if (!gpu_runtime(d->gpu)) {
+		snprintf(note, sizeof(note), "no GPU (%.900s): arena locked with mlock instead of "
+			 "pinned for CUDA", gpu_why(d->gpu));
+		notify_note(d->o, note);
+	} else {
+		LOG_INFO("arena: %s", pmsg);
+	}
+	return 0;
+}
+
 /* Raise the mount's read-ahead (bdi) so cold reads stream. */
 static void set_read_ahead(struct daemon *d)
 {
@@ -504,17 +568,15 @@ int daemon_run(const struct daemon_opts *o)
 	/* seals reach the watchers (and, once joined, the agent): set before FUSE runs */
 	ns_set_seal_hook(d.ns, daemon_sealed, &d);
 	ns_set_current_hook(d.ns, daemon_current, &d);
-	if (o->preallocate) {
-		/* After ns_create(): its trim has punched stale pages, these are clean. */
-		r = arena_preallocate(store_arena(d.st), 1);
-		if (r < 0) {
-			snprintf(msg, sizeof(msg), "error: cannot preallocate the %llu-byte arena: %s\n",
-				 (unsigned long long)arena_capacity(store_arena(d.st)),
-				 r == -ENOSPC ? "not enough memory in its filesystem" : strerror(-r));
+	r = gpu_open(&d.gpu); /* no GPU is not an error: d.gpu says why */
+	if (r < 0) {
+		snprintf(msg, sizeof(msg), "error: %s\n", strerror(-r));
+		goto fail;
+	}
+	if (o->preallocate || o->pin) {
+		r = prepare_arena(&d, msg, sizeof(msg));
+		if (r < 0)
 			goto fail;
-		}
-		LOG_INFO("arena: %llu bytes preallocated and locked",
-			 (unsigned long long)arena_capacity(store_arena(d.st)));
 	}
 	d.owner = getuid();
 	if (o->ctl_gid >= 0) {
@@ -640,6 +702,9 @@ out:
 	pthread_cond_destroy(&d.conn_cv);
 	engines_destroy(d.engines);
 	ns_destroy(d.ns);
+	/* the device loads (which copy from the arena) go before this; then unpin, then unmap */
+	gpu_unpin(d.gpu);
+	gpu_close(d.gpu);
 	store_close(d.st);
 	fuse_opt_free_args(&args);
 	return r;

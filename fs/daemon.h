@@ -12,7 +12,10 @@ struct daemon_opts {
 	const char *store;      /* store directory */
 	uint64_t capacity;      /* 0: keep / default */
 	int preallocate;        /* allocate, touch and lock the whole arena at start-up */
-	int notify_fd;          /* >= 0: write "ok\n" or "error: ...\n" once mounted, then close */
+	int pin;                /* --pin: preallocate, then pin the arena for CUDA
+				 * (cudaHostRegister), or mlock it when there is no GPU */
+	int notify_fd;          /* >= 0: write "ok\n" or "error: ...\n" once mounted, then
+				 * close; "note: ...\n" lines may come before either */
 	int debug;              /* FUSE debug output */
 	const char *join;       /* coordinator endpoint to join, or NULL (single node) */
 	const char *node;       /* this node's name (with join) */

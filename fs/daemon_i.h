@@ -17,6 +17,7 @@
 #include "daemon.h"
 #include "engines.h"
 #include "fuse_ops.h"
+#include "gpu.h"
 #include "ns.h"
 
 struct conn;
@@ -41,6 +42,8 @@ struct daemon {
 	struct conn *conns; /* under conn_mu */
 	int stopping;       /* atomic: set once shutdown begins */
 	uint64_t counter; /* atomic: unique names for temporary entries */
+	struct gpu *gpu;    /* the node's GPU state (gpu/gpu.h): never NULL once the control
+			     * thread runs; made after the store, freed after unpinning */
 	struct engines *engines; /* watchers, engines, leases: made before the control
 				  * thread starts, freed after every connection ended */
 	struct agent *agent; /* replication, when joined: set once, after the control

@@ -96,6 +96,33 @@ static json_t *versions_json(struct daemon *d)
 
 /* ----------------------------------------------------------- operations */
 
+/*
+ * status's GPU fields into @r: "gpu" (gpu_json(): null without a usable GPU),
+ * "gpu_note" (why there is none; "" when there is one), and under "store" how
+ * the arena is pinned: "pinned" ("cuda" registered by --pin, "mlock" by --pin
+ * without a GPU or by --preallocate, "none") and "pinned_bytes".
+ */
+static void status_gpu(struct daemon *d, json_t *r)
+{
+	struct arena *a = store_arena(d->st);
+	json_t *st = json_object_get(r, "store"), *g = gpu_json(d->gpu);
+	const char *mode = gpu_pin_mode(d->gpu);
+	uint64_t pinned = gpu_pinned_bytes(d->gpu);
+
+	if (!strcmp(mode, "none") && arena_locked(a)) {
+		mode = "mlock"; /* --preallocate's own mlock */
+		pinned = arena_capacity(a);
+	}
+	json_object_set_new(st, "pinned", json_string(mode));
+	json_object_set_new(st, "pinned_bytes", json_integer((json_int_t)pinned));
+	/*
+	 * The device loads go into the gpu object here, when it is one:
+	 * json_object_set_new(g, "loads", devloads_json(d->loads)).
+	 */
+	json_object_set_new(r, "gpu", g ?: json_null());
+	json_object_set_new(r, "gpu_note", json_string(gpu_why(d->gpu)));
+}
+
 static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			 const struct ctl_peer *peer)
 {
@@ -114,6 +141,7 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		      "current", cur ? json_string(cur) : json_null(), "versions",
 		      versions_json(d));
 	free(cur);
+	status_gpu(d, r);
 	json_object_set_new(r, "engines", engines_json(d->engines) ?: json_array());
 	json_object_set_new(r, "leases", engines_leases_json(d->engines) ?: json_array());
 	if (agent) {

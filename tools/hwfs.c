@@ -255,6 +255,39 @@ static void print_engines(const char *indent, json_t *engines)
 	}
 }
 
+/*
+ * status's gpu line: "gpu: none (why)", or the devices (PCI address, compute
+ * capability, free of total memory), the runtime and driver versions and how
+ * much of the arena is pinned for CUDA.
+ */
+static void print_gpu(json_t *res)
+{
+	json_t *g = json_object_get(res, "gpu"), *dev;
+	const char *note = jstr(res, "gpu_note");
+	char a[32], b[32];
+	size_t k;
+
+	if (!json_is_object(g)) {
+		if (json_object_get(res, "gpu_note")) /* a daemon from before the GPU plane: nothing */
+			printf("gpu:     none (%s)\n", *note ? note : "no usable CUDA device");
+		return;
+	}
+	k = json_array_size(json_object_get(g, "devices"));
+	printf("gpu:     %zu device%s (", k, k == 1 ? "" : "s");
+	json_array_foreach(json_object_get(g, "devices"), k, dev) {
+		if (json_is_string(json_object_get(dev, "error")))
+			printf("%s%lld: %s", k ? "; " : "", (long long)jint(dev, "index"),
+			       jstr(dev, "error"));
+		else
+			printf("%s%lld: %s cc %s, %s free of %s", k ? "; " : "",
+			       (long long)jint(dev, "index"), jstr(dev, "pci"), jstr(dev, "cc"),
+			       hwfs_fmt_size((uint64_t)jint(dev, "free_bytes"), a, sizeof(a)),
+			       hwfs_fmt_size((uint64_t)jint(dev, "total_bytes"), b, sizeof(b)));
+	}
+	printf("), runtime %s, driver %s, %s pinned\n", jstr(g, "runtime"), jstr(g, "driver"),
+	       hwfs_fmt_size((uint64_t)jint(g, "pinned_bytes"), a, sizeof(a)));
+}
+
 /* One line for the leases of status: each mapped version and the pid holding it. */
 static void print_leases(json_t *leases)
 {
@@ -342,10 +375,17 @@ static int cmd_status(int argc, char **argv)
 	} else {
 		st = json_object_get(res, "store");
 		printf("hwfs on %s (pid %lld)\n", jstr(res, "mount"), (long long)jint(res, "pid"));
-		printf("store:   %s: %s of shards (%lld) in %s capacity\n", jstr(st, "path"),
+		printf("store:   %s: %s of shards (%lld) in %s capacity", jstr(st, "path"),
 		       hwfs_fmt_size((uint64_t)jint(st, "used_bytes"), a, sizeof(a)),
 		       (long long)jint(st, "shards"),
 		       hwfs_fmt_size((uint64_t)jint(st, "capacity_bytes"), b, sizeof(b)));
+		if (json_is_string(json_object_get(st, "pinned")) && strcmp(jstr(st, "pinned"), "none"))
+			printf(", %s %s", hwfs_fmt_size((uint64_t)jint(st, "pinned_bytes"), a,
+							sizeof(a)),
+			       !strcmp(jstr(st, "pinned"), "cuda") ? "pinned for CUDA"
+								   : "locked (mlock)");
+		printf("\n");
+		print_gpu(res);
 		printf("current: %s\n", json_is_string(json_object_get(res, "current"))
 						? jstr(res, "current")
 						: "(none)");

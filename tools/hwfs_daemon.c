@@ -45,12 +45,13 @@
  * spawn_daemon() - run @run(@arg, notify_fd) in a daemon process (new session,
  * cwd /, stdin /dev/null, stdout and stderr appended to @log or /dev/null) and
  * wait until it reports on the notify pipe: "ok" returns its pid, "error: ..."
- * dies with that error.  Paths in @arg must be absolute.
+ * dies with that error.  "note: ..." lines before either are printed on stderr
+ * as "hwfs: note: ...".  Paths in @arg must be absolute.
  */
 static pid_t spawn_daemon(const char *log, int (*run)(void *arg, int notify_fd), void *arg,
 			  const char *what)
 {
-	char buf[4352];
+	char buf[8192], *p;
 	ssize_t n, len = 0;
 	int pfd[2], logfd;
 	pid_t pid;
@@ -81,11 +82,13 @@ static pid_t spawn_daemon(const char *log, int (*run)(void *arg, int notify_fd),
 		len += n;
 	buf[len] = '\0';
 	close(pfd[0]);
-	if (!strncmp(buf, "ok", 2))
+	for (p = buf; !strncmp(p, "note: ", 6) && strchr(p, '\n'); p = strchr(p, '\n') + 1)
+		fprintf(stderr, "hwfs: %.*s\n", (int)strcspn(p, "\n"), p);
+	if (!strncmp(p, "ok", 2))
 		return pid;
-	buf[strcspn(buf, "\n")] = '\0';
-	if (!strncmp(buf, "error: ", 7))
-		die("%s", buf + 7);
+	p[strcspn(p, "\n")] = '\0';
+	if (!strncmp(p, "error: ", 7))
+		die("%s", p + 7);
 	die("the %s exited during start-up%s%s", what, log ? "; see " : "", log ? log : "");
 }
 
@@ -409,10 +412,15 @@ static void clear_dead_mounts(const char *mnt)
 int cmd_mount(int argc, char **argv)
 {
 	static const char usage[] =
-		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [--preallocate] [-f]\n"
+		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [--preallocate] [--pin] [-f]\n"
 		"       [-o NAME=VALUE,...] [-d] [--ctl-group GROUP]\n"
 		"       [--join tcp://COORD:PORT | --coordinator tcp://HOST:PORT] --node NAME\n"
 		"       --listen tcp://HOST:PORT [--keys DIR] [--insecure]";
+	static const char mount_help[] =
+		"  --preallocate  allocate, touch and mlock the whole arena at start-up\n"
+		"  --pin          preallocate, then pin the arena for CUDA (cudaHostRegister, so\n"
+		"                 a load copies to the GPU with no staging copy); without a GPU\n"
+		"                 the arena is locked with mlock instead (a note says so)\n";
 	static const struct option lo[] = {
 		{"store", required_argument, NULL, 's'}, {"capacity", required_argument, NULL, 'c'},
 		{"foreground", no_argument, NULL, 'f'},  {"help", no_argument, NULL, 'h'},
@@ -421,6 +429,7 @@ int cmd_mount(int argc, char **argv)
 		{"insecure", no_argument, NULL, 'I'},    {"keys", required_argument, NULL, 'K'},
 		{"coordinator", required_argument, NULL, 'O'},
 		{"preallocate", no_argument, NULL, 'P'}, {"ctl-group", required_argument, NULL, 'G'},
+		{"pin", no_argument, NULL, 'p'},
 		{NULL, 0, NULL, 0},
 	};
 	struct daemon_opts o = {.notify_fd = -1, .ctl_gid = -1};
@@ -469,6 +478,9 @@ int cmd_mount(int argc, char **argv)
 		case 'P':
 			o.preallocate = 1;
 			break;
+		case 'p':
+			o.pin = 1; /* implies preallocation (fs/daemon.c, prepare_arena) */
+			break;
 		case 'G':
 			o.ctl_gid = parse_group(optarg);
 			if (o.ctl_gid < 0)
@@ -481,7 +493,7 @@ int cmd_mount(int argc, char **argv)
 					opts[n_opts++] = t;
 			break;
 		case 'h':
-			printf("usage: %s\n\n", usage);
+			printf("usage: %s\n\n%s\n", usage, mount_help);
 			hwfs_tunables_print(stdout);
 			return 0;
 		default:
