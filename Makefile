@@ -8,6 +8,7 @@
 #   make bench    install missing dependencies, build, run the single-node benchmark
 #   make asan     build with AddressSanitizer/UBSan into build-asan/
 #   make tsan     build with ThreadSanitizer into build-tsan/
+#   make cuda-abi-check  gpu/cudart.h against the CUDA headers, where installed
 #   make fuzz     libFuzzer targets (clang) for every parser of untrusted bytes
 #   make bench-cluster  replication benchmark in network namespaces
 #   make bench-engine   engines: zero-copy map vs load_file, commit -> all engines serving
@@ -58,7 +59,7 @@ CLIENT_LIBS := $(shell pkg-config --libs $(CLIENT_PKGS) 2>/dev/null) -pthread
 LIBHWFS := $(BUILD)/libhwfs.a $(BUILD)/libhwfs.so.$(LIBHWFS_VERSION) $(BUILD)/libhwfs.so.1 \
            $(BUILD)/libhwfs.so
 
-.PHONY: all deps test unit integration integration-asan integration-tsan demo bench bench-cluster asan tsan clean fuzz format install uninstall
+.PHONY: all deps test unit integration integration-asan integration-tsan demo bench bench-cluster asan tsan clean fuzz format install uninstall cuda-abi-check
 
 all: $(BUILD)/hwfs $(BUILD)/hwfs-engine $(LIBHWFS) $(UNIT_BINS)
 
@@ -156,6 +157,7 @@ integration: all
 # (any sanitizer report fails the run).
 test: deps
 	$(MAKE) all
+	$(MAKE) cuda-abi-check
 	$(MAKE) asan
 	@set -e; for t in $(UNIT_BINS:$(BUILD)/%=build-asan/%); do echo "== $$t"; $$t; done
 	$(MAKE) unit
@@ -165,6 +167,25 @@ test: deps
 	python3 -m pytest -q -p no:cacheprovider tests/integration
 	$(MAKE) integration-asan
 	$(MAKE) integration-tsan
+
+# gpu/cudart.h against the real CUDA headers, where a toolkit is installed
+# (tests/gpu/cuda_abi_check.c: constants, type layouts, every prototype of the
+# function table); a CUDART_ constant of cudart.h that the check does not name
+# fails it too.  hwfs itself is never built with CUDA headers.
+CUDA_INC ?= /usr/local/cuda/include
+cuda-abi-check:
+	@if [ -f $(CUDA_INC)/cuda_runtime_api.h ]; then \
+		set -e; \
+		$(CC) -std=gnu11 -Wall -Wextra -Werror -fsyntax-only -isystem $(CUDA_INC) -Igpu \
+			tests/gpu/cuda_abi_check.c; \
+		for c in $$(sed -n 's/^#define \(CUDART_[A-Z0-9_]*\).*/\1/p' gpu/cudart.h); do \
+			grep -qw "$$c" tests/gpu/cuda_abi_check.c || \
+				{ echo "cuda-abi-check: $$c is not checked"; exit 1; }; \
+		done; \
+		echo "cuda-abi-check: gpu/cudart.h matches $(CUDA_INC)"; \
+	else \
+		echo "cuda-abi-check: skipped: no CUDA headers ($(CUDA_INC)/cuda_runtime_api.h)"; \
+	fi
 
 # Under ThreadSanitizer (5-15x slower): the single-node suite and the cluster
 # tests that assert no timing (replication, late join, ports).
