@@ -12,6 +12,10 @@
  * page-locked memory straight away, on every device, with no staging buffer.
  * Without one, mlock() keeps the same promise to the host side (the pages stay
  * resident, never swapped, never punched: the arena is preallocated first).
+ * mlock() is called as the system call: sanitizer runtimes replace the libc
+ * function with one that does nothing and succeeds, and status must never
+ * claim a lock that is not there.
+ *
  * The pin state is under mu, as are the device queries of gpu_json() (status
  * runs in any control thread; the CUDA current device is per thread, so each
  * query sets it first).
@@ -23,7 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "cudart.h"
 #include "gpu.h"
@@ -129,7 +134,7 @@ int gpu_pin(struct gpu *g, void *base, uint64_t len, char *msg, size_t msglen)
 		hwfs_set_err(msg, msglen, "arena pinned for CUDA: %llu bytes registered",
 			     (unsigned long long)len);
 	} else {
-		if (mlock(base, (size_t)len) < 0) {
+		if (syscall(SYS_mlock, base, (size_t)len) < 0) {
 			r = -errno;
 			hwfs_set_err(msg, msglen, "no GPU (%s): arena not locked either: mlock of "
 				     "%llu bytes refused: %s%s", g->why, (unsigned long long)len,
@@ -162,7 +167,7 @@ void gpu_unpin(struct gpu *g)
 		if (e != CUDART_SUCCESS)
 			LOG_WARN("gpu: cudaHostUnregister: %s",
 				 cudart_strerror(g->rt, e, eb, sizeof(eb)));
-	} else if (g->mode == PIN_MLOCK && munlock(g->base, (size_t)g->len) < 0) {
+	} else if (g->mode == PIN_MLOCK && syscall(SYS_munlock, g->base, (size_t)g->len) < 0) {
 		LOG_WARN("gpu: munlock: %s", strerror(errno));
 	}
 	g->mode = PIN_NONE;

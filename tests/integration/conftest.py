@@ -114,9 +114,10 @@ _ACTIVE = []  # HwfsMount objects of the running test (for the watchdog)
 
 
 class HwfsMount:
-    def __init__(self, capacity=None, extra=(), long_store=False, umask=None):
+    def __init__(self, capacity=None, extra=(), long_store=False, umask=None, prefix=()):
         self.capacity = capacity
         self.extra = list(extra)  # more `hwfs mount` options
+        self.prefix = list(prefix)  # a command `hwfs mount` runs under (e.g. prlimit ...)
         self.umask = umask  # the umask `hwfs mount` (and so its daemon) runs under
         self.top = tempfile.mkdtemp(dir="/dev/shm", prefix="hwfs-test-")
         # long_store: a store path too long for a unix socket address (108 bytes)
@@ -125,6 +126,7 @@ class HwfsMount:
         self.pid = None
         self.pids = []  # every daemon pid learned from status
         self.mounted = False
+        self.mount_output = ""  # what the last `hwfs mount` printed (stdout and stderr)
 
     # -- paths
     def path(self, *parts):
@@ -173,7 +175,7 @@ class HwfsMount:
 
     def mount_args(self):
         """The `hwfs mount` command line (cluster nodes add their options)."""
-        args = [HWFS, "mount", self.mnt, "--store", self.store]
+        args = [*self.prefix, HWFS, "mount", self.mnt, "--store", self.store]
         if self.capacity:
             args += ["--capacity", str(self.capacity)]
         return args + self.extra
@@ -191,6 +193,7 @@ class HwfsMount:
                 rc = "timeout"
             out.seek(0)
             text = out.read()
+        self.mount_output = text
         if rc != 0:
             pytest.fail(f"`{' '.join(args)}` failed ({rc}): {text}\ndaemon log:\n{self.log_tail()}")
         self.mounted = True
@@ -316,8 +319,8 @@ def _watchdog(request):
 
 @pytest.fixture
 def mount_factory():
-    """mount_factory(capacity=None, extra=(), long_store=False, umask=None) -> a mounted
-    HwfsMount; all cleaned up after the test."""
+    """mount_factory(capacity=None, extra=(), long_store=False, umask=None, prefix=()) -> a
+    mounted HwfsMount; all cleaned up after the test."""
     made = []
 
     def make(capacity=None, extra=(), **kw):
