@@ -379,11 +379,13 @@ static int cmd_status(int argc, char **argv)
 		       hwfs_fmt_size((uint64_t)jint(st, "used_bytes"), a, sizeof(a)),
 		       (long long)jint(st, "shards"),
 		       hwfs_fmt_size((uint64_t)jint(st, "capacity_bytes"), b, sizeof(b)));
-		if (json_is_string(json_object_get(st, "pinned")) && strcmp(jstr(st, "pinned"), "none"))
+		if (!strcmp(jstr(st, "pinned"), "cuda") || !strcmp(jstr(st, "pinned"), "mlock"))
 			printf(", %s %s", hwfs_fmt_size((uint64_t)jint(st, "pinned_bytes"), a,
 							sizeof(a)),
 			       !strcmp(jstr(st, "pinned"), "cuda") ? "pinned for CUDA"
 								   : "locked (mlock)");
+		else if (json_is_string(json_object_get(st, "pinned")))
+			printf(", not pinned");
 		printf("\n");
 		print_gpu(res);
 		printf("current: %s\n", json_is_string(json_object_get(res, "current"))
