@@ -305,7 +305,8 @@ static int cmd_pinned(const char *mnt)
 	devs = json_object_get(gpu, "devices");
 	check(json_array_size(devs) >= 1 && jint(json_array_get(devs, 0), "total_bytes") > 0,
 	      "gpu.devices lists device 0 with its total_bytes");
-	check(jint(gpu, "pinned_bytes") == jint(store, "pinned_bytes"),
+	check(jint(gpu, "pinned_bytes") > 0 &&
+		      jint(gpu, "pinned_bytes") == jint(store, "pinned_bytes"),
 	      "gpu.pinned_bytes %lld equals store.pinned_bytes", jint(gpu, "pinned_bytes"));
 	check(json_is_array(json_object_get(gpu, "loads")), "gpu.loads is an array");
 	json_decref(st);
