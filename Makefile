@@ -12,6 +12,12 @@
 #   make fuzz     libFuzzer targets (clang) for every parser of untrusted bytes
 #   make bench-cluster  replication benchmark in network namespaces
 #   make bench-engine   engines: zero-copy map vs load_file, commit -> all engines serving
+#   make test-gpu       GPU plane on a real CUDA device (not part of `make test`; fails at
+#                       once without a device): tests/gpu/run.sh
+#   make bench-gpu      host-to-device throughput of `hwfs load` vs cudaMemcpy baselines, IPC
+#                       open latency (GPU_BENCH_GIB=4): tools/bench_gpu.sh
+#   make gpu-carry      build/carry/: the GPU programs and the shared libraries they need, for
+#                       a bare GPU machine (docs/gpu.md, "Running on a GPU machine")
 #
 # Dependencies are found with pkg-config; tools/install-deps.sh installs the
 # Debian and Python packages that are missing.
@@ -38,7 +44,7 @@ LIBS    := $(PKG_LIBS) -ldl
 CLIENT_SRCS := fs/libhwfs.c fs/libhwfs_map.c fs/libhwfs_watch.c
 CORE_SRCS := $(filter-out $(CLIENT_SRCS),$(wildcard fs/*.c replicator/*.c gpu/*.c))
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/%.o)
-TOOL_SRCS := $(filter-out tools/hwfs_engine.c,$(wildcard tools/*.c))
+TOOL_SRCS := $(filter-out tools/hwfs_engine.c tools/bench_gpu.c,$(wildcard tools/*.c))
 TOOL_OBJS := $(TOOL_SRCS:%.c=$(BUILD)/%.o)
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
@@ -236,6 +242,40 @@ bench-cluster: deps
 bench-engine: deps
 	$(MAKE) all
 	python3 tools/bench_engine.py
+
+# The GPU plane on a real device (docs/gpu.md, "Running on a GPU machine").
+# Its programs are built only by these targets, never by `all`: they use the
+# CUDA runtime through gpu/cudart.h (dlopen) and the public API of libhwfs.
+# test-gpu builds the test program first and stops at once, with one line,
+# when no CUDA device answers.
+GPU_PROG_CFLAGS = $(ALL_CFLAGS) -Igpu -Itests/gpu
+$(BUILD)/hwfs-gputest: tests/gpu/gputest.c tests/gpu/stgen.c tests/gpu/stgen.h gpu/cudart.h \
+		$(BUILD)/gpu/cudart.o $(BUILD)/libhwfs.a
+	$(CC) $(GPU_PROG_CFLAGS) $(ALL_LDFLAGS) -o $@ tests/gpu/gputest.c tests/gpu/stgen.c \
+		$(BUILD)/gpu/cudart.o $(BUILD)/libhwfs.a $(CLIENT_LIBS) -ldl
+
+$(BUILD)/hwfs-gpubench: tools/bench_gpu.c tests/gpu/stgen.c tests/gpu/stgen.h gpu/cudart.h \
+		$(BUILD)/gpu/cudart.o $(BUILD)/libhwfs.a
+	$(CC) $(GPU_PROG_CFLAGS) $(ALL_LDFLAGS) -o $@ tools/bench_gpu.c tests/gpu/stgen.c \
+		$(BUILD)/gpu/cudart.o $(BUILD)/libhwfs.a $(CLIENT_LIBS) -ldl
+
+GPU_PROGS := $(BUILD)/hwfs-gputest $(BUILD)/hwfs-gpubench
+.PHONY: test-gpu bench-gpu gpu-progs gpu-carry
+gpu-progs: $(GPU_PROGS)
+
+test-gpu: $(BUILD)/hwfs-gputest
+	@$(BUILD)/hwfs-gputest probe >/dev/null || { $(BUILD)/hwfs-gputest probe; exit 1; }
+	$(MAKE) all
+	HWFS_GPU_BIN=$(CURDIR)/$(BUILD) tests/gpu/run.sh
+
+bench-gpu: $(BUILD)/hwfs-gpubench $(BUILD)/hwfs-gputest
+	@$(BUILD)/hwfs-gputest probe >/dev/null || { $(BUILD)/hwfs-gputest probe | \
+		sed 's/^test-gpu/bench-gpu/'; exit 1; }
+	$(MAKE) all
+	HWFS_GPU_BIN=$(CURDIR)/$(BUILD) tools/bench_gpu.sh
+
+gpu-carry: all $(GPU_PROGS)
+	tools/gpu_carry.sh $(BUILD)
 
 # ThreadSanitizer build (unit tests, and a cluster subset of the integration
 # tests, run under it in `make test`).

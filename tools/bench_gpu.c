@@ -1,0 +1,370 @@
+/*
+ * bench_gpu.c — hwfs-gpubench, the host-to-device benchmark of the GPU plane
+ * (tools/bench_gpu.sh sets up the mounts and runs it; docs/gpu.md,
+ * "Benchmark", says what the figures mean).
+ *
+ *   hwfs-gpubench mkst FILE SEED BYTES
+ *   hwfs-gpubench run --pinned MNT --pageable MNT2 --version V [--gpu N]
+ *                     [--streams 4] [--piece BYTES] [--reps 3] [--ipc 20]
+ *
+ * `run` measures, for version V published on both mounts (MNT mounted with
+ * --pin, MNT2 without):
+ *   (i)   `load` from the pinned arena: the daemon's own "seconds" of the
+ *         final answer, and the wall clock from the request to that answer
+ *         (the answer comes once every bucket is resident);
+ *   (ii)  cudaMemcpyAsync from one cudaMallocHost buffer of the same bytes;
+ *   (iii) the same from a malloc'd (pageable, touched) buffer;
+ *   (iv)  `load` from the arena of MNT2 (not pinned).
+ * The baselines copy the way the loader does: into device buckets of the
+ * sizes the load of (i) made (read from its gpumap answer), buckets
+ * round-robin over --streams streams (the daemon's gpu_streams, default 4),
+ * each bucket in pieces of --piece bytes (default 64 MiB, max_shard: the
+ * largest contiguous run of a version in the arena), all issued before one
+ * wait for every stream.  Each figure is the median of --reps runs after one
+ * untimed warm-up (loads: the device copy is unloaded between runs).
+ *
+ * IPC open latency: hwfs_map_gpu() + hwfs_unmap() of the loaded version,
+ * --ipc times after one untimed first map (which also starts this process's
+ * CUDA context); the median, and the median divided by the buckets.
+ *
+ * Output: a table, the ratio (i)/(ii) against the target (>= 0.9), and one
+ * JSON line starting {"bench": "gpu", ...}.  Exit 0 when every measure ran
+ * (a missed target is reported, not an error), 1 otherwise.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cudart.h"
+#include "hwfs.h"
+#include "stgen.h"
+
+#define USAGE                                                                              \
+	"usage: hwfs-gpubench mkst FILE SEED BYTES\n"                                        \
+	"       hwfs-gpubench run --pinned MNT --pageable MNT2 --version V [--gpu N]\n"      \
+	"                         [--streams 4] [--piece BYTES] [--reps 3] [--ipc 20]"
+#define MAX_REPS 64
+#define MAX_STREAMS 64
+#define MAX_BUCKETS 4096
+#define TARGET_RATIO 0.9
+
+static struct cudart *rt;
+
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "hwfs-gpubench: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double median(const double *v, int n)
+{
+	double s[1024]; /* n <= 1024: --reps and --ipc are capped */
+
+	if (n <= 0)
+		return 0;
+	memcpy(s, v, n * sizeof(*v));
+	qsort(s, n, sizeof(*s), cmp_double);
+	return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+static void cu(cudart_err e, const char *what)
+{
+	char eb[256];
+
+	if (e)
+		die("%s: %s", what, cudart_strerror(rt, e, eb, sizeof(eb)));
+}
+
+static json_t *call(struct hwfs *h, const char *fmt, ...)
+{
+	char req[1024], *reply = NULL;
+	va_list ap;
+	json_t *j;
+
+	va_start(ap, fmt);
+	vsnprintf(req, sizeof(req), fmt, ap);
+	va_end(ap);
+	if (hwfs_call(h, req, NULL, NULL, &reply) < 0)
+		die("%s: %s", req, hwfs_errmsg());
+	j = json_loads(reply, 0, NULL);
+	if (!j)
+		die("%s: unparsable answer %s", req, reply);
+	free(reply);
+	return j;
+}
+
+/* What the loads of one arena measured. */
+struct load_result {
+	const char *source;   /* the answer's "source" */
+	uint64_t bytes;
+	long long tensors, buckets;
+	double secs[MAX_REPS], wall[MAX_REPS];
+};
+
+/* Load @v on @gpu @reps times (after a warm-up), unloading in between; leaves it loaded. */
+static void bench_load(struct hwfs *h, const char *v, int gpu, int reps, struct load_result *lr)
+{
+	for (int r = -1; r < reps; r++) {
+		json_t *j = call(h, "{\"op\":\"unload\",\"version\":\"%s\",\"gpu\":%d}", v, gpu);
+		double t0;
+
+		json_decref(j);
+		t0 = now();
+		j = call(h, "{\"op\":\"load\",\"version\":\"%s\",\"gpu\":%d}", v, gpu);
+		if (!json_is_true(json_object_get(j, "ok")))
+			die("load %s on GPU %d: %s", v, gpu,
+			    json_string_value(json_object_get(j, "error")) ?: "refused");
+		if (json_is_true(json_object_get(j, "already")))
+			die("load %s: the unload before it did not take (\"already\": true)", v);
+		if (r >= 0) {
+			lr->wall[r] = now() - t0;
+			lr->secs[r] = json_number_value(json_object_get(j, "seconds"));
+		}
+		lr->bytes = json_integer_value(json_object_get(j, "bytes"));
+		lr->tensors = json_integer_value(json_object_get(j, "tensors"));
+		lr->buckets = json_integer_value(json_object_get(j, "buckets"));
+		lr->source = json_string_value(json_object_get(j, "source"))
+				     ? strdup(json_string_value(json_object_get(j, "source")))
+				     : "?";
+		json_decref(j);
+	}
+}
+
+/* The sizes of the buckets of @v's load on @gpu, from its gpumap answer; returns their count. */
+static int bucket_sizes(struct hwfs *h, const char *v, int gpu, uint64_t *sizes)
+{
+	json_t *j = call(h, "{\"op\":\"gpumap\",\"version\":\"%s\",\"gpu\":%d}", v, gpu), *b;
+	size_t i;
+	int n = 0;
+
+	json_array_foreach(json_object_get(j, "buckets"), i, b) {
+		if (n < MAX_BUCKETS)
+			sizes[n++] = json_integer_value(json_object_get(b, "bytes"));
+	}
+	json_decref(j);
+	return n;
+}
+
+/*
+ * Copy @bytes from @host into device buckets of @sizes (@nb of them),
+ * bucket b on stream b % @ns, in pieces of @piece bytes; @reps timed runs
+ * after a warm-up, seconds into @out.
+ */
+static void bench_memcpy(const uint8_t *host, uint64_t bytes, const uint64_t *sizes, int nb,
+			 int ns, uint64_t piece, int reps, double *out)
+{
+	void **dev = calloc(nb, sizeof(*dev));
+	cudart_stream s[MAX_STREAMS];
+
+	if (!dev)
+		die("out of memory");
+	for (int b = 0; b < nb; b++)
+		cu(rt->Malloc(&dev[b], sizes[b]), "cudaMalloc of a bucket");
+	for (int i = 0; i < ns; i++)
+		cu(rt->StreamCreateWithFlags(&s[i], CUDART_STREAM_NON_BLOCKING), "cudaStreamCreate");
+	for (int r = -1; r < reps; r++) {
+		uint64_t off = 0;
+		double t0;
+
+		cu(rt->DeviceSynchronize(), "cudaDeviceSynchronize");
+		t0 = now();
+		for (int b = 0; b < nb && off < bytes; b++) {
+			uint64_t in = sizes[b] < bytes - off ? sizes[b] : bytes - off;
+
+			for (uint64_t p = 0; p < in; p += piece) {
+				uint64_t len = in - p < piece ? in - p : piece;
+
+				cu(rt->MemcpyAsync((uint8_t *)dev[b] + p, host + off + p, len,
+						   CUDART_MEMCPY_H2D, s[b % ns]),
+				   "cudaMemcpyAsync");
+			}
+			off += in;
+		}
+		for (int i = 0; i < ns; i++)
+			cu(rt->StreamSynchronize(s[i]), "cudaStreamSynchronize");
+		if (r >= 0)
+			out[r] = now() - t0;
+	}
+	for (int i = 0; i < ns; i++)
+		rt->StreamDestroy(s[i]);
+	for (int b = 0; b < nb; b++)
+		rt->Free(dev[b]);
+	free(dev);
+}
+
+static double gbps(uint64_t bytes, double s)
+{
+	return s > 0 ? bytes / s / 1e9 : 0;
+}
+
+static int cmd_run(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"pinned", 1, NULL, 'p'}, {"pageable", 1, NULL, 'q'}, {"version", 1, NULL, 'v'},
+		{"gpu", 1, NULL, 'g'},    {"streams", 1, NULL, 's'},  {"piece", 1, NULL, 'c'},
+		{"reps", 1, NULL, 'r'},   {"ipc", 1, NULL, 'i'},      {NULL, 0, NULL, 0},
+	};
+	const char *pmnt = NULL, *qmnt = NULL, *v = NULL;
+	int gpu = 0, ns = 4, reps = 3, nipc = 20, o, nb;
+	uint64_t piece = 64ull << 20, *sizes, bsum = 0;
+	struct load_result pin = {0}, page = {0};
+	double t_pinned[MAX_REPS], t_page[MAX_REPS], ipc[1024], first_ipc = 0;
+	char why[512];
+	struct hwfs *hp, *hq;
+	uint8_t *hbuf;
+
+	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (o) {
+		case 'p': pmnt = optarg; break;
+		case 'q': qmnt = optarg; break;
+		case 'v': v = optarg; break;
+		case 'g': gpu = atoi(optarg); break;
+		case 's': ns = atoi(optarg); break;
+		case 'c': piece = strtoull(optarg, NULL, 0); break;
+		case 'r': reps = atoi(optarg); break;
+		case 'i': nipc = atoi(optarg); break;
+		default: die("%s", USAGE);
+		}
+	}
+	if (!pmnt || !qmnt || !v || ns < 1 || ns > MAX_STREAMS || reps < 1 || reps > MAX_REPS ||
+	    nipc < 1 || nipc > 1024 || piece < 4096)
+		die("%s", USAGE);
+	if (cudart_open(&rt, why, sizeof(why)) < 0)
+		die("bench-gpu needs a CUDA device: %s", why);
+	cu(rt->SetDevice(gpu), "cudaSetDevice");
+	if (hwfs_open(pmnt, &hp) < 0 || hwfs_open(qmnt, &hq) < 0)
+		die("hwfs_open: %s", hwfs_errmsg());
+
+	/* (i) the pinned arena, then the IPC latency while it is loaded. */
+	bench_load(hp, v, gpu, reps, &pin);
+	sizes = calloc(MAX_BUCKETS, sizeof(*sizes));
+	if (!sizes)
+		die("out of memory");
+	nb = bucket_sizes(hp, v, gpu, sizes);
+	for (int b = 0; b < nb; b++)
+		bsum += sizes[b];
+	if (nb < 1 || bsum < pin.bytes)
+		die("the gpumap answer lists %d buckets of %" PRIu64 " bytes for %" PRIu64
+		    " bytes of tensors", nb, bsum, pin.bytes);
+	for (int i = -1; i < nipc; i++) {
+		struct hwfs_map *m;
+		double t0 = now();
+
+		if (hwfs_map_gpu(hp, v, gpu, &m) < 0)
+			die("hwfs_map_gpu(%s): %s", v, hwfs_errmsg());
+		if (i < 0)
+			first_ipc = now() - t0;
+		else
+			ipc[i] = now() - t0;
+		hwfs_unmap(m);
+	}
+	json_decref(call(hp, "{\"op\":\"unload\",\"version\":\"%s\",\"gpu\":%d}", v, gpu));
+
+	/* (iv) the pageable arena. */
+	bench_load(hq, v, gpu, reps, &page);
+	json_decref(call(hq, "{\"op\":\"unload\",\"version\":\"%s\",\"gpu\":%d}", v, gpu));
+
+	/* (ii) and (iii) the baselines, into buckets of the same sizes. */
+	cu(rt->MallocHost((void **)&hbuf, pin.bytes), "cudaMallocHost");
+	memset(hbuf, 0x5a, pin.bytes);
+	bench_memcpy(hbuf, pin.bytes, sizes, nb, ns, piece, reps, t_pinned);
+	rt->FreeHost(hbuf);
+	hbuf = malloc(pin.bytes);
+	if (!hbuf)
+		die("out of memory (%" PRIu64 " bytes)", pin.bytes);
+	memset(hbuf, 0x5a, pin.bytes);
+	bench_memcpy(hbuf, pin.bytes, sizes, nb, ns, piece, reps, t_page);
+	free(hbuf);
+
+	double s_pin = median(pin.secs, reps), w_pin = median(pin.wall, reps);
+	double s_page = median(page.secs, reps), w_page = median(page.wall, reps);
+	double m_pin = median(t_pinned, reps), m_page = median(t_page, reps);
+	double ipc_med = median(ipc, nipc);
+	double ratio = s_pin > 0 ? m_pin / s_pin : 0;
+	uint64_t B = pin.bytes;
+
+	printf("hwfs GPU benchmark: version %s, %.2f GiB in %lld tensors, %d buckets (largest "
+	       "%.0f MiB), GPU %d, %d streams, pieces of %.0f MiB, median of %d runs\n",
+	       v, B / 1073741824.0, pin.tensors, nb, sizes[0] / 1048576.0, gpu, ns,
+	       piece / 1048576.0, reps);
+	printf("  %-48s %8s %9s %8s\n", "host-to-device path", "GB/s", "seconds", "vs (ii)");
+	printf("  %-48s %8.2f %9.3f %8.2f\n", "(i)   hwfs load, pinned arena (daemon seconds)",
+	       gbps(B, s_pin), s_pin, ratio);
+	printf("  %-48s %8.2f %9.3f %8.2f\n", "(i)   hwfs load, pinned arena (wall, to resident)",
+	       gbps(B, w_pin), w_pin, w_pin > 0 ? m_pin / w_pin : 0);
+	printf("  %-48s %8.2f %9.3f %8.2f\n", "(ii)  cudaMemcpyAsync from cudaMallocHost",
+	       gbps(B, m_pin), m_pin, 1.0);
+	printf("  %-48s %8.2f %9.3f %8.2f\n", "(iii) cudaMemcpyAsync from malloc (pageable)",
+	       gbps(B, m_page), m_page, m_page > 0 ? m_pin / m_page : 0);
+	printf("  %-48s %8.2f %9.3f %8.2f\n", "(iv)  hwfs load, pageable arena (daemon seconds)",
+	       gbps(B, s_page), s_page, s_page > 0 ? m_pin / s_page : 0);
+	printf("  %-48s %8.2f %9.3f %8.2f\n", "(iv)  hwfs load, pageable arena (wall)",
+	       gbps(B, w_page), w_page, w_page > 0 ? m_pin / w_page : 0);
+	printf("  sources reported by the loads: (i) %s, (iv) %s\n", pin.source, page.source);
+	printf("ratio (i)/(ii) = %.2f: target >= %.2f %s\n", ratio, TARGET_RATIO,
+	       ratio >= TARGET_RATIO ? "MET" : "NOT MET");
+	printf("IPC open (hwfs_map_gpu + hwfs_unmap): median %.3f ms over %d (first %.1f ms), "
+	       "%.1f us per bucket\n", ipc_med * 1e3, nipc, first_ipc * 1e3, ipc_med * 1e6 / nb);
+	printf("{\"bench\": \"gpu\", \"version\": \"%s\", \"bytes\": %" PRIu64 ", \"tensors\": %lld, "
+	       "\"buckets\": %d, \"gpu\": %d, \"streams\": %d, \"piece_bytes\": %" PRIu64
+	       ", \"reps\": %d, \"load_pinned_gbps\": %.3f, \"load_pinned_wall_gbps\": %.3f, "
+	       "\"memcpy_pinned_gbps\": %.3f, \"memcpy_pageable_gbps\": %.3f, "
+	       "\"load_pageable_gbps\": %.3f, \"load_pageable_wall_gbps\": %.3f, "
+	       "\"ratio_load_to_pinned_memcpy\": %.3f, \"target\": %.2f, \"met\": %s, "
+	       "\"source_pinned\": \"%s\", \"source_pageable\": \"%s\", "
+	       "\"ipc_open_ms_median\": %.4f, \"ipc_open_ms_first\": %.3f, "
+	       "\"ipc_open_us_per_bucket\": %.2f, \"ipc_samples\": %d}\n",
+	       v, B, pin.tensors, nb, gpu, ns, piece, reps, gbps(B, s_pin), gbps(B, w_pin),
+	       gbps(B, m_pin), gbps(B, m_page), gbps(B, s_page), gbps(B, w_page), ratio,
+	       TARGET_RATIO, ratio >= TARGET_RATIO ? "true" : "false", pin.source, page.source,
+	       ipc_med * 1e3, first_ipc * 1e3, ipc_med * 1e6 / nb, nipc);
+	free(sizes);
+	hwfs_close(hp);
+	hwfs_close(hq);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 5 && !strcmp(argv[1], "mkst")) {
+		char err[512];
+
+		if (stgen_write(argv[2], strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0),
+				err, sizeof(err)) < 0)
+			die("%s", err);
+		return 0;
+	}
+	if (argc > 1 && !strcmp(argv[1], "run"))
+		return cmd_run(argc - 1, argv + 1);
+	fprintf(stderr, "%s\n", USAGE);
+	return 2;
+}
