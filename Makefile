@@ -27,7 +27,7 @@ CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
 # never drops -Werror, the include paths or the feature macros.
 CFLAGS  ?= -O2 -g
 REQ_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -pthread \
-              -Iinclude -Ifs -Ireplicator -D_FILE_OFFSET_BITS=64 $(PKG_CFLAGS)
+              -Iinclude -Ifs -Ireplicator -Igpu -D_FILE_OFFSET_BITS=64 $(PKG_CFLAGS)
 ALL_CFLAGS  = $(CFLAGS) $(EXTRA_CFLAGS) $(REQ_CFLAGS)
 ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS) -pthread
 LIBS    := $(PKG_LIBS) -ldl
