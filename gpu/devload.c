@@ -610,17 +610,17 @@ int devloads_ready(struct devloads *dl, const char *version, uint64_t seq, int g
 	l = find(dl, version, gpu);
 	if (!l) {
 		r = -ENOENT;
+	} else if (l->state == DL_FAILED) {
+		snprintf(err, errlen, "%s", l->reason);
+		unlink_load(dl, l); /* told once: a later commit loads again */
+		load_free(dl, l);
+		r = -ECANCELED;
 	} else if (l->removed || l->seq != seq) {
 		snprintf(err, errlen, "GPU %d holds an earlier %s (removed since): unload it first "
 			 "(hwfs unload %s --gpu %d)", gpu, version, version, gpu);
 		r = -ECANCELED;
 	} else if (l->state == DL_LOADING) {
 		r = -EINPROGRESS;
-	} else if (l->state == DL_FAILED) {
-		snprintf(err, errlen, "%s", l->reason);
-		unlink_load(dl, l); /* told once: a later commit loads again */
-		load_free(dl, l);
-		r = -ECANCELED;
 	} else {
 		r = 0;
 	}
