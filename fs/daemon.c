@@ -30,6 +30,8 @@
 #include <unistd.h>
 
 #include "daemon_i.h"
+#include "devload.h"
+#include "gpu.h"
 #include "tunables.h"
 
 /* The embedded coordinator's thread (--coordinator): coord_run() until d->coord_stop. */
@@ -565,14 +567,21 @@ int daemon_run(const struct daemon_opts *o)
 		snprintf(msg, sizeof(msg), "error: %s\n", strerror(-r));
 		goto fail;
 	}
-	/* seals reach the watchers (and, once joined, the agent): set before FUSE runs */
-	ns_set_seal_hook(d.ns, daemon_sealed, &d);
-	ns_set_current_hook(d.ns, daemon_current, &d);
-	r = gpu_open(&d.gpu); /* no GPU is not an error: d.gpu says why */
+	/* the GPU (none is not an error) and its table of device loads */
+	r = gpu_open(&d.gpu);
+	if (r == 0)
+		r = devloads_create(gpu_runtime(d.gpu), &d.loads);
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "error: %s\n", strerror(-r));
 		goto fail;
 	}
+	if (!gpu_runtime(d.gpu))
+		LOG_INFO("gpu: %s (hwfs load is refused)", gpu_why(d.gpu));
+	/* engines registered with a GPU are ready when the version is loaded there */
+	engines_set_gpu_hook(d.engines, daemon_gpu_ready, &d);
+	/* seals reach the watchers (and, once joined, the agent): set before FUSE runs */
+	ns_set_seal_hook(d.ns, daemon_sealed, &d);
+	ns_set_current_hook(d.ns, daemon_current, &d);
 	if (o->preallocate || o->pin) {
 		r = prepare_arena(&d, msg, sizeof(msg));
 		if (r < 0)
@@ -664,6 +673,8 @@ out:
 	 * renames through it fails instead of waiting for a loop that has ended.
 	 */
 	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
+	if (d.loads)
+		devloads_stop(d.loads); /* copies end at their next tensor */
 	if (d.ctl_running) {
 		shutdown(d.ctl_fd, SHUT_RDWR);
 		pthread_join(d.ctl_thread, NULL);
@@ -676,6 +687,11 @@ out:
 		LOG_ERR("exiting without freeing the namespace and store (still in use)");
 		fuse_opt_free_args(&args);
 		return r;
+	}
+	if (d.loads) {
+		/* no barrier starts a load any more; the loads it started end */
+		engines_set_gpu_hook(d.engines, NULL, NULL);
+		devloads_drain(d.loads);
 	}
 	if (d.ns) {
 		ns_set_seal_hook(d.ns, NULL, NULL);
@@ -700,9 +716,10 @@ out:
 		fuse_session_destroy(d.se);
 	}
 	pthread_cond_destroy(&d.conn_cv);
+	devloads_destroy(d.loads); /* device memory (copied from the arena), before the runtime goes */
 	engines_destroy(d.engines);
 	ns_destroy(d.ns);
-	/* the device loads (which copy from the arena) go before this; then unpin, then unmap */
+	/* unpin, then close the runtime, then unmap the arena */
 	gpu_unpin(d.gpu);
 	gpu_close(d.gpu);
 	store_close(d.st);

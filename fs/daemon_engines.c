@@ -81,7 +81,7 @@ json_t *daemon_engines_json(void *arg)
  * namespace we cannot see: pid 0, no descriptors left): the connection alone
  * tells the end then; or -ESRCH when the process exited already.
  */
-static int peer_pidfd(pid_t pid)
+int peer_pidfd(pid_t pid)
 {
 	int fd = -1;
 
@@ -123,7 +123,7 @@ static int wait_conn(int fd, int pidfd)
  * discarded by the kernel).  Returns -ESRCH when the process exited, else 0:
  * every other end (EOF, reset, shutdown) is the end.
  */
-static int wait_for_close(int fd, int pidfd)
+int wait_for_close(int fd, int pidfd)
 {
 	char buf[4096];
 
@@ -141,14 +141,41 @@ static int wait_for_close(int fd, int pidfd)
 
 /* ----------------------------------------------------------- map */
 
-/* A lease: the shards one map connection holds (one reference per extent). */
-struct map_lease {
-	struct shard **sh;
-	size_t n;
-};
+/* Room in @ml for one reference per extent of snapshot @rec (daemon_i.h).  0 or -ENOMEM. */
+int map_lease_init(struct map_lease *ml, const struct hwfs_vrec *rec)
+{
+	size_t total = 0;
+
+	for (size_t i = 0; i < rec->n_files; i++)
+		total += rec->files[i].n_ext;
+	ml->n = 0;
+	ml->sh = malloc((total ? total : 1) * sizeof(*ml->sh));
+	return ml->sh ? 0 : -ENOMEM;
+}
+
+/*
+ * Take a reference on the shard of every extent of @f into @ml (daemon_i.h):
+ * they are ml->sh[n], ... in extent order, n being ml->n before the call.
+ * Returns 0, -ENOENT (a shard is gone: the version was removed meanwhile) or
+ * -EIO (an extent that is not its whole shard); references taken stay in @ml.
+ */
+int map_lease_file(struct daemon *d, const struct hwfs_frec *f, struct map_lease *ml)
+{
+	for (size_t i = 0; i < f->n_ext; i++) {
+		const struct hwfs_extent *e = &f->ext[i];
+		struct shard *sh = store_get(d->st, &e->hash);
+
+		if (!sh)
+			return -ENOENT;
+		ml->sh[ml->n++] = sh;
+		if (sh->size != e->len)
+			return -EIO;
+	}
+	return 0;
+}
 
 /* Drop every reference @ml holds and free it. */
-static void map_lease_drop(struct daemon *d, struct map_lease *ml)
+void map_lease_drop(struct daemon *d, struct map_lease *ml)
 {
 	for (size_t i = 0; i < ml->n; i++)
 		store_unref(d->st, ml->sh[i]);
@@ -168,23 +195,19 @@ static json_t *map_file(struct daemon *d, const struct hwfs_frec *f, struct map_
 			int *r)
 {
 	json_t *ext = json_array(), *tens = json_array(), *out = NULL;
+	size_t first = ml->n;
 
 	*r = -ENOMEM;
 	if (!ext || !tens)
 		goto out;
+	*r = map_lease_file(d, f, ml);
+	if (*r < 0)
+		goto out;
+	*r = -ENOMEM;
 	for (size_t i = 0; i < f->n_ext; i++) {
 		const struct hwfs_extent *e = &f->ext[i];
-		struct shard *sh = store_get(d->st, &e->hash);
+		const struct shard *sh = ml->sh[first + i];
 
-		if (!sh) {
-			*r = -ENOENT;
-			goto out;
-		}
-		ml->sh[ml->n++] = sh;
-		if (sh->size != e->len) {
-			*r = -EIO;
-			goto out;
-		}
 		if (json_array_append_new(ext, json_pack("[I, I, I]", (json_int_t)e->off,
 							 (json_int_t)e->len, (json_int_t)sh->off)))
 			goto out;
@@ -257,7 +280,6 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 	struct lease *l = NULL;
 	json_t *files = NULL, *res = NULL;
 	char err[512];
-	size_t total = 0;
 	int afd = -1, pidfd = -1, r;
 
 	if (!v)
@@ -275,11 +297,10 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 		r = rec->state == HWFS_V_OPEN ? -EBUSY : -EIO; /* changed meanwhile */
 	if (r < 0)
 		goto fail;
-	for (size_t i = 0; i < rec->n_files; i++)
-		total += rec->files[i].n_ext;
-	ml.sh = malloc((total ? total : 1) * sizeof(*ml.sh));
+	r = map_lease_init(&ml, rec);
 	files = json_array();
-	r = ml.sh && files ? 0 : -ENOMEM;
+	if (r == 0 && !files)
+		r = -ENOMEM;
 	for (size_t i = 0; r == 0 && i < rec->n_files; i++) {
 		json_t *f;
 
@@ -357,7 +378,7 @@ out:
  * first reply (or the caller was gone before it).
  */
 static json_t *watch_conn(struct daemon *d, struct ctl_reader *rd, const struct ctl_peer *peer,
-			  const char *name)
+			  const char *name, int gpu)
 {
 	struct watcher *w = NULL;
 	json_t *res = NULL;
@@ -365,7 +386,7 @@ static json_t *watch_conn(struct daemon *d, struct ctl_reader *rd, const struct 
 
 	if (pidfd == -ESRCH)
 		return NULL; /* the engine's process is gone already */
-	r = engines_watch(d->engines, rd->fd, peer->pid, name, &w);
+	r = engines_watch_gpu(d->engines, rd->fd, peer->pid, name, gpu, &w);
 	if (r == -EINVAL)
 		res = err_reply("invalid engine name (1-%d characters of A-Z a-z 0-9 . _ -)",
 				ENGINE_NAME_MAX);
@@ -427,19 +448,25 @@ close:
 /* op_watch() - {"op": "watch"}: events until the connection closes (docs/engines.md). */
 json_t *op_watch(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
-	return watch_conn(d, rd, peer, NULL);
+	return watch_conn(d, rd, peer, NULL, -1);
 }
 
 /*
  * op_engine() - {"op": "engine", "name": N}: register engine N on this node
- * until the connection closes; its reports feed the commit barrier.
+ * until the connection closes; its reports feed the commit barrier.  With
+ * "gpu": G, its readiness is the device load of the version on GPU G
+ * instead (daemon_gpu.c, docs/gpu.md).
  */
 json_t *op_engine(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		  const struct ctl_peer *peer)
 {
 	const char *name = req_str(req, "name");
+	int gpu;
 
 	if (!name)
 		return reply_errno(err_reply("engine: missing name"), EINVAL);
-	return watch_conn(d, rd, peer, name);
+	if (req_gpu(req, 1, &gpu) < 0)
+		return reply_errno(err_reply("engine: \"gpu\" must be a device index (an integer "
+					     "0-%d)", DAEMON_GPU_MAX), EINVAL);
+	return watch_conn(d, rd, peer, name, gpu);
 }

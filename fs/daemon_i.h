@@ -5,7 +5,7 @@
  * and their handlers), daemon_publish.c (`hwfs publish`), daemon_diff.c
  * (`hwfs diff --elements`) and
  * daemon_engines.c (map, watch and engine: the long-lived operations of
- * docs/engines.md).  Nothing outside those files includes it; the public API
+ * docs/engines.md) and daemon_gpu.c (load, unload, gpumap: docs/gpu.md).  Nothing outside those files includes it; the public API
  * is daemon.h.
  */
 #ifndef HWFS_DAEMON_I_H
@@ -46,6 +46,8 @@ struct daemon {
 			     * thread runs; made after the store, freed after unpinning */
 	struct engines *engines; /* watchers, engines, leases: made before the control
 				  * thread starts, freed after every connection ended */
+	struct gpu *gpu;         /* the node's GPU state (gpu/gpu.h): never NULL once started */
+	struct devloads *loads;  /* device shadow-loads (gpu/devload.h), made after gpu */
 	struct agent *agent; /* replication, when joined: set once, after the control
 			      * thread started, so read it with daemon_agent() */
 	pthread_t coord_thread; /* embedded coordinator (--coordinator) */
@@ -131,6 +133,39 @@ json_t *op_watch(struct daemon *d, json_t *req, struct ctl_reader *rd,
 json_t *op_engine(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		  const struct ctl_peer *peer);
 
+/*
+ * A lease: shard references one connection or load holds (one per extent),
+ * so that rm or gc cannot free bytes still being read (daemon_engines.c).
+ */
+struct map_lease {
+	struct shard **sh;
+	size_t n;
+};
+/** Room in @ml for one reference per extent of snapshot @rec.  Returns 0 or -ENOMEM. */
+int map_lease_init(struct map_lease *ml, const struct hwfs_vrec *rec);
+/**
+ * map_lease_file() - reference the shard of every extent of @f into @ml, in
+ * extent order from ml->n on.  Returns 0, -ENOENT (a shard is gone: the
+ * version was removed) or -EIO (an extent that is not its whole shard);
+ * references taken stay in @ml either way.
+ */
+int map_lease_file(struct daemon *d, const struct hwfs_frec *f, struct map_lease *ml);
+/** Drop every reference of @ml and free its array. */
+void map_lease_drop(struct daemon *d, struct map_lease *ml);
+
+/**
+ * peer_pidfd() - a descriptor that becomes readable when process @pid exits
+ * (close-on-exec), -1 when none can be had (the connection alone tells the
+ * end then), -ESRCH when the process exited already.
+ */
+int peer_pidfd(pid_t pid);
+/**
+ * wait_for_close() - block until the client closes connection @fd (or
+ * shutdown shuts it down) or the process of @pidfd (-1: none) exits, reading
+ * and dropping what it sends.  Returns -ESRCH (the process exited) or 0.
+ */
+int wait_for_close(int fd, int pidfd);
+
 /**
  * vrec_distinct_shards() - the distinct shard hashes of snapshot @v, sorted
  * (hwfs_hash_cmp), their number in *@n.  Returns a malloc'd array or NULL.
@@ -140,6 +175,23 @@ hwfs_hash_t *vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n);
 /** `hwfs diff A B --elements` (daemon_diff.c), a daemon_op_fn that op_diff hands to. */
 json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			 const struct ctl_peer *peer);
+
+/* daemon_gpu.c: device shadow-load (docs/gpu.md) */
+json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer);
+json_t *op_unload(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		  const struct ctl_peer *peer);
+json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		  const struct ctl_peer *peer);
+/* The largest device index a request may name. */
+#define DAEMON_GPU_MAX 1023
+/**
+ * req_gpu() - the "gpu" member of @req in *@gpu: a device index
+ * 0..DAEMON_GPU_MAX; when absent, -1 if @optional, else an error; -1 itself
+ * is accepted only when @optional.  Returns 0 or -EINVAL.
+ */
+int req_gpu(json_t *req, int optional, int *gpu);
+/** The engines' device-load hook (engines_set_gpu_hook()); @arg is the daemon. */
+int daemon_gpu_ready(void *arg, const char *version, int gpu, char *err, size_t errlen);
 
 /** `hwfs publish` (daemon_publish.c), a daemon_op_fn. */
 json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "daemon_i.h"
+#include "devload.h"
 #include "manifest.h"
 #include "proto.h"
 #include "tunables.h"
@@ -144,6 +145,10 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	status_gpu(d, r);
 	json_object_set_new(r, "engines", engines_json(d->engines) ?: json_array());
 	json_object_set_new(r, "leases", engines_leases_json(d->engines) ?: json_array());
+	/* the device loads, inside the "gpu" object (gpu.c makes it; null without a GPU) */
+	if (json_is_object(json_object_get(r, "gpu")))
+		json_object_set_new(json_object_get(r, "gpu"), "loads",
+				    devloads_json(d->loads) ?: json_array());
 	if (agent) {
 		json_t *rep = agent_counters(agent);
 
@@ -444,6 +449,7 @@ static int remove_and_invalidate(struct daemon *d, const char *v)
 		ns_unlock(d->ns);
 		fuse_lowlevel_notify_inval_entry(d->se, hwfs_fuse_ino(d->ns, vers), v, strlen(v));
 		engines_event(d->engines, "removed", v);
+		devloads_removed(d->loads, v); /* device copies stay until unloaded */
 	}
 	return r;
 }
@@ -729,6 +735,10 @@ static const struct daemon_op ops[] = {
 	{"map", op_map, 0, 1, {"version", NULL}},
 	{"watch", op_watch, 0, 0, {NULL, NULL}},
 	{"engine", op_engine, 0, 1, {NULL, NULL}},
+	/* device shadow-load (docs/gpu.md): device memory and IPC handles, owner only */
+	{"load", op_load, 0, 1, {"version", NULL}},
+	{"unload", op_unload, 0, 1, {"version", NULL}},
+	{"gpumap", op_gpumap, 0, 1, {"version", NULL}}, /* long-lived, like map */
 };
 
 /* The row of @name in ops[], or NULL. */

@@ -29,6 +29,8 @@ struct watcher {
 	int fd;                         /* the connection (owned by its handler) */
 	pid_t pid;
 	int engine;                     /* 1: a registered engine */
+	int gpu;                        /* an engine whose readiness is the device load on
+					 * this GPU (engines_set_gpu_hook()); -1: its reports */
 	char name[ENGINE_NAME_MAX + 1]; /* engines only */
 	pthread_mutex_t send_mu;        /* one writer at a time on fd */
 	int dead;                       /* dropped: no more sends, not counted by the barrier */
@@ -65,6 +67,8 @@ struct engines {
 	struct lease *leases;
 	void (*wake)(void *arg);
 	void *wake_arg;
+	int (*gpu_ready)(void *arg, const char *version, int gpu, char *err, size_t errlen);
+	void *gpu_arg;
 	uint64_t current_gen; /* ns_current_gen() when the last "current" event was sent */
 };
 
@@ -128,6 +132,18 @@ void engines_set_wake(struct engines *reg, void (*wake)(void *arg), void *arg)
 	pthread_mutex_unlock(&reg->mu);
 }
 
+/* Point the device-load hook at @ready(@arg, ...), or at nobody (see engines.h). */
+void engines_set_gpu_hook(struct engines *reg,
+			  int (*ready)(void *arg, const char *version, int gpu, char *err,
+				       size_t errlen),
+			  void *arg)
+{
+	pthread_mutex_lock(&reg->mu);
+	reg->gpu_ready = ready;
+	reg->gpu_arg = arg;
+	pthread_mutex_unlock(&reg->mu);
+}
+
 /* 1 when @name is 1-ENGINE_NAME_MAX characters of [A-Za-z0-9._-], else 0. */
 int engines_valid_name(const char *name)
 {
@@ -160,6 +176,14 @@ static void barrier_kick(struct engines *reg)
 	pthread_cond_broadcast(&reg->cv);
 	if (reg->wake)
 		reg->wake(reg->wake_arg);
+}
+
+/* Something a barrier waits for changed outside the registry (a device load ended). */
+void engines_kick(struct engines *reg)
+{
+	pthread_mutex_lock(&reg->mu);
+	barrier_kick(reg);
+	pthread_mutex_unlock(&reg->mu);
 }
 
 /* Free @w and its strings (it is on no list). */
@@ -248,6 +272,13 @@ static struct watcher *engine_find(struct engines *reg, const char *name)
  */
 int engines_watch(struct engines *reg, int fd, pid_t pid, const char *name, struct watcher **out)
 {
+	return engines_watch_gpu(reg, fd, pid, name, -1, out);
+}
+
+/* engines_watch() of an engine whose readiness is the device load on @gpu (-1: none). */
+int engines_watch_gpu(struct engines *reg, int fd, pid_t pid, const char *name, int gpu,
+		      struct watcher **out)
+{
 	struct watcher *w;
 	char *cur = NULL, *line = NULL;
 	size_t len;
@@ -260,6 +291,7 @@ int engines_watch(struct engines *reg, int fd, pid_t pid, const char *name, stru
 		return -ENOMEM;
 	w->fd = fd;
 	w->pid = pid;
+	w->gpu = name ? gpu : -1;
 	pthread_mutex_init(&w->send_mu, NULL);
 	if (name) {
 		w->engine = 1;
@@ -291,7 +323,10 @@ int engines_watch(struct engines *reg, int fd, pid_t pid, const char *name, stru
 	reg->watchers = w;
 	*out = w;
 	w = NULL;
-	if (name)
+	if (name && gpu >= 0)
+		LOG_INFO("engines: engine %s registered (pid %d), ready when loaded on GPU %d", name,
+			 (int)pid, gpu);
+	else if (name)
 		LOG_INFO("engines: engine %s registered (pid %d)", name, (int)pid);
 out:
 	pthread_mutex_unlock(&reg->mu);
@@ -605,6 +640,7 @@ static int barrier_locked(struct engines *reg, const char *v, uint64_t started_n
 {
 	struct watcher *refused = NULL, *waiting = NULL;
 	uint64_t ms = hwfs_tun.engine_deadline_ms, seq = 0;
+	char gpu_why[ENGINE_REASON_MAX] = "";
 	int any = 0, r;
 
 	for (struct watcher *w = reg->watchers; w && !any; w = w->next)
@@ -618,11 +654,28 @@ static int barrier_locked(struct engines *reg, const char *v, uint64_t started_n
 		return -ECANCELED;
 	}
 	for (struct watcher *w = reg->watchers; w; w = w->next) {
-		if (!w->engine || w->dead || engine_ready(w, v, seq))
+		int g = 0;
+
+		if (!w->engine || w->dead)
 			continue;
+		if (w->gpu >= 0) { /* ready when the device load is: ask the hook */
+			char why[ENGINE_REASON_MAX] = "";
+
+			if (reg->gpu_ready)
+				g = reg->gpu_ready(reg->gpu_arg, v, w->gpu, why, sizeof(why));
+			else
+				g = -ECANCELED, snprintf(why, sizeof(why), "no device loader here");
+			if (g == 0)
+				continue;
+			if (g == -ECANCELED && !refused)
+				snprintf(gpu_why, sizeof(gpu_why), "%s", why[0] ? why : "load failed");
+		} else if (engine_ready(w, v, seq)) {
+			continue;
+		}
 		if (prepare_once(w, v, seq, started_ns) < 0)
 			continue; /* dropped: it stops counting */
-		if (engine_refused(w, v, seq) && w->refused_ns >= started_ns) {
+		if (g == -ECANCELED ||
+		    (w->gpu < 0 && engine_refused(w, v, seq) && w->refused_ns >= started_ns)) {
 			if (!refused)
 				refused = w;
 		} else if (!waiting) {
@@ -631,13 +684,17 @@ static int barrier_locked(struct engines *reg, const char *v, uint64_t started_n
 	}
 	if (refused) {
 		snprintf(err, errlen, "engine %s refused %s: %s", refused->name, v,
-			 refused->reason ? refused->reason : "no reason given");
+			 refused->gpu >= 0 ? gpu_why
+			 : refused->reason ? refused->reason : "no reason given");
 		return -ECANCELED;
 	}
 	if (!waiting)
 		return 0;
 	if (engines_now_ns() - started_ns >= ms * 1000000ull) {
-		if (engine_refused(waiting, v, seq))
+		if (waiting->gpu >= 0)
+			snprintf(err, errlen, "engine %s: %s was not loaded on GPU %d within %llu ms",
+				 waiting->name, v, waiting->gpu, (unsigned long long)ms);
+		else if (engine_refused(waiting, v, seq))
 			snprintf(err, errlen,
 				 "engine %s did not report %s loaded within %llu ms (it refused %s "
 				 "before: %s)", waiting->name, v, (unsigned long long)ms, v,
@@ -727,17 +784,21 @@ json_t *engines_json(struct engines *reg)
 		return NULL;
 	pthread_mutex_lock(&reg->mu);
 	for (struct watcher *w = reg->watchers; w; w = w->next) {
+		json_t *o;
+
 		if (!w->engine || w->dead)
 			continue;
-		json_array_append_new(
-			arr, json_pack("{s:s, s:i, s:o, s:o, s:s, s:o, s:o, s:I}", "name", w->name,
+		o = json_pack("{s:s, s:i, s:o, s:o, s:s, s:o, s:o, s:I}", "name", w->name,
 				       "pid", (int)w->pid, "serving", str_or_null(w->serving),
 				       "shadow", str_or_null(w->shadow), "state",
 				       state_names[w->state], "reason", str_or_null(w->reason),
 				       "last_swap_pause_us",
 				       w->swaps ? json_integer((json_int_t)w->last_pause_us)
 						: json_null(),
-				       "swaps", (json_int_t)w->swaps));
+				       "swaps", (json_int_t)w->swaps);
+		if (o && w->gpu >= 0)
+			json_object_set_new(o, "gpu", json_integer(w->gpu));
+		json_array_append_new(arr, o);
 	}
 	pthread_mutex_unlock(&reg->mu);
 	return arr;

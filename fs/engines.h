@@ -77,6 +77,38 @@ int engines_valid_state(const char *state);
  */
 int engines_watch(struct engines *reg, int fd, pid_t pid, const char *name, struct watcher **out);
 
+/**
+ * engines_watch_gpu() - engines_watch() of engine @name whose readiness is
+ * not its reports but the device load of the committed version on GPU @gpu
+ * (-1: an ordinary engine): the barrier asks the hook of
+ * engines_set_gpu_hook() about it.  Same returns.
+ */
+int engines_watch_gpu(struct engines *reg, int fd, pid_t pid, const char *name, int gpu,
+		      struct watcher **out);
+
+/**
+ * engines_set_gpu_hook() - the barrier's question for an engine registered
+ * with a GPU: @ready(@arg, version, gpu, err, errlen) returns 0 (the version
+ * is resident on that device), -EINPROGRESS (a load was started, or runs, in
+ * a worker thread that calls engines_kick() when it ends) or -ECANCELED (the
+ * load failed or cannot be: the reason in @err, which the barrier reports as
+ * the engine's refusal "engine E refused V: <reason>").  @ready runs under
+ * the registry lock: it must not block, and may take the namespace lock or
+ * locks of its own that are never held while taking the registry's.  @ready
+ * NULL: such engines refuse every version ("no device loader here").
+ */
+void engines_set_gpu_hook(struct engines *reg,
+			  int (*ready)(void *arg, const char *version, int gpu, char *err,
+				       size_t errlen),
+			  void *arg);
+
+/**
+ * engines_kick() - wake the barrier's waiters (and the wake hook) because
+ * something it asks about changed outside the registry: a device load
+ * ended.  Takes the registry lock.
+ */
+void engines_kick(struct engines *reg);
+
 /** Unregister and free @w (its connection ended); wakes the barrier's waiters. */
 void engines_unwatch(struct engines *reg, struct watcher *w);
 
@@ -144,7 +176,8 @@ void engines_lease_del(struct engines *reg, struct lease *l);
 /**
  * engines_json() - the engines as `hwfs status --json` shows them: a new
  * array of {"name", "pid", "serving", "shadow", "state", "reason",
- * "last_swap_pause_us", "swaps"}, NULL without memory.
+ * "last_swap_pause_us", "swaps"} (and "gpu" for an engine registered with
+ * one), NULL without memory.
  */
 json_t *engines_json(struct engines *reg);
 /** The leases: a new array of {"version", "pid"}, NULL without memory. */

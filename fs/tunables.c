@@ -71,6 +71,13 @@ static const struct row rows[] = {
 	    "and cost seconds per shard on the replication thread)"),
 	ROW(delta_cache_bytes, 64ull << 20, 0, 1ull << 40,
 	    "encoded deltas a node keeps to send again to the next receiver (encode once)"),
+	ROW(gpu_mem_pct, 90, 1, 100,
+	    "hwfs load: one load may take this percentage of the device's free memory (at load "
+	    "time); a version needing more is refused"),
+	ROW(gpu_streams, 4, 1, 64, "hwfs load: CUDA copy streams per load"),
+	ROW(gpu_bucket_bytes, 1ull << 30, 1ull << 20, 1ull << 50,
+	    "hwfs load: the largest device buffer (bucket); a tensor larger than a bucket gets "
+	    "one of its own"),
 };
 static uint64_t *field(struct hwfs_tunables *t, const struct row *r)
 {

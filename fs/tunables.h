@@ -51,6 +51,10 @@ struct hwfs_tunables {
 	uint64_t delta_max_pct;     /* a delta above this percentage of its shard: the whole shard */
 	uint64_t delta_level;       /* zstd level of the deltas a donor encodes */
 	uint64_t delta_cache_bytes; /* encoded deltas a node keeps to serve again (encode once) */
+	/* device shadow-load (docs/gpu.md) */
+	uint64_t gpu_mem_pct;      /* one load may take this percentage of a device's free memory */
+	uint64_t gpu_streams;      /* copy streams per load */
+	uint64_t gpu_bucket_bytes; /* the largest device bucket (a bigger tensor gets its own) */
 };
 
 /** The process-wide values (defaults until hwfs_tunables_load()). */

@@ -30,6 +30,7 @@ static int g_force;   /* seal --force */
 static int g_cluster; /* status --cluster */
 static int g_watch;   /* status --cluster --watch */
 static int g_elements; /* diff --elements */
+static const char *g_gpu; /* load/unload --gpu N (as given: checked by gpu_arg()) */
 
 void die(const char *fmt, ...)
 {
@@ -158,7 +159,8 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 		{"help", no_argument, NULL, 'h'},        {"keep", required_argument, NULL, 'k'},
 		{"local", no_argument, NULL, 'L'},       {"cluster", no_argument, NULL, 'C'},
 		{"watch", no_argument, NULL, 'W'},       {"force", no_argument, NULL, 'F'},
-		{"elements", no_argument, NULL, 'E'},    {NULL, 0, NULL, 0},
+		{"elements", no_argument, NULL, 'E'},    {"gpu", required_argument, NULL, 'g'},
+		{NULL, 0, NULL, 0},
 	};
 	int c;
 
@@ -193,6 +195,9 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 			break;
 		case 'E':
 			g_elements = 1;
+			break;
+		case 'g':
+			g_gpu = optarg;
 			break;
 		case 'h':
 			printf("usage: %s\n", usage);
@@ -536,6 +541,93 @@ static int cmd_publish(int argc, char **argv)
 	return 0;
 }
 
+/*
+ * The device index of --gpu N: a non-negative decimal integer (at most 1023,
+ * the daemon's limit); -1 when --gpu was not given and @required is 0.  A
+ * missing or malformed one is a usage error (exit 2, one line).
+ */
+static int gpu_arg(const char *verb, int required, const char *usage)
+{
+	const char *p = g_gpu;
+	long n = 0;
+
+	if (!p) {
+		if (!required)
+			return -1;
+		fprintf(stderr, "hwfs: error: %s needs --gpu N (the device index, 0 for the first "
+			"GPU)\nusage: %s\n", verb, usage);
+		exit(2);
+	}
+	for (; *p >= '0' && *p <= '9' && n <= 1023; p++)
+		n = n * 10 + (*p - '0');
+	if (p == g_gpu || *p || n > 1023) {
+		fprintf(stderr, "hwfs: error: %s: --gpu %s is not a device index (an integer "
+			"0-1023)\nusage: %s\n", verb, g_gpu, usage);
+		exit(2);
+	}
+	return (int)n;
+}
+
+/*
+ * load: copy a sealed version into the memory of one GPU (docs/gpu.md); the
+ * daemon sends progress (a bar on a terminal).  Through hwfs_call() with the
+ * request of the control protocol.
+ */
+static int cmd_load(int argc, char **argv)
+{
+	static const char usage[] = "hwfs load VERSION --gpu N [-m MOUNT] [--json]";
+	int i = client_opts(argc, argv, usage, 1, 1, NULL);
+	int gpu = gpu_arg("load", 1, usage);
+	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "load", "version", argv[i], "gpu",
+				     gpu),
+			   1);
+	double dt = json_real_value(json_object_get(res, "seconds"));
+	char sz[32];
+
+	if (g_json) {
+		print_json(res);
+	} else if (json_is_true(json_object_get(res, "already"))) {
+		printf("%s is loaded on GPU %d already (%s in %lld buckets)\n", argv[i], gpu,
+		       hwfs_fmt_size((uint64_t)jint(res, "bytes"), sz, sizeof(sz)),
+		       (long long)jint(res, "buckets"));
+	} else {
+		printf("loaded %s on GPU %d: %s, %lld tensors in %lld buckets, %.2f s (%.2f GB/s "
+		       "from %s memory)\n", argv[i], gpu,
+		       hwfs_fmt_size((uint64_t)jint(res, "bytes"), sz, sizeof(sz)),
+		       (long long)jint(res, "tensors"), (long long)jint(res, "buckets"), dt,
+		       dt > 0 ? (double)jint(res, "bytes") / dt / 1e9 : 0.0, jstr(res, "source"));
+	}
+	json_decref(res);
+	return 0;
+}
+
+/* unload: free a version's device copy on one GPU (--gpu N) or on every one. */
+static int cmd_unload(int argc, char **argv)
+{
+	static const char usage[] = "hwfs unload VERSION [--gpu N] [-m MOUNT] [--json]";
+	int i = client_opts(argc, argv, usage, 1, 1, NULL);
+	int gpu = gpu_arg("unload", 0, usage);
+	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "unload", "version", argv[i], "gpu",
+				     gpu),
+			   1);
+	char sz[32], where[32] = "every GPU";
+
+	if (gpu >= 0)
+		snprintf(where, sizeof(where), "GPU %d", gpu);
+	if (g_json) {
+		print_json(res);
+	} else {
+		printf("unloaded %s from %s: %s freed", argv[i], where,
+		       hwfs_fmt_size((uint64_t)jint(res, "freed_bytes"), sz, sizeof(sz)));
+		if (jint(res, "pending_maps"))
+			printf(", the rest when its %lld open map(s) close",
+			       (long long)jint(res, "pending_maps"));
+		printf("\n");
+	}
+	json_decref(res);
+	return 0;
+}
+
 static int cmd_verify(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs verify VERSION [-m MOUNT] [--json]", 1, 1, NULL);
@@ -692,6 +784,8 @@ static const struct verb {
 	{"rm", cmd_rm, "V", "remove V"},
 	{"gc", cmd_gc, "--keep N", "keep N newest versions"},
 	{"manifest", cmd_manifest, "V", "print V's manifest"},
+	{"load", cmd_load, "V --gpu N [--json]", "copy V into GPU N's memory"},
+	{"unload", cmd_unload, "V [--gpu N]", "free V's copy on GPU N (or every GPU)"},
 	{"watch", cmd_watch, "[--engine NAME] [--on-arrive CMD] [--on-commit CMD]",
 	 "follow events; run hooks; be an engine"},
 	{"coord", cmd_coord, "--listen tcp://HOST:PORT [--state DIR]", "run a coordinator"},

@@ -1,0 +1,531 @@
+/*
+ * daemon_gpu.c — the control operations of device shadow-load (docs/gpu.md):
+ * `load` (copy a sealed version into device memory, with progress lines),
+ * `unload`, `gpumap` (long-lived: the IPC handles and tensor layout of a
+ * loaded version, one reference for the life of the connection), and the
+ * engines' device-load hook that makes an engine registered with a GPU ready
+ * when the version is resident (the commit barrier, engines.h).
+ *
+ * The table of loads and the copy are gpu/devload.c; this file finds the
+ * bytes: a snapshot of the sealed version, a reference on every shard it
+ * uses (held while the copy reads them, so rm or gc cannot free them), and
+ * for each tensor of each safetensors file (file then offset order) its
+ * pieces in the arena, one per extent it crosses.
+ *
+ * Threads: load runs on its connection's thread; a load the barrier asks for
+ * runs in a detached worker (devloads_worker_enter/exit: shutdown waits for
+ * it) that wakes the barrier (engines_kick()) when it ends.  The hook runs
+ * under the registry lock, so it only looks and starts: never copies.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon_i.h"
+#include "devload.h"
+#include "gpu.h"
+#include "proto.h"
+#include "tunables.h"
+
+/* ----------------------------------------------------------- requests */
+
+/* The "gpu" member of @req (daemon_i.h): 0 or -EINVAL. */
+int req_gpu(json_t *req, int optional, int *gpu)
+{
+	json_t *g = json_object_get(req, "gpu");
+	json_int_t n;
+
+	if (!g || json_is_null(g)) {
+		*gpu = -1;
+		return optional ? 0 : -EINVAL;
+	}
+	if (!json_is_integer(g))
+		return -EINVAL;
+	n = json_integer_value(g);
+	if (n == -1 && optional) {
+		*gpu = -1;
+		return 0;
+	}
+	if (n < 0 || n > DAEMON_GPU_MAX)
+		return -EINVAL;
+	*gpu = (int)n;
+	return 0;
+}
+
+/*
+ * Can device @gpu be used at all?  Returns 0, or -ENODEV with the reason in
+ * @err ("no CUDA device: ...", "this node has 1 GPU").
+ */
+static int gpu_usable(struct daemon *d, int gpu, char *err, size_t errlen)
+{
+	int n = gpu_devices(d->gpu);
+
+	if (!gpu_runtime(d->gpu)) {
+		snprintf(err, errlen, "%s", gpu_why(d->gpu)[0] ? gpu_why(d->gpu) : "no CUDA device");
+		return -ENODEV;
+	}
+	if (gpu >= n) {
+		snprintf(err, errlen, "this node has %d GPU%s", n, n == 1 ? "" : "s");
+		return -ENODEV;
+	}
+	return 0;
+}
+
+/* The seq of sealed version @v in *@seq.  Returns 0 or -ENOENT. */
+static int sealed_seq(struct daemon *d, const char *v, uint64_t *seq)
+{
+	struct version *ver;
+	int r = -ENOENT;
+
+	ns_rdlock(d->ns);
+	ver = ns_version(d->ns, v);
+	if (ver) {
+		*seq = ver->seq;
+		r = 0;
+	}
+	ns_unlock(d->ns);
+	return r;
+}
+
+/* ----------------------------------------------------------- the source */
+
+/* What a load copies from, and the shard references it holds meanwhile. */
+struct load_src {
+	struct devload_src s;
+	struct map_lease ml;
+	uint64_t *lens;
+	size_t *piece_at;
+	struct devload_piece *pieces;
+	json_t *tensors;
+	struct hwfs_vrec *rec;
+};
+
+static void load_src_free(struct daemon *d, struct load_src *ls)
+{
+	if (ls->ml.sh)
+		map_lease_drop(d, &ls->ml);
+	free(ls->lens);
+	free(ls->piece_at);
+	free(ls->pieces);
+	json_decref(ls->tensors);
+	hwfs_vrec_free(ls->rec);
+	memset(ls, 0, sizeof(*ls));
+}
+
+/* The layout object of tensor @t of file @f, without bucket and offset. */
+static json_t *tensor_json(const struct hwfs_frec *f, const struct hwfs_trec *t)
+{
+	json_t *shape = json_array();
+
+	for (uint32_t k = 0; shape && k < t->ndim; k++)
+		json_array_append_new(shape, json_integer((json_int_t)t->shape[k]));
+	if (!shape)
+		return NULL;
+	return json_pack("{s:s, s:s, s:s, s:o, s:I, s:o}", "name", t->name, "file", f->path,
+			 "dtype", t->dtype, "shape", shape, "len", (json_int_t)t->len, "hash",
+			 proto_hash_json(&t->hash));
+}
+
+/*
+ * The pieces of tensor @t of file @f, whose extents' shards are @sh (extent
+ * order), appended to @ls from *@np on (extents sorted by offset; @e0 is the
+ * first extent that may hold the tensor, advanced for the next tensor, which
+ * starts no earlier).  Returns 0 or -EIO (the tensor is not inside the file).
+ */
+static int tensor_pieces(struct load_src *ls, const struct hwfs_frec *f, struct shard *const *sh,
+			 const struct hwfs_trec *t, size_t *e0, size_t *np)
+{
+	uint64_t at = t->off, end;
+
+	if (__builtin_add_overflow(t->off, t->len, &end) || end > f->size)
+		return -EIO;
+	while (*e0 < f->n_ext && f->ext[*e0].off + f->ext[*e0].len <= t->off)
+		(*e0)++;
+	for (size_t i = *e0; i < f->n_ext && at < end; i++) {
+		const struct hwfs_extent *e = &f->ext[i];
+		uint64_t e_end = e->off + e->len, take;
+
+		if (at < e->off || at >= e_end)
+			return -EIO; /* a hole: extents must cover the file */
+		take = HWFS_MIN(e_end, end) - at;
+		ls->pieces[(*np)++] = (struct devload_piece){sh[i]->off + (at - e->off), take};
+		at += take;
+	}
+	return at == end ? 0 : -EIO;
+}
+
+/*
+ * Build the source of a load of sealed version @v: snapshot, references on
+ * its shards, every tensor's length, pieces and layout.  Returns 0, or
+ * -ENOENT/-EBUSY/-EIO/-ENOMEM with the sentence in @err (as map says them).
+ */
+static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, char *err,
+			 size_t errlen)
+{
+	size_t nt = 0, npmax = 0, np = 0, k = 0;
+	int r;
+
+	memset(ls, 0, sizeof(*ls));
+	ns_rdlock(d->ns);
+	r = ns_check_committable(d->ns, v, err, errlen);
+	ns_unlock(d->ns);
+	if (r < 0)
+		return r;
+	r = ns_snapshot(d->ns, v, &ls->rec);
+	if (r == 0 && ls->rec->state != HWFS_V_SEALED)
+		r = ls->rec->state == HWFS_V_OPEN ? -EBUSY : -EIO; /* changed meanwhile */
+	if (r == 0)
+		r = map_lease_init(&ls->ml, ls->rec);
+	for (size_t i = 0; r == 0 && i < ls->rec->n_files; i++) {
+		const struct hwfs_frec *f = &ls->rec->files[i];
+
+		if (f->kind != HWFS_K_REG)
+			continue;
+		nt += f->n_tensors;
+		/* a tensor crosses at most all extents; pieces of all tensors: tensors + extents */
+		npmax += f->n_tensors + f->n_ext;
+	}
+	if (r < 0)
+		goto fail;
+	ls->lens = calloc(nt ? nt : 1, sizeof(*ls->lens));
+	ls->piece_at = calloc(nt + 1, sizeof(*ls->piece_at));
+	ls->pieces = calloc(npmax ? npmax : 1, sizeof(*ls->pieces));
+	ls->tensors = json_array();
+	if (!ls->lens || !ls->piece_at || !ls->pieces || !ls->tensors) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (size_t i = 0; i < ls->rec->n_files; i++) {
+		const struct hwfs_frec *f = &ls->rec->files[i];
+		size_t first = ls->ml.n, e0 = 0;
+
+		if (f->kind != HWFS_K_REG)
+			continue;
+		r = map_lease_file(d, f, &ls->ml);
+		if (r < 0)
+			goto fail;
+		for (size_t j = 0; j < f->n_tensors; j++, k++) {
+			const struct hwfs_trec *t = &f->tensors[j];
+			json_t *tj;
+
+			ls->piece_at[k] = np;
+			ls->lens[k] = t->len;
+			r = tensor_pieces(ls, f, ls->ml.sh + first, t, &e0, &np);
+			if (r < 0)
+				goto fail;
+			tj = tensor_json(f, t);
+			if (!tj || json_array_append_new(ls->tensors, tj)) {
+				r = -ENOMEM;
+				goto fail;
+			}
+		}
+	}
+	ls->piece_at[k] = np;
+	ls->s = (struct devload_src){
+		.arena_base = arena_base(store_arena(d->st)),
+		.n_tensors = nt,
+		.lens = ls->lens,
+		.piece_at = ls->piece_at,
+		.pieces = ls->pieces,
+		.tensors = ls->tensors,
+		.digest = ls->rec->digest,
+		.pinned = !strcmp(gpu_pin_mode(d->gpu), "cuda"),
+	};
+	return 0;
+fail:
+	snprintf(err, errlen, "%s", r == -ENOENT ? "no such version (it was removed)"
+				    : r == -EBUSY ? "version is open (not sealed)"
+				    : r == -EIO   ? "version is damaged"
+						  : strerror(-r));
+	load_src_free(d, ls);
+	return r;
+}
+
+/*
+ * Fill entry @l (devloads_begin()) with version @v: source, copy, references
+ * dropped.  Returns 0 (*@summary: load's figures) or -errno with @err.
+ */
+static int load_entry(struct daemon *d, struct devload *l, const char *v,
+		      devload_progress_fn progress, void *arg, json_t **summary, char *err,
+		      size_t errlen)
+{
+	struct load_src ls;
+	int r = load_src_make(d, v, &ls, err, errlen);
+
+	if (r < 0) {
+		devloads_fail(d->loads, l, err);
+		return r;
+	}
+	r = devloads_run(d->loads, l, &ls.s, (unsigned)hwfs_tun.gpu_mem_pct,
+			 (int)hwfs_tun.gpu_streams, hwfs_tun.gpu_bucket_bytes, progress, arg,
+			 summary, err, errlen);
+	load_src_free(d, &ls);
+	return r;
+}
+
+/* ----------------------------------------------------------- load */
+
+/* Progress lines of a load on its connection, as publish sends them (at most 10 a second). */
+struct load_progress {
+	int fd;
+	double last;
+};
+
+static void load_progress(void *arg, uint64_t done, uint64_t total)
+{
+	struct load_progress *p = arg;
+	double now = hwfs_mono_s();
+	json_t *m;
+
+	if (done < total && now - p->last < 0.1)
+		return;
+	p->last = now;
+	m = json_pack("{s:{s:I, s:I}}", "progress", "done", (json_int_t)done, "total",
+		      (json_int_t)total);
+	ctl_send(p->fd, m);
+	json_decref(m);
+}
+
+/* load's error reply: "cannot load V on GPU N: <why>" with "errno": @r. */
+static json_t *load_error(const char *v, int gpu, int r, const char *why)
+{
+	return reply_errno(err_reply("cannot load %s on GPU %d: %s", v, gpu, why), -r);
+}
+
+/*
+ * op_load() - {"op": "load", "version": V, "gpu": N}: copy sealed version V
+ * into device N (docs/gpu.md), sending progress lines, then the reply
+ * {"ok", "version", "gpu", "bytes", "tensors", "buckets", "seconds",
+ * "source", "already"}.  A version loaded there already answers at once
+ * ("already": true); one being loaded is waited for.
+ */
+json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+{
+	const char *v = req_str(req, "version");
+	struct load_progress lp = {rd->fd, 0};
+	struct devload *l = NULL;
+	json_t *sum = NULL, *res;
+	char err[1024];
+	uint64_t seq = 0;
+	int gpu, r, already = 0;
+
+	if (!v)
+		return reply_errno(err_reply("load: missing version"), EINVAL);
+	if (req_gpu(req, 0, &gpu) < 0)
+		return reply_errno(err_reply("load: \"gpu\" must be a device index (an integer "
+					     "0-%d)", DAEMON_GPU_MAX), EINVAL);
+	r = gpu_usable(d, gpu, err, sizeof(err));
+	if (r < 0)
+		return load_error(v, gpu, r, err);
+	ns_rdlock(d->ns);
+	r = ns_check_committable(d->ns, v, err, sizeof(err));
+	ns_unlock(d->ns);
+	if (r == 0)
+		r = sealed_seq(d, v, &seq);
+	if (r < 0)
+		return load_error(v, gpu, r, r == -ENOENT ? "no such version" : err);
+	r = devloads_begin(d->loads, v, seq, gpu, &l);
+	if (r == 0) {
+		r = load_entry(d, l, v, load_progress, &lp, &sum, err, sizeof(err));
+	} else if (r == -EALREADY || r == -EINPROGRESS) {
+		already = 1;
+		r = devloads_wait(d->loads, v, gpu, &sum, err, sizeof(err));
+		if (r == -ECANCELED)
+			r = -EIO;
+	} else if (r == -EEXIST) {
+		snprintf(err, sizeof(err), "GPU %d holds an earlier %s (removed since): unload it "
+			 "first (hwfs unload %s --gpu %d)", gpu, v, v, gpu);
+	} else {
+		snprintf(err, sizeof(err), "%s", r == -ESHUTDOWN ? "the daemon is shutting down"
+								: strerror(-r));
+	}
+	if (r < 0)
+		return load_error(v, gpu, r, err);
+	if (!sum)
+		return load_error(v, gpu, -ENOMEM, "out of memory");
+	LOG_INFO("gpu: %s %s on GPU %d", v, already ? "was loaded already" : "loaded", gpu);
+	res = json_pack("{s:b, s:s, s:i, s:b}", "ok", 1, "version", v, "gpu", gpu, "already",
+			already);
+	if (res)
+		json_object_update(res, sum);
+	json_decref(sum);
+	return res;
+}
+
+/* ----------------------------------------------------------- unload */
+
+/*
+ * op_unload() - {"op": "unload", "version": V, "gpu": N} (N absent or -1:
+ * every device): {"ok", "freed_bytes", "pending_maps"}; not loaded: ENOENT.
+ */
+json_t *op_unload(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		  const struct ctl_peer *peer)
+{
+	const char *v = req_str(req, "version");
+	uint64_t freed = 0, pending = 0;
+	char where[64];
+	int gpu, r;
+
+	if (!v)
+		return reply_errno(err_reply("unload: missing version"), EINVAL);
+	if (req_gpu(req, 1, &gpu) < 0)
+		return reply_errno(err_reply("unload: \"gpu\" must be a device index (an integer "
+					     "0-%d) or -1 for every device", DAEMON_GPU_MAX), EINVAL);
+	if (gpu >= 0)
+		snprintf(where, sizeof(where), "on GPU %d", gpu);
+	else
+		snprintf(where, sizeof(where), "on any GPU");
+	r = devloads_unload(d->loads, v, gpu, &freed, &pending);
+	if (r == -ENOENT)
+		return reply_errno(err_reply("cannot unload %s: it is not loaded %s", v, where),
+				   ENOENT);
+	if (r == -EBUSY)
+		return reply_errno(err_reply("cannot unload %s: it is being loaded %s; unload it "
+					     "when the load ends", v, where), EBUSY);
+	LOG_INFO("gpu: %s unloaded %s (%llu bytes freed, %llu map(s) pending)", v, where,
+		 (unsigned long long)freed, (unsigned long long)pending);
+	return json_pack("{s:b, s:I, s:I}", "ok", 1, "freed_bytes", (json_int_t)freed,
+			 "pending_maps", (json_int_t)pending);
+}
+
+/* ----------------------------------------------------------- gpumap */
+
+/*
+ * op_gpumap() - {"op": "gpumap", "version": V, "gpu": N}: the buckets' IPC
+ * handles and the tensor layout of V loaded on device N, and a reference
+ * that keeps that device memory until the connection closes or the process
+ * that opened it exits (like map's lease).  Returns an error reply (with
+ * "errno"), or NULL once the connection ended (the reply was sent here).
+ */
+json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		  const struct ctl_peer *peer)
+{
+	const char *v = req_str(req, "version");
+	struct devload *ref = NULL;
+	json_t *res = NULL;
+	char err[512];
+	int gpu, pidfd, r;
+
+	if (!v)
+		return reply_errno(err_reply("gpumap: missing version"), EINVAL);
+	if (req_gpu(req, 0, &gpu) < 0)
+		return reply_errno(err_reply("gpumap: \"gpu\" must be a device index (an integer "
+					     "0-%d)", DAEMON_GPU_MAX), EINVAL);
+	r = gpu_usable(d, gpu, err, sizeof(err));
+	if (r < 0)
+		return reply_errno(err_reply("cannot map %s on GPU %d: %s", v, gpu, err), -r);
+	pidfd = peer_pidfd(peer->pid);
+	if (pidfd == -ESRCH)
+		return NULL; /* the caller is gone: nobody to hold it for */
+	r = devloads_map(d->loads, v, gpu, &res, &ref);
+	if (r < 0) {
+		if (pidfd >= 0)
+			close(pidfd);
+		if (r == -ENOENT)
+			return reply_errno(err_reply("%s is not loaded on GPU %d (hwfs load %s --gpu "
+						     "%d)", v, gpu, v, gpu), ENOENT);
+		return reply_errno(err_reply("cannot map %s on GPU %d: %s", v, gpu, strerror(-r)),
+				   -r);
+	}
+	r = ctl_send(rd->fd, res);
+	json_decref(res);
+	/* the reference lives as long as the connection and the process that opened it */
+	if (r == 0 && wait_for_close(rd->fd, pidfd) == -ESRCH)
+		LOG_INFO("gpu: map of %s on GPU %d ended: its process %d exited", v, gpu,
+			 (int)peer->pid);
+	if (pidfd >= 0)
+		close(pidfd);
+	devloads_unmap(d->loads, ref);
+	return NULL;
+}
+
+/* ----------------------------------------------------------- the barrier's hook */
+
+/* A load the barrier started, for its worker thread. */
+struct gpu_job {
+	struct daemon *d;
+	struct devload *l;
+	char *version;
+	int gpu;
+};
+
+/* The worker: copy, log, wake the barrier, leave. */
+static void *gpu_job_main(void *arg)
+{
+	struct gpu_job *j = arg;
+	struct daemon *d = j->d;
+	char err[1024];
+	int r;
+
+	r = load_entry(d, j->l, j->version, NULL, NULL, NULL, err, sizeof(err));
+	if (r < 0)
+		LOG_WARN("gpu: loading %s on GPU %d for the commit barrier failed: %s", j->version,
+			 j->gpu, err);
+	else
+		LOG_INFO("gpu: %s loaded on GPU %d for the commit barrier", j->version, j->gpu);
+	engines_kick(d->engines);
+	free(j->version);
+	free(j);
+	devloads_worker_exit(d->loads);
+	return NULL;
+}
+
+/*
+ * The engines' device-load hook (engines_set_gpu_hook()), under the registry
+ * lock: is @version resident on @gpu?  0 yes; -EINPROGRESS while a worker
+ * loads it (started here when none does); -ECANCELED with the reason in
+ * @err when it cannot be (no GPU, no such device, the load failed).
+ */
+int daemon_gpu_ready(void *arg, const char *version, int gpu, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	struct gpu_job *j = NULL;
+	struct devload *l = NULL;
+	pthread_t t;
+	uint64_t seq = 0;
+	int r;
+
+	if (gpu_usable(d, gpu, err, errlen) < 0)
+		return -ECANCELED;
+	if (sealed_seq(d, version, &seq) < 0) {
+		snprintf(err, errlen, "no such version");
+		return -ECANCELED;
+	}
+	r = devloads_ready(d->loads, version, seq, gpu, err, errlen);
+	if (r != -ENOENT)
+		return r;
+	if (devloads_worker_enter(d->loads) < 0) {
+		snprintf(err, errlen, "the daemon is shutting down");
+		return -ECANCELED;
+	}
+	r = devloads_begin(d->loads, version, seq, gpu, &l);
+	if (r != 0) {
+		devloads_worker_exit(d->loads);
+		if (r == -EALREADY || r == -EINPROGRESS)
+			return r == -EALREADY ? 0 : -EINPROGRESS;
+		snprintf(err, errlen, "%s", r == -EEXIST ? "an earlier version of that name is "
+							   "loaded (removed since): unload it first"
+					    : r == -ESHUTDOWN ? "the daemon is shutting down"
+							      : strerror(-r));
+		return -ECANCELED;
+	}
+	j = calloc(1, sizeof(*j));
+	if (j && (j->version = strdup(version))) {
+		j->d = d;
+		j->l = l;
+		j->gpu = gpu;
+		if (pthread_create(&t, NULL, gpu_job_main, j) == 0) {
+			pthread_detach(t);
+			LOG_INFO("gpu: loading %s on GPU %d for the commit barrier", version, gpu);
+			return -EINPROGRESS;
+		}
+		free(j->version);
+	}
+	free(j);
+	devloads_fail(d->loads, l, "cannot start the loading thread");
+	devloads_worker_exit(d->loads);
+	snprintf(err, errlen, "cannot start the loading thread");
+	return -ECANCELED;
+}
