@@ -3,10 +3,10 @@
  * daemon.c (the life of one node: start-up, shutdown, FUSE session, control
  * socket and its connections), daemon_ops.c (the table of control operations
  * and their handlers), daemon_publish.c (`hwfs publish`), daemon_diff.c
- * (`hwfs diff --elements`) and
- * daemon_engines.c (map, watch and engine: the long-lived operations of
- * docs/engines.md) and daemon_gpu.c (load, unload, gpumap: docs/gpu.md).  Nothing outside those files includes it; the public API
- * is daemon.h.
+ * (`hwfs diff --elements`), daemon_engines.c (map, watch and engine: the
+ * long-lived operations of docs/engines.md) and daemon_gpu.c (load, unload,
+ * gpumap: docs/gpu.md).  Nothing outside those files includes it; the public
+ * API is daemon.h.
  */
 #ifndef HWFS_DAEMON_I_H
 #define HWFS_DAEMON_I_H
@@ -46,7 +46,6 @@ struct daemon {
 			     * thread runs; made after the store, freed after unpinning */
 	struct engines *engines; /* watchers, engines, leases: made before the control
 				  * thread starts, freed after every connection ended */
-	struct gpu *gpu;         /* the node's GPU state (gpu/gpu.h): never NULL once started */
 	struct devloads *loads;  /* device shadow-loads (gpu/devload.h), made after gpu */
 	struct agent *agent; /* replication, when joined: set once, after the control
 			      * thread started, so read it with daemon_agent() */
