@@ -116,10 +116,8 @@ static void status_gpu(struct daemon *d, json_t *r)
 	}
 	json_object_set_new(st, "pinned", json_string(mode));
 	json_object_set_new(st, "pinned_bytes", json_integer((json_int_t)pinned));
-	/*
-	 * The device loads go into the gpu object here, when it is one:
-	 * json_object_set_new(g, "loads", devloads_json(d->loads)).
-	 */
+	if (g) /* the device loads, inside the gpu object (null without a GPU) */
+		json_object_set_new(g, "loads", devloads_json(d->loads) ?: json_array());
 	json_object_set_new(r, "gpu", g ?: json_null());
 	json_object_set_new(r, "gpu_note", json_string(gpu_why(d->gpu)));
 }
@@ -145,10 +143,6 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	status_gpu(d, r);
 	json_object_set_new(r, "engines", engines_json(d->engines) ?: json_array());
 	json_object_set_new(r, "leases", engines_leases_json(d->engines) ?: json_array());
-	/* the device loads, inside the "gpu" object (gpu.c makes it; null without a GPU) */
-	if (json_is_object(json_object_get(r, "gpu")))
-		json_object_set_new(json_object_get(r, "gpu"), "loads",
-				    devloads_json(d->loads) ?: json_array());
 	if (agent) {
 		json_t *rep = agent_counters(agent);
 
