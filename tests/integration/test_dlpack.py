@@ -1,0 +1,379 @@
+"""DLPack and the client side of the GPU plane (docs/gpu.md, "DLPack" and
+"Device maps (CUDA IPC)").
+
+Real daemons (the `mount` fixture), the tree's libhwfs (HWFS_LIBRARY), real
+safetensors files written by safetensors itself, real consumers (numpy 2.x,
+torch on the CPU).  Checked here: numpy.from_dlpack and torch.from_dlpack take
+a mapped tensor without a copy (same address, same bytes as safetensors'
+own load), read-only where the consumer honours DLPack 1.0's flag, the dtype
+table (BF16, BOOL, I64, F32; F8 refused with a clear error), the lifetime (an
+array keeps the mapping and its lease after Mapping.close(), and the lease ends
+once the last array is garbage), capsules nobody consumed, libhwfs's
+hwfs_map_dlpack* at the C level through ctypes (fields, -ERANGE, -ENOTSUP, the
+map's reference count), and what a machine without a GPU answers to
+hwfs_map_gpu / hwfs_load (ENODEV with the reason).
+"""
+
+import ctypes
+import errno
+import gc
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, poll
+
+PYDIR = REPO / "tools" / "python"
+os.environ.setdefault("HWFS_LIBRARY", str(REPO / "build" / "libhwfs.so.1"))
+if str(PYDIR) not in sys.path:
+    sys.path.insert(0, str(PYDIR))
+
+import hwfs  # noqa: E402
+from hwfs import _dlpack, _lib  # noqa: E402
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+KDL_INT, KDL_UINT, KDL_FLOAT, KDL_BFLOAT, KDL_BOOL = 0, 1, 2, 4, 6
+
+
+def model_tensors():
+    """The version's tensors: one of each dtype the tests look at."""
+    g = torch.Generator().manual_seed(11)
+    t = {
+        "w.f32": torch.randn(64, 33, generator=g),
+        "w.i64": torch.arange(-500, 500, dtype=torch.int64).reshape(10, 100),
+        "w.bf16": torch.randn(17, 8, generator=g).to(torch.bfloat16),
+        "w.bool": torch.rand(3, 5, 7, generator=g) > 0.5,
+        "w.u8": torch.arange(256, dtype=torch.uint8),
+        "w.scalar": torch.tensor(3.5, dtype=torch.float64),
+        "w.empty": torch.zeros(0, 4),
+    }
+    if hasattr(torch, "float8_e4m3fn"):
+        t["w.f8"] = torch.linspace(-2, 2, 16).to(torch.float8_e4m3fn)
+    return t
+
+
+@pytest.fixture
+def version(mount, tmp_path):
+    """v1 written through the mount and sealed; returns (mount, safetensors' own load)."""
+    os.makedirs(mount.vpath("v1"))
+    path = mount.vpath("v1", "model.safetensors")
+    save_file(model_tensors(), path)
+    mount.run("seal", "v1")
+    return mount, load_file(path)
+
+
+def leases(mount):
+    return mount.status()["leases"]
+
+
+def no_lease(mount):
+    """Wait (collecting garbage) until the daemon lists no lease."""
+    def check():
+        gc.collect()
+        return leases(mount) == []
+    return poll(check)
+
+
+def as_bytes(t):
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+# --------------------------------------------------------------------------
+# numpy and torch take the tensors without a copy
+
+
+def test_numpy_from_dlpack_zero_copy_read_only(version):
+    mount, ref = version
+    with hwfs.open(mount.mnt) as h, h.map("v1") as v:
+        for key in ("w.f32", "w.i64", "w.bool", "w.u8", "w.scalar", "w.empty"):
+            a = np.from_dlpack(v.dlpack(key))
+            want = ref[key]
+            assert a.shape == tuple(want.shape), key
+            assert a.dtype == {"w.f32": np.float32, "w.i64": np.int64, "w.bool": np.bool_,
+                               "w.u8": np.uint8, "w.scalar": np.float64,
+                               "w.empty": np.float32}[key]
+            if a.size:
+                assert a.ctypes.data == v.address(key), f"{key} was copied"
+            assert a.tobytes() == as_bytes(want), key
+            assert not a.flags.writeable, f"{key}: numpy made a writable array over the arena"
+            with pytest.raises(ValueError, match="read-only"):
+                a.reshape(-1)[:1] = 0
+
+
+def test_torch_from_dlpack_zero_copy_with_bf16(version):
+    mount, ref = version
+    with hwfs.open(mount.mnt) as h, h.map("v1") as v:
+        for key in ("w.f32", "w.i64", "w.bf16", "w.bool", "w.u8", "w.scalar"):
+            t = torch.from_dlpack(v.dlpack(key))
+            assert t.dtype == ref[key].dtype, key
+            assert t.device.type == "cpu"
+            assert t.shape == ref[key].shape
+            assert t.data_ptr() == v.address(key), f"{key} was copied"
+            assert torch.equal(t, ref[key]), key
+        assert torch.from_dlpack(v.dlpack("w.bf16")).dtype == torch.bfloat16
+
+
+def test_numpy_refuses_bf16_clearly_and_nothing_leaks(version):
+    """numpy has no bfloat16: its refusal is a clear exception (not a crash, not
+    SystemError), and the tensor it refused does not keep the lease."""
+    mount, _ = version
+    with hwfs.open(mount.mnt) as h:
+        v = h.map("v1")
+        with pytest.raises((RuntimeError, BufferError, TypeError), match="(?i)dtype"):
+            np.from_dlpack(v.dlpack("w.bf16"))
+        v.close()
+        del v
+    assert no_lease(mount), leases(mount)
+
+
+def test_f8_and_copy_and_device_are_refused(version):
+    mount, _ = version
+    with hwfs.open(mount.mnt) as h, h.map("v1") as v:
+        if "w.f8" in v:
+            for consumer in (np.from_dlpack, torch.from_dlpack):
+                with pytest.raises(BufferError, match="F8_E4M3"):
+                    consumer(v.dlpack("w.f8"))
+        d = v.dlpack("w.f32")
+        assert d.__dlpack_device__() == (1, 0)
+        with pytest.raises(BufferError, match="copy"):
+            d.__dlpack__(copy=True)
+        with pytest.raises(BufferError, match="device"):
+            d.__dlpack__(dl_device=(2, 0))
+        with pytest.raises(KeyError):
+            v.dlpack("no.such.tensor")
+    with pytest.raises(ValueError, match="closed"):
+        v.dlpack("w.f32")
+    assert leases(mount) != [], "a DLPackTensor holds the mapping until it is dropped"
+    del d
+    assert no_lease(mount), leases(mount)
+
+
+def test_versioned_capsule_is_read_only_and_legacy_consumers_get_0_6(version):
+    mount, ref = version
+    api = ctypes.pythonapi
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    with hwfs.open(mount.mnt) as h, h.map("v1") as v:
+        d = v.dlpack("w.f32")
+        cap = d.__dlpack__(max_version=(1, 0))
+        assert api.PyCapsule_GetName(cap) == b"dltensor_versioned"
+        mt = _dlpack.DLManagedTensorVersioned.from_address(
+            api.PyCapsule_GetPointer(cap, b"dltensor_versioned"))
+        assert (mt.version.major, mt.version.minor) == (1, 0)
+        assert mt.flags & _dlpack.FLAG_READ_ONLY
+        assert mt.dl_tensor.data == v.address("w.f32")
+        cap = d.__dlpack__(max_version=(0, 8))
+        assert api.PyCapsule_GetName(cap) == b"dltensor"
+        cap = d.__dlpack__()
+        assert api.PyCapsule_GetName(cap) == b"dltensor"
+        del cap, d
+
+        class Legacy:
+            """A producer wrapper that speaks the pre-1.0 protocol (no max_version)."""
+            def __init__(self, inner):
+                self.inner = inner
+
+            def __dlpack__(self, stream=None):
+                return self.inner.__dlpack__(stream=stream)
+
+            def __dlpack_device__(self):
+                return self.inner.__dlpack_device__()
+
+        a = np.from_dlpack(Legacy(v.dlpack("w.i64")))
+        t = torch.from_dlpack(Legacy(v.dlpack("w.bf16")))
+        assert a.ctypes.data == v.address("w.i64") and a.tobytes() == as_bytes(ref["w.i64"])
+        assert t.data_ptr() == v.address("w.bf16") and torch.equal(t, ref["w.bf16"])
+        del a, t
+    assert no_lease(mount), leases(mount)
+
+
+# --------------------------------------------------------------------------
+# lifetime: the arrays hold the mapping
+
+
+def test_arrays_outlive_the_mapping_and_hold_the_lease(version):
+    mount, ref = version
+    pid = os.getpid()
+    with hwfs.open(mount.mnt) as h:
+        v = h.map("v1")
+        a = np.from_dlpack(v.dlpack("w.f32"))
+        t = torch.from_dlpack(v.dlpack("w.bf16"))
+        addr = v.address("w.f32")
+        v.close()
+        del v
+    gc.collect()
+    assert leases(mount) == [{"version": "v1", "pid": pid}]
+    mount.run("rm", "v1")  # the lease keeps its bytes
+    gc.collect()
+    assert a.ctypes.data == addr
+    assert a.tobytes() == as_bytes(ref["w.f32"])
+    assert torch.equal(t, ref["w.bf16"])
+    del a
+    gc.collect()
+    assert leases(mount) == [{"version": "v1", "pid": pid}], "the torch tensor holds it too"
+    assert torch.equal(t, ref["w.bf16"])
+    del t
+    assert no_lease(mount), leases(mount)
+
+
+def test_unconsumed_capsule_releases_its_reference(version):
+    mount, _ = version
+    with hwfs.open(mount.mnt) as h:
+        v = h.map("v1")
+        cap = v.dlpack("w.f32").__dlpack__(max_version=(1, 0))  # nobody consumes it
+        v.close()
+        del v
+        gc.collect()
+        assert leases(mount) != []
+        del cap
+    assert no_lease(mount), leases(mount)
+    with hwfs.open(mount.mnt) as h:
+        v = h.map("v1")
+        d = v.dlpack("w.i64")
+        for _ in range(20):  # made and dropped by the producer object itself
+            d.__dlpack__()
+        v.close()
+        del v, d
+    assert no_lease(mount), leases(mount)
+
+
+def test_many_tensors(mount):
+    n = 300
+    ts = {f"layer.{i}.w": torch.full((i % 7 + 1, 16), float(i)) for i in range(n)}
+    os.makedirs(mount.vpath("many"))
+    save_file(ts, mount.vpath("many", "model.safetensors"))
+    mount.run("seal", "many")
+    with hwfs.open(mount.mnt) as h:
+        v = h.map("many")
+        arrays = {k: np.from_dlpack(v.dlpack(k)) for k in ts}
+        tensors = {k: torch.from_dlpack(v.dlpack(k)) for k in ts}
+        v.close()
+        del v
+    for k, want in ts.items():
+        assert np.array_equal(arrays[k], want.numpy()), k
+        assert torch.equal(tensors[k], want), k
+        assert arrays[k].ctypes.data == tensors[k].data_ptr()
+    gc.collect()
+    assert leases(mount) != []
+    del arrays, tensors
+    assert no_lease(mount), leases(mount)
+
+
+# --------------------------------------------------------------------------
+# the C functions, through ctypes
+
+
+def c_map(h, version):
+    p = ctypes.c_void_p()
+    _lib.check(_lib.hwfs_map(h._handle(), version.encode(), ctypes.byref(p)), "hwfs_map")
+    return p
+
+
+def test_c_hwfs_map_dlpack(version):
+    mount, ref = version
+    pid = os.getpid()
+    with hwfs.open(mount.mnt) as h:
+        m = c_map(h, "v1")
+        n = _lib.hwfs_map_count(m)
+        assert _lib.hwfs_map_device(m) == -1
+        want = {"w.f32": (KDL_FLOAT, 32), "w.i64": (KDL_INT, 64), "w.bf16": (KDL_BFLOAT, 16),
+                "w.bool": (KDL_BOOL, 8), "w.u8": (KDL_UINT, 8), "w.scalar": (KDL_FLOAT, 64),
+                "w.empty": (KDL_FLOAT, 32)}
+        made = []
+        for i in range(n):
+            t = _lib.hwfs_map_tensor(m, i).contents
+            name = t.name.decode()
+            out = ctypes.POINTER(_dlpack.DLManagedTensor)()
+            rc = _dlpack.hwfs_map_dlpack(m, i, ctypes.byref(out))
+            if name == "w.f8":
+                assert rc == -errno.ENOTSUP
+                assert b"F8_E4M3" in _lib.hwfs_errmsg()
+                assert not out
+                continue
+            assert rc == 0, _lib.hwfs_errmsg()
+            dl = out.contents.dl_tensor
+            assert (dl.device.device_type, dl.device.device_id) == (1, 0)
+            assert (dl.dtype.code, dl.dtype.bits, dl.dtype.lanes) == (*want[name], 1), name
+            assert dl.ndim == t.ndim == len(ref[name].shape)
+            assert [dl.shape[k] for k in range(dl.ndim)] == list(ref[name].shape)
+            assert not dl.strides and dl.byte_offset == 0
+            assert dl.data == t.data
+            made.append(out)
+        # versioned: 1.0, read-only
+        vout = ctypes.POINTER(_dlpack.DLManagedTensorVersioned)()
+        assert _dlpack.hwfs_map_dlpack_versioned(m, 0, ctypes.byref(vout)) == 0
+        vt = vout.contents
+        assert (vt.version.major, vt.version.minor, vt.flags) == (1, 0, _dlpack.FLAG_READ_ONLY)
+        assert vt.dl_tensor.data == _lib.hwfs_map_tensor(m, 0).contents.data
+        # no tensor n
+        bad = ctypes.POINTER(_dlpack.DLManagedTensor)()
+        assert _dlpack.hwfs_map_dlpack(m, n, ctypes.byref(bad)) == -errno.ERANGE
+        assert b"no tensor" in _lib.hwfs_errmsg()
+        assert _dlpack.hwfs_map_dlpack_versioned(m, n + 5, ctypes.byref(vout)) == -errno.ERANGE
+        # the tensors hold the map: unmap first, the lease stays until the last deleter
+        keep = made[0].contents.dl_tensor
+        first = ctypes.string_at(keep.data, 16)
+        _lib.hwfs_unmap(m)
+        assert leases(mount) == [{"version": "v1", "pid": pid}]
+        assert ctypes.string_at(keep.data, 16) == first
+        for out in made:
+            p = ctypes.cast(out, ctypes.c_void_p).value
+            out.contents.deleter(p)  # once each: the consumer's part
+        assert leases(mount) == [{"version": "v1", "pid": pid}], "the versioned one holds it"
+        p = ctypes.cast(vout, ctypes.c_void_p).value
+        vout.contents.deleter(p)
+        assert leases(mount) == []
+
+
+# --------------------------------------------------------------------------
+# no GPU on this machine: the device plane says so
+
+
+def test_map_gpu_without_gpu_is_enodev(version):
+    mount, _ = version
+    with hwfs.open(mount.mnt) as h:
+        with pytest.raises(OSError) as ei:
+            h.map("v1", gpu=0)
+        assert ei.value.errno == errno.ENODEV, ei.value
+        assert "no CUDA" in str(ei.value) and "GPU 0" in str(ei.value), ei.value
+        p = ctypes.c_void_p()
+        assert _lib.hwfs_map_gpu(h._handle(), b"v1", -1, ctypes.byref(p)) == -errno.EINVAL
+        assert _lib.hwfs_map_gpu(h._handle(), b"../x", 0, ctypes.byref(p)) == -errno.EINVAL
+        assert not p
+        assert leases(mount) == []
+
+
+def test_load_without_gpu_is_enodev(version):
+    """Needs the daemon's load op (issue 10, fs/daemon_gpu.c)."""
+    mount, _ = version
+    with hwfs.open(mount.mnt) as h:
+        with pytest.raises(OSError) as ei:
+            h.load("v1", 0)
+        assert ei.value.errno == errno.ENODEV, ei.value
+        assert "no CUDA" in str(ei.value) and "v1" in str(ei.value), ei.value
+        with pytest.raises(FileNotFoundError, match="v1"):
+            h.unload("v1")
+        with pytest.raises(FileNotFoundError, match="v1"):
+            h.unload("v1", gpu=0)
+        with pytest.raises(OSError) as ei:
+            h.load("v1", -1)
+        assert ei.value.errno == errno.EINVAL
+
+
+def test_watch_gpu_arguments(version):
+    mount, _ = version
+    with hwfs.open(mount.mnt) as h:
+        w, cur = ctypes.c_void_p(), ctypes.c_void_p()
+        assert _lib.hwfs_watch_open_gpu(h._handle(), None, 0, ctypes.byref(cur),
+                                        ctypes.byref(w)) == -errno.EINVAL
+        assert _lib.hwfs_watch_open_gpu(h._handle(), b"e", -2, ctypes.byref(cur),
+                                        ctypes.byref(w)) == -errno.EINVAL
+        with h.watch("plain", gpu=-1) as w:  # -1: an engine that reports itself
+            assert w.engine == "plain"
+            assert [e["name"] for e in mount.status()["engines"]] == ["plain"]
