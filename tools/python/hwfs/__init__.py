@@ -37,7 +37,7 @@ bytes: a 1-D uint8 array.
 DLPack (Mapping.dlpack): the tensor itself, device and dtype included, for
 any DLPack consumer; the array it becomes holds a reference on the C mapping
 (the DLPack deleter drops it), so it too keeps the pages and the lease.
-Consumers that ask for DLPack 1.0 (numpy >= 2.1, torch >= 2.9) get the
+Consumers that ask for DLPack 1.0 (numpy >= 2.1, recent torch) get the
 read-only flag; numpy then makes a read-only array, torch ignores the flag
 (its tensors have no read-only state) — writing through such a tensor faults.
 """
@@ -426,7 +426,7 @@ class DLPackTensor:
     tensor with its own reference on the mapping; the object itself holds
     the mapping only until it is dropped.
 
-    max_version >= (1, 0) (numpy >= 2.1, torch >= 2.9) gets a DLPack 1.0
+    max_version >= (1, 0) (numpy >= 2.1, recent torch) gets a DLPack 1.0
     tensor flagged read-only; an older consumer gets DLPack 0.6 (no flags).
     copy=True is refused (BufferError): hwfs only lends its pages; copy the
     consumer's array instead.  A dtype DLPack cannot express (F8_*) raises
