@@ -19,11 +19,12 @@ import errno
 import gc
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, poll
+from conftest import HWFS, REPO, poll, sh
 
 PYDIR = REPO / "tools" / "python"
 os.environ.setdefault("HWFS_LIBRARY", str(REPO / "build" / "libhwfs.so.1"))
@@ -37,6 +38,113 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 KDL_INT, KDL_UINT, KDL_FLOAT, KDL_BFLOAT, KDL_BOOL = 0, 1, 2, 4, 6
+
+BUILD = Path(HWFS).resolve().parent
+# a program linked with a sanitizer build's libhwfs needs that sanitizer's runtime
+SANITIZE = {"build-asan": ["-fsanitize=address,undefined"],
+            "build-tsan": ["-fsanitize=thread"]}.get(BUILD.name, [])
+
+# Maps VERSION of MOUNT, makes a DLPack tensor (both forms) of every tensor it can,
+# unmaps, then reads every tensor's bytes through the DLPack tensors while 8 threads
+# run their deleters (the map's last reference goes in one of them).  Prints
+# "tensors N sum S" (S: the sum of every byte), "f8 -ENOTSUP" for an F8 tensor,
+# and what hwfs_map_gpu said.
+DLPACK_C = r"""
+#include <dlpack/dlpack.h>
+#include <errno.h>
+#include <hwfs.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef DLPACK_MAJOR_VERSION /* DLPack 0.6: the 1.0 form, as fs/dlpack_v1.h defines it */
+typedef struct { uint32_t major, minor; } DLPackVersion;
+typedef struct DLManagedTensorVersioned {
+	DLPackVersion version;
+	void *manager_ctx;
+	void (*deleter)(struct DLManagedTensorVersioned *self);
+	uint64_t flags;
+	DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+#endif
+
+#define THREADS 8
+static DLManagedTensor *t0[4096];
+static DLManagedTensorVersioned *t1[4096];
+static size_t n;
+
+static void *drop(void *arg)
+{
+	for (size_t i = (size_t)arg; i < n; i += THREADS) {
+		t0[i]->deleter(t0[i]);
+		t1[i]->deleter(t1[i]);
+	}
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	struct hwfs *h = NULL;
+	struct hwfs_map *m = NULL, *g = NULL;
+	pthread_t th[THREADS];
+	unsigned long long sum = 0;
+	int r;
+
+	if (argc != 3 || hwfs_open(argv[1], &h) < 0 || hwfs_map(h, argv[2], &m) < 0) {
+		fprintf(stderr, "dlpack_c: %s\n", hwfs_errmsg());
+		return 1;
+	}
+	for (size_t i = 0; i < hwfs_map_count(m) && n < 4096; i++) {
+		const struct hwfs_tensor *t = hwfs_map_tensor(m, i);
+		DLTensor *d;
+
+		r = hwfs_map_dlpack(m, i, &t0[n]);
+		if (r == -ENOTSUP && !strncmp(t->dtype, "F8_", 3)) {
+			printf("f8 -ENOTSUP %s\n", hwfs_errmsg());
+			continue;
+		}
+		if (r < 0 || hwfs_map_dlpack_versioned(m, i, &t1[n]) < 0) {
+			fprintf(stderr, "dlpack_c: %s: %s\n", t->name, hwfs_errmsg());
+			return 1;
+		}
+		d = &t0[n]->dl_tensor;
+		if (d->data != t->data || d->ndim != (int)t->ndim || d->device.device_type != kDLCPU ||
+		    t1[n]->dl_tensor.data != t->data || t1[n]->version.major != 1 ||
+		    t1[n]->flags != 1 || t0[n]->manager_ctx != m) {
+			fprintf(stderr, "dlpack_c: %s: wrong fields\n", t->name);
+			return 1;
+		}
+		for (int k = 0; k < d->ndim; k++)
+			if ((uint64_t)d->shape[k] != t->shape[k])
+				return fprintf(stderr, "dlpack_c: %s: wrong shape\n", t->name), 1;
+		n++;
+	}
+	if (hwfs_map_dlpack(m, hwfs_map_count(m), &t0[n]) != -ERANGE)
+		return fprintf(stderr, "dlpack_c: no -ERANGE\n"), 1;
+	r = hwfs_map_gpu(h, argv[2], 0, &g);
+	printf("map_gpu %d %s\n", r, hwfs_errmsg());
+	if (r == 0)
+		hwfs_unmap(g);
+	hwfs_unmap(m); /* the tensors hold the map */
+	for (size_t i = 0; i < n; i++) {
+		DLTensor *d = &t0[i]->dl_tensor;
+		uint64_t len = (d->dtype.bits / 8) * d->dtype.lanes;
+
+		for (int k = 0; k < d->ndim; k++)
+			len *= (uint64_t)d->shape[k];
+		for (uint64_t b = 0; b < len; b++)
+			sum += ((const unsigned char *)d->data)[b];
+	}
+	for (size_t i = 0; i < THREADS; i++)
+		pthread_create(&th[i], NULL, drop, (void *)i);
+	for (size_t i = 0; i < THREADS; i++)
+		pthread_join(th[i], NULL);
+	printf("tensors %zu sum %llu\n", n, sum);
+	hwfs_close(h);
+	return 0;
+}
+"""
 
 
 def model_tensors():
@@ -329,6 +437,24 @@ def test_c_hwfs_map_dlpack(version):
         p = ctypes.cast(vout, ctypes.c_void_p).value
         vout.contents.deleter(p)
         assert leases(mount) == []
+
+
+def test_c_program_dlpack_threads(version, tmp_path):
+    """A C program against include/hwfs.h and <dlpack/dlpack.h> (the build's libhwfs,
+    sanitized when HWFS_BIN is a sanitizer build): DLPack tensors outlive hwfs_unmap and
+    their deleters drop the last reference from 8 threads at once."""
+    mount, ref = version
+    (tmp_path / "dl.c").write_text(DLPACK_C)
+    sh(["cc", *SANITIZE, "-pthread", "-o", tmp_path / "dl", tmp_path / "dl.c",
+        f"-I{REPO / 'include'}", f"-L{BUILD}", "-lhwfs", f"-Wl,-rpath,{BUILD}"])
+    out = sh([tmp_path / "dl", mount.mnt, "v1"]).stdout
+    want_sum = sum(sum(as_bytes(t)) for k, t in ref.items() if k != "w.f8")
+    want_n = len(ref) - ("w.f8" in ref)
+    assert f"tensors {want_n} sum {want_sum}" in out, out
+    if "w.f8" in ref:
+        assert "f8 -ENOTSUP tensor w.f8 is F8_E4M3" in out, out
+    assert f"map_gpu {-errno.ENODEV} cannot map on GPU 0: no CUDA" in out, out
+    assert no_lease(mount), leases(mount)
 
 
 # --------------------------------------------------------------------------
