@@ -17,6 +17,7 @@ hwfs_map_gpu / hwfs_load (ENODEV with the reason).
 import ctypes
 import errno
 import gc
+import json
 import os
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ import numpy as np
 import pytest
 
 from conftest import HWFS, REPO, poll, sh
+from fake_daemon import fake_daemon  # noqa: F401 (a fixture)
 
 PYDIR = REPO / "tools" / "python"
 os.environ.setdefault("HWFS_LIBRARY", str(REPO / "build" / "libhwfs.so.1"))
@@ -503,3 +505,166 @@ def test_watch_gpu_arguments(version):
         with h.watch("plain", gpu=-1) as w:  # -1: an engine that reports itself
             assert w.engine == "plain"
             assert [e["name"] for e in mount.status()["engines"]] == ["plain"]
+
+
+# --------------------------------------------------------------------------
+# device maps against a fake CUDA runtime (HWFS_CUDART) and a fake daemon
+
+# A libcudart stand-in with one device: an IPC handle's first 8 bytes are the
+# bucket's size and its 9th the byte the bucket is filled with; IpcOpenMemHandle
+# mallocs such a buffer (host memory standing for device memory) and
+# IpcCloseMemHandle frees it.  Every open, close and SetDevice is logged to
+# $FAKE_CUDA_LOG; cudaGetDevice starts at device 7 so that putting it back shows.
+FAKE_CUDART_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { char reserved[64]; } handle_t;
+static int current = 7;
+
+static void logf_(const char *what, long a)
+{
+	FILE *f = fopen(getenv("FAKE_CUDA_LOG"), "a");
+	if (f) { fprintf(f, "%s %ld\n", what, a); fclose(f); }
+}
+int cudaGetDeviceCount(int *n) { *n = 1; return 0; }
+int cudaDriverGetVersion(int *v) { *v = 13000; return 0; }
+int cudaRuntimeGetVersion(int *v) { *v = 13000; return 0; }
+int cudaGetDevice(int *d) { *d = current; return 0; }
+int cudaSetDevice(int d) { logf_("set", d); current = d; return 0; }
+int cudaIpcOpenMemHandle(void **p, handle_t h, unsigned flags)
+{
+	unsigned long long n;
+	memcpy(&n, h.reserved, 8);
+	if (flags != 1 || !(*p = malloc(n ? n : 1))) return 1;
+	memset(*p, (unsigned char)h.reserved[8], n);
+	logf_("open", (long)n);
+	return 0;
+}
+int cudaIpcCloseMemHandle(void *p) { free(p); logf_("close", 0); return 0; }
+const char *cudaGetErrorString(int e) { return "fake"; }
+const char *cudaGetErrorName(int e) { return "cudaErrorFake"; }
+#define STUB(name) int name(void) { return 1; }
+STUB(cudaDeviceGetAttribute) STUB(cudaDeviceGetPCIBusId) STUB(cudaMemGetInfo)
+STUB(cudaHostRegister) STUB(cudaHostUnregister) STUB(cudaMalloc) STUB(cudaFree)
+STUB(cudaMallocHost) STUB(cudaFreeHost) STUB(cudaMemcpy) STUB(cudaMemcpyAsync)
+STUB(cudaStreamCreateWithFlags) STUB(cudaStreamSynchronize) STUB(cudaStreamDestroy)
+STUB(cudaEventCreate) STUB(cudaEventRecord) STUB(cudaEventSynchronize)
+STUB(cudaEventElapsedTime) STUB(cudaEventDestroy) STUB(cudaIpcGetMemHandle)
+STUB(cudaDeviceSynchronize)
+"""
+
+
+def fake_handle(size, fill):
+    return (size.to_bytes(8, "little") + bytes([fill]) + bytes(55)).hex()
+
+
+def gpumap_answer(**change):
+    """A gpumap answer for version "v" on GPU 0: two buckets, three tensors."""
+    ans = {"ok": True, "version": "v", "digest": "ab" * 16, "gpu": 0,
+           "buckets": [{"handle": fake_handle(4096, 0x11), "bytes": 4096},
+                       {"handle": fake_handle(1024, 0x22), "bytes": 1024}],
+           "tensors": [
+               {"name": "a", "file": "m.safetensors", "dtype": "F32", "shape": [4, 8],
+                "bucket": 0, "offset": 0, "len": 128, "hash": "0" * 32},
+               {"name": "b", "file": "m.safetensors", "dtype": "BF16", "shape": [10],
+                "bucket": 0, "offset": 256, "len": 20, "hash": "1" * 32},
+               {"name": "c", "file": "sub/n.safetensors", "dtype": "I64", "shape": [2, 64],
+                "bucket": 1, "offset": 0, "len": 1024, "hash": "2" * 32}]}
+    tensors = change.pop("tensor0", None)
+    if tensors:
+        ans["tensors"][0].update(tensors)
+    ans.update(change)
+    return ans
+
+
+@pytest.fixture
+def fake_cuda(tmp_path, monkeypatch):
+    """HWFS_CUDART naming the fake runtime; returns a function reading its log."""
+    (tmp_path / "cudart.c").write_text(FAKE_CUDART_C)
+    so = tmp_path / "libfakecudart.so"
+    sh(["cc", "-shared", "-fPIC", "-o", so, tmp_path / "cudart.c"])
+    log = tmp_path / "cuda.log"
+    monkeypatch.setenv("HWFS_CUDART", str(so))
+    monkeypatch.setenv("FAKE_CUDA_LOG", str(log))
+    return lambda: log.read_text().split("\n")[:-1] if log.exists() else []
+
+
+def serve(answer):
+    def reply(c, req):
+        assert req == {"op": "gpumap", "version": "v", "gpu": 0}, req
+        c.sendall((json.dumps(answer) + "\n").encode())
+    return reply
+
+
+def test_device_map_with_fake_runtime(fake_daemon, fake_cuda):
+    """hwfs_map_gpu's whole path: the answer read, every bucket opened with
+    IPC on the device (the caller's device put back), tensors pointing into
+    them, kDLCUDA DLPack tensors, and the buckets closed only once the map's
+    last reference (a DLPack capsule) is gone."""
+    fd = fake_daemon(serve(gpumap_answer()))
+    with hwfs.open(fd.dir) as h:
+        v = h.map("v", gpu=0)
+        assert v.device == 0 and v.digest == "ab" * 16
+        assert fake_cuda() == ["set 0", "open 4096", "open 1024", "set 7"]
+        assert [(t.name, t.file, t.dtype, t.shape) for t in v.tensors()] == [
+            ("a", "m.safetensors", "F32", (4, 8)), ("b", "m.safetensors", "BF16", (10,)),
+            ("c", "sub/n.safetensors", "I64", (2, 64))]
+        assert v.address("b") == v.address("a") + 256
+        assert ctypes.string_at(v.address("c"), 4) == b"\x22" * 4  # the bucket's bytes
+        with pytest.raises(TypeError, match="GPU 0"):
+            v["a"]
+        d = v.dlpack("b")
+        assert d.__dlpack_device__() == (2, 0)
+        cap = d.__dlpack__(max_version=(1, 0))
+        api = ctypes.pythonapi
+        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        mt = _dlpack.DLManagedTensorVersioned.from_address(
+            api.PyCapsule_GetPointer(cap, b"dltensor_versioned"))
+        dl = mt.dl_tensor
+        assert (dl.device.device_type, dl.device.device_id) == (2, 0)
+        assert (dl.dtype.code, dl.dtype.bits) == (KDL_BFLOAT, 16)
+        assert dl.data == v.address("b") and dl.shape[0] == 10
+        with pytest.raises(BufferError, match="device"):
+            d.__dlpack__(dl_device=(1, 0))
+        v.close()
+        del v, d, mt, dl
+        gc.collect()
+        assert "close 0" not in fake_cuda(), "closed under a live DLPack tensor"
+        del cap
+        gc.collect()
+        assert fake_cuda()[-4:] == ["set 0", "close 0", "close 0", "set 7"], fake_cuda()
+
+
+@pytest.mark.parametrize("case", [
+    "short-handle", "upper-handle", "bucket-out-of-range", "offset-past-bucket",
+    "len-overflow", "other-gpu", "other-version", "bad-file-path", "bad-digest",
+    "negative-shape", "no-buckets"])
+def test_device_map_checks_the_daemons_answer(case, fake_daemon, fake_cuda):
+    """A gpumap answer that lies is refused (EPROTO, "malformed gpumap answer")
+    before any bucket is opened."""
+    big = (1 << 63) - 1  # the largest a JSON integer carries here
+    answer, words = {
+        "short-handle": (gpumap_answer(buckets=[{"handle": "ab" * 63, "bytes": 4096}]),
+                         "handle"),
+        "upper-handle": (gpumap_answer(buckets=[{"handle": fake_handle(4096, 0xab).upper(),
+                                                 "bytes": 4096}]), "handle"),
+        "bucket-out-of-range": (gpumap_answer(tensor0={"bucket": 2}), "outside"),
+        "offset-past-bucket": (gpumap_answer(tensor0={"offset": 4000}), "outside"),
+        "len-overflow": (gpumap_answer(tensor0={"offset": 64, "len": big}), "outside"),
+        "other-gpu": (gpumap_answer(gpu=1), "GPU"),
+        "other-version": (gpumap_answer(version="w"), "version"),
+        "bad-file-path": (gpumap_answer(tensor0={"file": "../../etc/passwd"}), "file"),
+        "bad-digest": (gpumap_answer(digest="xyz"), "version"),
+        "negative-shape": (gpumap_answer(tensor0={"shape": [4, -8]}), "shape"),
+        "no-buckets": (gpumap_answer(buckets=None), "bucket"),
+    }[case]
+    fd = fake_daemon(serve(answer))
+    with hwfs.open(fd.dir) as h:
+        with pytest.raises(OSError) as ei:
+            h.map("v", gpu=0)
+    assert ei.value.errno == errno.EPROTO, ei.value
+    assert "malformed gpumap answer" in str(ei.value) and words in str(ei.value), ei.value
+    assert not [ln for ln in fake_cuda() if ln.startswith("open")], fake_cuda()
