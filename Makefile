@@ -41,7 +41,8 @@ LIBS    := $(PKG_LIBS) -ldl
 
 # The daemon's own modules (an internal archive, linked into build/hwfs and
 # the unit tests) and libhwfs, the public client library (include/hwfs.h).
-CLIENT_SRCS := fs/libhwfs.c fs/libhwfs_map.c fs/libhwfs_watch.c
+CLIENT_SRCS := fs/libhwfs.c fs/libhwfs_map.c fs/libhwfs_watch.c fs/libhwfs_gpu.c \
+               fs/libhwfs_dlpack.c
 CORE_SRCS := $(filter-out $(CLIENT_SRCS),$(wildcard fs/*.c replicator/*.c gpu/*.c))
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/%.o)
 TOOL_SRCS := $(filter-out tools/hwfs_engine.c tools/bench_gpu.c,$(wildcard tools/*.c))
@@ -50,7 +51,8 @@ UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 
 # libhwfs: its objects, and the framing and helpers it shares with the daemon
-# (ctl.c, util.c), compiled again -fPIC with hidden visibility into their own
+# (ctl.c, util.c, and gpu/cudart.c: the CUDA runtime through dlopen for
+# hwfs_map_gpu), compiled again -fPIC with hidden visibility into their own
 # directory.  Only the functions of include/hwfs.h are exported (fs/hwfs_api.h
 # gives them default visibility; fs/libhwfs.map names them for the linker):
 # the shared library exports nothing else, and the static one is a single
@@ -59,9 +61,9 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 LIBHWFS_VERSION := 1.0.0
 LIBHWFS_SONAME  := libhwfs.so.1
 CLIENT_OBJS := $(CLIENT_SRCS:%.c=$(BUILD)/client/%.o) $(BUILD)/client/fs/ctl.o \
-               $(BUILD)/client/fs/util.o
+               $(BUILD)/client/fs/util.o $(BUILD)/client/gpu/cudart.o
 CLIENT_PKGS := jansson libxxhash
-CLIENT_LIBS := $(shell pkg-config --libs $(CLIENT_PKGS) 2>/dev/null) -pthread
+CLIENT_LIBS := $(shell pkg-config --libs $(CLIENT_PKGS) 2>/dev/null) -pthread -ldl
 LIBHWFS := $(BUILD)/libhwfs.a $(BUILD)/libhwfs.so.$(LIBHWFS_VERSION) $(BUILD)/libhwfs.so.1 \
            $(BUILD)/libhwfs.so
 

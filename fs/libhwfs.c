@@ -2,7 +2,8 @@
  * libhwfs.c — the client library's handle, errors and plain requests: find a
  * mount's daemon (hwfs_open), send it one request and read the answer
  * (hwfs_call), list versions, read `current`.  Mapping is libhwfs_map.c,
- * events and engines are libhwfs_watch.c.
+ * events and engines are libhwfs_watch.c, the GPU plane (device loads and
+ * maps) libhwfs_gpu.c and DLPack tensors libhwfs_dlpack.c.
  *
  * Every request opens its own connection to the control socket named by the
  * mount root's xattr `user.hwfs.control` and speaks the JSON lines of
@@ -205,13 +206,7 @@ const char *hwfs_mountpoint(const struct hwfs *h)
 	return h->mount;
 }
 
-/*
- * Send the JSON object @req (a reference stays the caller's) on a connection
- * of its own and return the final answer in *@res.  Returns 0 or -errno with
- * the sentence set.
- */
-static int call_json(struct hwfs *h, json_t *req, hwfs_progress_fn progress, void *arg,
-		     json_t **res)
+int lib_call(struct hwfs *h, json_t *req, hwfs_progress_fn progress, void *arg, json_t **res)
 {
 	struct ctl_reader rd;
 	int r, fd = lib_connect(h);
@@ -240,7 +235,7 @@ int hwfs_call(struct hwfs *h, const char *request, hwfs_progress_fn progress, vo
 			     req ? "another JSON value" : jerr.text);
 		goto out;
 	}
-	r = call_json(h, req, progress, arg, &res);
+	r = lib_call(h, req, progress, arg, &res);
 	if (r < 0)
 		goto out;
 	s = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -268,7 +263,7 @@ int hwfs_versions(struct hwfs *h, struct hwfs_version **out, size_t *n)
 		r = lib_fail(-ENOMEM, "out of memory");
 		goto out;
 	}
-	r = call_json(h, req, NULL, NULL, &res);
+	r = lib_call(h, req, NULL, NULL, &res);
 	if (r < 0 || (r = lib_check(res)) < 0)
 		goto out;
 	vers = json_object_get(res, "versions");

@@ -1,11 +1,14 @@
 /*
  * libhwfs_i.h — what the files of libhwfs (libhwfs.c, libhwfs_map.c,
- * libhwfs_watch.c) share: the handle, the calling thread's error sentence and
- * the connection helpers.  Nothing here is exported: the library is built
- * with hidden visibility and exports only include/hwfs.h.
+ * libhwfs_watch.c, libhwfs_gpu.c, libhwfs_dlpack.c) share: the handle, the
+ * calling thread's error sentence, the connection helpers and the inside of
+ * a map.  Nothing here is exported: the library is built with hidden
+ * visibility and exports only include/hwfs.h.
  */
 #ifndef HWFS_LIBHWFS_I_H
 #define HWFS_LIBHWFS_I_H
+
+#include <stdatomic.h>
 
 #include "hwfs_api.h"
 
@@ -61,6 +64,14 @@ int lib_exchange(int fd, struct ctl_reader *rd, json_t *req, hwfs_progress_fn pr
  */
 int lib_check(json_t *res);
 
+/**
+ * lib_call() - send the JSON object @req (the reference stays the caller's) on
+ * a connection of its own, pass progress lines to @progress (may be NULL) and
+ * return the final answer in *@res.  Returns 0 (the answer may still be
+ * {"ok": false}) or -errno with the sentence set.
+ */
+int lib_call(struct hwfs *h, json_t *req, hwfs_progress_fn progress, void *arg, json_t **res);
+
 /** A string member of @o, or NULL when absent or not a string. */
 const char *lib_jstr(json_t *o, const char *key);
 
@@ -73,5 +84,92 @@ const char *lib_jstr(json_t *o, const char *key);
  * before it becomes a path.
  */
 int lib_valid_name(const char *name);
+
+/* ------------------------------------------------------------ maps */
+
+struct cudart;
+
+/* A range a host map made (stitched mapping or copy) and releases at the real unmap. */
+struct lib_region {
+	void *p;
+	size_t len;
+	int heap; /* 1: malloc()ed copy; 0: mmap()ed range */
+};
+
+/*
+ * A mapped version, host (hwfs_map: libhwfs_map.c) or device (hwfs_map_gpu:
+ * libhwfs_gpu.c).  Immutable once made, except for @refs: the caller of
+ * hwfs_map*() holds one reference and every DLPack tensor made from it one
+ * more (libhwfs_dlpack.c); hwfs_unmap() drops the caller's, and the last one
+ * dropped releases everything (lib_map_put).
+ */
+struct hwfs_map {
+	atomic_long refs;
+	int fd;         /* the control connection: the lease (or the device map's reference) */
+	json_t *reply;  /* the daemon's answer: owns every string handed out */
+	const char *version, *digest;
+	void *arena;    /* host: the whole arena, PROT_READ, MAP_SHARED (NULL when empty) */
+	size_t arena_len;
+	struct hwfs_tensor *t;
+	size_t n;
+	uint64_t *shapes; /* every tensor's shape, one after the other */
+	size_t *by_name;  /* tensor indices sorted by name, then index */
+	struct lib_region *regions;
+	size_t n_regions;
+	int device;       /* -1: host memory; else the CUDA device of the buckets */
+	struct cudart *rt;/* device maps: the runtime that opened the buckets */
+	void **buckets;   /* device maps: every bucket's IPC mapping (NULL: not opened) */
+	size_t n_buckets;
+};
+
+/**
+ * lib_map_new() - a zeroed map holding one reference (the caller's), with no
+ * connection (fd -1) and device -1.  NULL when out of memory.
+ */
+struct hwfs_map *lib_map_new(void);
+
+/** lib_map_hold() - take one more reference on @m (any thread). */
+void lib_map_hold(struct hwfs_map *m);
+
+/**
+ * lib_map_put() - drop one reference on @m (any thread; NULL is a no-op); the
+ * last one unmaps: host regions and the arena are unmapped, device buckets
+ * closed (cudaIpcCloseMemHandle on the map's device), then the connection is
+ * closed, which ends the lease.
+ */
+void lib_map_put(struct hwfs_map *m);
+
+/**
+ * lib_gpu_release() - the device part of the real unmap of @m (libhwfs_gpu.c):
+ * close every opened bucket on the map's device, free the bucket table and
+ * the runtime.  Nothing for a host map.
+ */
+void lib_gpu_release(struct hwfs_map *m);
+
+/**
+ * lib_map_index() - sort the by_name index of @m's m->n tensors (m->by_name
+ * allocated for them).  For hwfs_map_find().
+ */
+void lib_map_index(struct hwfs_map *m);
+
+/**
+ * lib_valid_file_path() - is @path a file path inside a version: relative,
+ * each component a valid name (lib_valid_name)?  1 or 0.
+ */
+int lib_valid_file_path(const char *path);
+
+/**
+ * lib_parse_hash() - 32 hex digits @hex into @out (16 bytes, as printed).
+ * Returns 0 or -EINVAL (NULL or not 32 hex digits).
+ */
+int lib_parse_hash(const char *hex, uint8_t out[16]);
+
+/**
+ * lib_watch_open() - hwfs_watch_open() with the request @req already built
+ * ({"op": "watch"} or {"op": "engine", ...}); @engine says whether reports
+ * are allowed.  Used by hwfs_watch_open() and hwfs_watch_open_gpu().
+ */
+int lib_watch_open(struct hwfs *h, json_t *req, int engine, char **current,
+		   struct hwfs_watch **out);
 
 #endif /* HWFS_LIBHWFS_I_H */

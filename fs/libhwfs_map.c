@@ -18,8 +18,15 @@
  *    says `copied` (bytes the file does not cover read as zeros).
  * The control connection stays open for as long as the map lives: that open
  * connection is the lease that keeps every shard of the version in the arena
- * (hwfs rm and gc do not free them); hwfs_unmap() closes it, and so does the
- * kernel when the process dies.
+ * (hwfs rm and gc do not free them); the real unmap closes it, and so does
+ * the kernel when the process dies.
+ *
+ * A map is reference-counted (struct hwfs_map in libhwfs_i.h): the caller of
+ * hwfs_map() holds one reference and each DLPack tensor made from the map
+ * another (libhwfs_dlpack.c).  hwfs_unmap() drops the caller's; the last one
+ * dropped, from whichever thread, unmaps everything and ends the lease.  A
+ * device map (hwfs_map_gpu, libhwfs_gpu.c) is the same structure with device
+ * buckets instead of an arena, and is released here too.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -29,27 +36,6 @@
 #include <unistd.h>
 
 #include "libhwfs_i.h"
-
-/* A range this map made (stitched mapping or copy) and releases at unmap. */
-struct region {
-	void *p;
-	size_t len;
-	int heap; /* 1: malloc()ed copy; 0: mmap()ed range */
-};
-
-struct hwfs_map {
-	int fd;         /* the control connection: the lease */
-	json_t *reply;  /* the daemon's answer: owns every string handed out */
-	const char *version, *digest;
-	void *arena;    /* the whole arena, PROT_READ, MAP_SHARED (NULL when empty) */
-	size_t arena_len;
-	struct hwfs_tensor *t;
-	size_t n;
-	uint64_t *shapes; /* every tensor's shape, one after the other */
-	size_t *by_name;  /* tensor indices sorted by name, then index */
-	struct region *regions;
-	size_t n_regions;
-};
 
 /* One extent of a file as the answer gives it. */
 struct extent {
@@ -75,8 +61,7 @@ static uint64_t page_up(uint64_t x, uint64_t page)
 	return (x + page - 1) & ~(page - 1);
 }
 
-/* Parse 32 hex digits into @out (16 bytes, as printed). Returns 0 or -EINVAL. */
-static int parse_hash(const char *hex, uint8_t out[16])
+int lib_parse_hash(const char *hex, uint8_t out[16])
 {
 	hwfs_hash_t h;
 
@@ -86,11 +71,8 @@ static int parse_hash(const char *hex, uint8_t out[16])
 	return 0;
 }
 
-/*
- * Is @path a file path inside a version: relative, each component a valid
- * name (lib_valid_name: no "", ".", ".." or control character)?  1 or 0.
- */
-static int valid_file_path(const char *path)
+/* No "", ".", ".." or control character in any component (lib_valid_name). */
+int lib_valid_file_path(const char *path)
 {
 	char comp[LIB_NAME_MAX + 1];
 
@@ -251,7 +233,7 @@ static int stitchable(const struct pieces *pc, uint64_t page)
  */
 static void add_region(struct hwfs_map *m, void *p, size_t len, int heap)
 {
-	m->regions[m->n_regions++] = (struct region){p, len, heap};
+	m->regions[m->n_regions++] = (struct lib_region){p, len, heap};
 }
 
 /*
@@ -322,7 +304,7 @@ static int read_tensor(json_t *jt, const char *path, uint64_t fsize, struct hwfs
 	t->dtype = lib_jstr(jt, "dtype");
 	t->file = path;
 	if (!t->name || !t->dtype || !json_is_array(shape) || get_u64(jt, "off", off) < 0 ||
-	    get_u64(jt, "len", &t->len) < 0 || parse_hash(lib_jstr(jt, "hash"), t->hash) < 0 ||
+	    get_u64(jt, "len", &t->len) < 0 || lib_parse_hash(lib_jstr(jt, "hash"), t->hash) < 0 ||
 	    t->len > fsize || *off > fsize - t->len)
 		return lib_fail(-EPROTO, "malformed map answer: a tensor of %s (%s)", path,
 				t->name ? t->name : "no name");
@@ -372,6 +354,13 @@ static int by_name_cmp(const void *a, const void *b, void *arg)
 	int c = strcmp(m->t[x].name, m->t[y].name);
 
 	return c ? c : (x > y) - (x < y);
+}
+
+void lib_map_index(struct hwfs_map *m)
+{
+	for (size_t i = 0; i < m->n; i++)
+		m->by_name[i] = i;
+	qsort_r(m->by_name, m->n, sizeof(*m->by_name), by_name_cmp, m);
 }
 
 /* Order of the tensors of one file: by offset (the answer's order when already so). */
@@ -449,7 +438,7 @@ static int build_tensors(struct hwfs_map *m, json_t *res, int afd, uint64_t page
 			r = lib_fail(-EPROTO, "malformed map answer: a file without path or size");
 			goto out;
 		}
-		if (!valid_file_path(path)) {
+		if (!lib_valid_file_path(path)) {
 			r = lib_fail(-EPROTO, "malformed map answer: invalid file path");
 			goto out;
 		}
@@ -500,9 +489,7 @@ static int build_tensors(struct hwfs_map *m, json_t *res, int afd, uint64_t page
 			}
 		}
 	}
-	for (i = 0; i < m->n; i++)
-		m->by_name[i] = i;
-	qsort_r(m->by_name, m->n, sizeof(*m->by_name), by_name_cmp, m);
+	lib_map_index(m);
 	r = 0;
 out:
 	free(pc.p);
@@ -511,10 +498,26 @@ out:
 	return r;
 }
 
-void hwfs_unmap(struct hwfs_map *m)
+struct hwfs_map *lib_map_new(void)
 {
+	struct hwfs_map *m = calloc(1, sizeof(*m));
+
 	if (!m)
-		return;
+		return NULL;
+	atomic_init(&m->refs, 1);
+	m->fd = -1;
+	m->device = -1;
+	return m;
+}
+
+void lib_map_hold(struct hwfs_map *m)
+{
+	atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
+}
+
+/* The real unmap, at the last reference: nothing else can see @m any more. */
+static void map_free(struct hwfs_map *m)
+{
 	for (size_t i = 0; i < m->n_regions; i++) {
 		if (m->regions[i].heap)
 			free(m->regions[i].p);
@@ -523,6 +526,7 @@ void hwfs_unmap(struct hwfs_map *m)
 	}
 	if (m->arena)
 		munmap(m->arena, m->arena_len);
+	lib_gpu_release(m); /* device buckets, before the daemon may free them */
 	if (m->fd >= 0)
 		close(m->fd); /* ends the lease */
 	json_decref(m->reply);
@@ -531,6 +535,18 @@ void hwfs_unmap(struct hwfs_map *m)
 	free(m->by_name);
 	free(m->regions);
 	free(m);
+}
+
+void lib_map_put(struct hwfs_map *m)
+{
+	/* release: our writes happen before the free; acquire: the freer sees every one */
+	if (m && atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) == 1)
+		map_free(m);
+}
+
+void hwfs_unmap(struct hwfs_map *m)
+{
+	lib_map_put(m);
 }
 
 /*
@@ -565,15 +581,13 @@ int hwfs_map(struct hwfs *h, const char *version, struct hwfs_map **out)
 {
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), arena_len = 0, their_page = 0;
 	json_t *req = json_pack("{s:s, s:s}", "op", "map", "version", version ? version : "");
-	struct hwfs_map *m = calloc(1, sizeof(*m));
+	struct hwfs_map *m = lib_map_new();
 	struct ctl_reader rd;
 	int r, afd = -1;
 
 	lib_clear_error();
 	ctl_reader_init(&rd, -1);
 	rd.accept_fds = 1; /* the arena's descriptor comes with the answer */
-	if (m)
-		m->fd = -1;
 	if (!req || !m) {
 		r = lib_fail(-ENOMEM, "out of memory");
 		goto out;
@@ -637,6 +651,11 @@ const char *hwfs_map_version(const struct hwfs_map *m)
 const char *hwfs_map_digest(const struct hwfs_map *m)
 {
 	return m->digest;
+}
+
+int hwfs_map_device(const struct hwfs_map *m)
+{
+	return m->device;
 }
 
 size_t hwfs_map_count(const struct hwfs_map *m)

@@ -1,7 +1,10 @@
 /*
  * libhwfs_watch.c — events and engines (docs/engines.md): {"op": "watch"}
  * and {"op": "engine"} keep their connection open, and the open connection
- * is the watch (and the engine's registration).  The daemon writes one event
+ * is the watch (and the engine's registration).  A GPU engine
+ * (hwfs_watch_open_gpu) is the same engine request with "gpu": N: the node
+ * then loads a prepared version on that device itself and counts the engine
+ * ready once it is resident (docs/gpu.md).  The daemon writes one event
  * per line; an engine writes its reports on the same connection.
  *
  * The socket is non-blocking once the first answer is read: hwfs_watch_next()
@@ -29,27 +32,21 @@ struct hwfs_watch {
 	pthread_mutex_t send_lock; /* one report on the wire at a time */
 };
 
-int hwfs_watch_open(struct hwfs *h, const char *engine, char **current, struct hwfs_watch **out)
+int lib_watch_open(struct hwfs *h, json_t *req, int engine, char **current,
+		   struct hwfs_watch **out)
 {
-	json_t *req = engine ? json_pack("{s:s, s:s}", "op", "engine", "name", engine)
-			     : json_pack("{s:s}", "op", "watch");
 	struct hwfs_watch *w = calloc(1, sizeof(*w));
 	json_t *res = NULL;
 	const char *cur;
 	char *cur_copy = NULL;
 	int r, fl;
 
-	lib_clear_error();
-	if (w) {
-		w->fd = -1;
-		ctl_reader_init(&w->rd, -1);
-		pthread_mutex_init(&w->send_lock, NULL);
-	}
-	if (!req || !w) {
-		r = lib_fail(-ENOMEM, "out of memory");
-		goto out;
-	}
-	w->engine = engine != NULL;
+	if (!w)
+		return lib_fail(-ENOMEM, "out of memory");
+	w->fd = -1;
+	ctl_reader_init(&w->rd, -1);
+	pthread_mutex_init(&w->send_lock, NULL);
+	w->engine = engine;
 	w->fd = lib_connect(h);
 	if (w->fd < 0) {
 		r = w->fd;
@@ -81,9 +78,43 @@ int hwfs_watch_open(struct hwfs *h, const char *engine, char **current, struct h
 	*out = w;
 	w = NULL;
 out:
-	json_decref(req);
 	json_decref(res);
 	hwfs_watch_close(w);
+	return r;
+}
+
+int hwfs_watch_open(struct hwfs *h, const char *engine, char **current, struct hwfs_watch **out)
+{
+	json_t *req = engine ? json_pack("{s:s, s:s}", "op", "engine", "name", engine)
+			     : json_pack("{s:s}", "op", "watch");
+	int r;
+
+	lib_clear_error();
+	if (!req)
+		return lib_fail(-ENOMEM, "out of memory");
+	r = lib_watch_open(h, req, engine != NULL, current, out);
+	json_decref(req);
+	return r;
+}
+
+int hwfs_watch_open_gpu(struct hwfs *h, const char *engine, int gpu, char **current,
+			struct hwfs_watch **out)
+{
+	json_t *req;
+	int r;
+
+	if (gpu == -1)
+		return hwfs_watch_open(h, engine, current, out);
+	lib_clear_error();
+	if (!engine || !*engine)
+		return lib_fail(-EINVAL, "a GPU engine needs a name");
+	if (gpu < 0)
+		return lib_fail(-EINVAL, "invalid GPU %d (a device index, or -1)", gpu);
+	req = json_pack("{s:s, s:s, s:i}", "op", "engine", "name", engine, "gpu", gpu);
+	if (!req)
+		return lib_fail(-ENOMEM, "out of memory");
+	r = lib_watch_open(h, req, 1, current, out);
+	json_decref(req);
 	return r;
 }
 

@@ -9,8 +9,8 @@
 set -uo pipefail
 
 DEB_PKGS=(build-essential pkg-config iproute2 libfuse3-dev fuse3 libsqlite3-dev libzmq3-dev
-          libxxhash-dev libjansson-dev libcmocka-dev libzstd-dev zstd inotify-tools attr rsync curl
-          python3 python3-pip)
+          libxxhash-dev libjansson-dev libcmocka-dev libzstd-dev libdlpack-dev zstd inotify-tools
+          attr rsync curl python3 python3-pip)
 # Python modules as IMPORT_NAME:PIP_NAME (the pip name is the import name when
 # no ':' is given).  torch and transformers are for the tests of the Python
 # package (tests/integration/test_torch_engine.py); torch's default wheel is

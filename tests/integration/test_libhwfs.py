@@ -10,6 +10,7 @@ the installed library, header and .pc file are what a program needs.
 
 import json
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -268,8 +269,13 @@ def test_make_install_and_pkg_config(mount, src, tmp_path):
     assert os.readlink(lib / "libhwfs.so.1") == "libhwfs.so.1.0.0"
     # the shared library exports the API and nothing else
     syms = sh(["nm", "-D", "--defined-only", lib / "libhwfs.so.1"]).stdout.split("\n")
-    names = [ln.split()[-1] for ln in syms if ln.strip()]
+    names = [ln.split()[-1].split("@")[0] for ln in syms if ln.strip()]
     assert names and all(n.startswith("hwfs_") or n == "HWFS_1" for n in names), names
+    # exactly the functions include/hwfs.h declares
+    declared = set(re.findall(r"\b(hwfs_[a-z0-9_]+)\(", (REPO / "include" / "hwfs.h").read_text()))
+    assert set(names) - {"HWFS_1"} == declared, (sorted(set(names) ^ declared))
+    assert {"hwfs_load", "hwfs_unload", "hwfs_map_gpu", "hwfs_map_device", "hwfs_map_dlpack",
+            "hwfs_map_dlpack_versioned", "hwfs_watch_open_gpu"} <= declared
     soname = sh(["readelf", "-d", lib / "libhwfs.so.1"]).stdout
     assert "Library soname: [libhwfs.so.1]" in soname
     if (REPO / "tools" / "python" / "hwfs").is_dir():

@@ -8,6 +8,13 @@
         for ev in m.watch():                      # arrived / current / removed events
             print(ev.type, ev.version)
 
+    # DLPack: numpy / torch / cupy take a tensor without a copy (docs/gpu.md, "DLPack")
+    with m.map("v2") as v:
+        t = torch.from_dlpack(v.dlpack("model.embed_tokens.weight"))
+    m.load("v2", gpu=0)                           # shadow-load into device 0 (docs/gpu.md)
+    with m.map("v2", gpu=0) as dv:                # CUDA IPC: device tensors, through DLPack only
+        t = torch.from_dlpack(dv.dlpack("model.embed_tokens.weight"))
+
 Every call goes through libhwfs (ctypes); the package never speaks the control
 protocol itself.  Errors are OSError subclasses carrying the errno libhwfs
 returned and its one-line sentence (FileNotFoundError for a missing version,
@@ -26,6 +33,13 @@ BF16 (and FP8) tensors come as ml_dtypes.bfloat16 (float8_*) arrays when
 ml_dtypes is importable, else as uint16 (uint8) arrays of the same shape
 holding the raw bits.  A dtype numpy cannot express at all comes as its raw
 bytes: a 1-D uint8 array.
+
+DLPack (Mapping.dlpack): the tensor itself, device and dtype included, for
+any DLPack consumer; the array it becomes holds a reference on the C mapping
+(the DLPack deleter drops it), so it too keeps the pages and the lease.
+Consumers that ask for DLPack 1.0 (numpy >= 2.1, recent torch) get the
+read-only flag; numpy then makes a read-only array, torch ignores the flag
+(its tensors have no read-only state) — writing through such a tensor faults.
 """
 
 import contextlib
@@ -40,11 +54,11 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import _lib
+from . import _dlpack, _lib
 from ._lib import HWFS_API_VERSION  # noqa: F401  (re-exported)
 
 # hwfs.open is left out of __all__: `from hwfs import *` must not shadow the builtin open.
-__all__ = ["Mount", "Mapping", "Watch", "Event", "VersionInfo", "TensorInfo",
+__all__ = ["Mount", "Mapping", "Watch", "Event", "VersionInfo", "TensorInfo", "DLPackTensor",
            "numpy_dtype", "StreamClosed"]
 
 # How long one wait inside Watch.next() lasts before it looks again at whether
@@ -181,18 +195,47 @@ class Mount:
         _lib.check(rc, "hwfs_current")
         return _lib.take_string(out)
 
-    def map(self, version):
+    def map(self, version, gpu=None):
         """Map sealed version @version read-only and zero-copy: a Mapping.
 
-        Raises FileNotFoundError (no such version), OSError EBUSY (not sealed),
-        EIO (damaged), PermissionError (not root, the mount's owner or the
-        --ctl-group)."""
-        return Mapping(self, version)
+        With @gpu (a device index), map the copy hwfs_load() made on that
+        device instead, with CUDA IPC: its tensors are device memory, reached
+        through Mapping.dlpack() only.
 
-    def watch(self, engine=None):
+        Raises FileNotFoundError (no such version, or not loaded on @gpu),
+        OSError EBUSY (not sealed), EIO (damaged), ENODEV (no CUDA runtime or
+        device in this process), PermissionError (not root, the mount's owner
+        or the --ctl-group)."""
+        return Mapping(self, version, gpu)
+
+    def load(self, version, gpu, progress=None):
+        """Shadow-load sealed version @version into the memory of CUDA device
+        @gpu on this node (the daemon holds it until unload()).  Returns when
+        it is resident (at once when it is already); @progress(done, total)
+        is called for the daemon's progress lines.  Raises OSError ENODEV (no
+        CUDA runtime or device on the node, or no device @gpu), ENOMEM (it
+        does not fit in the share of free device memory hwfs may use),
+        FileNotFoundError, EBUSY, EIO, PermissionError."""
+        cb = _lib.PROGRESS_FN(0)
+        if progress is not None:
+            cb = _lib.PROGRESS_FN(lambda _arg, done, total: progress(done, total))
+        _lib.check(_lib.hwfs_load(self._handle(), str(version).encode(), int(gpu), cb, None),
+                   f"load {version} on GPU {gpu}")
+
+    def unload(self, version, gpu=None):
+        """Drop the device copy of @version on device @gpu (None: on every
+        device).  The memory is freed once no process maps it any more.
+        Raises FileNotFoundError (not loaded), PermissionError."""
+        g = -1 if gpu is None else int(gpu)
+        _lib.check(_lib.hwfs_unload(self._handle(), str(version).encode(), g),
+                   f"unload {version}" + ("" if gpu is None else f" from GPU {gpu}"))
+
+    def watch(self, engine=None, gpu=None):
         """Watch events (a Watch; iterate it).  With @engine, also register
-        this process as that engine on the node (see docs/engines.md)."""
-        return Watch(self, engine)
+        this process as that engine on the node (see docs/engines.md).  With
+        @gpu too, the engine's readiness is the node's own load of a prepared
+        version on that device (hwfs_watch_open_gpu, docs/gpu.md)."""
+        return Watch(self, engine, gpu)
 
 
 # ------------------------------------------------------------------ mappings
@@ -222,14 +265,24 @@ class Mapping:
     Dict-like, by tensor name: m["w"] is a read-only numpy array over the
     daemon's arena (no copy).  "FILE:NAME" picks a tensor from one file when
     several files of the version hold the same name; a bare name is the first.
+    m.dlpack("w") is the same tensor for any DLPack consumer.
+
+    A device mapping (Mount.map(version, gpu=N)) has .device == N: its
+    tensors are device memory, so only dlpack() (and info, address) work on
+    it; array() and buffer() raise TypeError.
     """
 
-    def __init__(self, mount, version):
+    def __init__(self, mount, version, gpu=None):
         p = ctypes.c_void_p()
-        _lib.check(_lib.hwfs_map(mount._handle(), str(version).encode(), ctypes.byref(p)),
-                   f"map {version}")
+        if gpu is None:
+            _lib.check(_lib.hwfs_map(mount._handle(), str(version).encode(), ctypes.byref(p)),
+                       f"map {version}")
+        else:
+            _lib.check(_lib.hwfs_map_gpu(mount._handle(), str(version).encode(), int(gpu),
+                                         ctypes.byref(p)), f"map {version} on GPU {gpu}")
         self._owner = _MapHandle(p)
         self._ref = weakref.ref(self._owner)
+        self.device = _lib.hwfs_map_device(p)  # -1: host memory
         self.version = _lib.hwfs_map_version(p).decode()
         self.digest = _lib.hwfs_map_digest(p).decode()
         self._info = []   # TensorInfo, in file then offset order
@@ -295,6 +348,9 @@ class Mapping:
         such as torch.frombuffer's tensors) lives."""
         if self._owner is None:
             raise ValueError(f"mapping of {self.version} is closed")
+        if self.device >= 0:
+            raise TypeError(f"tensor {key!r} of {self.version} is in the memory of GPU "
+                            f"{self.device}: take it with dlpack() (e.g. torch.from_dlpack)")
         addr, n = self._where[self._pos(key)]
         if n == 0:
             return memoryview(b"")
@@ -303,12 +359,25 @@ class Mapping:
         return memoryview(buf).toreadonly()
 
     def address(self, key):
-        """The address of tensor @key's first byte in this process."""
+        """The address of tensor @key's first byte in this process (a device
+        pointer for a device mapping)."""
         return self._where[self._pos(key)][0]
+
+    def dlpack(self, key):
+        """Tensor @key as a DLPackTensor: pass it to numpy.from_dlpack,
+        torch.from_dlpack, cupy.from_dlpack...; no byte is copied.  What they
+        make holds the mapping (and its lease) until it is garbage, even
+        after close()."""
+        if self._owner is None:
+            raise ValueError(f"mapping of {self.version} is closed")
+        pos = self._pos(key)
+        return DLPackTensor(self._owner, pos, self.device, self._info[pos])
 
     def array(self, key):
         """Tensor @key as a read-only numpy array sharing the mapping's memory."""
         pos = self._pos(key)
+        if self.device >= 0:
+            self.buffer(key)  # raises TypeError
         a = self._arrays.get(pos)
         if a is not None:
             return a
@@ -351,6 +420,63 @@ class Mapping:
         return self[key] if key in self._index else default
 
 
+class DLPackTensor:
+    """One tensor of a mapping for DLPack consumers (the __dlpack__ protocol
+    of the Python array API).  Each __dlpack__() call makes a new DLPack
+    tensor with its own reference on the mapping; the object itself holds
+    the mapping only until it is dropped.
+
+    max_version >= (1, 0) (numpy >= 2.1, recent torch) gets a DLPack 1.0
+    tensor flagged read-only; an older consumer gets DLPack 0.6 (no flags).
+    copy=True is refused (BufferError): hwfs only lends its pages; copy the
+    consumer's array instead.  A dtype DLPack cannot express (F8_*) raises
+    BufferError too, naming it."""
+
+    __slots__ = ("_owner", "_pos", "_device", "info", "_caps")
+
+    def __init__(self, owner, pos, device, info):
+        self._owner, self._pos, self._device, self.info = owner, pos, device, info
+        self._caps = []  # every capsule made, held until __del__ (see _dlpack.py)
+
+    def __del__(self):
+        caps = getattr(self, "_caps", None)
+        if caps:
+            _dlpack.release(caps)
+
+    def __dlpack_device__(self):
+        if self._device >= 0:
+            return (_dlpack.KDL_CUDA, self._device)
+        return (_dlpack.KDL_CPU, 0)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        if copy:
+            raise BufferError(f"tensor {self.info.name}: hwfs lends its mapped bytes without "
+                              f"a copy (copy=True is not supported; copy the result)")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"tensor {self.info.name} is on device "
+                              f"{self.__dlpack_device__()}, not {tuple(dl_device)}")
+        if self._owner.ptr is None:
+            raise ValueError("the mapping is gone")
+        # stream: the device copy is complete before hwfs_load returns, so
+        # there is nothing for the consumer's stream to wait for.
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        try:
+            cap = _dlpack.capsule(self._owner.ptr, self._pos, versioned)
+        except OSError as e:
+            if e.errno == errno.ENOTSUP:
+                raise BufferError(e.strerror) from e
+            raise
+        if len(self._caps) > 8:  # called again and again: let go of those already used
+            _dlpack.release(self._caps)
+        self._caps.append(cap)
+        return cap
+
+    def __repr__(self):
+        ti = self.info
+        where = "cpu" if self._device < 0 else f"cuda:{self._device}"
+        return f"<hwfs.DLPackTensor {ti.name} {ti.dtype} {list(ti.shape)} on {where}>"
+
+
 # ------------------------------------------------------------------ events
 
 class Event:
@@ -382,12 +508,18 @@ class Watch:
     the library (a next() waiting for events, a report() waiting for room)
     returns at once, waits until no call is inside, and only then frees it."""
 
-    def __init__(self, mount, engine=None):
+    def __init__(self, mount, engine=None, gpu=None):
         p = ctypes.c_void_p()
         cur = ctypes.c_void_p()
         what = f"engine {engine}" if engine else "watch"
-        _lib.check(_lib.hwfs_watch_open(mount._handle(), engine.encode() if engine else None,
-                                        ctypes.byref(cur), ctypes.byref(p)), what)
+        name = engine.encode() if engine else None
+        if gpu is None:
+            rc = _lib.hwfs_watch_open(mount._handle(), name, ctypes.byref(cur), ctypes.byref(p))
+        else:
+            what += f" on GPU {gpu}"
+            rc = _lib.hwfs_watch_open_gpu(mount._handle(), name, int(gpu), ctypes.byref(cur),
+                                          ctypes.byref(p))
+        _lib.check(rc, what)
         self._w = p
         self.engine = engine
         self.current = _lib.take_string(cur)  # what `current` named when the watch began

@@ -141,6 +141,15 @@ hwfs_watch_next = _fn("hwfs_watch_next", ctypes.c_int, _P, ctypes.c_int, ctypes.
 hwfs_engine_report = _fn("hwfs_engine_report", ctypes.c_int, _P, ctypes.c_int, ctypes.c_char_p,
                          ctypes.c_char_p, ctypes.c_uint64)
 hwfs_watch_close = _fn("hwfs_watch_close", None, _P)
+# the GPU plane (docs/gpu.md); the DLPack functions are declared in _dlpack.py
+hwfs_load = _fn("hwfs_load", ctypes.c_int, _P, ctypes.c_char_p, ctypes.c_int, PROGRESS_FN,
+                ctypes.c_void_p)
+hwfs_unload = _fn("hwfs_unload", ctypes.c_int, _P, ctypes.c_char_p, ctypes.c_int)
+hwfs_map_gpu = _fn("hwfs_map_gpu", ctypes.c_int, _P, ctypes.c_char_p, ctypes.c_int,
+                   ctypes.POINTER(_P))
+hwfs_map_device = _fn("hwfs_map_device", ctypes.c_int, _P)
+hwfs_watch_open_gpu = _fn("hwfs_watch_open_gpu", ctypes.c_int, _P, ctypes.c_char_p, ctypes.c_int,
+                          ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_P))
 
 # free() for the strings libhwfs hands out with "free with free()".
 _libc = ctypes.CDLL(None)

@@ -1,0 +1,398 @@
+/*
+ * libhwfs_gpu.c — the GPU plane of the client library (docs/gpu.md): ask the
+ * daemon to shadow-load a version into device memory (hwfs_load), to drop it
+ * (hwfs_unload), and map a loaded version's device buckets into this process
+ * with CUDA IPC (hwfs_map_gpu).
+ *
+ * The daemon answers {"op": "gpumap"} with one cudaIpcMemHandle per bucket
+ * (128 hex digits) and every tensor's place in them; the answer is checked as
+ * if hostile before any of it is used: a handle is exactly 128 lowercase hex
+ * digits, a tensor's bucket exists and [offset, offset+len) lies inside it
+ * without overflow, names are valid (as libhwfs_map.c checks them).  Then the
+ * CUDA runtime (gpu/cudart.h: dlopen, no CUDA header) opens each bucket with
+ * cudaIpcOpenMemHandle(LazyEnablePeerAccess) on the device, and every
+ * tensor's data is a device pointer into its bucket.  The connection stays
+ * open as the map's reference on the daemon's device copy (the daemon frees
+ * an unloaded copy only when no gpumap connection remains); the real unmap
+ * (lib_map_put, at the last reference) closes the buckets, then the
+ * connection.
+ *
+ * The CUDA current device is a per-thread setting of the caller's: it is read
+ * (cudaGetDevice, looked up beside the table) and put back after the IPC
+ * calls, so mapping never changes which device the calling thread works on.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "libhwfs_i.h"
+#include "../gpu/cudart.h"
+
+/* A gpumap answer larger than this many buckets is refused (a lie, not a version). */
+#define MAX_BUCKETS (1u << 20)
+
+int hwfs_load(struct hwfs *h, const char *version, int gpu, hwfs_progress_fn progress,
+	      void *arg)
+{
+	json_t *req, *res = NULL;
+	int r;
+
+	lib_clear_error();
+	if (!lib_valid_name(version))
+		return lib_fail(-EINVAL, "invalid version name");
+	if (gpu < 0)
+		return lib_fail(-EINVAL, "invalid GPU %d (a device index: 0, 1, ...)", gpu);
+	req = json_pack("{s:s, s:s, s:i}", "op", "load", "version", version, "gpu", gpu);
+	if (!req)
+		return lib_fail(-ENOMEM, "out of memory");
+	r = lib_call(h, req, progress, arg, &res);
+	if (r == 0)
+		r = lib_check(res);
+	json_decref(req);
+	json_decref(res);
+	return r;
+}
+
+int hwfs_unload(struct hwfs *h, const char *version, int gpu)
+{
+	json_t *req, *res = NULL;
+	int r;
+
+	lib_clear_error();
+	if (!lib_valid_name(version))
+		return lib_fail(-EINVAL, "invalid version name");
+	if (gpu < -1)
+		return lib_fail(-EINVAL, "invalid GPU %d (a device index, or -1 for every one)",
+				gpu);
+	req = json_pack("{s:s, s:s, s:i}", "op", "unload", "version", version, "gpu", gpu);
+	if (!req)
+		return lib_fail(-ENOMEM, "out of memory");
+	r = lib_call(h, req, NULL, NULL, &res);
+	if (r == 0)
+		r = lib_check(res);
+	json_decref(req);
+	json_decref(res);
+	return r;
+}
+
+/* ------------------------------------------------------------ the device */
+
+typedef cudart_err (*get_device_fn)(int *dev);
+
+/*
+ * Make @dev the calling thread's current device, remembering the one it was
+ * in *@was (-1 when the runtime cannot say).  Returns the runtime's error.
+ */
+static cudart_err enter_device(const struct cudart *rt, int dev, int *was)
+{
+	get_device_fn get = (get_device_fn)dlsym(rt->dl, "cudaGetDevice");
+
+	*was = -1;
+	if (get && get(was) != CUDART_SUCCESS)
+		*was = -1;
+	return rt->SetDevice(dev);
+}
+
+/* Put back the device enter_device() found (nothing when it found none or the same). */
+static void leave_device(const struct cudart *rt, int dev, int was)
+{
+	if (was >= 0 && was != dev)
+		rt->SetDevice(was);
+}
+
+void lib_gpu_release(struct hwfs_map *m)
+{
+	int was;
+
+	if (!m->rt)
+		return;
+	if (m->buckets) {
+		enter_device(m->rt, m->device, &was);
+		for (size_t i = 0; i < m->n_buckets; i++)
+			if (m->buckets[i])
+				m->rt->IpcCloseMemHandle(m->buckets[i]);
+		leave_device(m->rt, m->device, was);
+	}
+	free(m->buckets);
+	m->buckets = NULL;
+	cudart_close(m->rt);
+	m->rt = NULL;
+}
+
+/* ------------------------------------------------------------ hwfs_map_gpu */
+
+/* One bucket of the answer: its IPC handle and size. */
+struct bucket {
+	cudart_ipc_handle handle;
+	uint64_t bytes;
+};
+
+/* Exactly 128 lowercase hex digits into @h (64 bytes). Returns 0 or -EINVAL. */
+static int parse_handle(const char *hex, cudart_ipc_handle *h)
+{
+	static const char digits[] = "0123456789abcdef";
+
+	if (!hex || strlen(hex) != 2 * CUDART_IPC_HANDLE_SIZE)
+		return -EINVAL;
+	for (size_t i = 0; i < CUDART_IPC_HANDLE_SIZE; i++) {
+		const char *hi = hex[2 * i] ? strchr(digits, hex[2 * i]) : NULL;
+		const char *lo = hex[2 * i + 1] ? strchr(digits, hex[2 * i + 1]) : NULL;
+
+		if (!hi || !lo)
+			return -EINVAL;
+		h->reserved[i] = (char)(((hi - digits) << 4) | (lo - digits));
+	}
+	return 0;
+}
+
+/* An unsigned integer member of @o into *@v. Returns 0 or -EPROTO. */
+static int get_u64(json_t *o, const char *key, uint64_t *v)
+{
+	json_t *x = json_object_get(o, key);
+
+	if (!json_is_integer(x) || json_integer_value(x) < 0)
+		return -EPROTO;
+	*v = (uint64_t)json_integer_value(x);
+	return 0;
+}
+
+/*
+ * Read the "buckets" of answer @res into *@out (*@n entries, free with
+ * free()).  Returns 0, -EPROTO (sentence set), -ENOMEM.
+ */
+static int read_buckets(json_t *res, struct bucket **out, size_t *n)
+{
+	json_t *arr = json_object_get(res, "buckets"), *b;
+	struct bucket *x;
+	size_t i;
+
+	if (!json_is_array(arr) || json_array_size(arr) > MAX_BUCKETS)
+		return lib_fail(-EPROTO, "malformed gpumap answer: no bucket list");
+	x = calloc(json_array_size(arr) + 1, sizeof(*x));
+	if (!x)
+		return lib_fail(-ENOMEM, "out of memory");
+	json_array_foreach(arr, i, b) {
+		if (!json_is_object(b) || parse_handle(lib_jstr(b, "handle"), &x[i].handle) < 0 ||
+		    get_u64(b, "bytes", &x[i].bytes) < 0) {
+			free(x);
+			return lib_fail(-EPROTO, "malformed gpumap answer: bucket %zu has no valid "
+					"handle (128 lowercase hex digits) or size", i);
+		}
+	}
+	*out = x;
+	*n = json_array_size(arr);
+	return 0;
+}
+
+/*
+ * Fill tensor @t from record @jt: names, dtype, shape (stored at *@shape_at,
+ * which advances), hash, and its place, checked against @b (@nb buckets).
+ * The data pointer is set later, once the buckets are open: its offset in
+ * the bucket goes to *@off and the bucket to *@bucket.  Returns 0 or -EPROTO.
+ */
+static int read_tensor(json_t *jt, size_t i, const struct bucket *b, size_t nb,
+		       struct hwfs_tensor *t, uint64_t **shape_at, uint64_t *bucket,
+		       uint64_t *off)
+{
+	json_t *shape = json_object_get(jt, "shape"), *d;
+	size_t k;
+
+	t->name = lib_jstr(jt, "name");
+	t->file = lib_jstr(jt, "file");
+	t->dtype = lib_jstr(jt, "dtype");
+	if (!t->name || !*t->name || !t->dtype || !*t->dtype || !lib_valid_file_path(t->file) ||
+	    !json_is_array(shape) || lib_parse_hash(lib_jstr(jt, "hash"), t->hash) < 0)
+		return lib_fail(-EPROTO, "malformed gpumap answer: tensor %zu has no valid name, "
+				"file, dtype, shape or hash", i);
+	if (get_u64(jt, "bucket", bucket) < 0 || get_u64(jt, "offset", off) < 0 ||
+	    get_u64(jt, "len", &t->len) < 0 || *bucket >= nb || *off > b[*bucket].bytes ||
+	    t->len > b[*bucket].bytes - *off)
+		return lib_fail(-EPROTO, "malformed gpumap answer: tensor %s lies outside its "
+				"bucket", t->name);
+	t->ndim = (uint32_t)json_array_size(shape);
+	t->shape = *shape_at;
+	json_array_foreach(shape, k, d) {
+		if (!json_is_integer(d) || json_integer_value(d) < 0)
+			return lib_fail(-EPROTO, "malformed gpumap answer: shape of tensor %s",
+					t->name);
+		(*shape_at)[k] = (uint64_t)json_integer_value(d);
+	}
+	*shape_at += t->ndim;
+	return 0;
+}
+
+/*
+ * Open the CUDA runtime for device @gpu into m->rt.  Returns 0, -ENODEV (no
+ * runtime, no device, or no device @gpu here), -ENOMEM, with the sentence.
+ */
+static int open_runtime(struct hwfs_map *m, int gpu)
+{
+	char why[512];
+	int r = cudart_open(&m->rt, why, sizeof(why));
+
+	if (r == -ENOMEM)
+		return lib_fail(r, "out of memory");
+	if (r < 0)
+		return lib_fail(-ENODEV, "cannot map on GPU %d: %s", gpu, why);
+	if (gpu >= m->rt->devices)
+		return lib_fail(-ENODEV, "cannot map on GPU %d: this process sees %d CUDA "
+				"device%s", gpu, m->rt->devices, m->rt->devices == 1 ? "" : "s");
+	return 0;
+}
+
+/*
+ * Open every bucket @b (@nb) of @m with cudaIpcOpenMemHandle on its device
+ * into m->buckets.  Returns 0, -ENODEV (the device cannot be used), -EIO (a
+ * handle cannot be opened: its process is gone, or another device's), with
+ * the sentence; what was opened is closed by the real unmap.
+ */
+static int open_buckets(struct hwfs_map *m, const struct bucket *b, size_t nb)
+{
+	char eb[256];
+	cudart_err e;
+	int was, r = 0;
+
+	m->buckets = calloc(nb + 1, sizeof(*m->buckets));
+	if (!m->buckets)
+		return lib_fail(-ENOMEM, "out of memory");
+	m->n_buckets = nb;
+	e = enter_device(m->rt, m->device, &was);
+	if (e != CUDART_SUCCESS) {
+		r = lib_fail(-ENODEV, "cannot use GPU %d: %s", m->device,
+			     cudart_strerror(m->rt, e, eb, sizeof(eb)));
+		goto out;
+	}
+	for (size_t i = 0; i < nb; i++) {
+		e = m->rt->IpcOpenMemHandle(&m->buckets[i], b[i].handle,
+					    CUDART_IPC_LAZY_PEER_ACCESS);
+		if (e != CUDART_SUCCESS) {
+			m->buckets[i] = NULL;
+			r = lib_fail(-EIO, "cannot open bucket %zu of %s on GPU %d: %s", i,
+				     m->version, m->device,
+				     cudart_strerror(m->rt, e, eb, sizeof(eb)));
+			goto out;
+		}
+	}
+out:
+	leave_device(m->rt, m->device, was);
+	return r;
+}
+
+/*
+ * Build the tensors of gpumap answer @res into @m: every record read and
+ * checked first, then the buckets opened, then the data pointers set.
+ * Returns 0 or -errno (sentence set).
+ */
+static int build_device_map(struct hwfs_map *m, json_t *res)
+{
+	json_t *ts = json_object_get(res, "tensors"), *jt;
+	struct bucket *b = NULL;
+	uint64_t *shape_at, *where = NULL;
+	size_t i, nb = 0, dims = 0;
+	int r = read_buckets(res, &b, &nb);
+
+	if (r < 0)
+		return r;
+	if (!json_is_array(ts)) {
+		r = lib_fail(-EPROTO, "malformed gpumap answer: no tensor list");
+		goto out;
+	}
+	json_array_foreach(ts, i, jt)
+		dims += json_array_size(json_object_get(jt, "shape"));
+	m->n = json_array_size(ts);
+	m->t = calloc(m->n + 1, sizeof(*m->t));
+	m->shapes = calloc(dims + 1, sizeof(*m->shapes));
+	m->by_name = calloc(m->n + 1, sizeof(*m->by_name));
+	where = calloc(2 * m->n + 1, sizeof(*where));
+	if (!m->t || !m->shapes || !m->by_name || !where) {
+		m->n = 0;
+		r = lib_fail(-ENOMEM, "out of memory");
+		goto out;
+	}
+	shape_at = m->shapes;
+	json_array_foreach(ts, i, jt) {
+		if (!json_is_object(jt)) {
+			r = lib_fail(-EPROTO, "malformed gpumap answer: tensor %zu", i);
+			goto out;
+		}
+		r = read_tensor(jt, i, b, nb, &m->t[i], &shape_at, &where[2 * i],
+				&where[2 * i + 1]);
+		if (r < 0)
+			goto out;
+	}
+	r = open_buckets(m, b, nb);
+	if (r < 0)
+		goto out;
+	for (i = 0; i < m->n; i++)
+		m->t[i].data = (const char *)m->buckets[where[2 * i]] + where[2 * i + 1];
+	lib_map_index(m);
+out:
+	free(where);
+	free(b);
+	return r;
+}
+
+int hwfs_map_gpu(struct hwfs *h, const char *version, int gpu, struct hwfs_map **out)
+{
+	struct hwfs_map *m = lib_map_new();
+	struct ctl_reader rd;
+	json_t *req = NULL, *jg;
+	uint8_t digest[16];
+	int r;
+
+	lib_clear_error();
+	ctl_reader_init(&rd, -1);
+	if (!m) {
+		r = lib_fail(-ENOMEM, "out of memory");
+		goto out;
+	}
+	if (!lib_valid_name(version)) {
+		r = lib_fail(-EINVAL, "invalid version name");
+		goto out;
+	}
+	if (gpu < 0) {
+		r = lib_fail(-EINVAL, "invalid GPU %d (a device index: 0, 1, ...)", gpu);
+		goto out;
+	}
+	m->device = gpu;
+	/* no runtime or device here: say so before the daemon is asked for a reference */
+	r = open_runtime(m, gpu);
+	if (r < 0)
+		goto out;
+	req = json_pack("{s:s, s:s, s:i}", "op", "gpumap", "version", version, "gpu", gpu);
+	if (!req) {
+		r = lib_fail(-ENOMEM, "out of memory");
+		goto out;
+	}
+	m->fd = lib_connect(h);
+	if (m->fd < 0) {
+		r = m->fd;
+		goto out;
+	}
+	rd.fd = m->fd;
+	r = lib_exchange(m->fd, &rd, req, NULL, NULL, &m->reply);
+	if (r < 0 || (r = lib_check(m->reply)) < 0)
+		goto out;
+	m->version = lib_jstr(m->reply, "version");
+	m->digest = lib_jstr(m->reply, "digest");
+	jg = json_object_get(m->reply, "gpu");
+	if (!lib_valid_name(m->version) || strcmp(m->version, version) ||
+	    lib_parse_hash(m->digest, digest) < 0 || !json_is_integer(jg) ||
+	    json_integer_value(jg) != gpu) {
+		r = lib_fail(-EPROTO, "malformed gpumap answer: it is not of the version and GPU "
+				      "asked for (%s on GPU %d)", version, gpu);
+		goto out;
+	}
+	r = build_device_map(m, m->reply);
+	if (r < 0)
+		goto out;
+	*out = m;
+	m = NULL;
+out:
+	ctl_reader_free(&rd);
+	json_decref(req);
+	lib_map_put(m);
+	return r;
+}
