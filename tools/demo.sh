@@ -369,6 +369,24 @@ f = safe_open(sys.argv[1], framework="numpy")
 print("  C: current/model.safetensors opens with safetensors:", len(list(f.keys())), "tensors")' \
 	"${MNT[C]}/current/model.safetensors"
 
+step "GPU plane on C: status, hwfs load v2 --gpu 0, v2's tensors as DLPack (no copy)"
+"$HWFS" status -m "${MNT[C]}" | sed -n 's/^gpu: */  gpu: /p'
+if "$HWFS" load v2 --gpu 0 -m "${MNT[C]}" 2>"$WORK/load.err"; then
+	"$HWFS" unload v2 --gpu 0 -m "${MNT[C]}"
+else
+	echo "  hwfs load v2 --gpu 0 refused (as it must be without a GPU): $(cat "$WORK/load.err")"
+fi
+PYTHONPATH="$REPO/tools/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c '
+import sys, numpy as np, hwfs
+with hwfs.open(sys.argv[1]) as m, m.map("v2") as v:
+    name = sorted(v.keys())[0]
+    a = np.from_dlpack(v.dlpack(name))
+    same = a.ctypes.data == v.address(name)
+    print(f"  numpy.from_dlpack({name}): {a.dtype} {a.shape}, read-only: {not a.flags.writeable},"
+          f" same address as the arena mapping: {same}")
+    if not same: sys.exit("demo: DLPack made a copy")
+' "${MNT[C]}"
+
 step "Timeline of v1 (ms after the trainer started writing it)"
 py timeline v1 "$WORK/watch-v1.json" "$WORK/commit-v1.json" "${NODES[@]}"
 step "Timeline of v2 (ms after hwfs publish v2 started)"
