@@ -119,6 +119,14 @@ int cudart_open(struct cudart **out, char *why, size_t whylen)
 	if (e != CUDART_SUCCESS || rt->devices <= 0) {
 		if (e == CUDART_SUCCESS)
 			snprintf(why, whylen, "no CUDA device (%s reports none)", rt->path);
+		else if (e == CUDART_ERR_INSUFFICIENT_DRIVER && rt->driver == 0)
+			snprintf(why, whylen, "no CUDA driver: %s loads, but no NVIDIA driver is "
+				 "installed (%s)", rt->path, cudart_strerror(rt, e, eb, sizeof(eb)));
+		else if (e == CUDART_ERR_INSUFFICIENT_DRIVER)
+			snprintf(why, whylen, "no CUDA device: the NVIDIA driver (CUDA %d.%d) is "
+				 "older than the runtime %s (CUDA %d.%d)", rt->driver / 1000,
+				 rt->driver % 1000 / 10, rt->path, rt->runtime / 1000,
+				 rt->runtime % 1000 / 10);
 		else
 			snprintf(why, whylen, "no CUDA device: %s",
 				 cudart_strerror(rt, e, eb, sizeof(eb)));

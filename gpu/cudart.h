@@ -93,7 +93,7 @@ struct cudart {
  * cudart_open() - load the CUDA runtime and count its devices.  *@out is the
  * table (free with cudart_close()).  Returns 0 (at least one device), or,
  * with a one-line sentence in @why (e.g. "no CUDA runtime: libcudart.so.13,
- * libcudart.so.12 not found", "no CUDA device: cudaErrorNoDevice (no
+ * libcudart.so.12 not found", "no CUDA driver: ...", "no CUDA device: cudaErrorNoDevice (no
  * CUDA-capable device is detected)"): -ENOENT (no runtime library, or one
  * without a function hwfs needs), -ENODEV (a runtime but no usable device or
  * driver), -ENOMEM.
