@@ -440,7 +440,9 @@ static void set_read_ahead(struct daemon *d)
  * Remove the sockets in the shared control directory @dir that no daemon
  * listens on any more (left by a daemon killed with SIGKILL).  A socket is
  * judged by connecting to it, not by its name's pid, so the socket of a
- * live daemon in another pid namespace is never taken away.
+ * live daemon in another pid namespace is never taken away.  The connect is
+ * non-blocking: a daemon that is alive but stuck (its listen queue full)
+ * answers EAGAIN and keeps its socket, and never holds up this start-up.
  */
 static void sweep_dead_sockets(const char *dir)
 {
@@ -458,7 +460,7 @@ static void sweep_dead_sockets(const char *dir)
 		    (size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, e->d_name) >=
 			    sizeof(sa.sun_path))
 			continue;
-		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 		if (fd < 0)
 			break;
 		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno == ECONNREFUSED &&
