@@ -444,3 +444,40 @@ def test_verbs_refuse_a_publish_staging_version(mount_factory, src):
     # names with the prefix are refused whether or not such a version exists
     assert_error_line(m.run("rm", ".hwfs-anything", check=False), "reserved")
     assert m.status()["pid"] == m.pid
+
+
+def test_a_stuck_daemons_socket_does_not_hold_up_a_new_mount(mount_factory):
+    """A live daemon that no longer accepts (its listen queue full: seen when one was stuck in
+    a rename through its own mount) must neither lose its socket to the start-up sweep of
+    /run/hwfs nor make the next daemon's start-up hang on a blocking connect."""
+    import socket
+    if os.geteuid() != 0:
+        pytest.skip("the shared control directory /run/hwfs is root's")
+    os.makedirs("/run/hwfs", mode=0o755, exist_ok=True)
+    path = f"/run/hwfs/stuck-{os.getpid()}.sock"
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    clients = []
+    try:
+        stuck.bind(path)
+        stuck.listen(0)
+        while True:  # fill its queue: the next blocking connect would wait for ever
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.setblocking(False)
+            clients.append(c)
+            try:
+                c.connect(path)
+            except BlockingIOError:
+                break
+            if len(clients) > 64:
+                pytest.fail("the listen queue never filled")
+        m = mount_factory()  # the fixture's own timeout fails the test if start-up hangs
+        assert m.status()["pid"] > 0
+        assert os.path.exists(path), "the sweep removed a live daemon's socket"
+    finally:
+        for c in clients:
+            c.close()
+        stuck.close()
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
