@@ -27,6 +27,7 @@ struct sym {
 static const struct sym syms[] = {
 	SYM(GetDeviceCount),	SYM(DriverGetVersion),	   SYM(RuntimeGetVersion),
 	SYM(SetDevice),		SYM(DeviceGetAttribute),   SYM(DeviceGetPCIBusId),
+	SYM(DeviceGetByPCIBusId),
 	SYM(MemGetInfo),	SYM(HostRegister),	   SYM(HostUnregister),
 	SYM(Malloc),		SYM(Free),		   SYM(MallocHost),
 	SYM(FreeHost),		SYM(Memcpy),		   SYM(MemcpyAsync),

@@ -69,6 +69,7 @@ struct cudart {
 	cudart_err (*SetDevice)(int dev);
 	cudart_err (*DeviceGetAttribute)(int *value, int attr, int dev);
 	cudart_err (*DeviceGetPCIBusId)(char *id, int len, int dev);
+	cudart_err (*DeviceGetByPCIBusId)(int *dev, const char *id);
 	cudart_err (*MemGetInfo)(size_t *free_bytes, size_t *total_bytes);
 	cudart_err (*HostRegister)(void *p, size_t len, unsigned int flags);
 	cudart_err (*HostUnregister)(void *p);
