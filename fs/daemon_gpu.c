@@ -18,11 +18,13 @@
  * under the registry lock, so it only looks and starts: never copies.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cudart.h"
 #include "daemon_i.h"
 #include "devload.h"
 #include "gpu.h"
@@ -428,6 +430,18 @@ json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
 						     "%d)", v, gpu, v, gpu), ENOENT);
 		return reply_errno(err_reply("cannot map %s on GPU %d: %s", v, gpu, strerror(-r)),
 				   -r);
+	}
+	{
+		/* the device's PCI bus id: the client finds it in its own numbering */
+		struct cudart *rt = gpu_runtime(d->gpu);
+		char pci[64] = "";
+
+		if (rt && rt->DeviceGetPCIBusId(pci, (int)sizeof(pci) - 1, gpu) == CUDART_SUCCESS &&
+		    pci[0]) {
+			for (char *p = pci; *p; p++)
+				*p = (char)tolower((unsigned char)*p);
+			json_object_set_new(res, "pci", json_string(pci));
+		}
 	}
 	r = ctl_send(rd->fd, res);
 	json_decref(res);

@@ -17,9 +17,20 @@
  * (lib_map_put, at the last reference) closes the buckets, then the
  * connection.
  *
- * The CUDA current device is a per-thread setting of the caller's: it is read
- * (cudaGetDevice, looked up beside the table) and put back after the IPC
- * calls, so mapping never changes which device the calling thread works on.
+ * Device numbers: the daemon's GPU N may be another number here (Ray and
+ * vLLM set CUDA_VISIBLE_DEVICES per worker), so the answer carries the
+ * device's PCI bus id and the map is made on the device that id names in
+ * this process (cudaDeviceGetByPCIBusId); hwfs_map_device() says which.
+ *
+ * The CUDA current device is a per-thread setting of the caller's.  When the
+ * calling thread has a context current (cuCtxGetCurrent of the driver, asked
+ * without making one), its device is read (cudaGetDevice) and put back after
+ * the IPC calls.  When it has none, nothing is put back: cudaGetDevice says 0
+ * on a thread that never used CUDA, and setting device 0 would make a context
+ * on a GPU this process may never use.
+ *
+ * The real unmap synchronises the device before it closes the buckets: a
+ * consumer (torch) may drop its last tensor while a kernel still reads it.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -80,17 +91,48 @@ int hwfs_unload(struct hwfs *h, const char *version, int gpu)
 /* ------------------------------------------------------------ the device */
 
 typedef cudart_err (*get_device_fn)(int *dev);
+typedef int (*ctx_get_current_fn)(void **ctx); /* cuCtxGetCurrent: CUresult, CUcontext * */
 
 /*
- * Make @dev the calling thread's current device, remembering the one it was
- * in *@was (-1 when the runtime cannot say).  Returns the runtime's error.
+ * Whether the calling thread has a CUDA context current, asked without making
+ * one: cuCtxGetCurrent of the driver (libcuda.so.1, loaded by the runtime once
+ * it ran; RTLD_NOLOAD: never loaded here).  1 yes, 0 no, -1 cannot tell.
+ * cudaGetDevice cannot say: it answers 0 on a thread that never used CUDA,
+ * and cudaSetDevice(0) then would make device 0's primary context.
+ */
+static int context_current(const struct cudart *rt)
+{
+	ctx_get_current_fn get = (ctx_get_current_fn)dlsym(rt->dl, "cuCtxGetCurrent");
+	void *ctx = NULL;
+
+	if (!get) {
+		void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+
+		if (!cu)
+			return -1;
+		get = (ctx_get_current_fn)dlsym(cu, "cuCtxGetCurrent");
+		dlclose(cu); /* drops the reference NOLOAD took; the runtime's stays */
+		if (!get)
+			return -1;
+	}
+	if (get(&ctx) != 0)
+		return -1;
+	return ctx != NULL;
+}
+
+/*
+ * Make @dev the calling thread's current device, remembering in *@was the one
+ * to put back: the device of the context that was current, or -1 when no
+ * context was current (or that cannot be told), in which case nothing is put
+ * back: setting a device the thread never used would make its context.
+ * Returns the runtime's error.
  */
 static cudart_err enter_device(const struct cudart *rt, int dev, int *was)
 {
 	get_device_fn get = (get_device_fn)dlsym(rt->dl, "cudaGetDevice");
 
 	*was = -1;
-	if (get && get(was) != CUDART_SUCCESS)
+	if (get && context_current(rt) == 1 && get(was) != CUDART_SUCCESS)
 		*was = -1;
 	return rt->SetDevice(dev);
 }
@@ -104,12 +146,20 @@ static void leave_device(const struct cudart *rt, int dev, int was)
 
 void lib_gpu_release(struct hwfs_map *m)
 {
+	cudart_err e;
 	int was;
 
 	if (!m->rt)
 		return;
 	if (m->buckets) {
-		enter_device(m->rt, m->device, &was);
+		e = enter_device(m->rt, m->device, &was);
+		/*
+		 * A consumer may free its last tensor while a kernel still reads it
+		 * (torch drops storage without a stream sync): wait for the device's
+		 * work before the mappings go.
+		 */
+		if (e == CUDART_SUCCESS)
+			m->rt->DeviceSynchronize(); /* a failure here is the kernel's: close anyway */
 		for (size_t i = 0; i < m->n_buckets; i++)
 			if (m->buckets[i])
 				m->rt->IpcCloseMemHandle(m->buckets[i]);
@@ -224,8 +274,8 @@ static int read_tensor(json_t *jt, size_t i, const struct bucket *b, size_t nb,
 }
 
 /*
- * Open the CUDA runtime for device @gpu into m->rt.  Returns 0, -ENODEV (no
- * runtime, no device, or no device @gpu here), -ENOMEM, with the sentence.
+ * Open the CUDA runtime into m->rt (to map @gpu).  Returns 0, -ENODEV (no
+ * runtime or no device here), -ENOMEM, with the sentence.
  */
 static int open_runtime(struct hwfs_map *m, int gpu)
 {
@@ -236,9 +286,54 @@ static int open_runtime(struct hwfs_map *m, int gpu)
 		return lib_fail(r, "out of memory");
 	if (r < 0)
 		return lib_fail(-ENODEV, "cannot map on GPU %d: %s", gpu, why);
-	if (gpu >= m->rt->devices)
+	return 0;
+}
+
+/* A PCI bus id as the runtime writes it ("0000:3b:00.0"): hex digits, ':' and '.'. */
+static int valid_pci(const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+
+	if (n < 7 || n > 32)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!strchr("0123456789abcdefABCDEF:.", s[i]))
+			return 0;
+	return 1;
+}
+
+/*
+ * The daemon's device @gpu as this process numbers it (CUDA_VISIBLE_DEVICES
+ * may renumber, or hide, devices per process): the answer's "pci" resolved
+ * with cudaDeviceGetByPCIBusId into m->device; without one in the answer, or
+ * when this process does not see it, the daemon's number.  Returns 0, or
+ * -ENODEV when that device does not exist here, -EPROTO for a malformed
+ * "pci", with the sentence.
+ */
+static int local_device(struct hwfs_map *m, json_t *res, int gpu)
+{
+	json_t *jp = json_object_get(res, "pci");
+	const char *pci = json_string_value(jp);
+	int dev = -1;
+
+	if (jp && !valid_pci(pci))
+		return lib_fail(-EPROTO, "malformed gpumap answer: \"pci\" is not a PCI bus id");
+	if (pci && m->rt->DeviceGetByPCIBusId(&dev, pci) == CUDART_SUCCESS && dev >= 0 &&
+	    dev < m->rt->devices) {
+		m->device = dev;
+		return 0;
+	}
+	if (gpu >= m->rt->devices) {
+		if (pci)
+			return lib_fail(-ENODEV, "cannot map on GPU %d: the daemon's GPU %d (PCI %s) "
+					"is not visible in this process, which sees %d CUDA device%s "
+					"(CUDA_VISIBLE_DEVICES?)", gpu, gpu, pci, m->rt->devices,
+					m->rt->devices == 1 ? "" : "s");
 		return lib_fail(-ENODEV, "cannot map on GPU %d: this process sees %d CUDA "
-				"device%s", gpu, m->rt->devices, m->rt->devices == 1 ? "" : "s");
+				"device%s (CUDA_VISIBLE_DEVICES?)", gpu, m->rt->devices,
+				m->rt->devices == 1 ? "" : "s");
+	}
+	m->device = gpu;
 	return 0;
 }
 
@@ -356,7 +451,6 @@ int hwfs_map_gpu(struct hwfs *h, const char *version, int gpu, struct hwfs_map *
 		r = lib_fail(-EINVAL, "invalid GPU %d (a device index: 0, 1, ...)", gpu);
 		goto out;
 	}
-	m->device = gpu;
 	/* no runtime or device here: say so before the daemon is asked for a reference */
 	r = open_runtime(m, gpu);
 	if (r < 0)
@@ -385,6 +479,9 @@ int hwfs_map_gpu(struct hwfs *h, const char *version, int gpu, struct hwfs_map *
 				      "asked for (%s on GPU %d)", version, gpu);
 		goto out;
 	}
+	r = local_device(m, m->reply, gpu);
+	if (r < 0)
+		goto out;
 	r = build_device_map(m, m->reply);
 	if (r < 0)
 		goto out;

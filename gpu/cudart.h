@@ -10,7 +10,13 @@
  *
  * The library is looked for, in order: the file named by $HWFS_CUDART (only
  * that one when set), libcudart.so.13, libcudart.so.12 (the loader's search
- * path), then the same names under /usr/local/cuda/lib64.
+ * path), then the same names under /usr/local/cuda/lib64.  A runtime that
+ * loads but finds the NVIDIA driver older than itself
+ * (cudaErrorInsufficientDriver with a driver present: CUDA 13 on a 550-570
+ * driver) is passed over for the next one; so is one that lacks a function
+ * hwfs needs.  A refused runtime stays loaded (RTLD_LOCAL, never used): a
+ * runtime that ran is never dlclose()d.  When none is usable, the reason of
+ * the one that got farthest is given.
  *
  * Errors: cudart_open() returns 0 or a negative errno with a one-line
  * sentence; every function of the table returns a cudart_err (0 = success),
@@ -63,6 +69,7 @@ struct cudart {
 	cudart_err (*SetDevice)(int dev);
 	cudart_err (*DeviceGetAttribute)(int *value, int attr, int dev);
 	cudart_err (*DeviceGetPCIBusId)(char *id, int len, int dev);
+	cudart_err (*DeviceGetByPCIBusId)(int *dev, const char *id);
 	cudart_err (*MemGetInfo)(size_t *free_bytes, size_t *total_bytes);
 	cudart_err (*HostRegister)(void *p, size_t len, unsigned int flags);
 	cudart_err (*HostUnregister)(void *p);

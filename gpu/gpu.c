@@ -19,6 +19,17 @@
  * The pin state is under mu, as are the device queries of gpu_json() (status
  * runs in any control thread; the CUDA current device is per thread, so each
  * query sets it first).
+ *
+ * Contexts: a CUDA context costs some 0.3-0.5 GiB of a device's memory, and
+ * on a device in EXCLUSIVE_PROCESS compute mode it locks every other process
+ * out.  So status never makes one: a device's free and total memory
+ * (cudaMemGetInfo, which needs the device current, and cudaSetDevice creates
+ * its primary context) are asked only of devices this daemon has a context on
+ * already: device 0 once the arena is registered (cudaHostRegister makes
+ * one), and the devices gpu_mark_used() names (the loads code marks a device
+ * before its first CUDA call on it).  Of the others status gives the index,
+ * the PCI address and the compute capability, which the runtime answers
+ * without a context (cudaDeviceGetPCIBusId, cudaDeviceGetAttribute).
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -43,6 +54,7 @@ struct gpu {
 	enum pin_mode mode; /* under mu */
 	void *base;         /* the pinned range, under mu */
 	uint64_t len;
+	unsigned char *used;/* rt->devices flags, under mu: this process has a context there */
 };
 
 int gpu_open(struct gpu **out)
@@ -71,6 +83,13 @@ int gpu_open(struct gpu **out)
 		LOG_INFO("gpu: none (%s)", g->why);
 	} else {
 		g->why[0] = '\0';
+		g->used = calloc((size_t)g->rt->devices, 1);
+		if (!g->used) {
+			cudart_close(g->rt);
+			pthread_mutex_destroy(&g->mu);
+			free(g);
+			return -ENOMEM;
+		}
 		LOG_INFO("gpu: %d CUDA device(s), runtime %d, driver %d (%s)", g->rt->devices,
 			 g->rt->runtime, g->rt->driver, g->rt->path);
 	}
@@ -86,6 +105,7 @@ void gpu_close(struct gpu *g)
 		LOG_WARN("gpu: closed with the arena still pinned (%s)", gpu_pin_mode(g));
 	cudart_close(g->rt);
 	pthread_mutex_destroy(&g->mu);
+	free(g->used);
 	free(g);
 }
 
@@ -131,6 +151,7 @@ int gpu_pin(struct gpu *g, void *base, uint64_t len, char *msg, size_t msglen)
 			goto out;
 		}
 		g->mode = PIN_CUDA;
+		g->used[0] = 1; /* cudaHostRegister made device 0's primary context */
 		hwfs_set_err(msg, msglen, "arena pinned for CUDA: %llu bytes registered",
 			     (unsigned long long)len);
 	} else {
@@ -176,6 +197,15 @@ void gpu_unpin(struct gpu *g)
 	pthread_mutex_unlock(&g->mu);
 }
 
+void gpu_mark_used(struct gpu *g, int dev)
+{
+	if (!g->rt || dev < 0 || dev >= g->rt->devices)
+		return;
+	pthread_mutex_lock(&g->mu);
+	g->used[dev] = 1;
+	pthread_mutex_unlock(&g->mu);
+}
+
 const char *gpu_pin_mode(const struct gpu *g)
 {
 	struct gpu *m = (struct gpu *)g;
@@ -205,7 +235,10 @@ static const char *cuda_version(int v, char *buf, size_t len)
 	return buf;
 }
 
-/* One entry of "devices": device @dev's PCI address, compute capability and memory (mu held). */
+/*
+ * One entry of "devices": device @dev's PCI address and compute capability,
+ * and its memory when this process has a context there already (mu held).
+ */
 static json_t *device_json(struct gpu *g, int dev)
 {
 	struct cudart *rt = g->rt;
@@ -217,14 +250,16 @@ static json_t *device_json(struct gpu *g, int dev)
 
 	if (!o)
 		return NULL;
-	e = rt->SetDevice(dev);
-	if (e == CUDART_SUCCESS)
-		e = rt->DeviceGetPCIBusId(pci, (int)sizeof(pci), dev);
+	/* no context needed for these two */
+	e = rt->DeviceGetPCIBusId(pci, (int)sizeof(pci), dev);
 	if (e == CUDART_SUCCESS)
 		e = rt->DeviceGetAttribute(&major, CUDART_ATTR_CC_MAJOR, dev);
 	if (e == CUDART_SUCCESS)
 		e = rt->DeviceGetAttribute(&minor, CUDART_ATTR_CC_MINOR, dev);
-	if (e == CUDART_SUCCESS)
+	/* cudaSetDevice makes the primary context: only where there is one already */
+	if (e == CUDART_SUCCESS && g->used[dev])
+		e = rt->SetDevice(dev);
+	if (e == CUDART_SUCCESS && g->used[dev])
 		e = rt->MemGetInfo(&free_b, &total_b);
 	if (e != CUDART_SUCCESS) {
 		json_object_set_new(o, "error", json_string(cudart_strerror(rt, e, eb, sizeof(eb))));
@@ -236,8 +271,13 @@ static json_t *device_json(struct gpu *g, int dev)
 	snprintf(cc, sizeof(cc), "%d.%d", major, minor);
 	json_object_set_new(o, "pci", json_string(pci));
 	json_object_set_new(o, "cc", json_string(cc));
-	json_object_set_new(o, "total_bytes", json_integer((json_int_t)total_b));
-	json_object_set_new(o, "free_bytes", json_integer((json_int_t)free_b));
+	if (g->used[dev]) {
+		json_object_set_new(o, "total_bytes", json_integer((json_int_t)total_b));
+		json_object_set_new(o, "free_bytes", json_integer((json_int_t)free_b));
+	} else {
+		json_object_set_new(o, "memory", json_string("not queried (no context on this "
+							     "device)"));
+	}
 	return o;
 }
 

@@ -33,8 +33,9 @@ void gpu_close(struct gpu *g);
 struct cudart *gpu_runtime(const struct gpu *g);
 
 /**
- * Why gpu_runtime() is NULL, one line ("no CUDA device: cudaErrorInsufficientDriver
- * (...)", "no CUDA runtime: ..."), or "" when there is a GPU.
+ * Why gpu_runtime() is NULL, one line ("no CUDA driver: libcudart.so.13 loads, but
+ * no NVIDIA driver is installed (...)", "no CUDA runtime: ...", "no CUDA device: ..."),
+ * or "" when there is a GPU.
  */
 const char *gpu_why(const struct gpu *g);
 
@@ -57,6 +58,15 @@ int gpu_pin(struct gpu *g, void *base, uint64_t len, char *msg, size_t msglen);
 /** Undo gpu_pin() (a no-op when nothing is pinned); at shutdown, before the arena is unmapped. */
 void gpu_unpin(struct gpu *g);
 
+/**
+ * gpu_mark_used() - this process has (or is about to make) a CUDA context on
+ * device @dev: status may then ask its free and total memory (which needs the
+ * device current, and so its context).  The loads code calls it before its
+ * first CUDA call on a device; gpu_pin() marks device 0 (cudaHostRegister
+ * makes its context).  Out of range, or no GPU: a no-op.
+ */
+void gpu_mark_used(struct gpu *g, int dev);
+
 /** How the arena is pinned: "cuda" (registered), "mlock" or "none". */
 const char *gpu_pin_mode(const struct gpu *g);
 
@@ -67,7 +77,10 @@ uint64_t gpu_pinned_bytes(const struct gpu *g);
  * gpu_json() - status's "gpu": json_null() when there is no usable GPU, else
  * {"library", "runtime": "13.0", "driver": "13.0", "devices": [{"index", "pci",
  * "cc", "total_bytes", "free_bytes"}], "pinned_bytes"} (a device whose query
- * fails has "error" instead of its figures).  Returns a new reference, NULL
+ * fails has "error" instead of its figures).  Memory is asked only of devices
+ * this process has a context on (gpu_mark_used(), gpu_pin()); the others have
+ * "memory": "not queried (no context on this device)" instead of the two
+ * byte counts: status never makes a context.  Returns a new reference, NULL
  * only when out of memory.
  */
 json_t *gpu_json(struct gpu *g);

@@ -243,7 +243,8 @@ int hwfs_load(struct hwfs *h, const char *version, int gpu, hwfs_progress_fn pro
  * hwfs_unload() - drop the device copy of @version on device @gpu (-1: on
  * every device).  Device memory is freed at once, or, while processes still
  * have it mapped (hwfs_map_gpu()), when the last of them unmaps or exits.
- * Returns 0, -ENOENT (not loaded), -EACCES, -errno.
+ * Returns 0, -ENOENT (not loaded), -EBUSY (a load of it is still in
+ * progress: unload once it ends), -EACCES, -errno.
  */
 int hwfs_unload(struct hwfs *h, const char *version, int gpu);
 
@@ -253,13 +254,34 @@ int hwfs_unload(struct hwfs *h, const char *version, int gpu);
  * tensor's `data` is a device pointer into the daemon's buckets.  The same
  * struct hwfs_map as hwfs_map() (hwfs_map_device() tells them apart); the
  * daemon does not free the buckets while it lives.  Needs a CUDA runtime in
- * this process (loaded at run time, like the daemon's).  Returns 0, -ENOENT
- * (not loaded on that device), -ENODEV (no CUDA runtime or device here),
- * -EACCES, -errno.
+ * this process (loaded at run time, like the daemon's).
+ *
+ * @gpu is the daemon's device number; the map is made on the same device as
+ * this process numbers it (found by its PCI bus id: CUDA_VISIBLE_DEVICES may
+ * differ), which hwfs_map_device() returns.  A calling thread with a CUDA
+ * context current gets its current device back; one without is left on the
+ * mapped device (no context is made on another GPU).
+ *
+ * THE MAPPING IS WRITABLE: CUDA IPC maps the buckets read-write, and the
+ * DLPack read-only flag is advisory (torch ignores it).  The buckets are the
+ * node's one copy, shared by every process mapping the version: an engine
+ * that modifies weights in place (quantises, fuses) changes them for every
+ * other mapper.  Copy a tensor before modifying it.  (Only the CUDA VMM API,
+ * cuMemCreate with read-only access for importers, would enforce it; hwfs
+ * does not build that.)  Devices in EXCLUSIVE_PROCESS compute mode cannot be
+ * shared this way.
+ *
+ * Returns 0, -ENOENT (not loaded on that device), -ENODEV (no CUDA runtime
+ * or device here, or the device is not visible in this process), -EPROTO (a
+ * malformed answer), -EIO (a bucket cannot be opened), -EACCES, -errno.
  */
 int hwfs_map_gpu(struct hwfs *h, const char *version, int gpu, struct hwfs_map **out);
 
-/** The CUDA device whose memory @m's tensors point into, or -1 for host memory. */
+/**
+ * The CUDA device whose memory @m's tensors point into, in this process's
+ * numbering (may differ from the daemon's: hwfs_map_gpu()), or -1 for host
+ * memory.
+ */
 int hwfs_map_device(const struct hwfs_map *m);
 
 /* DLPack's types (dlpack/dlpack.h, from libdlpack-dev): only pointers to them here. */

@@ -283,6 +283,9 @@ static void print_gpu(json_t *res)
 		if (json_is_string(json_object_get(dev, "error")))
 			printf("%s%lld: %s", k ? "; " : "", (long long)jint(dev, "index"),
 			       jstr(dev, "error"));
+		else if (!json_object_get(dev, "free_bytes")) /* no context there: not asked */
+			printf("%s%lld: %s cc %s, memory not queried", k ? "; " : "",
+			       (long long)jint(dev, "index"), jstr(dev, "pci"), jstr(dev, "cc"));
 		else
 			printf("%s%lld: %s cc %s, %s free of %s", k ? "; " : "",
 			       (long long)jint(dev, "index"), jstr(dev, "pci"), jstr(dev, "cc"),

@@ -78,6 +78,7 @@ _Static_assert(sizeof(((cudart_ipc_handle *)0)->reserved) ==
 	F(SetDevice, E, (int))                                                                    \
 	F(DeviceGetAttribute, E, (int *, ATTR, int))                                              \
 	F(DeviceGetPCIBusId, E, (char *, int, int))                                               \
+	F(DeviceGetByPCIBusId, E, (int *, const char *))                                          \
 	F(MemGetInfo, E, (size_t *, size_t *))                                                    \
 	F(HostRegister, E, (void *, size_t, unsigned int))                                        \
 	F(HostUnregister, E, (void *))                                                            \

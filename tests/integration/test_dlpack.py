@@ -510,29 +510,42 @@ def test_watch_gpu_arguments(version):
 # --------------------------------------------------------------------------
 # device maps against a fake CUDA runtime (HWFS_CUDART) and a fake daemon
 
-# A libcudart stand-in with one device: an IPC handle's first 8 bytes are the
-# bucket's size and its 9th the byte the bucket is filled with; IpcOpenMemHandle
-# mallocs such a buffer (host memory standing for device memory) and
-# IpcCloseMemHandle frees it.  Every open, close and SetDevice is logged to
-# $FAKE_CUDA_LOG; cudaGetDevice starts at device 7 so that putting it back shows.
+# A libcudart stand-in with two devices, PCI 0000:3b:00.0 and 0000:3c:00.0
+# (cudaDeviceGetByPCIBusId knows them): an IPC handle's first 8 bytes are the
+# bucket's size and its 9th the byte the bucket is filled with;
+# IpcOpenMemHandle mallocs such a buffer (host memory standing for device
+# memory) and IpcCloseMemHandle frees it.  Every open, close, SetDevice and
+# DeviceSynchronize is logged to $FAKE_CUDA_LOG.  The calling thread has a
+# context current (cuCtxGetCurrent, the driver's, here beside the runtime's)
+# on device 7 when $FAKE_CTX is set, and none otherwise (cudaGetDevice then
+# says 0, as the real one does).
 FAKE_CUDART_C = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct { char reserved[64]; } handle_t;
-static int current = 7;
+static int current = -1;
 
 static void logf_(const char *what, long a)
 {
 	FILE *f = fopen(getenv("FAKE_CUDA_LOG"), "a");
 	if (f) { fprintf(f, "%s %ld\n", what, a); fclose(f); }
 }
-int cudaGetDeviceCount(int *n) { *n = 1; return 0; }
+static int cur(void) { if (current < 0) current = getenv("FAKE_CTX") ? 7 : 0; return current; }
+int cuCtxGetCurrent(void **ctx) { *ctx = getenv("FAKE_CTX") ? (void *)&current : NULL; return 0; }
+int cudaGetDeviceCount(int *n) { *n = 2; return 0; }
 int cudaDriverGetVersion(int *v) { *v = 13000; return 0; }
 int cudaRuntimeGetVersion(int *v) { *v = 13000; return 0; }
-int cudaGetDevice(int *d) { *d = current; return 0; }
-int cudaSetDevice(int d) { logf_("set", d); current = d; return 0; }
+int cudaGetDevice(int *d) { *d = cur(); return 0; }
+int cudaSetDevice(int d) { cur(); logf_("set", d); current = d; return 0; }
+int cudaDeviceSynchronize(void) { logf_("sync", cur()); return 0; }
+int cudaDeviceGetByPCIBusId(int *d, const char *id)
+{
+	if (!strcmp(id, "0000:3b:00.0")) { *d = 0; return 0; }
+	if (!strcmp(id, "0000:3c:00.0")) { *d = 1; return 0; }
+	return 101;
+}
 int cudaIpcOpenMemHandle(void **p, handle_t h, unsigned flags)
 {
 	unsigned long long n;
@@ -552,7 +565,6 @@ STUB(cudaMallocHost) STUB(cudaFreeHost) STUB(cudaMemcpy) STUB(cudaMemcpyAsync)
 STUB(cudaStreamCreateWithFlags) STUB(cudaStreamSynchronize) STUB(cudaStreamDestroy)
 STUB(cudaEventCreate) STUB(cudaEventRecord) STUB(cudaEventSynchronize)
 STUB(cudaEventElapsedTime) STUB(cudaEventDestroy) STUB(cudaIpcGetMemHandle)
-STUB(cudaDeviceSynchronize)
 """
 
 
@@ -599,24 +611,27 @@ def serve(answer):
 
 
 def test_device_map_with_fake_runtime(fake_daemon, fake_cuda):
-    """hwfs_map_gpu's whole path: the answer read, every bucket opened with
-    IPC on the device (the caller's device put back), tensors pointing into
-    them, kDLCUDA DLPack tensors, and the buckets closed only once the map's
-    last reference (a DLPack capsule) is gone."""
-    fd = fake_daemon(serve(gpumap_answer()))
+    """hwfs_map_gpu's whole path: the answer read, the daemon's GPU 0 found
+    here by its PCI id (device 1 in this process), every bucket opened with
+    IPC on it, no device set back (the thread had no context: setting the
+    device cudaGetDevice names, 0, would make one there), tensors pointing
+    into the buckets, kDLCUDA DLPack tensors, and the buckets closed, after
+    a device sync, only once the map's last reference (a DLPack capsule) is
+    gone."""
+    fd = fake_daemon(serve(gpumap_answer(pci="0000:3c:00.0")))
     with hwfs.open(fd.dir) as h:
         v = h.map("v", gpu=0)
-        assert v.device == 0 and v.digest == "ab" * 16
-        assert fake_cuda() == ["set 0", "open 4096", "open 1024", "set 7"]
+        assert v.device == 1 and v.digest == "ab" * 16
+        assert fake_cuda() == ["set 1", "open 4096", "open 1024"]
         assert [(t.name, t.file, t.dtype, t.shape) for t in v.tensors()] == [
             ("a", "m.safetensors", "F32", (4, 8)), ("b", "m.safetensors", "BF16", (10,)),
             ("c", "sub/n.safetensors", "I64", (2, 64))]
         assert v.address("b") == v.address("a") + 256
         assert ctypes.string_at(v.address("c"), 4) == b"\x22" * 4  # the bucket's bytes
-        with pytest.raises(TypeError, match="GPU 0"):
+        with pytest.raises(TypeError, match="GPU 1"):
             v["a"]
         d = v.dlpack("b")
-        assert d.__dlpack_device__() == (2, 0)
+        assert d.__dlpack_device__() == (2, 1)
         cap = d.__dlpack__(max_version=(1, 0))
         api = ctypes.pythonapi
         api.PyCapsule_GetPointer.restype = ctypes.c_void_p
@@ -624,7 +639,7 @@ def test_device_map_with_fake_runtime(fake_daemon, fake_cuda):
         mt = _dlpack.DLManagedTensorVersioned.from_address(
             api.PyCapsule_GetPointer(cap, b"dltensor_versioned"))
         dl = mt.dl_tensor
-        assert (dl.device.device_type, dl.device.device_id) == (2, 0)
+        assert (dl.device.device_type, dl.device.device_id) == (2, 1)
         assert (dl.dtype.code, dl.dtype.bits) == (KDL_BFLOAT, 16)
         assert dl.data == v.address("b") and dl.shape[0] == 10
         with pytest.raises(BufferError, match="device"):
@@ -635,11 +650,73 @@ def test_device_map_with_fake_runtime(fake_daemon, fake_cuda):
         assert "close 0" not in fake_cuda(), "closed under a live DLPack tensor"
         del cap
         gc.collect()
-        assert fake_cuda()[-4:] == ["set 0", "close 0", "close 0", "set 7"], fake_cuda()
+        assert fake_cuda()[3:] == ["set 1", "sync 1", "close 0", "close 0"], fake_cuda()
+        assert "set 0" not in fake_cuda()
+
+
+def test_device_map_puts_back_the_callers_device(fake_daemon, fake_cuda, monkeypatch):
+    """A thread with a context current (on device 7 here) gets its device back
+    after the map and after the unmap; an answer without "pci" (an older
+    daemon) is mapped on the daemon's number."""
+    monkeypatch.setenv("FAKE_CTX", "1")
+    fd = fake_daemon(serve(gpumap_answer()))
+    with hwfs.open(fd.dir) as h:
+        v = h.map("v", gpu=0)
+        assert v.device == 0
+        assert fake_cuda() == ["set 0", "open 4096", "open 1024", "set 7"]
+        v.close()
+        assert fake_cuda()[4:] == ["set 0", "sync 0", "close 0", "close 0", "set 7"], \
+            fake_cuda()
+
+
+@pytest.mark.parametrize("pci,gpu,device", [
+    ("0000:3b:00.0", 1, 0),     # the daemon's 1 is this process's 0
+    ("0000:99:00.0", 1, 1),     # not seen here: the daemon's number, which exists
+    ("0000:99:00.0", 2, None),  # not seen here, and no device 2: said clearly
+    (None, 2, None)])
+def test_device_map_numbering(pci, gpu, device, fake_daemon, fake_cuda):
+    answer = gpumap_answer(gpu=gpu)
+    if pci:
+        answer["pci"] = pci
+
+    def reply(c, req):
+        assert req == {"op": "gpumap", "version": "v", "gpu": gpu}, req
+        c.sendall((json.dumps(answer) + "\n").encode())
+    fd = fake_daemon(reply)
+    with hwfs.open(fd.dir) as h:
+        if device is None:
+            with pytest.raises(OSError) as ei:
+                h.map("v", gpu=gpu)
+            assert ei.value.errno == errno.ENODEV, ei.value
+            assert "sees 2 CUDA devices (CUDA_VISIBLE_DEVICES?)" in str(ei.value)
+            assert not pci or f"(PCI {pci}) is not visible in this process" in str(ei.value)
+            assert fake_cuda() == []
+        else:
+            v = h.map("v", gpu=gpu)
+            assert v.device == device
+            assert fake_cuda()[0] == f"set {device}"
+            v.close()
+
+
+def test_device_map_zero_length_tensor(fake_daemon, fake_cuda):
+    """A tensor of no bytes is fine at offset 0 of any bucket, and at a bucket's end."""
+    answer = gpumap_answer()
+    answer["tensors"] += [
+        {"name": "e0", "file": "m.safetensors", "dtype": "F32", "shape": [0],
+         "bucket": 1, "offset": 0, "len": 0, "hash": "3" * 32},
+        {"name": "e1", "file": "m.safetensors", "dtype": "F32", "shape": [2, 0],
+         "bucket": 0, "offset": 4096, "len": 0, "hash": "4" * 32}]
+    fd = fake_daemon(serve(answer))
+    with hwfs.open(fd.dir) as h:
+        v = h.map("v", gpu=0)
+        assert v.address("e0") == v.address("c")
+        assert [t.shape for t in v.tensors()][-2:] == [(0,), (2, 0)]
+        v.close()
 
 
 @pytest.mark.parametrize("case", [
-    "short-handle", "upper-handle", "bucket-out-of-range", "offset-past-bucket",
+    "short-handle", "upper-handle", "bucket-out-of-range", "negative-bucket",
+    "bucket-not-integer", "bad-pci", "offset-past-bucket",
     "len-overflow", "other-gpu", "other-version", "bad-file-path", "bad-digest",
     "negative-shape", "no-buckets"])
 def test_device_map_checks_the_daemons_answer(case, fake_daemon, fake_cuda):
@@ -652,6 +729,9 @@ def test_device_map_checks_the_daemons_answer(case, fake_daemon, fake_cuda):
         "upper-handle": (gpumap_answer(buckets=[{"handle": fake_handle(4096, 0xab).upper(),
                                                  "bytes": 4096}]), "handle"),
         "bucket-out-of-range": (gpumap_answer(tensor0={"bucket": 2}), "outside"),
+        "negative-bucket": (gpumap_answer(tensor0={"bucket": -1}), "outside"),
+        "bucket-not-integer": (gpumap_answer(tensor0={"bucket": 0.0}), "outside"),
+        "bad-pci": (gpumap_answer(pci="0000:3b:00.0; rm -rf /"), "pci"),
         "offset-past-bucket": (gpumap_answer(tensor0={"offset": 4000}), "outside"),
         "len-overflow": (gpumap_answer(tensor0={"offset": 64, "len": big}), "outside"),
         "other-gpu": (gpumap_answer(gpu=1), "GPU"),

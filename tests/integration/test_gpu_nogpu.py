@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from conftest import assert_tree_equal, make_tensors, random_file, save_model
+from conftest import assert_tree_equal, make_tensors, random_file, save_model, sh
 
 CAP = 64 << 20
 NOTE = re.compile(r"^hwfs: note: no GPU \((.+)\): arena locked with mlock instead of pinned "
@@ -134,3 +134,89 @@ def test_refused_mlock_is_said_not_fatal(mount_factory, monkeypatch, src):
     save_model(src / "model.safetensors", make_tensors(2, n=3))
     m.run("publish", src, "v1")
     assert_tree_equal(src, m.vpath("v1"))
+
+
+# --------------------------------------------------------------------------
+# The runtime's choice and status's device queries, against fake runtimes.
+#
+# Two stand-ins for libcudart found through LD_LIBRARY_PATH: libcudart.so.13
+# reports a driver too old for it (cudaErrorInsufficientDriver, driver 12.4),
+# as CUDA 13 does on a 550-570 driver, and libcudart.so.12 two devices.  Every
+# call that needs (or makes) a CUDA context is logged to $FAKE_CUDA_LOG.
+FAKE_CUDART_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void logf_(const char *what, long a)
+{
+	FILE *f = fopen(getenv("FAKE_CUDA_LOG"), "a");
+	if (f) { fprintf(f, "%s %ld\n", what, a); fclose(f); }
+}
+int cudaGetDeviceCount(int *n) { *n = TOO_NEW ? 0 : 2; return TOO_NEW ? 35 : 0; }
+int cudaDriverGetVersion(int *v) { *v = 12040; return 0; }
+int cudaRuntimeGetVersion(int *v) { *v = TOO_NEW ? 13000 : 12040; return 0; }
+int cudaSetDevice(int d) { logf_("set", d); return 0; }
+int cudaMemGetInfo(size_t *f, size_t *t) { logf_("meminfo", 0); *f = 1 << 30; *t = 2u << 30;
+	return 0; }
+int cudaHostRegister(void *p, size_t n, unsigned fl) { logf_("register", 0); return 0; }
+int cudaHostUnregister(void *p) { return 0; }
+int cudaDeviceGetPCIBusId(char *id, int len, int d) { snprintf(id, len, "0000:%02X:00.0",
+	0x3b + d); return 0; }
+int cudaDeviceGetAttribute(int *v, int attr, int d) { *v = attr == 75 ? 9 : 0; return 0; }
+const char *cudaGetErrorString(int e) { return "fake"; }
+const char *cudaGetErrorName(int e) { return "cudaErrorFake"; }
+#define STUB(name) int name(void) { logf_(#name, 0); return 1; }
+STUB(cudaMalloc) STUB(cudaFree) STUB(cudaMallocHost) STUB(cudaFreeHost) STUB(cudaMemcpy)
+STUB(cudaMemcpyAsync) STUB(cudaStreamCreateWithFlags) STUB(cudaStreamSynchronize)
+STUB(cudaStreamDestroy) STUB(cudaEventCreate) STUB(cudaEventRecord) STUB(cudaEventSynchronize)
+STUB(cudaEventElapsedTime) STUB(cudaEventDestroy) STUB(cudaIpcGetMemHandle)
+STUB(cudaIpcOpenMemHandle) STUB(cudaIpcCloseMemHandle) STUB(cudaDeviceSynchronize)
+STUB(cudaDeviceGetByPCIBusId)
+"""
+
+
+@pytest.fixture
+def fake_runtimes(tmp_path, monkeypatch):
+    """libcudart.so.13 (driver too old) and libcudart.so.12 (two devices) first
+    on the loader's path; returns a function reading the call log."""
+    libs = tmp_path / "fakelibs"
+    libs.mkdir()
+    (tmp_path / "cudart.c").write_text(FAKE_CUDART_C)
+    for soname, too_new in (("libcudart.so.13", 1), ("libcudart.so.12", 0)):
+        sh(["cc", "-shared", "-fPIC", f"-DTOO_NEW={too_new}", "-o", libs / soname,
+            tmp_path / "cudart.c"])
+    log = tmp_path / "cuda.log"
+    monkeypatch.delenv("HWFS_CUDART", raising=False)
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{libs}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+    monkeypatch.setenv("FAKE_CUDA_LOG", str(log))
+    return lambda: log.read_text().split("\n")[:-1] if log.exists() else []
+
+
+def test_older_runtime_tried_and_status_makes_no_context(mount_factory, fake_runtimes):
+    """A runtime too new for the driver is passed over for the next one; status
+    names each device but asks no device's memory (cudaSetDevice would make a
+    context there) until this daemon has a context on it (--pin: device 0)."""
+    m = mount_factory(capacity="64M")
+    st = m.status()
+    g = st["gpu"]
+    assert g is not None, st["gpu_note"]
+    assert g["library"] == "libcudart.so.12" and g["runtime"] == "12.4", g
+    assert g["devices"] == [
+        {"index": 0, "pci": "0000:3b:00.0", "cc": "9.0",
+         "memory": "not queried (no context on this device)"},
+        {"index": 1, "pci": "0000:3c:00.0", "cc": "9.0",
+         "memory": "not queried (no context on this device)"}], g
+    assert fake_runtimes() == [], fake_runtimes()
+    out = m.run("status").stdout
+    assert "gpu:     2 devices (0: 0000:3b:00.0 cc 9.0, memory not queried; 1:" in out, out
+    m.umount()
+
+    m = mount_factory(capacity="64M", extra=("--pin",))
+    st = m.status()
+    assert st["store"]["pinned"] == "cuda", st["store"]
+    devs = st["gpu"]["devices"]
+    assert (devs[0]["free_bytes"], devs[0]["total_bytes"]) == (1 << 30, 2 << 30), devs
+    assert "memory" not in devs[0] and "free_bytes" not in devs[1], devs
+    calls = fake_runtimes()  # register, then set 0 + meminfo for each status asked
+    assert calls[0] == "register 0" and set(calls[1:]) == {"set 0", "meminfo 0"}, calls

@@ -267,9 +267,12 @@ class Mapping:
     several files of the version hold the same name; a bare name is the first.
     m.dlpack("w") is the same tensor for any DLPack consumer.
 
-    A device mapping (Mount.map(version, gpu=N)) has .device == N: its
-    tensors are device memory, so only dlpack() (and info, address) work on
-    it; array() and buffer() raise TypeError.
+    A device mapping (Mount.map(version, gpu=N)) has .device: the daemon's
+    device N as this process numbers it (the same physical GPU, found by its
+    PCI id; it differs from N when CUDA_VISIBLE_DEVICES does).  Its tensors are
+    device memory, so only dlpack() (and info, address) work on it; array()
+    and buffer() raise TypeError.  They are writable and shared with every
+    other process mapping the version: copy before modifying.
     """
 
     def __init__(self, mount, version, gpu=None):
