@@ -347,7 +347,9 @@ static int cmd_memory(const char *mnt, const char *v, int gpu)
 	r = hwfs_load(h, v, gpu, NULL, NULL);
 	check(r == 0, "hwfs_load(%s, GPU %d) (%s)", v, gpu, r ? hwfs_errmsg() : "ok");
 	f1 = dev_free();
-	check(f0 - f1 >= bytes, "the load took %.1f MiB of device memory for %.1f MiB of tensors",
+	/* Signed: free memory that grew meanwhile must not wrap into a huge "taken". */
+	check((int64_t)f0 - (int64_t)f1 >= (int64_t)bytes,
+	      "the load took %.1f MiB of device memory for %.1f MiB of tensors",
 	      ((double)f0 - f1) / MIB, bytes / MIB);
 	r = hwfs_load(h, v, gpu, NULL, NULL);
 	check(r == 0 && dev_free() + slack >= f1, "loading %s again is 0 and takes nothing more", v);
@@ -362,7 +364,8 @@ static int cmd_memory(const char *mnt, const char *v, int gpu)
 	json_decref(j);
 	sleep_ms(500);
 	f2 = dev_free();
-	check(f0 - f2 >= bytes, "while the gpumap is open the memory stays taken (%.1f MiB)",
+	check((int64_t)f0 - (int64_t)f2 >= (int64_t)bytes,
+	      "while the gpumap is open the memory stays taken (%.1f MiB)",
 	      ((double)f0 - f2) / MIB);
 	compare_maps(hm, dm, "gpumap after its version was unloaded");
 	r = hwfs_map_gpu(h, v, gpu, &dm2);

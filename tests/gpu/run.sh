@@ -158,9 +158,9 @@ ok "status: pinned for CUDA" "$T" pinned "$MNT"
 echo "== CLI load/unload"
 ok "hwfs load v2 --gpu 0" "$HWFS" load v2 --gpu 0 -m "$MNT"
 ok "hwfs load v2 --gpu 0 --json (already loaded)" "$HWFS" load v2 --gpu 0 --json -m "$MNT"
-refused "load on a GPU this node lacks" "GPU" "$HWFS" load v2 --gpu 99 -m "$MNT"
-refused "load of a missing version" "error" "$HWFS" load nosuch --gpu 0 -m "$MNT"
-refused "unload of a version not loaded" "error" "$HWFS" unload v1 --gpu 0 -m "$MNT"
+refused "load on a GPU this node lacks" "this node has" "$HWFS" load v2 --gpu 99 -m "$MNT"
+refused "load of a missing version" "no such version" "$HWFS" load nosuch --gpu 0 -m "$MNT"
+refused "unload of a version not loaded" "it is not loaded" "$HWFS" unload v1 --gpu 0 -m "$MNT"
 
 echo "== (d) device memory: load, unload deferred by a gpumap, unload"
 ok "device memory follows load and unload" "$T" memory "$MNT" v1 0
