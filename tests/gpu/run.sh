@@ -10,7 +10,12 @@
 # (b) every tensor read back from the device equals the host map; (f) DLPack
 # tensors of device and host maps; (c) several processes open the IPC
 # handles at once; (e) a loaded version removed with `hwfs rm` stays usable
-# until unloaded, and a new version of its name cannot be loaded beside it.
+# until unloaded, and a new version of its name cannot be loaded beside it;
+# (g) `hwfs commit V` with an engine registered on GPU 0 (hwfs_watch_open_gpu)
+# returns once V is loaded there, also racing a `hwfs load V`, and an engine
+# on a GPU the node lacks refuses the commit; (h) a load's answer says
+# "source": "pinned" on the --pin mount and "pageable" on a second mount
+# without --pin (whose device copy is compared too).
 # Every check prints PASS or FAIL; the exit status is 1 when any failed.
 #
 # Needs only bash, coreutils and our binaries: it runs from a carried build
@@ -44,7 +49,10 @@ gpuenv_cudart || exit 1
 TO=""
 command -v timeout >/dev/null && TO="timeout 300"
 MNT=""
+MNT2=""
 DPID=""
+DPID2=""
+EPIDS=()
 PASSED=0
 FAILED=0
 FAILS=()
@@ -53,6 +61,7 @@ mounted() { grep -q " $1 fuse" /proc/mounts; }
 
 cleanup() {
 	local m
+	gpuenv_kill ${EPIDS[@]+"${EPIDS[@]}"}
 	for m in "$MNT" "${MNT2:-}"; do
 		[ -n "$m" ] || continue
 		if mounted "$m"; then
@@ -63,7 +72,7 @@ cleanup() {
 		fi
 		rmdir "$m" 2>/dev/null
 	done
-	gpuenv_kill "$DPID"
+	gpuenv_kill "$DPID" "$DPID2"
 	gpuenv_tmp_free
 }
 trap cleanup EXIT
@@ -75,6 +84,18 @@ MNT=$(mktemp -d /tmp/hwfs-gpumnt.XXXXXX) || exit 1
 STORE=$TOP/store
 
 log_tail() { echo "--- daemon log (last 20 lines)"; tail -n 20 "$STORE/hwfs.log" 2>/dev/null; echo "---"; }
+
+# verdict NAME RC: a PASS when RC is 0.
+verdict() {
+	if [ "$2" -eq 0 ]; then
+		echo "PASS: $1"
+		PASSED=$((PASSED + 1))
+	else
+		echo "FAIL: $1 (exit $2)"
+		FAILED=$((FAILED + 1))
+		FAILS+=("$1")
+	fi
+}
 
 # ok NAME CMD...: CMD must exit 0 (its output is shown).
 ok() {
@@ -107,6 +128,21 @@ refused() {
 	fi
 }
 
+# start_engine NAME GPU: `hwfs-gputest engine` in the background (its pid in EPIDS), waiting
+# (up to 30 s) for its "registered" line; 0 when it registered.
+start_engine() {
+	local name=$1 gpu=$2 i
+	"${T[@]}" engine "$MNT" "$name" "$gpu" >"$TOP/engine-$name.log" 2>&1 &
+	EPIDS+=("$!")
+	for i in $(seq 1 300); do
+		grep -q "registered" "$TOP/engine-$name.log" 2>/dev/null && return 0
+		kill -0 "${EPIDS[-1]}" 2>/dev/null || break
+		sleep 0.1
+	done
+	cat "$TOP/engine-$name.log"
+	return 1
+}
+
 # A version: two safetensors files (BIG and SMALL bytes) and a config.json.
 make_src() {
 	local dir=$1 seed=$2 big=$3 small=$4
@@ -119,6 +155,8 @@ make_src() {
 make_src "$TOP/v1" 1 $((24 << 20)) $((6 << 20)) || exit 1
 make_src "$TOP/v2" 11 $((8 << 20)) $((2 << 20)) || exit 1
 make_src "$TOP/v1b" 21 $((20 << 20)) $((4 << 20)) || exit 1
+make_src "$TOP/v3" 31 $((6 << 20)) $((1 << 20)) || exit 1
+make_src "$TOP/v4" 41 $((6 << 20)) $((1 << 20)) || exit 1
 
 out=$($TO "${HW[@]}" mount "$MNT" --store "$STORE" --capacity 1G --pin -o max_shard=1M 2>&1)
 rc=$?
@@ -168,6 +206,51 @@ ok "hwfs load v1 --gpu 0 (the new v1)" "${HW[@]}" load v1 --gpu 0 -m "$MNT"
 ok "compare the new v1" "${T[@]}" compare "$MNT" v1 0
 ok "hwfs unload v1 (every device)" "${HW[@]}" unload v1 -m "$MNT"
 ok "hwfs unload v2 --gpu 0" "${HW[@]}" unload v2 --gpu 0 -m "$MNT"
+
+echo "== (g) commit barrier with an engine registered on GPU 0 (hwfs_watch_open_gpu)"
+ok "publish v3" "${HW[@]}" publish "$TOP/v3" v3 -m "$MNT"
+ok "publish v4" "${HW[@]}" publish "$TOP/v4" v4 -m "$MNT"
+start_engine g0 0
+verdict "engine g0 registered with GPU 0" $?
+ok "hwfs commit v3 (the node loads v3 on GPU 0 for engine g0)" "${HW[@]}" commit v3 -m "$MNT"
+ok "after the commit v3 is loaded on GPU 0 and current is v3" "${T[@]}" resident "$MNT" v3 0
+"${HW[@]}" load v4 --gpu 0 -m "$MNT" >"$TOP/load-v4.out" 2>&1 &
+LPID=$!
+ok "hwfs commit v4 while a hwfs load v4 runs" "${HW[@]}" commit v4 -m "$MNT"
+wait "$LPID"
+lrc=$?
+cat "$TOP/load-v4.out"
+verdict "the racing hwfs load v4 succeeded too" "$lrc"
+ok "after the commit v4 is loaded on GPU 0 and current is v4" "${T[@]}" resident "$MNT" v4 0
+ok "compare v4 (loaded by the barrier or the racing load)" "${T[@]}" compare "$MNT" v4 0
+start_engine g99 99
+verdict "engine g99 registered with GPU 99 (this node lacks it)" $?
+refused "a commit with engine g99 is refused by it" "engine g99 refused" \
+	"${HW[@]}" commit v3 -m "$MNT"
+ok "the refused commit left current at v4" "${T[@]}" resident "$MNT" v4 0
+gpuenv_kill ${EPIDS[@]+"${EPIDS[@]}"}
+EPIDS=()
+ok "hwfs commit v3 once the engines are gone" "${HW[@]}" commit v3 -m "$MNT"
+ok "hwfs unload v3" "${HW[@]}" unload v3 -m "$MNT"
+ok "hwfs unload v4" "${HW[@]}" unload v4 -m "$MNT"
+
+echo "== (h) a load's source: the pinned arena, and a pageable arena (a mount without --pin)"
+ok "load v2 from the --pin mount says \"pinned\"" "${T[@]}" source "$MNT" v2 0 pinned
+ok "hwfs unload v2 --gpu 0 (the pinned mount)" "${HW[@]}" unload v2 --gpu 0 -m "$MNT"
+MNT2=$(mktemp -d /tmp/hwfs-gpumnt2.XXXXXX) || exit 1
+if $TO "${HW[@]}" mount "$MNT2" --store "$TOP/store2" --capacity 256M -o max_shard=1M; then
+	DPID2=$("${T[@]}" pid "$MNT2")
+	ok "publish v2 into the pageable mount" "${HW[@]}" publish "$TOP/v2" v2 -m "$MNT2"
+	ok "load v2 from the mount without --pin says \"pageable\"" \
+		"${T[@]}" source "$MNT2" v2 0 pageable
+	ok "compare v2 loaded from the pageable arena" "${T[@]}" compare "$MNT2" v2 0
+	ok "hwfs unload v2 (the pageable mount)" "${HW[@]}" unload v2 -m "$MNT2"
+	ok "hwfs umount of the pageable mount" "${HW[@]}" umount "$MNT2"
+else
+	echo "FAIL: hwfs mount without --pin"
+	FAILED=$((FAILED + 1))
+	FAILS+=("mount without --pin")
+fi
 
 if ! $TO "${HW[@]}" umount "$MNT"; then
 	echo "FAIL: hwfs umount"
