@@ -58,6 +58,8 @@ cleanup() {
 		rmdir "$m" 2>/dev/null
 	done
 	gpuenv_kill ${PIDS[@]+"${PIDS[@]}"}
+	# shellcheck disable=SC2046 # pids
+	gpuenv_kill $(gpuenv_ours)
 	gpuenv_tmp_free
 }
 trap cleanup EXIT

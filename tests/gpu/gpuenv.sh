@@ -23,6 +23,10 @@
 #                        process that used TOP has ended
 #   gpuenv_kill PID...   kill -9 each PID that is still an hwfs process and wait
 #                        (up to 5 s) until it is gone, so TOP can be unmounted
+#   gpuenv_ours          the pids of the hwfs processes whose command line names
+#                        TOP (our daemons, also one whose `hwfs mount` failed
+#                        before its pid was learned): only this run's, as TOP
+#                        is a fresh mktemp directory
 
 CARRY=$ROOT/build/carry
 TOP=""
@@ -132,4 +136,17 @@ gpuenv_kill() {
 			[ "$i" -lt 50 ] && sleep 0.1
 		done
 	done
+}
+
+gpuenv_ours() {
+	local f p
+	[ -n "$TOP" ] || return 0
+	for f in /proc/[0-9]*/cmdline; do
+		p=${f#/proc/}
+		p=${p%/cmdline}
+		[ "$p" != "$$" ] || continue
+		case $(cat "/proc/$p/comm" 2>/dev/null) in hwfs*) ;; *) continue ;; esac
+		tr '\0' ' ' <"$f" 2>/dev/null | grep -q -F -e "$TOP/" && echo "$p"
+	done
+	return 0
 }

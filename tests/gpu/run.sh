@@ -73,6 +73,8 @@ cleanup() {
 		rmdir "$m" 2>/dev/null
 	done
 	gpuenv_kill "$DPID" "$DPID2"
+	# shellcheck disable=SC2046 # pids
+	gpuenv_kill $(gpuenv_ours)
 	gpuenv_tmp_free
 }
 trap cleanup EXIT
