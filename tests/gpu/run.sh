@@ -136,6 +136,7 @@ start_engine() {
 	local name=$1 gpu=$2 i
 	"${T[@]}" engine "$MNT" "$name" "$gpu" >"$TOP/engine-$name.log" 2>&1 &
 	EPIDS+=("$!")
+	disown "$!" # killed by pid at the end; no "Killed" job notice
 	for i in $(seq 1 300); do
 		grep -q "registered" "$TOP/engine-$name.log" 2>/dev/null && return 0
 		kill -0 "${EPIDS[-1]}" 2>/dev/null || break
@@ -227,7 +228,7 @@ ok "after the commit v4 is loaded on GPU 0 and current is v4" "${T[@]}" resident
 ok "compare v4 (loaded by the barrier or the racing load)" "${T[@]}" compare "$MNT" v4 0
 start_engine g99 99
 verdict "engine g99 registered with GPU 99 (this node lacks it)" $?
-refused "a commit with engine g99 is refused by it" "engine g99 refused" \
+refused "a commit with engine g99 is refused by it" "engine g99 refused v3: this node has" \
 	"${HW[@]}" commit v3 -m "$MNT"
 ok "the refused commit left current at v4" "${T[@]}" resident "$MNT" v4 0
 gpuenv_kill ${EPIDS[@]+"${EPIDS[@]}"}
