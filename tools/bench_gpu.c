@@ -20,15 +20,23 @@
  * round-robin over --streams streams (the daemon's gpu_streams, default 4),
  * each bucket in pieces of --piece bytes (default 64 MiB, max_shard: the
  * largest contiguous run of a version in the arena), all issued before one
- * wait for every stream.  Each figure is the median of --reps runs after one
- * untimed warm-up (loads: the device copy is unloaded between runs).
+ * wait for every stream.  Each baseline gives two figures: "like-for-like",
+ * timing what the load's "seconds" times (cudaMemGetInfo, the buckets'
+ * cudaMalloc, stream creation and destruction, the copies, the IPC handles),
+ * and "pure copy" (first copy issued to the last stream done).  Each figure
+ * is the median of --reps runs after one untimed warm-up (loads: the device
+ * copy is unloaded between runs).  Rates are GB/s (1e9 bytes per second).
  *
- * IPC open latency: hwfs_map_gpu() + hwfs_unmap() of the loaded version,
- * --ipc times after one untimed first map (which also starts this process's
- * CUDA context); the median, and the median divided by the buckets.
+ * IPC: the whole hwfs_map_gpu() + hwfs_unmap() of the loaded version (the
+ * control round trip, the opens, the table), --ipc times after one untimed
+ * first map (this process's first IPC opens; its CUDA context exists
+ * already, from cudaSetDevice); and, apart, the cudaIpcOpenMemHandle calls
+ * alone, on the handles of a gpumap answer, --ipc times: the median per map
+ * and per bucket.
  *
- * Output: a table, the ratio (i)/(ii) against the target (>= 0.9), and one
- * JSON line starting {"bench": "gpu", ...}.  Exit 0 when every measure ran
+ * Output: a table, the ratio (i)/(ii like-for-like) against the target
+ * (>= 0.9) and (i)/(ii pure copy), and one JSON line starting
+ * {"bench": "gpu", ...}.  Exit 0 when every measure ran
  * (a missed target is reported, not an error), 1 otherwise.
  */
 #define _GNU_SOURCE
@@ -176,26 +184,37 @@ static int bucket_sizes(struct hwfs *h, const char *v, int gpu, uint64_t *sizes)
 /*
  * Copy @bytes from @host into device buckets of @sizes (@nb of them),
  * bucket b on stream b % @ns, in pieces of @piece bytes; @reps timed runs
- * after a warm-up, seconds into @out.
+ * after a warm-up.  Each run does what the loader's timed region does
+ * (gpu/devload.c): cudaMemGetInfo, a cudaMalloc per bucket, @ns streams
+ * created, the copies, the waits, the streams destroyed and a
+ * cudaIpcGetMemHandle per bucket; @full gets that whole time ("like for
+ * like" with the load's "seconds"), @copy the time from the first
+ * cudaMemcpyAsync to the end of the last wait (the pure copy).  The buckets
+ * are freed outside the timing, as the load keeps its buckets.
  */
 static void bench_memcpy(const uint8_t *host, uint64_t bytes, const uint64_t *sizes, int nb,
-			 int ns, uint64_t piece, int reps, double *out)
+			 int ns, uint64_t piece, int reps, double *full, double *copy)
 {
 	void **dev = calloc(nb, sizeof(*dev));
 	cudart_stream s[MAX_STREAMS];
 
 	if (!dev)
 		die("out of memory");
-	for (int b = 0; b < nb; b++)
-		cu(rt->Malloc(&dev[b], sizes[b]), "cudaMalloc of a bucket");
-	for (int i = 0; i < ns; i++)
-		cu(rt->StreamCreateWithFlags(&s[i], CUDART_STREAM_NON_BLOCKING), "cudaStreamCreate");
 	for (int r = -1; r < reps; r++) {
 		uint64_t off = 0;
-		double t0;
+		size_t fb, tb;
+		double t0, c0, c1, t1;
+		cudart_ipc_handle ih;
 
 		cu(rt->DeviceSynchronize(), "cudaDeviceSynchronize");
 		t0 = now();
+		cu(rt->MemGetInfo(&fb, &tb), "cudaMemGetInfo");
+		for (int b = 0; b < nb; b++)
+			cu(rt->Malloc(&dev[b], sizes[b]), "cudaMalloc of a bucket");
+		for (int i = 0; i < ns; i++)
+			cu(rt->StreamCreateWithFlags(&s[i], CUDART_STREAM_NON_BLOCKING),
+			   "cudaStreamCreate");
+		c0 = now();
 		for (int b = 0; b < nb && off < bytes; b++) {
 			uint64_t in = sizes[b] < bytes - off ? sizes[b] : bytes - off;
 
@@ -210,14 +229,73 @@ static void bench_memcpy(const uint8_t *host, uint64_t bytes, const uint64_t *si
 		}
 		for (int i = 0; i < ns; i++)
 			cu(rt->StreamSynchronize(s[i]), "cudaStreamSynchronize");
+		c1 = now();
+		for (int i = 0; i < ns; i++)
+			rt->StreamDestroy(s[i]);
+		for (int b = 0; b < nb; b++)
+			cu(rt->IpcGetMemHandle(&ih, dev[b]), "cudaIpcGetMemHandle");
+		t1 = now();
+		if (r >= 0) {
+			full[r] = t1 - t0;
+			copy[r] = c1 - c0;
+		}
+		for (int b = 0; b < nb; b++)
+			rt->Free(dev[b]);
+	}
+	free(dev);
+}
+
+/* One hex digit's value, or -1. */
+static int hexval(int c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/*
+ * Time only the cudaIpcOpenMemHandle calls of @v's buckets on @gpu: the
+ * handles come from a gpumap answer (the load stays loaded meanwhile), each
+ * run opens every bucket (timed) and closes them (not timed); @n runs after
+ * an untimed one, the total per run into @out.  Returns the bucket count.
+ */
+static int bench_ipc_open(struct hwfs *h, const char *v, int gpu, int n, double *out)
+{
+	json_t *j = call(h, "{\"op\":\"gpumap\",\"version\":\"%s\",\"gpu\":%d}", v, gpu), *b;
+	cudart_ipc_handle *hs;
+	void **ptrs;
+	size_t i, nb = json_array_size(json_object_get(j, "buckets"));
+
+	hs = calloc(nb ? nb : 1, sizeof(*hs));
+	ptrs = calloc(nb ? nb : 1, sizeof(*ptrs));
+	if (!hs || !ptrs)
+		die("out of memory");
+	json_array_foreach(json_object_get(j, "buckets"), i, b) {
+		const char *hex = json_string_value(json_object_get(b, "handle"));
+
+		if (!hex || strlen(hex) != 2 * CUDART_IPC_HANDLE_SIZE)
+			die("gpumap answer: bucket %zu has no 128-hex-digit handle", i);
+		for (int k = 0; k < CUDART_IPC_HANDLE_SIZE; k++) {
+			int hi = hexval(hex[2 * k]), lo = hexval(hex[2 * k + 1]);
+
+			if (hi < 0 || lo < 0)
+				die("gpumap answer: bucket %zu's handle is not lowercase hex", i);
+			hs[i].reserved[k] = (char)(hi << 4 | lo);
+		}
+	}
+	json_decref(j);
+	for (int r = -1; r < n; r++) {
+		double t0 = now();
+
+		for (i = 0; i < nb; i++)
+			cu(rt->IpcOpenMemHandle(&ptrs[i], hs[i], CUDART_IPC_LAZY_PEER_ACCESS),
+			   "cudaIpcOpenMemHandle");
 		if (r >= 0)
 			out[r] = now() - t0;
+		for (i = 0; i < nb; i++)
+			cu(rt->IpcCloseMemHandle(ptrs[i]), "cudaIpcCloseMemHandle");
 	}
-	for (int i = 0; i < ns; i++)
-		rt->StreamDestroy(s[i]);
-	for (int b = 0; b < nb; b++)
-		rt->Free(dev[b]);
-	free(dev);
+	free(hs);
+	free(ptrs);
+	return (int)nb;
 }
 
 static double gbps(uint64_t bytes, double s)
@@ -236,7 +314,9 @@ static int cmd_run(int argc, char **argv)
 	int gpu = 0, ns = 4, reps = 3, nipc = 20, o, nb;
 	uint64_t piece = 64ull << 20, *sizes, bsum = 0;
 	struct load_result pin = {0}, page = {0};
-	double t_pinned[MAX_REPS], t_page[MAX_REPS], ipc[1024], first_ipc = 0;
+	double t_pinned[MAX_REPS], t_page[MAX_REPS], c_pinned[MAX_REPS], c_page[MAX_REPS];
+	double ipc[1024], ipc_open[1024], first_ipc = 0;
+	int nb_open;
 	char why[512];
 	struct hwfs *hp, *hq;
 	uint8_t *hbuf;
@@ -286,6 +366,7 @@ static int cmd_run(int argc, char **argv)
 			ipc[i] = now() - t0;
 		hwfs_unmap(m);
 	}
+	nb_open = bench_ipc_open(hp, v, gpu, nipc, ipc_open);
 	json_decref(call(hp, "{\"op\":\"unload\",\"version\":\"%s\",\"gpu\":%d}", v, gpu));
 
 	/* (iv) the pageable arena. */
@@ -295,57 +376,70 @@ static int cmd_run(int argc, char **argv)
 	/* (ii) and (iii) the baselines, into buckets of the same sizes. */
 	cu(rt->MallocHost((void **)&hbuf, pin.bytes), "cudaMallocHost");
 	memset(hbuf, 0x5a, pin.bytes);
-	bench_memcpy(hbuf, pin.bytes, sizes, nb, ns, piece, reps, t_pinned);
+	bench_memcpy(hbuf, pin.bytes, sizes, nb, ns, piece, reps, t_pinned, c_pinned);
 	rt->FreeHost(hbuf);
 	hbuf = malloc(pin.bytes);
 	if (!hbuf)
 		die("out of memory (%" PRIu64 " bytes)", pin.bytes);
 	memset(hbuf, 0x5a, pin.bytes);
-	bench_memcpy(hbuf, pin.bytes, sizes, nb, ns, piece, reps, t_page);
+	bench_memcpy(hbuf, pin.bytes, sizes, nb, ns, piece, reps, t_page, c_page);
 	free(hbuf);
 
 	double s_pin = median(pin.secs, reps), w_pin = median(pin.wall, reps);
 	double s_page = median(page.secs, reps), w_page = median(page.wall, reps);
 	double m_pin = median(t_pinned, reps), m_page = median(t_page, reps);
-	double ipc_med = median(ipc, nipc);
-	double ratio = s_pin > 0 ? m_pin / s_pin : 0;
+	double cp_pin = median(c_pinned, reps), cp_page = median(c_page, reps);
+	double ipc_med = median(ipc, nipc), open_med = median(ipc_open, nipc);
+	double ratio = s_pin > 0 ? m_pin / s_pin : 0, ratio_copy = s_pin > 0 ? cp_pin / s_pin : 0;
 	uint64_t B = pin.bytes;
 
-	printf("hwfs GPU benchmark: version %s, %.2f GiB in %lld tensors, %d buckets (largest "
-	       "%.0f MiB), GPU %d, %d streams, pieces of %.0f MiB, median of %d runs\n",
-	       v, B / 1073741824.0, pin.tensors, nb, sizes[0] / 1048576.0, gpu, ns,
-	       piece / 1048576.0, reps);
-	printf("  %-48s %8s %9s %8s\n", "host-to-device path", "GB/s", "seconds", "vs (ii)");
-	printf("  %-48s %8.2f %9.3f %8.2f\n", "(i)   hwfs load, pinned arena (daemon seconds)",
-	       gbps(B, s_pin), s_pin, ratio);
-	printf("  %-48s %8.2f %9.3f %8.2f\n", "(i)   hwfs load, pinned arena (wall, to resident)",
-	       gbps(B, w_pin), w_pin, w_pin > 0 ? m_pin / w_pin : 0);
-	printf("  %-48s %8.2f %9.3f %8.2f\n", "(ii)  cudaMemcpyAsync from cudaMallocHost",
-	       gbps(B, m_pin), m_pin, 1.0);
-	printf("  %-48s %8.2f %9.3f %8.2f\n", "(iii) cudaMemcpyAsync from malloc (pageable)",
-	       gbps(B, m_page), m_page, m_page > 0 ? m_pin / m_page : 0);
-	printf("  %-48s %8.2f %9.3f %8.2f\n", "(iv)  hwfs load, pageable arena (daemon seconds)",
-	       gbps(B, s_page), s_page, s_page > 0 ? m_pin / s_page : 0);
-	printf("  %-48s %8.2f %9.3f %8.2f\n", "(iv)  hwfs load, pageable arena (wall)",
-	       gbps(B, w_page), w_page, w_page > 0 ? m_pin / w_page : 0);
+#define ROW(label, sec) \
+	printf("  %-58s %8.2f %9.3f %8.2f\n", label, gbps(B, sec), sec, (sec) > 0 ? m_pin / (sec) : 0)
+	printf("hwfs GPU benchmark: version %s, %" PRIu64 " bytes (%.2f GB, %.2f GiB) in %lld tensors, "
+	       "%d buckets (largest %.0f MiB), GPU %d, %d streams, pieces of %.0f MiB, median of %d "
+	       "runs\n", v, B, B / 1e9, B / 1073741824.0, pin.tensors, nb, sizes[0] / 1048576.0, gpu,
+	       ns, piece / 1048576.0, reps);
+	printf("  rates in GB/s = 1e9 bytes per second; \"vs (ii)\" = time of (ii) like-for-like / "
+	       "time of the row\n");
+	printf("  %-58s %8s %9s %8s\n", "host-to-device path", "GB/s", "seconds", "vs (ii)");
+	ROW("(i)   hwfs load, pinned arena (daemon \"seconds\")", s_pin);
+	ROW("(i)   hwfs load, pinned arena (wall, request to answer)", w_pin);
+	ROW("(ii)  cudaMallocHost source, like-for-like (alloc+copy+IPC)", m_pin);
+	ROW("(ii)  cudaMallocHost source, pure copy", cp_pin);
+	ROW("(iii) malloc (pageable) source, like-for-like", m_page);
+	ROW("(iii) malloc (pageable) source, pure copy", cp_page);
+	ROW("(iv)  hwfs load, pageable arena (daemon \"seconds\")", s_page);
+	ROW("(iv)  hwfs load, pageable arena (wall)", w_page);
+#undef ROW
+	printf("  like-for-like: cudaMemGetInfo, a cudaMalloc per bucket, %d streams created and "
+	       "destroyed, the copies and a cudaIpcGetMemHandle per bucket, as the load's \"seconds\" "
+	       "counts them; pure copy: first cudaMemcpyAsync to the last stream's end\n", ns);
 	printf("  sources reported by the loads: (i) %s, (iv) %s\n", pin.source, page.source);
-	printf("ratio (i)/(ii) = %.2f: target >= %.2f %s\n", ratio, TARGET_RATIO,
-	       ratio >= TARGET_RATIO ? "MET" : "NOT MET");
-	printf("IPC open (hwfs_map_gpu + hwfs_unmap): median %.3f ms over %d (first %.1f ms), "
-	       "%.1f us per bucket\n", ipc_med * 1e3, nipc, first_ipc * 1e3, ipc_med * 1e6 / nb);
+	printf("ratio (i)/(ii) like-for-like = %.2f: target >= %.2f %s; (i)/(ii) pure copy = %.2f\n",
+	       ratio, TARGET_RATIO, ratio >= TARGET_RATIO ? "MET" : "NOT MET", ratio_copy);
+	printf("IPC: hwfs_map_gpu + hwfs_unmap (whole call, %d buckets): median %.3f ms over %d "
+	       "(the untimed first map, this process's first IPC opens: %.1f ms)\n", nb, ipc_med * 1e3,
+	       nipc, first_ipc * 1e3);
+	printf("IPC: cudaIpcOpenMemHandle alone, every bucket of the gpumap answer: median %.3f ms "
+	       "per map over %d, %.1f us per bucket (%d buckets)\n", open_med * 1e3, nipc,
+	       nb_open > 0 ? open_med * 1e6 / nb_open : 0, nb_open);
 	printf("{\"bench\": \"gpu\", \"version\": \"%s\", \"bytes\": %" PRIu64 ", \"tensors\": %lld, "
 	       "\"buckets\": %d, \"gpu\": %d, \"streams\": %d, \"piece_bytes\": %" PRIu64
-	       ", \"reps\": %d, \"load_pinned_gbps\": %.3f, \"load_pinned_wall_gbps\": %.3f, "
-	       "\"memcpy_pinned_gbps\": %.3f, \"memcpy_pageable_gbps\": %.3f, "
-	       "\"load_pageable_gbps\": %.3f, \"load_pageable_wall_gbps\": %.3f, "
-	       "\"ratio_load_to_pinned_memcpy\": %.3f, \"target\": %.2f, \"met\": %s, "
+	       ", \"reps\": %d, \"units\": \"GB/s = 1e9 B/s\", \"load_pinned_gbps\": %.3f, "
+	       "\"load_pinned_wall_gbps\": %.3f, \"memcpy_pinned_like_for_like_gbps\": %.3f, "
+	       "\"memcpy_pinned_copy_gbps\": %.3f, \"memcpy_pageable_like_for_like_gbps\": %.3f, "
+	       "\"memcpy_pageable_copy_gbps\": %.3f, \"load_pageable_gbps\": %.3f, "
+	       "\"load_pageable_wall_gbps\": %.3f, \"ratio_load_to_pinned_memcpy\": %.3f, "
+	       "\"ratio_load_to_pinned_copy\": %.3f, \"target\": %.2f, \"met\": %s, "
 	       "\"source_pinned\": \"%s\", \"source_pageable\": \"%s\", "
-	       "\"ipc_open_ms_median\": %.4f, \"ipc_open_ms_first\": %.3f, "
-	       "\"ipc_open_us_per_bucket\": %.2f, \"ipc_samples\": %d}\n",
+	       "\"map_gpu_ms_median\": %.4f, \"map_gpu_ms_first\": %.3f, "
+	       "\"ipc_open_ms_median\": %.4f, \"ipc_open_us_per_bucket\": %.2f, "
+	       "\"ipc_samples\": %d}\n",
 	       v, B, pin.tensors, nb, gpu, ns, piece, reps, gbps(B, s_pin), gbps(B, w_pin),
-	       gbps(B, m_pin), gbps(B, m_page), gbps(B, s_page), gbps(B, w_page), ratio,
-	       TARGET_RATIO, ratio >= TARGET_RATIO ? "true" : "false", pin.source, page.source,
-	       ipc_med * 1e3, first_ipc * 1e3, ipc_med * 1e6 / nb, nipc);
+	       gbps(B, m_pin), gbps(B, cp_pin), gbps(B, m_page), gbps(B, cp_page), gbps(B, s_page),
+	       gbps(B, w_page), ratio, ratio_copy, TARGET_RATIO,
+	       ratio >= TARGET_RATIO ? "true" : "false", pin.source, page.source, ipc_med * 1e3,
+	       first_ipc * 1e3, open_med * 1e3, nb_open > 0 ? open_med * 1e6 / nb_open : 0, nipc);
 	free(sizes);
 	hwfs_close(hp);
 	hwfs_close(hq);

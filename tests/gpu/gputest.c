@@ -24,6 +24,16 @@
  *   removed MNT V GPU          (e) `rm` of a loaded version: its device copy
  *                              and gpumap stay valid (it stays loaded)
  *   dlpack MNT V GPU           (f) hwfs_map_dlpack of device and host maps
+ *   engine MNT NAME GPU        (g) register engine NAME with device GPU
+ *                              (hwfs_watch_open_gpu), print "registered ..."
+ *                              and every event until the daemon closes the
+ *                              stream or the process is killed (run.sh kills
+ *                              it by pid)
+ *   resident MNT V GPU         (g) status gpu.loads has V on GPU "loaded" and
+ *                              MNT/current points at versions/V
+ *   source MNT V GPU WANT      (h) load V (unloading it first): the answer's
+ *                              "source" is WANT ("pinned" or "pageable"); V
+ *                              stays loaded
  *
  * Device memory is judged with cudaMemGetInfo (the whole device's free
  * bytes): run.sh loads another version first so that the daemon's CUDA
@@ -36,6 +46,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <limits.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -53,7 +64,8 @@
 #define USAGE                                                                          \
 	"usage: hwfs-gputest probe | mkst FILE SEED BYTES | pid MNT | pinned MNT |\n"  \
 	"       memory MNT V GPU | compare MNT V GPU | ipc MNT V GPU N | removed MNT V GPU |\n" \
-	"       dlpack MNT V GPU"
+	"       dlpack MNT V GPU | engine MNT NAME GPU | resident MNT V GPU |\n"            \
+	"       source MNT V GPU pinned|pageable"
 #define MIB (1024.0 * 1024.0)
 #define FREE_WAIT_MS 10000 /* how long a free of device memory may take to show */
 
@@ -347,7 +359,9 @@ static int cmd_memory(const char *mnt, const char *v, int gpu)
 	r = hwfs_load(h, v, gpu, NULL, NULL);
 	check(r == 0, "hwfs_load(%s, GPU %d) (%s)", v, gpu, r ? hwfs_errmsg() : "ok");
 	f1 = dev_free();
-	check(f0 - f1 >= bytes, "the load took %.1f MiB of device memory for %.1f MiB of tensors",
+	/* Signed: free memory that grew meanwhile must not wrap into a huge "taken". */
+	check((int64_t)f0 - (int64_t)f1 >= (int64_t)bytes,
+	      "the load took %.1f MiB of device memory for %.1f MiB of tensors",
 	      ((double)f0 - f1) / MIB, bytes / MIB);
 	r = hwfs_load(h, v, gpu, NULL, NULL);
 	check(r == 0 && dev_free() + slack >= f1, "loading %s again is 0 and takes nothing more", v);
@@ -362,7 +376,8 @@ static int cmd_memory(const char *mnt, const char *v, int gpu)
 	json_decref(j);
 	sleep_ms(500);
 	f2 = dev_free();
-	check(f0 - f2 >= bytes, "while the gpumap is open the memory stays taken (%.1f MiB)",
+	check((int64_t)f0 - (int64_t)f2 >= (int64_t)bytes,
+	      "while the gpumap is open the memory stays taken (%.1f MiB)",
 	      ((double)f0 - f2) / MIB);
 	compare_maps(hm, dm, "gpumap after its version was unloaded");
 	r = hwfs_map_gpu(h, v, gpu, &dm2);
@@ -630,6 +645,77 @@ static int cmd_dlpack(const char *mnt, const char *v, int gpu)
 	return failures ? 1 : 0;
 }
 
+/* (g) An engine whose readiness is the device load: registered until killed. */
+static int cmd_engine(const char *mnt, const char *name, int gpu)
+{
+	struct hwfs *h = open_mount(mnt);
+	struct hwfs_watch *w;
+	struct hwfs_event ev;
+	char *cur = NULL;
+	int r = hwfs_watch_open_gpu(h, name, gpu, &cur, &w);
+
+	if (r < 0) {
+		printf("engine %s: hwfs_watch_open_gpu(GPU %d): %s\n", name, gpu, hwfs_errmsg());
+		return 1;
+	}
+	printf("engine %s registered on GPU %d (current: %s)\n", name, gpu, cur ? cur : "none");
+	free(cur);
+	while ((r = hwfs_watch_next(w, -1, &ev)) == 0 || r == -EPROTO || r == -ETIMEDOUT)
+		if (r == 0)
+			printf("engine %s: event %d %s\n", name, (int)ev.type, ev.version);
+	printf("engine %s: the stream ended (%d)\n", name, r);
+	hwfs_watch_close(w);
+	hwfs_close(h);
+	return 0;
+}
+
+/* (g) V is resident on GPU (status gpu.loads) and current points at it. */
+static int cmd_resident(const char *mnt, const char *v, int gpu)
+{
+	struct hwfs *h = open_mount(mnt);
+	json_t *st = call(h, "{\"op\":\"status\"}"), *l;
+	char path[PATH_MAX], want[PATH_MAX], link[PATH_MAX];
+	const char *state;
+	ssize_t n;
+
+	if (!st)
+		die("status failed");
+	l = find_load(st, v, gpu);
+	state = l ? json_string_value(json_object_get(l, "state")) : NULL;
+	check(state && !strcmp(state, "loaded"), "status gpu.loads: %s on GPU %d is \"loaded\" (%s)",
+	      v, gpu, state ? state : "not listed");
+	json_decref(st);
+	snprintf(path, sizeof(path), "%s/current", mnt);
+	snprintf(want, sizeof(want), "versions/%s", v);
+	n = readlink(path, link, sizeof(link) - 1);
+	link[n > 0 ? n : 0] = 0;
+	check(n > 0 && !strcmp(link, want), "%s -> %s (it points at %s)", path, want,
+	      n > 0 ? link : "nothing");
+	hwfs_close(h);
+	return failures ? 1 : 0;
+}
+
+/* (h) A load's answer names its source: the pinned arena or a pageable one. */
+static int cmd_source(const char *mnt, const char *v, int gpu, const char *want)
+{
+	struct hwfs *h = open_mount(mnt);
+	const char *src;
+	json_t *j;
+	int r = hwfs_unload(h, v, gpu);
+
+	if (r < 0 && r != -ENOENT)
+		die("hwfs_unload(%s): %s", v, hwfs_errmsg());
+	j = call(h, "{\"op\":\"load\",\"version\":\"%s\",\"gpu\":%d}", v, gpu);
+	check(j && jtrue(j, "ok") && !jtrue(j, "already"), "load %s on GPU %d (a fresh copy)", v,
+	      gpu);
+	src = j ? json_string_value(json_object_get(j, "source")) : NULL;
+	check(src && !strcmp(src, want), "the load answer's \"source\" is \"%s\" (got %s)", want,
+	      src ? src : "nothing");
+	json_decref(j);
+	hwfs_close(h);
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *c = argc > 1 ? argv[1] : "";
@@ -654,6 +740,12 @@ int main(int argc, char **argv)
 			return cmd_removed(argv[2], argv[3], gpu);
 		if (!strcmp(c, "dlpack") && argc == 5)
 			return cmd_dlpack(argv[2], argv[3], gpu);
+		if (!strcmp(c, "engine") && argc == 5)
+			return cmd_engine(argv[2], argv[3], gpu);
+		if (!strcmp(c, "resident") && argc == 5)
+			return cmd_resident(argv[2], argv[3], gpu);
+		if (!strcmp(c, "source") && argc == 6)
+			return cmd_source(argv[2], argv[3], gpu, argv[5]);
 		if (!strcmp(c, "ipc") && argc == 6)
 			return cmd_ipc(argv[0], argv[2], argv[3], gpu, atoi(argv[5]));
 	}
