@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "daemon_i.h"
+#include "own_mount.h"
 #include "devload.h"
 #include "gpu.h"
 #include "tunables.h"
@@ -625,6 +626,8 @@ int daemon_run(const struct daemon_opts *o)
 		goto fail;
 	}
 	mounted = 1;
+	/* the daemon's own renames through the mount run in children without this fd */
+	own_mount_set_fd(fuse_session_fd(d.se));
 	if (pthread_create(&d.ctl_thread, NULL, ctl_main, &d) != 0) {
 		r = -EAGAIN;
 		snprintf(msg, sizeof(msg), "error: cannot start the control thread\n");
@@ -714,6 +717,7 @@ out:
 	if (d.ctl_dir_private)
 		rmdir(d.ctl_dir);
 	if (d.se) {
+		own_mount_set_fd(-1);
 		fuse_remove_signal_handlers(d.se);
 		fuse_session_destroy(d.se);
 	}

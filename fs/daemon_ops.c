@@ -22,6 +22,7 @@
 #include "daemon_i.h"
 #include "devload.h"
 #include "manifest.h"
+#include "own_mount.h"
 #include "proto.h"
 #include "tunables.h"
 
@@ -219,7 +220,7 @@ int flip_current(void *arg, const char *v, char *err, size_t errlen)
 	snprintf(tmp, sizeof(tmp), "%s/.hwfs-commit-%d-%llu", d->o->mountpoint, (int)getpid(),
 		 (unsigned long long)__atomic_add_fetch(&d->counter, 1, __ATOMIC_RELAXED));
 	snprintf(cur, sizeof(cur), "%s/current", d->o->mountpoint);
-	if (symlink(target, tmp) < 0) {
+	if (own_mount_symlink(target, tmp) < 0) {
 		r = -errno;
 		snprintf(err, errlen, "symlink: %s", strerror(errno));
 		return r;
@@ -235,7 +236,7 @@ int flip_current(void *arg, const char *v, char *err, size_t errlen)
 		snprintf(err, errlen, "the daemon is shutting down");
 		return -ESHUTDOWN;
 	}
-	if (rename(tmp, cur) < 0) {
+	if (own_mount_rename(tmp, cur) < 0) {
 		r = -errno;
 		unlink(tmp);
 		snprintf(err, errlen, "%s", r == -ENOENT ? "no such version"

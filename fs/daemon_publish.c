@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "daemon_i.h"
+#include "own_mount.h"
 #include "tunables.h"
 
 struct publish {
@@ -337,7 +338,7 @@ json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const s
 		/* seal by renaming through the mount: watchers see the version arrive */
 		snprintf(from, sizeof(from), "%s/versions/%s", d->o->mountpoint, hidden);
 		snprintf(to, sizeof(to), "%s/versions/%s", d->o->mountpoint, v);
-		if (rename(from, to) < 0) {
+		if (own_mount_rename(from, to) < 0) {
 			r = -errno;
 			snprintf(p.err, sizeof(p.err), "sealing %s: %s", v,
 				 r == -EEXIST || r == -ENOTEMPTY ? "version exists already"

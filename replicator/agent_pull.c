@@ -21,6 +21,7 @@
 #include "delta_base.h"
 #include "keys.h"
 #include "manifest.h"
+#include "own_mount.h"
 
 /* The donor connection to @addr, or NULL if none was opened yet. */
 static struct peer *peer_find(struct agent *a, const char *addr)
@@ -273,7 +274,7 @@ static void materialize(struct agent *a, struct fetch *f)
 	}
 	snprintf(from, sizeof(from), "%s/versions/%s", a->mountpoint, hidden);
 	snprintf(to, sizeof(to), "%s/versions/%s", a->mountpoint, f->name);
-	if (rename(from, to) < 0) {
+	if (own_mount_rename(from, to) < 0) {
 		LOG_ERR("agent: cannot seal %s: %s", f->name, strerror(errno));
 		ns_remove_version(a->ns, hidden);
 		goto out;
