@@ -129,34 +129,6 @@ static json_t *tensor_json(const struct hwfs_frec *f, const struct hwfs_trec *t)
 }
 
 /*
- * The pieces of tensor @t of file @f, whose extents' shards are @sh (extent
- * order), appended to @ls from *@np on (extents sorted by offset; @e0 is the
- * first extent that may hold the tensor, advanced for the next tensor, which
- * starts no earlier).  Returns 0 or -EIO (the tensor is not inside the file).
- */
-static int tensor_pieces(struct load_src *ls, const struct hwfs_frec *f, struct shard *const *sh,
-			 const struct hwfs_trec *t, size_t *e0, size_t *np)
-{
-	uint64_t at = t->off, end;
-
-	if (__builtin_add_overflow(t->off, t->len, &end) || end > f->size)
-		return -EIO;
-	while (*e0 < f->n_ext && f->ext[*e0].off + f->ext[*e0].len <= t->off)
-		(*e0)++;
-	for (size_t i = *e0; i < f->n_ext && at < end; i++) {
-		const struct hwfs_extent *e = &f->ext[i];
-		uint64_t e_end = e->off + e->len, take;
-
-		if (at < e->off || at >= e_end)
-			return -EIO; /* a hole: extents must cover the file */
-		take = HWFS_MIN(e_end, end) - at;
-		ls->pieces[(*np)++] = (struct devload_piece){sh[i]->off + (at - e->off), take};
-		at += take;
-	}
-	return at == end ? 0 : -EIO;
-}
-
-/*
  * Build the source of a load of sealed version @v: snapshot, references on
  * its shards, every tensor's length, pieces and layout.  Returns 0, or
  * -ENOENT/-EBUSY/-EIO/-ENOMEM with the sentence in @err (as map says them).
@@ -164,7 +136,8 @@ static int tensor_pieces(struct load_src *ls, const struct hwfs_frec *f, struct 
 static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, char *err,
 			 size_t errlen)
 {
-	size_t nt = 0, npmax = 0, np = 0, k = 0;
+	size_t nt = 0, npmax = 0, np = 0, k = 0, extmax = 0;
+	uint64_t *ext_at = NULL;
 	int r;
 
 	memset(ls, 0, sizeof(*ls));
@@ -186,6 +159,7 @@ static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, c
 		nt += f->n_tensors;
 		/* a tensor crosses at most all extents; pieces of all tensors: tensors + extents */
 		npmax += f->n_tensors + f->n_ext;
+		extmax = HWFS_MAX(extmax, f->n_ext);
 	}
 	if (r < 0)
 		goto fail;
@@ -193,7 +167,8 @@ static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, c
 	ls->piece_at = calloc(nt + 1, sizeof(*ls->piece_at));
 	ls->pieces = calloc(npmax ? npmax : 1, sizeof(*ls->pieces));
 	ls->tensors = json_array();
-	if (!ls->lens || !ls->piece_at || !ls->pieces || !ls->tensors) {
+	ext_at = calloc(extmax ? extmax : 1, sizeof(*ext_at));
+	if (!ls->lens || !ls->piece_at || !ls->pieces || !ls->tensors || !ext_at) {
 		r = -ENOMEM;
 		goto fail;
 	}
@@ -206,13 +181,21 @@ static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, c
 		r = map_lease_file(d, f, &ls->ml);
 		if (r < 0)
 			goto fail;
+		for (size_t e = 0; e < f->n_ext; e++)
+			ext_at[e] = ls->ml.sh[first + e]->off;
 		for (size_t j = 0; j < f->n_tensors; j++, k++) {
 			const struct hwfs_trec *t = &f->tensors[j];
 			json_t *tj;
 
 			ls->piece_at[k] = np;
 			ls->lens[k] = t->len;
-			r = tensor_pieces(ls, f, ls->ml.sh + first, t, &e0, &np);
+			r = devload_tensor_pieces(f, ext_at, t, &e0, ls->pieces, npmax, &np);
+			if (r == -E2BIG) { /* only a peer's manifest could say so: refuse it */
+				snprintf(err, errlen, "version is damaged: the tensors of %s overlap",
+					 f->path);
+				r = -EIO;
+				goto fail_said;
+			}
 			if (r < 0)
 				goto fail;
 			tj = tensor_json(f, t);
@@ -233,12 +216,15 @@ static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, c
 		.digest = ls->rec->digest,
 		.pinned = !strcmp(gpu_pin_mode(d->gpu), "cuda"),
 	};
+	free(ext_at);
 	return 0;
 fail:
 	snprintf(err, errlen, "%s", r == -ENOENT ? "no such version (it was removed)"
 				    : r == -EBUSY ? "version is open (not sealed)"
 				    : r == -EIO   ? "version is damaged"
 						  : strerror(-r));
+fail_said:
+	free(ext_at);
 	load_src_free(d, ls);
 	return r;
 }

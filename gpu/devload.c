@@ -138,6 +138,34 @@ fail:
 	return r;
 }
 
+/* ------------------------------------------------------------------ pieces */
+
+/* The pieces of a tensor (see devload.h): bounded by @cap, whatever the manifest says. */
+int devload_tensor_pieces(const struct hwfs_frec *f, const uint64_t *ext_at,
+			  const struct hwfs_trec *t, size_t *e0, struct devload_piece *pieces,
+			  size_t cap, size_t *np)
+{
+	uint64_t at = t->off, end;
+
+	if (__builtin_add_overflow(t->off, t->len, &end) || end > f->size)
+		return -EIO;
+	while (*e0 < f->n_ext && f->ext[*e0].off + f->ext[*e0].len <= t->off)
+		(*e0)++;
+	for (size_t i = *e0; i < f->n_ext && at < end; i++) {
+		const struct hwfs_extent *e = &f->ext[i];
+		uint64_t e_end = e->off + e->len, take;
+
+		if (at < e->off || at >= e_end)
+			return -EIO; /* a hole: extents must cover the file */
+		if (*np >= cap)
+			return -E2BIG; /* overlapping tensors: more pieces than room */
+		take = HWFS_MIN(e_end, end) - at;
+		pieces[(*np)++] = (struct devload_piece){ext_at[i] + (at - e->off), take};
+		at += take;
+	}
+	return at == end ? 0 : -EIO;
+}
+
 /* ------------------------------------------------------------------ table */
 
 enum dl_state { DL_LOADING, DL_LOADED, DL_FAILED };

@@ -106,6 +106,22 @@ struct devload_src {
 	int pinned;      /* the arena is registered with CUDA ("source": "pinned") */
 };
 
+/**
+ * devload_tensor_pieces() - the arena pieces of tensor @t of regular file @f
+ * (its extents sorted by offset and covering the file; extent i lies at
+ * arena offset @ext_at[i]), appended to @pieces from *@np on, one per extent
+ * the tensor crosses (none for an empty tensor).  *@e0 is the first extent
+ * that may hold the tensor: start at 0 for a file and pass it back for the
+ * next tensor (tensors in offset order).  Never writes @pieces[@cap] or
+ * beyond.  Returns 0, -EIO (the tensor is not inside the file, or the
+ * extents leave a hole) or -E2BIG (more than @cap pieces: the file's tensors
+ * overlap, since tensors that do not overlap need at most one piece per
+ * tensor plus one per extent).
+ */
+int devload_tensor_pieces(const struct hwfs_frec *f, const uint64_t *ext_at,
+			  const struct hwfs_trec *t, size_t *e0, struct devload_piece *pieces,
+			  size_t cap, size_t *np);
+
 /** Progress of a copy: @done of @total bytes. */
 typedef void (*devload_progress_fn)(void *arg, uint64_t done, uint64_t total);
 

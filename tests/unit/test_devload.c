@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "devload.h"
+#include "manifest.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
@@ -254,6 +255,85 @@ static void test_bad_arguments(void **state)
 	assert_int_equal(devload_plan(lens, 1, GiB, 90, 4, 0, &p), -EINVAL);
 }
 
+/*
+ * The pieces of a file's tensors never pass the room the daemon gives them
+ * (one per tensor plus one per extent), even when a peer's manifest makes
+ * the tensors overlap: 1000 tensors all [0, size) over a 3-extent file need
+ * 3000 pieces; the call says -E2BIG instead of writing past the array (ASan
+ * sees a write past it, the heap array is exactly @cap long).
+ */
+static void test_pieces_bounded(void **state)
+{
+	enum { NT = 1000, NE = 3 };
+	struct hwfs_extent ext[NE] = {{0, 100, {{0}}}, {100, 100, {{0}}}, {200, 56, {{0}}}};
+	uint64_t ext_at[NE] = {4096, 65536, 8192};
+	struct hwfs_trec *t = calloc(NT, sizeof(*t));
+	struct hwfs_frec f = {.kind = HWFS_K_REG, .size = 256, .n_ext = NE, .ext = ext,
+			      .n_tensors = NT, .tensors = t};
+	size_t cap = NT + NE, np = 0, e0 = 0;
+	struct devload_piece *pc = calloc(cap, sizeof(*pc));
+	int r = 0;
+
+	assert_non_null(t);
+	assert_non_null(pc);
+	for (size_t i = 0; i < NT; i++)
+		t[i].len = 256;
+	for (size_t i = 0; i < NT && r == 0; i++)
+		r = devload_tensor_pieces(&f, ext_at, &t[i], &e0, pc, cap, &np);
+	assert_int_equal(r, -E2BIG);
+	assert_true(np <= cap);
+	/* tensors that do not overlap fit: [0,150) over two extents, [150,256) over two */
+	t[0] = (struct hwfs_trec){.off = 0, .len = 150};
+	t[1] = (struct hwfs_trec){.off = 150, .len = 0};
+	t[2] = (struct hwfs_trec){.off = 150, .len = 106};
+	np = e0 = 0;
+	for (size_t i = 0; i < 3; i++)
+		assert_int_equal(devload_tensor_pieces(&f, ext_at, &t[i], &e0, pc, 3 + NE, &np), 0);
+	assert_int_equal(np, 4);
+	assert_int_equal(pc[0].arena_off, 4096);
+	assert_int_equal(pc[0].len, 100);
+	assert_int_equal(pc[1].arena_off, 65536);
+	assert_int_equal(pc[1].len, 50);
+	assert_int_equal(pc[2].arena_off, 65536 + 50);
+	assert_int_equal(pc[2].len, 50);
+	assert_int_equal(pc[3].arena_off, 8192);
+	assert_int_equal(pc[3].len, 56);
+	/* outside the file */
+	t[3] = (struct hwfs_trec){.off = 200, .len = 57};
+	assert_int_equal(devload_tensor_pieces(&f, ext_at, &t[3], &e0, pc, 3 + NE, &np), -EIO);
+	free(pc);
+	free(t);
+}
+
+/* A peer's manifest whose non-empty tensors overlap is refused (a local header would be). */
+static void test_manifest_refuses_overlap(void **state)
+{
+#define MH "0123456789abcdef0123456789abcdef"
+#define MT(name, off, len)                                                                     \
+	"{\"dtype\":\"U8\",\"hash\":\"" MH "\",\"length\":" #len ",\"name\":\"" name "\","       \
+	"\"offset\":" #off ",\"shape\":[" #len "]}"
+#define MF(tensors)                                                                            \
+	"{\"files\":[{\"extents\":[[0,8,\"" MH "\"]],\"kind\":\"file\",\"mode\":420,"          \
+	"\"mtime_ns\":2,\"path\":\"f\",\"size\":8,\"tensors\":[" tensors "]}],"                \
+	"\"format\":\"hwfs-manifest/1\",\"shards\":[[\"" MH "\",8]],\"version\":\"v1\"}"
+	static const char ok[] = MF(MT("a", 0, 4) "," MT("e", 4, 0) "," MT("b", 4, 4));
+	static const char bad[] = MF(MT("a", 0, 8) "," MT("b", 4, 4));
+	static const char same[] = MF(MT("a", 0, 8) "," MT("b", 0, 8));
+	struct hwfs_vrec *v = NULL;
+	char err[256] = "";
+
+	assert_int_equal(manifest_parse(ok, strlen(ok), &v, err, sizeof(err)), 0);
+	hwfs_vrec_free(v);
+	v = NULL;
+	assert_int_equal(manifest_parse(bad, strlen(bad), &v, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "overlaps"));
+	assert_int_equal(manifest_parse(same, strlen(same), &v, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "overlaps"));
+#undef MF
+#undef MT
+#undef MH
+}
+
 /* The table without a device: begin, fail, status, unload, removed; nothing leaks. */
 static void test_table_without_device(void **state)
 {
@@ -326,6 +406,8 @@ int main(void)
 		cmocka_unit_test(test_overflow_safe),
 		cmocka_unit_test(test_bad_arguments),
 		cmocka_unit_test(test_table_without_device),
+		cmocka_unit_test(test_pieces_bounded),
+		cmocka_unit_test(test_manifest_refuses_overlap),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
