@@ -14,7 +14,8 @@
  *
  * Threads: load runs on its connection's thread; a load the barrier asks for
  * runs in a detached worker (devloads_worker_enter/exit: shutdown waits for
- * it) that wakes the barrier (engines_kick()) when it ends.  The hook runs
+ * it).  Whichever thread ran it wakes the barrier (engines_kick()) when a
+ * load ends, loaded or failed: a commit may wait on a manual `hwfs load`.  The hook runs
  * under the registry lock, so it only looks and starts: never copies.
  */
 #define _GNU_SOURCE
@@ -315,6 +316,8 @@ json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const stru
 	r = devloads_begin(d->loads, v, seq, gpu, &l);
 	if (r == 0) {
 		r = load_entry(d, l, v, load_progress, &lp, &sum, err, sizeof(err));
+		/* a commit barrier may be waiting on this very load: it ended, either way */
+		engines_kick(d->engines);
 	} else if (r == -EALREADY || r == -EINPROGRESS) {
 		already = 1;
 		r = devloads_wait(d->loads, v, gpu, &sum, err, sizeof(err));
