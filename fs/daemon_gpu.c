@@ -464,10 +464,12 @@ static void *gpu_job_main(void *arg)
 /*
  * The engines' device-load hook (engines_set_gpu_hook()), under the registry
  * lock: is @version resident on @gpu?  0 yes; -EINPROGRESS while a worker
- * loads it (started here when none does); -ECANCELED with the reason in
- * @err when it cannot be (no GPU, no such device, the load failed).
+ * loads it (started here when none does, or when the last load failed before
+ * the barrier began at @started_ns); -ECANCELED with the reason in @err when
+ * it cannot be (no GPU, no such device, the load failed during this barrier).
  */
-int daemon_gpu_ready(void *arg, const char *version, int gpu, char *err, size_t errlen)
+int daemon_gpu_ready(void *arg, const char *version, int gpu, uint64_t started_ns, char *err,
+		     size_t errlen)
 {
 	struct daemon *d = arg;
 	struct gpu_job *j = NULL;
@@ -482,7 +484,7 @@ int daemon_gpu_ready(void *arg, const char *version, int gpu, char *err, size_t 
 		snprintf(err, errlen, "no such version");
 		return -ECANCELED;
 	}
-	r = devloads_ready(d->loads, version, seq, gpu, err, errlen);
+	r = devloads_ready(d->loads, version, seq, gpu, started_ns, err, errlen);
 	if (r != -ENOENT)
 		return r;
 	if (devloads_worker_enter(d->loads) < 0) {

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cudart.h"
 #include "devload.h"
@@ -183,6 +184,7 @@ struct devload {
 	int gpu;
 	enum dl_state state;
 	char reason[DEVLOAD_REASON_MAX];
+	uint64_t failed_ns; /* when it failed (CLOCK_MONOTONIC ns): is it news to a barrier? */
 	struct dl_bucket *b;
 	size_t nb;
 	json_t *tensors; /* gpumap's layout (with bucket and offset), once loaded */
@@ -372,11 +374,24 @@ static json_t *summary_of(const struct devload *l)
 			 l->seconds, "source", l->pinned ? "pinned" : "pageable");
 }
 
+/* CLOCK_MONOTONIC in nanoseconds (the clock of engines_now_ns()). */
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* @l ends loading in @st (dl->mu taken here); wakes the waiters. */
 static void finish(struct devloads *dl, struct devload *l, enum dl_state st, json_t **summary)
 {
+	uint64_t now = mono_ns();
+
 	pthread_mutex_lock(&dl->mu);
 	l->state = st;
+	if (st == DL_FAILED)
+		l->failed_ns = now;
 	if (summary)
 		*summary = st == DL_LOADED ? summary_of(l) : NULL;
 	pthread_cond_broadcast(&dl->cv);
@@ -628,20 +643,24 @@ int devloads_wait(struct devloads *dl, const char *version, int gpu, json_t **su
 	return r;
 }
 
-int devloads_ready(struct devloads *dl, const char *version, uint64_t seq, int gpu, char *err,
-		   size_t errlen)
+int devloads_ready(struct devloads *dl, const char *version, uint64_t seq, int gpu,
+		   uint64_t started_ns, char *err, size_t errlen)
 {
 	struct devload *l;
 	int r;
 
 	pthread_mutex_lock(&dl->mu);
 	l = find(dl, version, gpu);
+	if (l && l->state == DL_FAILED && l->failed_ns < started_ns) {
+		unlink_load(dl, l); /* stale: it failed before this barrier began; load again */
+		load_free(dl, l);   /* a failed load holds no device memory */
+		l = NULL;
+	}
 	if (!l) {
 		r = -ENOENT;
 	} else if (l->state == DL_FAILED) {
+		/* kept: every engine of this barrier on that device is told the same */
 		snprintf(err, errlen, "%s", l->reason);
-		unlink_load(dl, l); /* told once: a later commit loads again */
-		load_free(dl, l);
 		r = -ECANCELED;
 	} else if (l->removed || l->seq != seq) {
 		snprintf(err, errlen, "GPU %d holds an earlier %s (removed since): unload it first "

@@ -200,13 +200,17 @@ int devloads_wait(struct devloads *dl, const char *version, int gpu, json_t **su
 
 /**
  * devloads_ready() - the commit barrier's question: is @version (seq @seq)
- * resident on device @gpu?  Returns 0 (loaded), -EINPROGRESS (loading),
- * -ECANCELED with the reason in @err (the load failed: the failed entry is
- * forgotten then, so that a later commit tries again; or the device holds
- * another version of that name), -ENOENT (no load: start one).
+ * resident on device @gpu, for the barrier that began at @started_ns
+ * (CLOCK_MONOTONIC, engines_now_ns())?  Returns 0 (loaded), -EINPROGRESS
+ * (loading), -ECANCELED with the reason in @err (the load failed at or
+ * after @started_ns: every question of this barrier gets the same answer;
+ * or the device holds another version of that name), -ENOENT (no load:
+ * start one).  A failure from before @started_ns (a manual load's, an
+ * earlier commit's) is stale: the entry is dropped and -ENOENT returned, so
+ * that this barrier loads again.
  */
-int devloads_ready(struct devloads *dl, const char *version, uint64_t seq, int gpu, char *err,
-		   size_t errlen);
+int devloads_ready(struct devloads *dl, const char *version, uint64_t seq, int gpu,
+		   uint64_t started_ns, char *err, size_t errlen);
 
 /**
  * devloads_map() - gpumap: take one reference on the loaded entry of
