@@ -130,12 +130,15 @@ static json_t *tensor_json(const struct hwfs_frec *f, const struct hwfs_trec *t)
 }
 
 /*
- * Build the source of a load of sealed version @v: snapshot, references on
- * its shards, every tensor's length, pieces and layout.  Returns 0, or
- * -ENOENT/-EBUSY/-EIO/-ENOMEM with the sentence in @err (as map says them).
+ * Build the source of a load of sealed version @v, seq @seq (the one its
+ * table entry was begun with): snapshot, references on its shards, every
+ * tensor's length, pieces and layout.  Returns 0, -EAGAIN when @v is
+ * another version by now (removed and published again since the entry was
+ * begun), or -ENOENT/-EBUSY/-EIO/-ENOMEM with the sentence in @err (as map
+ * says them).
  */
-static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, char *err,
-			 size_t errlen)
+static int load_src_make(struct daemon *d, const char *v, uint64_t seq, struct load_src *ls,
+			 char *err, size_t errlen)
 {
 	size_t nt = 0, npmax = 0, np = 0, k = 0, extmax = 0;
 	uint64_t *ext_at = NULL;
@@ -148,6 +151,12 @@ static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, c
 	if (r < 0)
 		return r;
 	r = ns_snapshot(d->ns, v, &ls->rec);
+	if (r == 0 && ls->rec->seq != seq) { /* the entry would name one, the bytes another */
+		snprintf(err, errlen, "%s changed while loading (removed and made again); try again",
+			 v);
+		r = -EAGAIN;
+		goto fail_said;
+	}
 	if (r == 0 && ls->rec->state != HWFS_V_SEALED)
 		r = ls->rec->state == HWFS_V_OPEN ? -EBUSY : -EIO; /* changed meanwhile */
 	if (r == 0)
@@ -231,15 +240,16 @@ fail_said:
 }
 
 /*
- * Fill entry @l (devloads_begin()) with version @v: source, copy, references
- * dropped.  Returns 0 (*@summary: load's figures) or -errno with @err.
+ * Fill entry @l (devloads_begin() of @v, @seq) with version @v: source, copy,
+ * references dropped.  Returns 0 (*@summary: load's figures) or -errno with
+ * @err.
  */
-static int load_entry(struct daemon *d, struct devload *l, const char *v,
+static int load_entry(struct daemon *d, struct devload *l, const char *v, uint64_t seq,
 		      devload_progress_fn progress, void *arg, json_t **summary, char *err,
 		      size_t errlen)
 {
 	struct load_src ls;
-	int r = load_src_make(d, v, &ls, err, errlen);
+	int r = load_src_make(d, v, seq, &ls, err, errlen);
 
 	if (r < 0) {
 		devloads_fail(d->loads, l, err);
@@ -315,7 +325,7 @@ json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const stru
 		return load_error(v, gpu, r, r == -ENOENT ? "no such version" : err);
 	r = devloads_begin(d->loads, v, seq, gpu, &l);
 	if (r == 0) {
-		r = load_entry(d, l, v, load_progress, &lp, &sum, err, sizeof(err));
+		r = load_entry(d, l, v, seq, load_progress, &lp, &sum, err, sizeof(err));
 		/* a commit barrier may be waiting on this very load: it ended, either way */
 		engines_kick(d->engines);
 	} else if (r == -EALREADY || r == -EINPROGRESS) {
@@ -437,6 +447,7 @@ struct gpu_job {
 	struct daemon *d;
 	struct devload *l;
 	char *version;
+	uint64_t seq;
 	int gpu;
 };
 
@@ -448,7 +459,7 @@ static void *gpu_job_main(void *arg)
 	char err[1024];
 	int r;
 
-	r = load_entry(d, j->l, j->version, NULL, NULL, NULL, err, sizeof(err));
+	r = load_entry(d, j->l, j->version, j->seq, NULL, NULL, NULL, err, sizeof(err));
 	if (r < 0)
 		LOG_WARN("gpu: loading %s on GPU %d for the commit barrier failed: %s", j->version,
 			 j->gpu, err);
@@ -506,6 +517,7 @@ int daemon_gpu_ready(void *arg, const char *version, int gpu, uint64_t started_n
 	if (j && (j->version = strdup(version))) {
 		j->d = d;
 		j->l = l;
+		j->seq = seq;
 		j->gpu = gpu;
 		if (pthread_create(&t, NULL, gpu_job_main, j) == 0) {
 			pthread_detach(t);
