@@ -323,7 +323,7 @@ json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const stru
 		r = sealed_seq(d, v, &seq);
 	if (r < 0)
 		return load_error(v, gpu, r, r == -ENOENT ? "no such version" : err);
-	r = devloads_begin(d->loads, v, seq, gpu, &l);
+	r = devloads_begin(d->loads, v, seq, gpu, 0, &l);
 	if (r == 0) {
 		r = load_entry(d, l, v, seq, load_progress, &lp, &sum, err, sizeof(err));
 		/* a commit barrier may be waiting on this very load: it ended, either way */
@@ -442,6 +442,28 @@ json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
 
 /* ----------------------------------------------------------- the barrier's hook */
 
+/*
+ * `current` moved (daemon_current()): the loads the barrier made of other
+ * versions go (docs/gpu.md, "Commit barrier with device loads"): one an
+ * engine still maps is freed when its last map ends; manual loads stay.
+ */
+void daemon_gpu_current(struct daemon *d)
+{
+	char *cur;
+	uint64_t freed = 0;
+	size_t n;
+
+	if (!d->loads)
+		return;
+	cur = ns_current(d->ns);
+	n = devloads_unload_auto(d->loads, cur, &freed);
+	if (n)
+		LOG_INFO("gpu: current is %s: unloaded %zu load(s) the commit barrier made of other "
+			 "versions (%llu bytes freed now; mapped ones when their last map ends)",
+			 cur ? cur : "(none)", n, (unsigned long long)freed);
+	free(cur);
+}
+
 /* A load the barrier started, for its worker thread. */
 struct gpu_job {
 	struct daemon *d;
@@ -502,7 +524,7 @@ int daemon_gpu_ready(void *arg, const char *version, int gpu, uint64_t started_n
 		snprintf(err, errlen, "the daemon is shutting down");
 		return -ECANCELED;
 	}
-	r = devloads_begin(d->loads, version, seq, gpu, &l);
+	r = devloads_begin(d->loads, version, seq, gpu, 1, &l);
 	if (r != 0) {
 		devloads_worker_exit(d->loads);
 		if (r == -EALREADY || r == -EINPROGRESS)

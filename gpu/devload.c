@@ -194,6 +194,7 @@ struct devload {
 	double seconds;
 	int pinned;
 	int removed;   /* `hwfs rm` removed the version; the copy stays until unloaded */
+	int autoload;  /* made by the commit barrier: unloaded when `current` moves on */
 	int unloading; /* unloaded while mapped: freed at the last unmap, invisible to lookups */
 	unsigned refs; /* gpumap connections */
 	struct devload *next;
@@ -326,7 +327,7 @@ static struct devload *find(struct devloads *dl, const char *v, int gpu)
 	return NULL;
 }
 
-int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int gpu,
+int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int gpu, int autoload,
 		   struct devload **out)
 {
 	struct devload *l;
@@ -347,6 +348,8 @@ int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int g
 		r = l->removed || l->seq != seq ? -EEXIST
 		    : l->state == DL_LOADING    ? -EINPROGRESS
 						: -EALREADY;
+		if (r != -EEXIST && !autoload)
+			l->autoload = 0; /* asked for by hand now: kept until unloaded by hand */
 		goto out;
 	}
 	l = calloc(1, sizeof(*l));
@@ -357,6 +360,7 @@ int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int g
 	}
 	l->seq = seq;
 	l->gpu = gpu;
+	l->autoload = !!autoload;
 	l->state = DL_LOADING;
 	l->next = dl->loads;
 	dl->loads = l;
@@ -797,6 +801,43 @@ int devloads_unload(struct devloads *dl, const char *version, int gpu, uint64_t 
 	return found ? 0 : busy ? -EBUSY : -ENOENT;
 }
 
+size_t devloads_unload_auto(struct devloads *dl, const char *keep, uint64_t *freed)
+{
+	struct devload *gone = NULL, **pp;
+	size_t n = 0;
+
+	*freed = 0;
+	pthread_mutex_lock(&dl->mu);
+	for (pp = &dl->loads; *pp;) {
+		struct devload *l = *pp;
+
+		if (!l->autoload || l->unloading || l->state == DL_LOADING ||
+		    (keep && !l->removed && !strcmp(l->version, keep))) {
+			pp = &l->next;
+			continue;
+		}
+		n++;
+		if (l->refs) {
+			l->unloading = 1; /* freed by the last devloads_unmap() */
+			pp = &l->next;
+			continue;
+		}
+		*pp = l->next;
+		l->next = gone;
+		gone = l;
+	}
+	pthread_mutex_unlock(&dl->mu);
+	while (gone) {
+		struct devload *l = gone;
+
+		gone = l->next;
+		for (size_t b = 0; b < l->nb; b++)
+			*freed += l->b[b].bytes;
+		load_free(dl, l);
+	}
+	return n;
+}
+
 void devloads_removed(struct devloads *dl, const char *version)
 {
 	pthread_mutex_lock(&dl->mu);
@@ -820,12 +861,12 @@ json_t *devloads_json(struct devloads *dl)
 		/* a loading entry's buckets belong to its copying thread until it finishes */
 		for (size_t b = 0; l->state != DL_LOADING && b < l->nb; b++)
 			bytes += l->b[b].bytes;
-		o = json_pack("{s:s, s:i, s:I, s:I, s:I, s:s, s:i, s:b}", "version", l->version,
+		o = json_pack("{s:s, s:i, s:I, s:I, s:I, s:s, s:i, s:b, s:b}", "version", l->version,
 			      "gpu", l->gpu, "bytes", (json_int_t)bytes, "tensors",
 			      (json_int_t)(l->state == DL_LOADING ? 0 : l->n_tensors), "buckets",
 			      (json_int_t)(l->state == DL_LOADING ? 0 : l->nb), "state",
 			      l->unloading ? "unloading" : dl_state_names[l->state], "maps",
-			      (int)l->refs, "removed", l->removed);
+			      (int)l->refs, "removed", l->removed, "auto", l->autoload);
 		if (o && l->state == DL_FAILED)
 			json_object_set_new(o, "reason", json_string(l->reason));
 		json_array_append_new(arr, o);

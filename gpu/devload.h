@@ -156,15 +156,17 @@ void devloads_drain(struct devloads *dl);
 /**
  * devloads_begin() - start a load of @version (its seq @seq on this node) on
  * device @gpu: a new entry in state "loading", returned in *@out for
- * devloads_run() or devloads_fail() (one of them must follow).  When an
+ * devloads_run() or devloads_fail() (one of them must follow).  @autoload:
+ * the commit barrier asks for it (devloads_unload_auto() may unload it),
+ * else a manual `hwfs load` (never unloaded but by `hwfs unload`).  When an
  * entry of (@version, @gpu) exists already, nothing is made and the answer
  * says what it is: -EALREADY (loaded, the same version: see devloads_wait()
  * for its figures), -EINPROGRESS (being loaded: devloads_wait()), -EEXIST
  * (it holds another version of that name, or one removed since: unload it
- * first).  A failed entry is replaced.  Returns 0, those, -ESHUTDOWN
- * (stopping) or -ENOMEM.
+ * first); a manual begin makes that same version's entry manual.  A failed
+ * entry is replaced.  Returns 0, those, -ESHUTDOWN (stopping) or -ENOMEM.
  */
-int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int gpu,
+int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int gpu, int autoload,
 		   struct devload **out);
 
 /**
@@ -235,13 +237,24 @@ void devloads_unmap(struct devloads *dl, struct devload *ref);
 int devloads_unload(struct devloads *dl, const char *version, int gpu, uint64_t *freed,
 		    uint64_t *pending);
 
+/**
+ * devloads_unload_auto() - `current` now names @keep (NULL: nothing): unload
+ * every load the commit barrier made (devloads_begin() with @autoload) of a
+ * version other than @keep (or of @keep removed since), on every device, as
+ * devloads_unload() does: loaded and failed ones go, one still mapped is
+ * freed when its last map ends, one still loading stays (the next flip
+ * unloads it).  *@freed is the bytes freed now.  Returns how many went or
+ * are going.
+ */
+size_t devloads_unload_auto(struct devloads *dl, const char *keep, uint64_t *freed);
+
 /** `hwfs rm` removed @version: its loads stay, shown as "removed". */
 void devloads_removed(struct devloads *dl, const char *version);
 
 /**
  * devloads_json() - status "loads": a new array of {"version", "gpu",
- * "bytes", "tensors", "buckets", "state", "maps", "removed"} (and "reason"
- * when failed), NULL without memory.
+ * "bytes", "tensors", "buckets", "state", "maps", "removed", "auto"} (and
+ * "reason" when failed), NULL without memory.
  */
 json_t *devloads_json(struct devloads *dl);
 

@@ -334,6 +334,70 @@ static void test_manifest_refuses_overlap(void **state)
 #undef MH
 }
 
+/* Flag @key of @version in status "loads": 1, 0, or -1 when it is not there. */
+static int load_flag(json_t *st, const char *version, const char *key)
+{
+	for (size_t i = 0; i < json_array_size(st); i++) {
+		json_t *o = json_array_get(st, i);
+
+		if (!strcmp(json_string_value(json_object_get(o, "version")), version))
+			return json_is_true(json_object_get(o, key));
+	}
+	return -1; /* not there */
+}
+
+/*
+ * Loads the barrier made ("auto") go when `current` moves to another
+ * version; manual ones, the new current's and those still loading stay; a
+ * manual load of an auto entry makes it manual.
+ */
+static void test_auto_unload(void **state)
+{
+	struct devloads *dl;
+	struct devload *a = NULL, *b = NULL, *c = NULL, *m = NULL, *x = NULL;
+	uint64_t freed = 1;
+	json_t *st;
+
+	assert_int_equal(devloads_create(NULL, &dl), 0);
+	assert_int_equal(devloads_begin(dl, "a", 1, 0, 1, &a), 0);
+	assert_int_equal(devloads_begin(dl, "b", 2, 0, 1, &b), 0);
+	assert_int_equal(devloads_begin(dl, "c", 3, 0, 1, &c), 0);
+	assert_int_equal(devloads_begin(dl, "m", 4, 0, 0, &m), 0);
+	assert_int_equal(devloads_begin(dl, "x", 5, 1, 1, &x), 0);
+	/* a manual load of "x" while the barrier's runs: it becomes manual */
+	assert_int_equal(devloads_begin(dl, "x", 5, 1, 0, &x), -EINPROGRESS);
+	devloads_fail(dl, a, "a");
+	devloads_fail(dl, b, "b");
+	devloads_fail(dl, m, "m");
+	st = devloads_json(dl);
+	assert_int_equal(load_flag(st, "a", "auto"), 1);
+	assert_int_equal(load_flag(st, "m", "auto"), 0);
+	assert_int_equal(load_flag(st, "x", "auto"), 0);
+	json_decref(st);
+	/* current is now "b": "a" goes; "b" (current), "c" (loading), "m", "x" (manual) stay */
+	assert_int_equal(devloads_unload_auto(dl, "b", &freed), 1);
+	assert_int_equal(freed, 0);
+	st = devloads_json(dl);
+	assert_int_equal(json_array_size(st), 4);
+	assert_int_equal(load_flag(st, "a", "auto"), -1);
+	assert_int_equal(load_flag(st, "b", "auto"), 1);
+	json_decref(st);
+	/* "b" removed since: it goes even while current names it */
+	devloads_removed(dl, "b");
+	assert_int_equal(devloads_unload_auto(dl, "b", &freed), 1);
+	devloads_fail(dl, c, "c");
+	devloads_fail(dl, x, "x");
+	assert_int_equal(devloads_unload_auto(dl, NULL, &freed), 1); /* "c" */
+	st = devloads_json(dl);
+	assert_int_equal(json_array_size(st), 2);
+	assert_int_equal(load_flag(st, "m", "auto"), 0);
+	assert_int_equal(load_flag(st, "x", "auto"), 0);
+	json_decref(st);
+	devloads_stop(dl);
+	devloads_drain(dl);
+	devloads_destroy(dl);
+}
+
 /* The table without a device: begin, fail, status, unload, removed; nothing leaks. */
 static void test_table_without_device(void **state)
 {
@@ -344,8 +408,8 @@ static void test_table_without_device(void **state)
 	char err[256];
 
 	assert_int_equal(devloads_create(NULL, &dl), 0);
-	assert_int_equal(devloads_begin(dl, "v1", 1, 0, &l), 0);
-	assert_int_equal(devloads_begin(dl, "v1", 1, 0, &l2), -EINPROGRESS);
+	assert_int_equal(devloads_begin(dl, "v1", 1, 0, 0, &l), 0);
+	assert_int_equal(devloads_begin(dl, "v1", 1, 0, 0, &l2), -EINPROGRESS);
 	assert_int_equal(devloads_ready(dl, "v1", 1, 0, 0, err, sizeof(err)), -EINPROGRESS);
 	assert_int_equal(devloads_unload(dl, "v1", 0, &freed, &pending), -EBUSY);
 	assert_int_equal(devloads_map(dl, "v1", 0, &rep, &l2), -ENOENT);
@@ -370,15 +434,15 @@ static void test_table_without_device(void **state)
 	assert_int_equal(devloads_ready(dl, "v1", 1, 0, 1, err, sizeof(err)), -ENOENT);
 	assert_int_equal(devloads_unload(dl, "v1", -1, &freed, &pending), -ENOENT);
 	/* a failed entry is replaced by the next begin; unload of a failed one frees it */
-	assert_int_equal(devloads_begin(dl, "v2", 2, 1, &l), 0);
+	assert_int_equal(devloads_begin(dl, "v2", 2, 1, 0, &l), 0);
 	devloads_fail(dl, l, "x");
-	assert_int_equal(devloads_begin(dl, "v2", 2, 1, &l), 0);
+	assert_int_equal(devloads_begin(dl, "v2", 2, 1, 0, &l), 0);
 	devloads_fail(dl, l, "y");
 	assert_int_equal(devloads_unload(dl, "v2", 1, &freed, &pending), 0);
 	assert_int_equal(freed, 0);
 	assert_int_equal(pending, 0);
 	/* the run without a runtime fails cleanly */
-	assert_int_equal(devloads_begin(dl, "v3", 3, 0, &l), 0);
+	assert_int_equal(devloads_begin(dl, "v3", 3, 0, 0, &l), 0);
 	{
 		uint64_t lens[] = {4};
 		size_t at[] = {0, 1};
@@ -393,7 +457,7 @@ static void test_table_without_device(void **state)
 		json_decref(t);
 	}
 	devloads_stop(dl);
-	assert_int_equal(devloads_begin(dl, "v4", 4, 0, &l), -ESHUTDOWN);
+	assert_int_equal(devloads_begin(dl, "v4", 4, 0, 0, &l), -ESHUTDOWN);
 	assert_int_equal(devloads_worker_enter(dl), -ESHUTDOWN);
 	devloads_drain(dl);
 	devloads_destroy(dl);
@@ -413,6 +477,7 @@ int main(void)
 		cmocka_unit_test(test_bad_arguments),
 		cmocka_unit_test(test_table_without_device),
 		cmocka_unit_test(test_pieces_bounded),
+		cmocka_unit_test(test_auto_unload),
 		cmocka_unit_test(test_manifest_refuses_overlap),
 	};
 
