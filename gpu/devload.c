@@ -86,15 +86,13 @@ int devload_plan(const uint64_t *lens, size_t n, uint64_t free_bytes, unsigned p
 	for (size_t i = 0; i < n; i++) {
 		uint64_t off = align_up(cursor), end;
 
-		if (lens[i] > 0 && (cur < 0 || (cursor > 0 && (off == UINT64_MAX ||
-							       lens[i] > cap || off > cap - lens[i])))) {
+		if (lens[i] == 0)
+			continue; /* placed below: bucket 0, offset 0; takes no room */
+		if (cur < 0 || (cursor > 0 && (off == UINT64_MAX || lens[i] > cap ||
+					       off > cap - lens[i]))) {
 			cur++;
 			cursor = 0;
 			off = 0;
-		}
-		if (cur < 0) { /* an empty tensor before any bytes: wait for the first bucket */
-			p.t_bucket[i] = -1;
-			continue;
 		}
 		if (off == UINT64_MAX || __builtin_add_overflow(off, lens[i], &end)) {
 			r = -EOVERFLOW;
@@ -106,10 +104,16 @@ int devload_plan(const uint64_t *lens, size_t n, uint64_t free_bytes, unsigned p
 		p.bucket_bytes[cur] = HWFS_MAX(p.bucket_bytes[cur], end);
 	}
 	p.n_buckets = (size_t)(cur + 1);
-	/* empty tensors met before the first bucket sit at its start (or nowhere: no bucket) */
-	for (size_t i = 0; i < n && p.n_buckets; i++)
-		if (p.t_bucket[i] < 0)
+	if (p.n_buckets == 0) { /* no bytes at all: one minimal bucket, so every index is valid */
+		p.n_buckets = 1;
+		p.bucket_bytes[0] = DEVLOAD_ALIGN;
+	}
+	/* every empty tensor sits at the start of the first bucket */
+	for (size_t i = 0; i < n; i++)
+		if (lens[i] == 0) {
 			p.t_bucket[i] = 0;
+			p.t_offset[i] = 0;
+		}
 	for (size_t b = 0; b < p.n_buckets; b++)
 		if (__builtin_add_overflow(need, p.bucket_bytes[b], &need)) {
 			r = -EOVERFLOW;
@@ -506,8 +510,7 @@ static int copy(struct devloads *dl, struct devload *l, const struct devload_src
 	}
 	l->nb = p.n_buckets;
 	for (size_t b = 0; b < p.n_buckets; b++) {
-		/* a bucket of only empty tensors still gets a pointer (and an IPC handle) */
-		size_t len = (size_t)HWFS_MAX(p.bucket_bytes[b], (uint64_t)DEVLOAD_ALIGN);
+		size_t len = (size_t)p.bucket_bytes[b]; /* > 0: the plan makes no empty bucket */
 
 		l->b[b].bytes = p.bucket_bytes[b];
 		if ((e = rt->Malloc(&l->b[b].ptr, len)) != CUDART_SUCCESS) {

@@ -48,9 +48,9 @@ struct devload_plan {
 	size_t n_buckets;
 	uint64_t *bucket_bytes; /* bytes of each bucket: the end of its last tensor */
 	int *bucket_stream;     /* the stream (0..streams-1) each bucket's copies go on */
-	int *t_bucket;          /* per tensor: its bucket, -1 for an empty tensor of an
-				 * empty version (no bucket at all) */
-	uint64_t *t_offset;     /* per tensor: its offset in the bucket (DEVLOAD_ALIGN-aligned) */
+	int *t_bucket;          /* per tensor: its bucket, 0..n_buckets-1 (0 for an empty one) */
+	uint64_t *t_offset;     /* per tensor: its offset in the bucket (DEVLOAD_ALIGN-aligned;
+				 * 0 for an empty one) */
 	uint64_t bucket_cap;    /* the bucket size chosen (a bigger tensor has its own) */
 	uint64_t need;          /* device bytes needed: the sum of the buckets (UINT64_MAX:
 				 * more than fits in 64 bits) */
@@ -64,8 +64,11 @@ struct devload_plan {
  * tensors go in order, each at the next DEVLOAD_ALIGN-aligned offset of the
  * current bucket, a new bucket starting when one would pass the size; a
  * tensor larger than the size gets a bucket of its own, exactly its length.
- * An empty tensor takes no room (it sits at the current aligned offset).
- * Buckets go round-robin to @streams streams.  Returns 0, -EINVAL (@pct not
+ * An empty tensor takes no room: it is at bucket 0, offset 0.  There is
+ * always at least one bucket: a version without a byte of tensor data (only
+ * empty tensors, or none) gets one of DEVLOAD_ALIGN bytes, so that every
+ * tensor's bucket is a valid index.  Buckets go round-robin to @streams
+ * streams.  Returns 0, -EINVAL (@pct not
  * 1..100, @streams < 1, @max_bucket 0), -ENOMEM (out of memory, or the
  * buckets need more than @pct% of @free_bytes: @out->need and @out->allowed
  * say by how much; nothing else of @out is set then) or -EOVERFLOW (the
