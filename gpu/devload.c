@@ -322,6 +322,27 @@ void devloads_drain(struct devloads *dl)
 	pthread_mutex_unlock(&dl->mu);
 }
 
+int devloads_drain_for(struct devloads *dl, unsigned ms, unsigned *left)
+{
+	struct timespec until;
+	int r;
+
+	clock_gettime(CLOCK_REALTIME, &until); /* the condition variable's clock */
+	until.tv_sec += (time_t)(ms / 1000);
+	until.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&dl->mu);
+	while (dl->workers && pthread_cond_timedwait(&dl->cv, &dl->mu, &until) != ETIMEDOUT)
+		;
+	*left = dl->workers;
+	r = dl->workers ? -ETIMEDOUT : 0;
+	pthread_mutex_unlock(&dl->mu);
+	return r;
+}
+
 /* The visible entry of (@v, @gpu) (dl->mu held): not being freed by an unload. */
 static struct devload *find(struct devloads *dl, const char *v, int gpu)
 {

@@ -155,6 +155,12 @@ int devloads_worker_enter(struct devloads *dl);
 void devloads_worker_exit(struct devloads *dl);
 /** Wait until every worker left (call devloads_stop() first). */
 void devloads_drain(struct devloads *dl);
+/**
+ * devloads_drain_for() - devloads_drain(), waiting at most @ms milliseconds.
+ * Returns 0 (every worker left) or -ETIMEDOUT (the number still running in
+ * *@left).
+ */
+int devloads_drain_for(struct devloads *dl, unsigned ms, unsigned *left);
 
 /**
  * devloads_begin() - start a load of @version (its seq @seq on this node) on
