@@ -19,9 +19,12 @@
  * under the registry lock, so it only looks and starts: never copies.
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "daemon_i.h"
@@ -264,25 +267,69 @@ static int load_entry(struct daemon *d, struct devload *l, const char *v, uint64
 
 /* ----------------------------------------------------------- load */
 
-/* Progress lines of a load on its connection, as publish sends them (at most 10 a second). */
+/*
+ * Progress lines of a load on its connection, as publish sends them (at most
+ * 10 a second).  They are sent on the copying thread, so they never block
+ * it: a line the socket cannot take now is dropped (the client misses one
+ * update).  A line the socket took only part of is finished, waiting at most
+ * LOAD_PROGRESS_FINISH_MS; a client that does not read even then loses its
+ * connection (the load goes on; its reply has nowhere to go).
+ */
+#define LOAD_PROGRESS_FINISH_MS 1000
+
 struct load_progress {
 	int fd;
 	double last;
+	int dead; /* the connection was shut down: no more lines */
 };
+
+/* The rest of a line sent in part: 0, or -ETIMEDOUT/-errno (then the connection is shut). */
+static int progress_finish(int fd, const char *s, size_t len)
+{
+	double until = hwfs_mono_s() + LOAD_PROGRESS_FINISH_MS / 1000.0;
+
+	while (len) {
+		struct pollfd pf = {.fd = fd, .events = POLLOUT};
+		double left = until - hwfs_mono_s();
+		ssize_t n;
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		if (poll(&pf, 1, (int)(left * 1000) + 1) < 0 && errno != EINTR)
+			return -errno;
+		n = send(fd, s, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			continue;
+		if (n < 0)
+			return -errno;
+		s += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
 
 static void load_progress(void *arg, uint64_t done, uint64_t total)
 {
 	struct load_progress *p = arg;
 	double now = hwfs_mono_s();
-	json_t *m;
+	char line[128];
+	ssize_t n;
+	int len;
 
-	if (done < total && now - p->last < 0.1)
+	if (p->dead || (done < total && now - p->last < 0.1))
 		return;
 	p->last = now;
-	m = json_pack("{s:{s:I, s:I}}", "progress", "done", (json_int_t)done, "total",
-		      (json_int_t)total);
-	ctl_send(p->fd, m);
-	json_decref(m);
+	len = snprintf(line, sizeof(line), "{\"progress\":{\"done\":%llu,\"total\":%llu}}\n",
+		       (unsigned long long)done, (unsigned long long)total);
+	n = send(p->fd, line, (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (n < 0 || n == len)
+		return; /* sent, or dropped (full: EAGAIN), or the peer went (the reply says) */
+	if (progress_finish(p->fd, line + n, (size_t)(len - n)) < 0) {
+		LOG_WARN("gpu: a load's client does not read its progress lines: connection closed "
+			 "(the load goes on)");
+		shutdown(p->fd, SHUT_RDWR);
+		p->dead = 1;
+	}
 }
 
 /* load's error reply: "cannot load V on GPU N: <why>" with "errno": @r. */
@@ -301,7 +348,7 @@ static json_t *load_error(const char *v, int gpu, int r, const char *why)
 json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
-	struct load_progress lp = {rd->fd, 0};
+	struct load_progress lp = {rd->fd, 0, 0};
 	struct devload *l = NULL;
 	json_t *sum = NULL, *res;
 	char err[1024];
