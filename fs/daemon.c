@@ -689,6 +689,25 @@ out:
 		mounted = 0;
 	}
 	if (drain_conns(&d) < 0) {
+		unsigned left = 0;
+
+		/*
+		 * The barrier's load workers use this stack's struct daemon, the
+		 * arena and CUDA: returning (then exit(), whose atexit handlers
+		 * tear CUDA down) while one runs is undefined.  They stop at their
+		 * next tensor; wait for them a bounded while, else _exit() now.
+		 */
+		if (d.loads) {
+			engines_set_gpu_hook(d.engines, NULL, NULL);
+			devloads_stop(d.loads);
+			if (devloads_drain_for(d.loads, (unsigned)hwfs_tun.ctl_drain_ms, &left) < 0) {
+				LOG_ERR("%u device load worker(s) still running after %llu ms: exiting "
+					"at once (_exit), nothing freed", left,
+					(unsigned long long)hwfs_tun.ctl_drain_ms);
+				fflush(stderr);
+				_exit(1);
+			}
+		}
 		LOG_ERR("exiting without freeing the namespace and store (still in use)");
 		fuse_opt_free_args(&args);
 		return r;

@@ -47,13 +47,15 @@ void daemon_sealed(void *arg, const char *name)
 /*
  * Current hook: "current" to the watchers and engines, after any commit
  * through the mount (hwfs commit, the agent's COMMIT, a manual mv -T); the
- * registry reads what `current` names (see engines_event()).
+ * registry reads what `current` names (see engines_event()); then the
+ * device loads the commit barrier made of other versions go.
  */
 void daemon_current(void *arg)
 {
 	struct daemon *d = arg;
 
 	engines_event(d->engines, "current", NULL);
+	daemon_gpu_current(d);
 }
 
 /* The agent's barrier hook: engines_barrier() on this daemon's registry. */

@@ -14,14 +14,18 @@
  *
  * Threads: load runs on its connection's thread; a load the barrier asks for
  * runs in a detached worker (devloads_worker_enter/exit: shutdown waits for
- * it) that wakes the barrier (engines_kick()) when it ends.  The hook runs
+ * it).  Whichever thread ran it wakes the barrier (engines_kick()) when a
+ * load ends, loaded or failed: a commit may wait on a manual `hwfs load`.  The hook runs
  * under the registry lock, so it only looks and starts: never copies.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "cudart.h"
@@ -131,42 +135,18 @@ static json_t *tensor_json(const struct hwfs_frec *f, const struct hwfs_trec *t)
 }
 
 /*
- * The pieces of tensor @t of file @f, whose extents' shards are @sh (extent
- * order), appended to @ls from *@np on (extents sorted by offset; @e0 is the
- * first extent that may hold the tensor, advanced for the next tensor, which
- * starts no earlier).  Returns 0 or -EIO (the tensor is not inside the file).
+ * Build the source of a load of sealed version @v, seq @seq (the one its
+ * table entry was begun with): snapshot, references on its shards, every
+ * tensor's length, pieces and layout.  Returns 0, -EAGAIN when @v is
+ * another version by now (removed and published again since the entry was
+ * begun), or -ENOENT/-EBUSY/-EIO/-ENOMEM with the sentence in @err (as map
+ * says them).
  */
-static int tensor_pieces(struct load_src *ls, const struct hwfs_frec *f, struct shard *const *sh,
-			 const struct hwfs_trec *t, size_t *e0, size_t *np)
+static int load_src_make(struct daemon *d, const char *v, uint64_t seq, struct load_src *ls,
+			 char *err, size_t errlen)
 {
-	uint64_t at = t->off, end;
-
-	if (__builtin_add_overflow(t->off, t->len, &end) || end > f->size)
-		return -EIO;
-	while (*e0 < f->n_ext && f->ext[*e0].off + f->ext[*e0].len <= t->off)
-		(*e0)++;
-	for (size_t i = *e0; i < f->n_ext && at < end; i++) {
-		const struct hwfs_extent *e = &f->ext[i];
-		uint64_t e_end = e->off + e->len, take;
-
-		if (at < e->off || at >= e_end)
-			return -EIO; /* a hole: extents must cover the file */
-		take = HWFS_MIN(e_end, end) - at;
-		ls->pieces[(*np)++] = (struct devload_piece){sh[i]->off + (at - e->off), take};
-		at += take;
-	}
-	return at == end ? 0 : -EIO;
-}
-
-/*
- * Build the source of a load of sealed version @v: snapshot, references on
- * its shards, every tensor's length, pieces and layout.  Returns 0, or
- * -ENOENT/-EBUSY/-EIO/-ENOMEM with the sentence in @err (as map says them).
- */
-static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, char *err,
-			 size_t errlen)
-{
-	size_t nt = 0, npmax = 0, np = 0, k = 0;
+	size_t nt = 0, npmax = 0, np = 0, k = 0, extmax = 0;
+	uint64_t *ext_at = NULL;
 	int r;
 
 	memset(ls, 0, sizeof(*ls));
@@ -176,6 +156,12 @@ static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, c
 	if (r < 0)
 		return r;
 	r = ns_snapshot(d->ns, v, &ls->rec);
+	if (r == 0 && ls->rec->seq != seq) { /* the entry would name one, the bytes another */
+		snprintf(err, errlen, "%s changed while loading (removed and made again); try again",
+			 v);
+		r = -EAGAIN;
+		goto fail_said;
+	}
 	if (r == 0 && ls->rec->state != HWFS_V_SEALED)
 		r = ls->rec->state == HWFS_V_OPEN ? -EBUSY : -EIO; /* changed meanwhile */
 	if (r == 0)
@@ -188,6 +174,7 @@ static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, c
 		nt += f->n_tensors;
 		/* a tensor crosses at most all extents; pieces of all tensors: tensors + extents */
 		npmax += f->n_tensors + f->n_ext;
+		extmax = HWFS_MAX(extmax, f->n_ext);
 	}
 	if (r < 0)
 		goto fail;
@@ -195,7 +182,8 @@ static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, c
 	ls->piece_at = calloc(nt + 1, sizeof(*ls->piece_at));
 	ls->pieces = calloc(npmax ? npmax : 1, sizeof(*ls->pieces));
 	ls->tensors = json_array();
-	if (!ls->lens || !ls->piece_at || !ls->pieces || !ls->tensors) {
+	ext_at = calloc(extmax ? extmax : 1, sizeof(*ext_at));
+	if (!ls->lens || !ls->piece_at || !ls->pieces || !ls->tensors || !ext_at) {
 		r = -ENOMEM;
 		goto fail;
 	}
@@ -208,13 +196,21 @@ static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, c
 		r = map_lease_file(d, f, &ls->ml);
 		if (r < 0)
 			goto fail;
+		for (size_t e = 0; e < f->n_ext; e++)
+			ext_at[e] = ls->ml.sh[first + e]->off;
 		for (size_t j = 0; j < f->n_tensors; j++, k++) {
 			const struct hwfs_trec *t = &f->tensors[j];
 			json_t *tj;
 
 			ls->piece_at[k] = np;
 			ls->lens[k] = t->len;
-			r = tensor_pieces(ls, f, ls->ml.sh + first, t, &e0, &np);
+			r = devload_tensor_pieces(f, ext_at, t, &e0, ls->pieces, npmax, &np);
+			if (r == -E2BIG) { /* only a peer's manifest could say so: refuse it */
+				snprintf(err, errlen, "version is damaged: the tensors of %s overlap",
+					 f->path);
+				r = -EIO;
+				goto fail_said;
+			}
 			if (r < 0)
 				goto fail;
 			tj = tensor_json(f, t);
@@ -235,31 +231,37 @@ static int load_src_make(struct daemon *d, const char *v, struct load_src *ls, c
 		.digest = ls->rec->digest,
 		.pinned = !strcmp(gpu_pin_mode(d->gpu), "cuda"),
 	};
+	free(ext_at);
 	return 0;
 fail:
 	snprintf(err, errlen, "%s", r == -ENOENT ? "no such version (it was removed)"
 				    : r == -EBUSY ? "version is open (not sealed)"
 				    : r == -EIO   ? "version is damaged"
 						  : strerror(-r));
+fail_said:
+	free(ext_at);
 	load_src_free(d, ls);
 	return r;
 }
 
 /*
- * Fill entry @l (devloads_begin()) with version @v: source, copy, references
- * dropped.  Returns 0 (*@summary: load's figures) or -errno with @err.
+ * Fill entry @l (devloads_begin() of @v, @seq, on device @gpu) with version
+ * @v: source, copy, references dropped; the device is marked used (status may
+ * then ask its memory).  Returns 0 (*@summary: load's figures) or -errno with
+ * @err.
  */
-static int load_entry(struct daemon *d, struct devload *l, const char *v,
+static int load_entry(struct daemon *d, struct devload *l, const char *v, uint64_t seq, int gpu,
 		      devload_progress_fn progress, void *arg, json_t **summary, char *err,
 		      size_t errlen)
 {
 	struct load_src ls;
-	int r = load_src_make(d, v, &ls, err, errlen);
+	int r = load_src_make(d, v, seq, &ls, err, errlen);
 
 	if (r < 0) {
 		devloads_fail(d->loads, l, err);
 		return r;
 	}
+	gpu_mark_used(d->gpu, gpu); /* the copy makes a context there: status may ask it */
 	r = devloads_run(d->loads, l, &ls.s, (unsigned)hwfs_tun.gpu_mem_pct,
 			 (int)hwfs_tun.gpu_streams, hwfs_tun.gpu_bucket_bytes, progress, arg,
 			 summary, err, errlen);
@@ -269,25 +271,69 @@ static int load_entry(struct daemon *d, struct devload *l, const char *v,
 
 /* ----------------------------------------------------------- load */
 
-/* Progress lines of a load on its connection, as publish sends them (at most 10 a second). */
+/*
+ * Progress lines of a load on its connection, as publish sends them (at most
+ * 10 a second).  They are sent on the copying thread, so they never block
+ * it: a line the socket cannot take now is dropped (the client misses one
+ * update).  A line the socket took only part of is finished, waiting at most
+ * LOAD_PROGRESS_FINISH_MS; a client that does not read even then loses its
+ * connection (the load goes on; its reply has nowhere to go).
+ */
+#define LOAD_PROGRESS_FINISH_MS 1000
+
 struct load_progress {
 	int fd;
 	double last;
+	int dead; /* the connection was shut down: no more lines */
 };
+
+/* The rest of a line sent in part: 0, or -ETIMEDOUT/-errno (then the connection is shut). */
+static int progress_finish(int fd, const char *s, size_t len)
+{
+	double until = hwfs_mono_s() + LOAD_PROGRESS_FINISH_MS / 1000.0;
+
+	while (len) {
+		struct pollfd pf = {.fd = fd, .events = POLLOUT};
+		double left = until - hwfs_mono_s();
+		ssize_t n;
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		if (poll(&pf, 1, (int)(left * 1000) + 1) < 0 && errno != EINTR)
+			return -errno;
+		n = send(fd, s, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			continue;
+		if (n < 0)
+			return -errno;
+		s += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
 
 static void load_progress(void *arg, uint64_t done, uint64_t total)
 {
 	struct load_progress *p = arg;
 	double now = hwfs_mono_s();
-	json_t *m;
+	char line[128];
+	ssize_t n;
+	int len;
 
-	if (done < total && now - p->last < 0.1)
+	if (p->dead || (done < total && now - p->last < 0.1))
 		return;
 	p->last = now;
-	m = json_pack("{s:{s:I, s:I}}", "progress", "done", (json_int_t)done, "total",
-		      (json_int_t)total);
-	ctl_send(p->fd, m);
-	json_decref(m);
+	len = snprintf(line, sizeof(line), "{\"progress\":{\"done\":%llu,\"total\":%llu}}\n",
+		       (unsigned long long)done, (unsigned long long)total);
+	n = send(p->fd, line, (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (n < 0 || n == len)
+		return; /* sent, or dropped (full: EAGAIN), or the peer went (the reply says) */
+	if (progress_finish(p->fd, line + n, (size_t)(len - n)) < 0) {
+		LOG_WARN("gpu: a load's client does not read its progress lines: connection closed "
+			 "(the load goes on)");
+		shutdown(p->fd, SHUT_RDWR);
+		p->dead = 1;
+	}
 }
 
 /* load's error reply: "cannot load V on GPU N: <why>" with "errno": @r. */
@@ -306,7 +352,7 @@ static json_t *load_error(const char *v, int gpu, int r, const char *why)
 json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
-	struct load_progress lp = {rd->fd, 0};
+	struct load_progress lp = {rd->fd, 0, 0};
 	struct devload *l = NULL;
 	json_t *sum = NULL, *res;
 	char err[1024];
@@ -328,9 +374,11 @@ json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const stru
 		r = sealed_seq(d, v, &seq);
 	if (r < 0)
 		return load_error(v, gpu, r, r == -ENOENT ? "no such version" : err);
-	r = devloads_begin(d->loads, v, seq, gpu, &l);
+	r = devloads_begin(d->loads, v, seq, gpu, 0, &l);
 	if (r == 0) {
-		r = load_entry(d, l, v, load_progress, &lp, &sum, err, sizeof(err));
+		r = load_entry(d, l, v, seq, gpu, load_progress, &lp, &sum, err, sizeof(err));
+		/* a commit barrier may be waiting on this very load: it ended, either way */
+		engines_kick(d->engines);
 	} else if (r == -EALREADY || r == -EINPROGRESS) {
 		already = 1;
 		r = devloads_wait(d->loads, v, gpu, &sum, err, sizeof(err));
@@ -457,11 +505,34 @@ json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
 
 /* ----------------------------------------------------------- the barrier's hook */
 
+/*
+ * `current` moved (daemon_current()): the loads the barrier made of other
+ * versions go (docs/gpu.md, "Commit barrier with device loads"): one an
+ * engine still maps is freed when its last map ends; manual loads stay.
+ */
+void daemon_gpu_current(struct daemon *d)
+{
+	char *cur;
+	uint64_t freed = 0;
+	size_t n;
+
+	if (!d->loads)
+		return;
+	cur = ns_current(d->ns);
+	n = devloads_unload_auto(d->loads, cur, &freed);
+	if (n)
+		LOG_INFO("gpu: current is %s: unloaded %zu load(s) the commit barrier made of other "
+			 "versions (%llu bytes freed now; mapped ones when their last map ends)",
+			 cur ? cur : "(none)", n, (unsigned long long)freed);
+	free(cur);
+}
+
 /* A load the barrier started, for its worker thread. */
 struct gpu_job {
 	struct daemon *d;
 	struct devload *l;
 	char *version;
+	uint64_t seq;
 	int gpu;
 };
 
@@ -473,7 +544,7 @@ static void *gpu_job_main(void *arg)
 	char err[1024];
 	int r;
 
-	r = load_entry(d, j->l, j->version, NULL, NULL, NULL, err, sizeof(err));
+	r = load_entry(d, j->l, j->version, j->seq, j->gpu, NULL, NULL, NULL, err, sizeof(err));
 	if (r < 0)
 		LOG_WARN("gpu: loading %s on GPU %d for the commit barrier failed: %s", j->version,
 			 j->gpu, err);
@@ -489,10 +560,12 @@ static void *gpu_job_main(void *arg)
 /*
  * The engines' device-load hook (engines_set_gpu_hook()), under the registry
  * lock: is @version resident on @gpu?  0 yes; -EINPROGRESS while a worker
- * loads it (started here when none does); -ECANCELED with the reason in
- * @err when it cannot be (no GPU, no such device, the load failed).
+ * loads it (started here when none does, or when the last load failed before
+ * the barrier began at @started_ns); -ECANCELED with the reason in @err when
+ * it cannot be (no GPU, no such device, the load failed during this barrier).
  */
-int daemon_gpu_ready(void *arg, const char *version, int gpu, char *err, size_t errlen)
+int daemon_gpu_ready(void *arg, const char *version, int gpu, uint64_t started_ns, char *err,
+		     size_t errlen)
 {
 	struct daemon *d = arg;
 	struct gpu_job *j = NULL;
@@ -507,14 +580,14 @@ int daemon_gpu_ready(void *arg, const char *version, int gpu, char *err, size_t 
 		snprintf(err, errlen, "no such version");
 		return -ECANCELED;
 	}
-	r = devloads_ready(d->loads, version, seq, gpu, err, errlen);
+	r = devloads_ready(d->loads, version, seq, gpu, started_ns, err, errlen);
 	if (r != -ENOENT)
 		return r;
 	if (devloads_worker_enter(d->loads) < 0) {
 		snprintf(err, errlen, "the daemon is shutting down");
 		return -ECANCELED;
 	}
-	r = devloads_begin(d->loads, version, seq, gpu, &l);
+	r = devloads_begin(d->loads, version, seq, gpu, 1, &l);
 	if (r != 0) {
 		devloads_worker_exit(d->loads);
 		if (r == -EALREADY || r == -EINPROGRESS)
@@ -529,6 +602,7 @@ int daemon_gpu_ready(void *arg, const char *version, int gpu, char *err, size_t 
 	if (j && (j->version = strdup(version))) {
 		j->d = d;
 		j->l = l;
+		j->seq = seq;
 		j->gpu = gpu;
 		if (pthread_create(&t, NULL, gpu_job_main, j) == 0) {
 			pthread_detach(t);

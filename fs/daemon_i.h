@@ -189,8 +189,11 @@ json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
  * is accepted only when @optional.  Returns 0 or -EINVAL.
  */
 int req_gpu(json_t *req, int optional, int *gpu);
+/** `current` moved: unload the barrier's device loads of other versions (daemon_gpu.c). */
+void daemon_gpu_current(struct daemon *d);
 /** The engines' device-load hook (engines_set_gpu_hook()); @arg is the daemon. */
-int daemon_gpu_ready(void *arg, const char *version, int gpu, char *err, size_t errlen);
+int daemon_gpu_ready(void *arg, const char *version, int gpu, uint64_t started_ns, char *err,
+		     size_t errlen);
 
 /** `hwfs publish` (daemon_publish.c), a daemon_op_fn. */
 json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer);

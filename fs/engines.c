@@ -67,7 +67,8 @@ struct engines {
 	struct lease *leases;
 	void (*wake)(void *arg);
 	void *wake_arg;
-	int (*gpu_ready)(void *arg, const char *version, int gpu, char *err, size_t errlen);
+	int (*gpu_ready)(void *arg, const char *version, int gpu, uint64_t started_ns, char *err,
+			 size_t errlen);
 	void *gpu_arg;
 	uint64_t current_gen; /* ns_current_gen() when the last "current" event was sent */
 };
@@ -134,8 +135,8 @@ void engines_set_wake(struct engines *reg, void (*wake)(void *arg), void *arg)
 
 /* Point the device-load hook at @ready(@arg, ...), or at nobody (see engines.h). */
 void engines_set_gpu_hook(struct engines *reg,
-			  int (*ready)(void *arg, const char *version, int gpu, char *err,
-				       size_t errlen),
+			  int (*ready)(void *arg, const char *version, int gpu,
+				       uint64_t started_ns, char *err, size_t errlen),
 			  void *arg)
 {
 	pthread_mutex_lock(&reg->mu);
@@ -662,7 +663,8 @@ static int barrier_locked(struct engines *reg, const char *v, uint64_t started_n
 			char why[ENGINE_REASON_MAX] = "";
 
 			if (reg->gpu_ready)
-				g = reg->gpu_ready(reg->gpu_arg, v, w->gpu, why, sizeof(why));
+				g = reg->gpu_ready(reg->gpu_arg, v, w->gpu, started_ns, why,
+						   sizeof(why));
 			else
 				g = -ECANCELED, snprintf(why, sizeof(why), "no device loader here");
 			if (g == 0)

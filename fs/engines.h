@@ -32,6 +32,7 @@
 #define HWFS_ENGINES_H
 
 #include <jansson.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "ns.h"
@@ -88,7 +89,9 @@ int engines_watch_gpu(struct engines *reg, int fd, pid_t pid, const char *name, 
 
 /**
  * engines_set_gpu_hook() - the barrier's question for an engine registered
- * with a GPU: @ready(@arg, version, gpu, err, errlen) returns 0 (the version
+ * with a GPU: @ready(@arg, version, gpu, started_ns, err, errlen), asked by
+ * the barrier that began at @started_ns (engines_now_ns(); a failure from
+ * before it is stale and the hook loads again), returns 0 (the version
  * is resident on that device), -EINPROGRESS (a load was started, or runs, in
  * a worker thread that calls engines_kick() when it ends) or -ECANCELED (the
  * load failed or cannot be: the reason in @err, which the barrier reports as
@@ -98,8 +101,8 @@ int engines_watch_gpu(struct engines *reg, int fd, pid_t pid, const char *name, 
  * NULL: such engines refuse every version ("no device loader here").
  */
 void engines_set_gpu_hook(struct engines *reg,
-			  int (*ready)(void *arg, const char *version, int gpu, char *err,
-				       size_t errlen),
+			  int (*ready)(void *arg, const char *version, int gpu,
+				       uint64_t started_ns, char *err, size_t errlen),
 			  void *arg);
 
 /**

@@ -733,6 +733,7 @@ static int parse_tensor(struct pctx *c, const char *where, json_t *o, const stru
 
 static int parse_tensors(struct pctx *c, const char *where, json_t *arr, struct hwfs_frec *f)
 {
+	uint64_t nz_end = 0; /* end of the non-empty tensors so far */
 	size_t n;
 	char w[96];
 
@@ -757,6 +758,11 @@ static int parse_tensors(struct pctx *c, const char *where, json_t *arr, struct 
 			return rc;
 		if (i && f->tensors[i].off < f->tensors[i - 1].off)
 			return fail(c, "%s: tensors not sorted by offset", w);
+		/* as a local safetensors header must not (safetensors.c): non-empty ones overlap */
+		if (f->tensors[i].len && f->tensors[i].off < nz_end)
+			return fail(c, "%s: overlaps the tensor before it", w);
+		if (f->tensors[i].len) /* inside the file: parse_tensor() checked */
+			nz_end = f->tensors[i].off + f->tensors[i].len;
 	}
 	return 0;
 }

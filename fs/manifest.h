@@ -30,7 +30,8 @@ int manifest_digest(const struct hwfs_vrec *v, hwfs_hash_t *out);
  * manifest_parse() - decode and validate a manifest.
  * Rejects: invalid JSON, wrong format tag, missing/ill-typed fields, unsafe
  * paths (absolute, "..", empty components), extents that do not tile
- * [0, size) exactly, tensors outside their file, more than 1<<20 files or
+ * [0, size) exactly, tensors outside their file or overlapping (non-empty
+ * ones; safetensors refuses them too), more than 1<<20 files or
  * extents in total. On success *@out is a new record with state SEALED and
  * digest set to the hash of @json. Returns 0, -EINVAL (@err says why), -ENOMEM.
  */

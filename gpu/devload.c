@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cudart.h"
 #include "devload.h"
@@ -85,15 +86,13 @@ int devload_plan(const uint64_t *lens, size_t n, uint64_t free_bytes, unsigned p
 	for (size_t i = 0; i < n; i++) {
 		uint64_t off = align_up(cursor), end;
 
-		if (lens[i] > 0 && (cur < 0 || (cursor > 0 && (off == UINT64_MAX ||
-							       lens[i] > cap || off > cap - lens[i])))) {
+		if (lens[i] == 0)
+			continue; /* placed below: bucket 0, offset 0; takes no room */
+		if (cur < 0 || (cursor > 0 && (off == UINT64_MAX || lens[i] > cap ||
+					       off > cap - lens[i]))) {
 			cur++;
 			cursor = 0;
 			off = 0;
-		}
-		if (cur < 0) { /* an empty tensor before any bytes: wait for the first bucket */
-			p.t_bucket[i] = -1;
-			continue;
 		}
 		if (off == UINT64_MAX || __builtin_add_overflow(off, lens[i], &end)) {
 			r = -EOVERFLOW;
@@ -105,10 +104,16 @@ int devload_plan(const uint64_t *lens, size_t n, uint64_t free_bytes, unsigned p
 		p.bucket_bytes[cur] = HWFS_MAX(p.bucket_bytes[cur], end);
 	}
 	p.n_buckets = (size_t)(cur + 1);
-	/* empty tensors met before the first bucket sit at its start (or nowhere: no bucket) */
-	for (size_t i = 0; i < n && p.n_buckets; i++)
-		if (p.t_bucket[i] < 0)
+	if (p.n_buckets == 0) { /* no bytes at all: one minimal bucket, so every index is valid */
+		p.n_buckets = 1;
+		p.bucket_bytes[0] = DEVLOAD_ALIGN;
+	}
+	/* every empty tensor sits at the start of the first bucket */
+	for (size_t i = 0; i < n; i++)
+		if (lens[i] == 0) {
 			p.t_bucket[i] = 0;
+			p.t_offset[i] = 0;
+		}
 	for (size_t b = 0; b < p.n_buckets; b++)
 		if (__builtin_add_overflow(need, p.bucket_bytes[b], &need)) {
 			r = -EOVERFLOW;
@@ -138,6 +143,34 @@ fail:
 	return r;
 }
 
+/* ------------------------------------------------------------------ pieces */
+
+/* The pieces of a tensor (see devload.h): bounded by @cap, whatever the manifest says. */
+int devload_tensor_pieces(const struct hwfs_frec *f, const uint64_t *ext_at,
+			  const struct hwfs_trec *t, size_t *e0, struct devload_piece *pieces,
+			  size_t cap, size_t *np)
+{
+	uint64_t at = t->off, end;
+
+	if (__builtin_add_overflow(t->off, t->len, &end) || end > f->size)
+		return -EIO;
+	while (*e0 < f->n_ext && f->ext[*e0].off + f->ext[*e0].len <= t->off)
+		(*e0)++;
+	for (size_t i = *e0; i < f->n_ext && at < end; i++) {
+		const struct hwfs_extent *e = &f->ext[i];
+		uint64_t e_end = e->off + e->len, take;
+
+		if (at < e->off || at >= e_end)
+			return -EIO; /* a hole: extents must cover the file */
+		if (*np >= cap)
+			return -E2BIG; /* overlapping tensors: more pieces than room */
+		take = HWFS_MIN(e_end, end) - at;
+		pieces[(*np)++] = (struct devload_piece){ext_at[i] + (at - e->off), take};
+		at += take;
+	}
+	return at == end ? 0 : -EIO;
+}
+
 /* ------------------------------------------------------------------ table */
 
 enum dl_state { DL_LOADING, DL_LOADED, DL_FAILED };
@@ -155,6 +188,7 @@ struct devload {
 	int gpu;
 	enum dl_state state;
 	char reason[DEVLOAD_REASON_MAX];
+	uint64_t failed_ns; /* when it failed (CLOCK_MONOTONIC ns): is it news to a barrier? */
 	struct dl_bucket *b;
 	size_t nb;
 	json_t *tensors; /* gpumap's layout (with bucket and offset), once loaded */
@@ -164,6 +198,7 @@ struct devload {
 	double seconds;
 	int pinned;
 	int removed;   /* `hwfs rm` removed the version; the copy stays until unloaded */
+	int autoload;  /* made by the commit barrier: unloaded when `current` moves on */
 	int unloading; /* unloaded while mapped: freed at the last unmap, invisible to lookups */
 	unsigned refs; /* gpumap connections */
 	struct devload *next;
@@ -287,6 +322,27 @@ void devloads_drain(struct devloads *dl)
 	pthread_mutex_unlock(&dl->mu);
 }
 
+int devloads_drain_for(struct devloads *dl, unsigned ms, unsigned *left)
+{
+	struct timespec until;
+	int r;
+
+	clock_gettime(CLOCK_REALTIME, &until); /* the condition variable's clock */
+	until.tv_sec += (time_t)(ms / 1000);
+	until.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&dl->mu);
+	while (dl->workers && pthread_cond_timedwait(&dl->cv, &dl->mu, &until) != ETIMEDOUT)
+		;
+	*left = dl->workers;
+	r = dl->workers ? -ETIMEDOUT : 0;
+	pthread_mutex_unlock(&dl->mu);
+	return r;
+}
+
 /* The visible entry of (@v, @gpu) (dl->mu held): not being freed by an unload. */
 static struct devload *find(struct devloads *dl, const char *v, int gpu)
 {
@@ -296,7 +352,7 @@ static struct devload *find(struct devloads *dl, const char *v, int gpu)
 	return NULL;
 }
 
-int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int gpu,
+int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int gpu, int autoload,
 		   struct devload **out)
 {
 	struct devload *l;
@@ -317,6 +373,8 @@ int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int g
 		r = l->removed || l->seq != seq ? -EEXIST
 		    : l->state == DL_LOADING    ? -EINPROGRESS
 						: -EALREADY;
+		if (r != -EEXIST && !autoload)
+			l->autoload = 0; /* asked for by hand now: kept until unloaded by hand */
 		goto out;
 	}
 	l = calloc(1, sizeof(*l));
@@ -327,6 +385,7 @@ int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int g
 	}
 	l->seq = seq;
 	l->gpu = gpu;
+	l->autoload = !!autoload;
 	l->state = DL_LOADING;
 	l->next = dl->loads;
 	dl->loads = l;
@@ -344,11 +403,24 @@ static json_t *summary_of(const struct devload *l)
 			 l->seconds, "source", l->pinned ? "pinned" : "pageable");
 }
 
+/* CLOCK_MONOTONIC in nanoseconds (the clock of engines_now_ns()). */
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* @l ends loading in @st (dl->mu taken here); wakes the waiters. */
 static void finish(struct devloads *dl, struct devload *l, enum dl_state st, json_t **summary)
 {
+	uint64_t now = mono_ns();
+
 	pthread_mutex_lock(&dl->mu);
 	l->state = st;
+	if (st == DL_FAILED)
+		l->failed_ns = now;
 	if (summary)
 		*summary = st == DL_LOADED ? summary_of(l) : NULL;
 	pthread_cond_broadcast(&dl->cv);
@@ -459,8 +531,7 @@ static int copy(struct devloads *dl, struct devload *l, const struct devload_src
 	}
 	l->nb = p.n_buckets;
 	for (size_t b = 0; b < p.n_buckets; b++) {
-		/* a bucket of only empty tensors still gets a pointer (and an IPC handle) */
-		size_t len = (size_t)HWFS_MAX(p.bucket_bytes[b], (uint64_t)DEVLOAD_ALIGN);
+		size_t len = (size_t)p.bucket_bytes[b]; /* > 0: the plan makes no empty bucket */
 
 		l->b[b].bytes = p.bucket_bytes[b];
 		if ((e = rt->Malloc(&l->b[b].ptr, len)) != CUDART_SUCCESS) {
@@ -600,20 +671,24 @@ int devloads_wait(struct devloads *dl, const char *version, int gpu, json_t **su
 	return r;
 }
 
-int devloads_ready(struct devloads *dl, const char *version, uint64_t seq, int gpu, char *err,
-		   size_t errlen)
+int devloads_ready(struct devloads *dl, const char *version, uint64_t seq, int gpu,
+		   uint64_t started_ns, char *err, size_t errlen)
 {
 	struct devload *l;
 	int r;
 
 	pthread_mutex_lock(&dl->mu);
 	l = find(dl, version, gpu);
+	if (l && l->state == DL_FAILED && l->failed_ns < started_ns) {
+		unlink_load(dl, l); /* stale: it failed before this barrier began; load again */
+		load_free(dl, l);   /* a failed load holds no device memory */
+		l = NULL;
+	}
 	if (!l) {
 		r = -ENOENT;
 	} else if (l->state == DL_FAILED) {
+		/* kept: every engine of this barrier on that device is told the same */
 		snprintf(err, errlen, "%s", l->reason);
-		unlink_load(dl, l); /* told once: a later commit loads again */
-		load_free(dl, l);
 		r = -ECANCELED;
 	} else if (l->removed || l->seq != seq) {
 		snprintf(err, errlen, "GPU %d holds an earlier %s (removed since): unload it first "
@@ -750,6 +825,43 @@ int devloads_unload(struct devloads *dl, const char *version, int gpu, uint64_t 
 	return found ? 0 : busy ? -EBUSY : -ENOENT;
 }
 
+size_t devloads_unload_auto(struct devloads *dl, const char *keep, uint64_t *freed)
+{
+	struct devload *gone = NULL, **pp;
+	size_t n = 0;
+
+	*freed = 0;
+	pthread_mutex_lock(&dl->mu);
+	for (pp = &dl->loads; *pp;) {
+		struct devload *l = *pp;
+
+		if (!l->autoload || l->unloading || l->state == DL_LOADING ||
+		    (keep && !l->removed && !strcmp(l->version, keep))) {
+			pp = &l->next;
+			continue;
+		}
+		n++;
+		if (l->refs) {
+			l->unloading = 1; /* freed by the last devloads_unmap() */
+			pp = &l->next;
+			continue;
+		}
+		*pp = l->next;
+		l->next = gone;
+		gone = l;
+	}
+	pthread_mutex_unlock(&dl->mu);
+	while (gone) {
+		struct devload *l = gone;
+
+		gone = l->next;
+		for (size_t b = 0; b < l->nb; b++)
+			*freed += l->b[b].bytes;
+		load_free(dl, l);
+	}
+	return n;
+}
+
 void devloads_removed(struct devloads *dl, const char *version)
 {
 	pthread_mutex_lock(&dl->mu);
@@ -773,12 +885,12 @@ json_t *devloads_json(struct devloads *dl)
 		/* a loading entry's buckets belong to its copying thread until it finishes */
 		for (size_t b = 0; l->state != DL_LOADING && b < l->nb; b++)
 			bytes += l->b[b].bytes;
-		o = json_pack("{s:s, s:i, s:I, s:I, s:I, s:s, s:i, s:b}", "version", l->version,
+		o = json_pack("{s:s, s:i, s:I, s:I, s:I, s:s, s:i, s:b, s:b}", "version", l->version,
 			      "gpu", l->gpu, "bytes", (json_int_t)bytes, "tensors",
 			      (json_int_t)(l->state == DL_LOADING ? 0 : l->n_tensors), "buckets",
 			      (json_int_t)(l->state == DL_LOADING ? 0 : l->nb), "state",
 			      l->unloading ? "unloading" : dl_state_names[l->state], "maps",
-			      (int)l->refs, "removed", l->removed);
+			      (int)l->refs, "removed", l->removed, "auto", l->autoload);
 		if (o && l->state == DL_FAILED)
 			json_object_set_new(o, "reason", json_string(l->reason));
 		json_array_append_new(arr, o);

@@ -48,9 +48,9 @@ struct devload_plan {
 	size_t n_buckets;
 	uint64_t *bucket_bytes; /* bytes of each bucket: the end of its last tensor */
 	int *bucket_stream;     /* the stream (0..streams-1) each bucket's copies go on */
-	int *t_bucket;          /* per tensor: its bucket, -1 for an empty tensor of an
-				 * empty version (no bucket at all) */
-	uint64_t *t_offset;     /* per tensor: its offset in the bucket (DEVLOAD_ALIGN-aligned) */
+	int *t_bucket;          /* per tensor: its bucket, 0..n_buckets-1 (0 for an empty one) */
+	uint64_t *t_offset;     /* per tensor: its offset in the bucket (DEVLOAD_ALIGN-aligned;
+				 * 0 for an empty one) */
 	uint64_t bucket_cap;    /* the bucket size chosen (a bigger tensor has its own) */
 	uint64_t need;          /* device bytes needed: the sum of the buckets (UINT64_MAX:
 				 * more than fits in 64 bits) */
@@ -64,8 +64,11 @@ struct devload_plan {
  * tensors go in order, each at the next DEVLOAD_ALIGN-aligned offset of the
  * current bucket, a new bucket starting when one would pass the size; a
  * tensor larger than the size gets a bucket of its own, exactly its length.
- * An empty tensor takes no room (it sits at the current aligned offset).
- * Buckets go round-robin to @streams streams.  Returns 0, -EINVAL (@pct not
+ * An empty tensor takes no room: it is at bucket 0, offset 0.  There is
+ * always at least one bucket: a version without a byte of tensor data (only
+ * empty tensors, or none) gets one of DEVLOAD_ALIGN bytes, so that every
+ * tensor's bucket is a valid index.  Buckets go round-robin to @streams
+ * streams.  Returns 0, -EINVAL (@pct not
  * 1..100, @streams < 1, @max_bucket 0), -ENOMEM (out of memory, or the
  * buckets need more than @pct% of @free_bytes: @out->need and @out->allowed
  * say by how much; nothing else of @out is set then) or -EOVERFLOW (the
@@ -106,6 +109,22 @@ struct devload_src {
 	int pinned;      /* the arena is registered with CUDA ("source": "pinned") */
 };
 
+/**
+ * devload_tensor_pieces() - the arena pieces of tensor @t of regular file @f
+ * (its extents sorted by offset and covering the file; extent i lies at
+ * arena offset @ext_at[i]), appended to @pieces from *@np on, one per extent
+ * the tensor crosses (none for an empty tensor).  *@e0 is the first extent
+ * that may hold the tensor: start at 0 for a file and pass it back for the
+ * next tensor (tensors in offset order).  Never writes @pieces[@cap] or
+ * beyond.  Returns 0, -EIO (the tensor is not inside the file, or the
+ * extents leave a hole) or -E2BIG (more than @cap pieces: the file's tensors
+ * overlap, since tensors that do not overlap need at most one piece per
+ * tensor plus one per extent).
+ */
+int devload_tensor_pieces(const struct hwfs_frec *f, const uint64_t *ext_at,
+			  const struct hwfs_trec *t, size_t *e0, struct devload_piece *pieces,
+			  size_t cap, size_t *np);
+
 /** Progress of a copy: @done of @total bytes. */
 typedef void (*devload_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
@@ -136,19 +155,27 @@ int devloads_worker_enter(struct devloads *dl);
 void devloads_worker_exit(struct devloads *dl);
 /** Wait until every worker left (call devloads_stop() first). */
 void devloads_drain(struct devloads *dl);
+/**
+ * devloads_drain_for() - devloads_drain(), waiting at most @ms milliseconds.
+ * Returns 0 (every worker left) or -ETIMEDOUT (the number still running in
+ * *@left).
+ */
+int devloads_drain_for(struct devloads *dl, unsigned ms, unsigned *left);
 
 /**
  * devloads_begin() - start a load of @version (its seq @seq on this node) on
  * device @gpu: a new entry in state "loading", returned in *@out for
- * devloads_run() or devloads_fail() (one of them must follow).  When an
+ * devloads_run() or devloads_fail() (one of them must follow).  @autoload:
+ * the commit barrier asks for it (devloads_unload_auto() may unload it),
+ * else a manual `hwfs load` (never unloaded but by `hwfs unload`).  When an
  * entry of (@version, @gpu) exists already, nothing is made and the answer
  * says what it is: -EALREADY (loaded, the same version: see devloads_wait()
  * for its figures), -EINPROGRESS (being loaded: devloads_wait()), -EEXIST
  * (it holds another version of that name, or one removed since: unload it
- * first).  A failed entry is replaced.  Returns 0, those, -ESHUTDOWN
- * (stopping) or -ENOMEM.
+ * first); a manual begin makes that same version's entry manual.  A failed
+ * entry is replaced.  Returns 0, those, -ESHUTDOWN (stopping) or -ENOMEM.
  */
-int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int gpu,
+int devloads_begin(struct devloads *dl, const char *version, uint64_t seq, int gpu, int autoload,
 		   struct devload **out);
 
 /**
@@ -184,13 +211,17 @@ int devloads_wait(struct devloads *dl, const char *version, int gpu, json_t **su
 
 /**
  * devloads_ready() - the commit barrier's question: is @version (seq @seq)
- * resident on device @gpu?  Returns 0 (loaded), -EINPROGRESS (loading),
- * -ECANCELED with the reason in @err (the load failed: the failed entry is
- * forgotten then, so that a later commit tries again; or the device holds
- * another version of that name), -ENOENT (no load: start one).
+ * resident on device @gpu, for the barrier that began at @started_ns
+ * (CLOCK_MONOTONIC, engines_now_ns())?  Returns 0 (loaded), -EINPROGRESS
+ * (loading), -ECANCELED with the reason in @err (the load failed at or
+ * after @started_ns: every question of this barrier gets the same answer;
+ * or the device holds another version of that name), -ENOENT (no load:
+ * start one).  A failure from before @started_ns (a manual load's, an
+ * earlier commit's) is stale: the entry is dropped and -ENOENT returned, so
+ * that this barrier loads again.
  */
-int devloads_ready(struct devloads *dl, const char *version, uint64_t seq, int gpu, char *err,
-		   size_t errlen);
+int devloads_ready(struct devloads *dl, const char *version, uint64_t seq, int gpu,
+		   uint64_t started_ns, char *err, size_t errlen);
 
 /**
  * devloads_map() - gpumap: take one reference on the loaded entry of
@@ -215,13 +246,24 @@ void devloads_unmap(struct devloads *dl, struct devload *ref);
 int devloads_unload(struct devloads *dl, const char *version, int gpu, uint64_t *freed,
 		    uint64_t *pending);
 
+/**
+ * devloads_unload_auto() - `current` now names @keep (NULL: nothing): unload
+ * every load the commit barrier made (devloads_begin() with @autoload) of a
+ * version other than @keep (or of @keep removed since), on every device, as
+ * devloads_unload() does: loaded and failed ones go, one still mapped is
+ * freed when its last map ends, one still loading stays (the next flip
+ * unloads it).  *@freed is the bytes freed now.  Returns how many went or
+ * are going.
+ */
+size_t devloads_unload_auto(struct devloads *dl, const char *keep, uint64_t *freed);
+
 /** `hwfs rm` removed @version: its loads stay, shown as "removed". */
 void devloads_removed(struct devloads *dl, const char *version);
 
 /**
  * devloads_json() - status "loads": a new array of {"version", "gpu",
- * "bytes", "tensors", "buckets", "state", "maps", "removed"} (and "reason"
- * when failed), NULL without memory.
+ * "bytes", "tensors", "buckets", "state", "maps", "removed", "auto"} (and
+ * "reason" when failed), NULL without memory.
  */
 json_t *devloads_json(struct devloads *dl);
 

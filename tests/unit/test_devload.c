@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "devload.h"
+#include "manifest.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
@@ -48,7 +49,9 @@ static void check_plan(const uint64_t *lens, size_t n, const struct devload_plan
 			if (p->t_offset[i] + lens[i] > end)
 				end = p->t_offset[i] + lens[i];
 		}
-		assert_true(count > 0);
+		assert_true(count > 0 || (p->n_buckets == 1 && p->bucket_bytes[0] == DEVLOAD_ALIGN));
+		if (end == 0) /* the one minimal bucket of a version without bytes */
+			end = DEVLOAD_ALIGN;
 		assert_int_equal(p->bucket_bytes[b], end);
 		/* over the size: only a bucket whose one tensor with bytes is larger than it */
 		if (end > p->bucket_cap)
@@ -56,11 +59,17 @@ static void check_plan(const uint64_t *lens, size_t n, const struct devload_plan
 		sum += p->bucket_bytes[b];
 	}
 	assert_int_equal(p->need, sum);
+	assert_true(p->n_buckets >= 1);
 	for (size_t i = 0; i < n; i++) {
 		int b = p->t_bucket[i];
 
 		assert_int_equal(p->t_offset[i] % DEVLOAD_ALIGN, 0);
 		assert_true(b >= 0 && (size_t)b < p->n_buckets);
+		if (lens[i] == 0) { /* empty: at the start of bucket 0, out of the order */
+			assert_int_equal(b, 0);
+			assert_int_equal(p->t_offset[i], 0);
+			continue;
+		}
 		assert_true(b >= last_b); /* in order */
 		if (b == last_b && lens[i] > 0)
 			assert_true(p->t_offset[i] >= last_end); /* no overlap */
@@ -162,24 +171,30 @@ static void test_zero_length_tensors(void **state)
 
 	assert_int_equal(devload_plan(lens, 6, GiB, 100, 4, 16 * MiB, &p), 0);
 	check_plan(lens, 6, &p, 4);
-	/* empty tensors before the first bytes sit at the start of the first bucket */
-	assert_int_equal(p.t_bucket[0], 0);
-	assert_int_equal(p.t_offset[0], 0);
+	/* every empty tensor sits at the start of the first bucket, wherever it is in order */
+	for (int i = 0; i < 6; i += i == 1 ? 2 : 1 + (i == 3)) {
+		assert_int_equal(p.t_bucket[i], 0);
+		assert_int_equal(p.t_offset[i], 0);
+	}
 	assert_int_equal(p.t_offset[2], 0);
-	assert_int_equal(p.t_offset[3], 256); /* aligned, after the 100 bytes; takes no room */
 	assert_int_equal(p.n_buckets, 2);
-	assert_int_equal(p.t_bucket[5], 1);
+	assert_int_equal(p.t_bucket[4], 1);
 	devload_plan_free(&p);
-	/* a version of only empty tensors needs no bucket at all */
+	/* a version of only empty tensors gets one minimal bucket, every tensor in it */
 	assert_int_equal(devload_plan(none, 3, GiB, 100, 4, 16 * MiB, &p), 0);
-	assert_int_equal(p.n_buckets, 0);
-	assert_int_equal(p.need, 0);
-	for (int i = 0; i < 3; i++)
-		assert_int_equal(p.t_bucket[i], -1);
+	check_plan(none, 3, &p, 4);
+	assert_int_equal(p.n_buckets, 1);
+	assert_int_equal(p.bucket_bytes[0], DEVLOAD_ALIGN);
+	assert_int_equal(p.need, DEVLOAD_ALIGN);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(p.t_bucket[i], 0);
+		assert_int_equal(p.t_offset[i], 0);
+	}
 	devload_plan_free(&p);
-	/* and no tensors at all */
+	/* and so does a version of no tensors at all */
 	assert_int_equal(devload_plan(NULL, 0, GiB, 100, 4, 16 * MiB, &p), 0);
-	assert_int_equal(p.n_buckets, 0);
+	assert_int_equal(p.n_buckets, 1);
+	assert_int_equal(p.bucket_bytes[0], DEVLOAD_ALIGN);
 	devload_plan_free(&p);
 }
 
@@ -254,6 +269,149 @@ static void test_bad_arguments(void **state)
 	assert_int_equal(devload_plan(lens, 1, GiB, 90, 4, 0, &p), -EINVAL);
 }
 
+/*
+ * The pieces of a file's tensors never pass the room the daemon gives them
+ * (one per tensor plus one per extent), even when a peer's manifest makes
+ * the tensors overlap: 1000 tensors all [0, size) over a 3-extent file need
+ * 3000 pieces; the call says -E2BIG instead of writing past the array (ASan
+ * sees a write past it, the heap array is exactly @cap long).
+ */
+static void test_pieces_bounded(void **state)
+{
+	enum { NT = 1000, NE = 3 };
+	struct hwfs_extent ext[NE] = {{0, 100, {{0}}}, {100, 100, {{0}}}, {200, 56, {{0}}}};
+	uint64_t ext_at[NE] = {4096, 65536, 8192};
+	struct hwfs_trec *t = calloc(NT, sizeof(*t));
+	struct hwfs_frec f = {.kind = HWFS_K_REG, .size = 256, .n_ext = NE, .ext = ext,
+			      .n_tensors = NT, .tensors = t};
+	size_t cap = NT + NE, np = 0, e0 = 0;
+	struct devload_piece *pc = calloc(cap, sizeof(*pc));
+	int r = 0;
+
+	assert_non_null(t);
+	assert_non_null(pc);
+	for (size_t i = 0; i < NT; i++)
+		t[i].len = 256;
+	for (size_t i = 0; i < NT && r == 0; i++)
+		r = devload_tensor_pieces(&f, ext_at, &t[i], &e0, pc, cap, &np);
+	assert_int_equal(r, -E2BIG);
+	assert_true(np <= cap);
+	/* tensors that do not overlap fit: [0,150) over two extents, [150,256) over two */
+	t[0] = (struct hwfs_trec){.off = 0, .len = 150};
+	t[1] = (struct hwfs_trec){.off = 150, .len = 0};
+	t[2] = (struct hwfs_trec){.off = 150, .len = 106};
+	np = e0 = 0;
+	for (size_t i = 0; i < 3; i++)
+		assert_int_equal(devload_tensor_pieces(&f, ext_at, &t[i], &e0, pc, 3 + NE, &np), 0);
+	assert_int_equal(np, 4);
+	assert_int_equal(pc[0].arena_off, 4096);
+	assert_int_equal(pc[0].len, 100);
+	assert_int_equal(pc[1].arena_off, 65536);
+	assert_int_equal(pc[1].len, 50);
+	assert_int_equal(pc[2].arena_off, 65536 + 50);
+	assert_int_equal(pc[2].len, 50);
+	assert_int_equal(pc[3].arena_off, 8192);
+	assert_int_equal(pc[3].len, 56);
+	/* outside the file */
+	t[3] = (struct hwfs_trec){.off = 200, .len = 57};
+	assert_int_equal(devload_tensor_pieces(&f, ext_at, &t[3], &e0, pc, 3 + NE, &np), -EIO);
+	free(pc);
+	free(t);
+}
+
+/* A peer's manifest whose non-empty tensors overlap is refused (a local header would be). */
+static void test_manifest_refuses_overlap(void **state)
+{
+#define MH "0123456789abcdef0123456789abcdef"
+#define MT(name, off, len)                                                                     \
+	"{\"dtype\":\"U8\",\"hash\":\"" MH "\",\"length\":" #len ",\"name\":\"" name "\","       \
+	"\"offset\":" #off ",\"shape\":[" #len "]}"
+#define MF(tensors)                                                                            \
+	"{\"files\":[{\"extents\":[[0,8,\"" MH "\"]],\"kind\":\"file\",\"mode\":420,"          \
+	"\"mtime_ns\":2,\"path\":\"f\",\"size\":8,\"tensors\":[" tensors "]}],"                \
+	"\"format\":\"hwfs-manifest/1\",\"shards\":[[\"" MH "\",8]],\"version\":\"v1\"}"
+	static const char ok[] = MF(MT("a", 0, 4) "," MT("e", 4, 0) "," MT("b", 4, 4));
+	static const char bad[] = MF(MT("a", 0, 8) "," MT("b", 4, 4));
+	static const char same[] = MF(MT("a", 0, 8) "," MT("b", 0, 8));
+	struct hwfs_vrec *v = NULL;
+	char err[256] = "";
+
+	assert_int_equal(manifest_parse(ok, strlen(ok), &v, err, sizeof(err)), 0);
+	hwfs_vrec_free(v);
+	v = NULL;
+	assert_int_equal(manifest_parse(bad, strlen(bad), &v, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "overlaps"));
+	assert_int_equal(manifest_parse(same, strlen(same), &v, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "overlaps"));
+#undef MF
+#undef MT
+#undef MH
+}
+
+/* Flag @key of @version in status "loads": 1, 0, or -1 when it is not there. */
+static int load_flag(json_t *st, const char *version, const char *key)
+{
+	for (size_t i = 0; i < json_array_size(st); i++) {
+		json_t *o = json_array_get(st, i);
+
+		if (!strcmp(json_string_value(json_object_get(o, "version")), version))
+			return json_is_true(json_object_get(o, key));
+	}
+	return -1; /* not there */
+}
+
+/*
+ * Loads the barrier made ("auto") go when `current` moves to another
+ * version; manual ones, the new current's and those still loading stay; a
+ * manual load of an auto entry makes it manual.
+ */
+static void test_auto_unload(void **state)
+{
+	struct devloads *dl;
+	struct devload *a = NULL, *b = NULL, *c = NULL, *m = NULL, *x = NULL;
+	uint64_t freed = 1;
+	json_t *st;
+
+	assert_int_equal(devloads_create(NULL, &dl), 0);
+	assert_int_equal(devloads_begin(dl, "a", 1, 0, 1, &a), 0);
+	assert_int_equal(devloads_begin(dl, "b", 2, 0, 1, &b), 0);
+	assert_int_equal(devloads_begin(dl, "c", 3, 0, 1, &c), 0);
+	assert_int_equal(devloads_begin(dl, "m", 4, 0, 0, &m), 0);
+	assert_int_equal(devloads_begin(dl, "x", 5, 1, 1, &x), 0);
+	/* a manual load of "x" while the barrier's runs: it becomes manual */
+	assert_int_equal(devloads_begin(dl, "x", 5, 1, 0, &x), -EINPROGRESS);
+	devloads_fail(dl, a, "a");
+	devloads_fail(dl, b, "b");
+	devloads_fail(dl, m, "m");
+	st = devloads_json(dl);
+	assert_int_equal(load_flag(st, "a", "auto"), 1);
+	assert_int_equal(load_flag(st, "m", "auto"), 0);
+	assert_int_equal(load_flag(st, "x", "auto"), 0);
+	json_decref(st);
+	/* current is now "b": "a" goes; "b" (current), "c" (loading), "m", "x" (manual) stay */
+	assert_int_equal(devloads_unload_auto(dl, "b", &freed), 1);
+	assert_int_equal(freed, 0);
+	st = devloads_json(dl);
+	assert_int_equal(json_array_size(st), 4);
+	assert_int_equal(load_flag(st, "a", "auto"), -1);
+	assert_int_equal(load_flag(st, "b", "auto"), 1);
+	json_decref(st);
+	/* "b" removed since: it goes even while current names it */
+	devloads_removed(dl, "b");
+	assert_int_equal(devloads_unload_auto(dl, "b", &freed), 1);
+	devloads_fail(dl, c, "c");
+	devloads_fail(dl, x, "x");
+	assert_int_equal(devloads_unload_auto(dl, NULL, &freed), 1); /* "c" */
+	st = devloads_json(dl);
+	assert_int_equal(json_array_size(st), 2);
+	assert_int_equal(load_flag(st, "m", "auto"), 0);
+	assert_int_equal(load_flag(st, "x", "auto"), 0);
+	json_decref(st);
+	devloads_stop(dl);
+	devloads_drain(dl);
+	devloads_destroy(dl);
+}
+
 /* The table without a device: begin, fail, status, unload, removed; nothing leaks. */
 static void test_table_without_device(void **state)
 {
@@ -264,9 +422,9 @@ static void test_table_without_device(void **state)
 	char err[256];
 
 	assert_int_equal(devloads_create(NULL, &dl), 0);
-	assert_int_equal(devloads_begin(dl, "v1", 1, 0, &l), 0);
-	assert_int_equal(devloads_begin(dl, "v1", 1, 0, &l2), -EINPROGRESS);
-	assert_int_equal(devloads_ready(dl, "v1", 1, 0, err, sizeof(err)), -EINPROGRESS);
+	assert_int_equal(devloads_begin(dl, "v1", 1, 0, 0, &l), 0);
+	assert_int_equal(devloads_begin(dl, "v1", 1, 0, 0, &l2), -EINPROGRESS);
+	assert_int_equal(devloads_ready(dl, "v1", 1, 0, 0, err, sizeof(err)), -EINPROGRESS);
 	assert_int_equal(devloads_unload(dl, "v1", 0, &freed, &pending), -EBUSY);
 	assert_int_equal(devloads_map(dl, "v1", 0, &rep, &l2), -ENOENT);
 	devloads_fail(dl, l, "no CUDA device: test");
@@ -279,20 +437,26 @@ static void test_table_without_device(void **state)
 			    "failed");
 	assert_true(json_is_true(json_object_get(json_array_get(st, 0), "removed")));
 	json_decref(st);
-	/* the barrier is told the failure once, then it is forgotten */
-	assert_int_equal(devloads_ready(dl, "v1", 1, 0, err, sizeof(err)), -ECANCELED);
-	assert_int_equal(devloads_ready(dl, "v1", 1, 0, err, sizeof(err)), -ENOENT);
+	/*
+	 * a barrier that began before the failure is told it, as often as it asks
+	 * (two engines on one GPU); one that began after it finds it stale: gone
+	 */
+	assert_int_equal(devloads_ready(dl, "v1", 1, 0, 1, err, sizeof(err)), -ECANCELED);
+	assert_string_equal(err, "no CUDA device: test");
+	assert_int_equal(devloads_ready(dl, "v1", 1, 0, 1, err, sizeof(err)), -ECANCELED);
+	assert_int_equal(devloads_ready(dl, "v1", 1, 0, UINT64_MAX, err, sizeof(err)), -ENOENT);
+	assert_int_equal(devloads_ready(dl, "v1", 1, 0, 1, err, sizeof(err)), -ENOENT);
 	assert_int_equal(devloads_unload(dl, "v1", -1, &freed, &pending), -ENOENT);
 	/* a failed entry is replaced by the next begin; unload of a failed one frees it */
-	assert_int_equal(devloads_begin(dl, "v2", 2, 1, &l), 0);
+	assert_int_equal(devloads_begin(dl, "v2", 2, 1, 0, &l), 0);
 	devloads_fail(dl, l, "x");
-	assert_int_equal(devloads_begin(dl, "v2", 2, 1, &l), 0);
+	assert_int_equal(devloads_begin(dl, "v2", 2, 1, 0, &l), 0);
 	devloads_fail(dl, l, "y");
 	assert_int_equal(devloads_unload(dl, "v2", 1, &freed, &pending), 0);
 	assert_int_equal(freed, 0);
 	assert_int_equal(pending, 0);
 	/* the run without a runtime fails cleanly */
-	assert_int_equal(devloads_begin(dl, "v3", 3, 0, &l), 0);
+	assert_int_equal(devloads_begin(dl, "v3", 3, 0, 0, &l), 0);
 	{
 		uint64_t lens[] = {4};
 		size_t at[] = {0, 1};
@@ -307,7 +471,7 @@ static void test_table_without_device(void **state)
 		json_decref(t);
 	}
 	devloads_stop(dl);
-	assert_int_equal(devloads_begin(dl, "v4", 4, 0, &l), -ESHUTDOWN);
+	assert_int_equal(devloads_begin(dl, "v4", 4, 0, 0, &l), -ESHUTDOWN);
 	assert_int_equal(devloads_worker_enter(dl), -ESHUTDOWN);
 	devloads_drain(dl);
 	devloads_destroy(dl);
@@ -326,6 +490,9 @@ int main(void)
 		cmocka_unit_test(test_overflow_safe),
 		cmocka_unit_test(test_bad_arguments),
 		cmocka_unit_test(test_table_without_device),
+		cmocka_unit_test(test_pieces_bounded),
+		cmocka_unit_test(test_auto_unload),
+		cmocka_unit_test(test_manifest_refuses_overlap),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
