@@ -719,6 +719,22 @@ static json_t *handle_hex(const cudart_ipc_handle *h)
 	return json_string(s);
 }
 
+/* Free the loads of list @gone (unlinked from the table; mu not held); returns their bucket bytes. */
+static uint64_t free_unlinked(struct devloads *dl, struct devload *gone)
+{
+	uint64_t bytes = 0;
+
+	while (gone) {
+		struct devload *l = gone;
+
+		gone = l->next;
+		for (size_t b = 0; b < l->nb; b++)
+			bytes += l->b[b].bytes;
+		load_free(dl, l);
+	}
+	return bytes;
+}
+
 /* The hash as hwfs writes it everywhere (hwfs_hash_hex()), a new JSON string. */
 static json_t *hash_hex(const hwfs_hash_t *h)
 {
@@ -814,14 +830,7 @@ int devloads_unload(struct devloads *dl, const char *version, int gpu, uint64_t 
 		gone = l;
 	}
 	pthread_mutex_unlock(&dl->mu);
-	while (gone) {
-		struct devload *l = gone;
-
-		gone = l->next;
-		for (size_t b = 0; b < l->nb; b++)
-			*freed += l->b[b].bytes;
-		load_free(dl, l);
-	}
+	*freed += free_unlinked(dl, gone);
 	return found ? 0 : busy ? -EBUSY : -ENOENT;
 }
 
@@ -851,14 +860,7 @@ size_t devloads_unload_auto(struct devloads *dl, const char *keep, uint64_t *fre
 		gone = l;
 	}
 	pthread_mutex_unlock(&dl->mu);
-	while (gone) {
-		struct devload *l = gone;
-
-		gone = l->next;
-		for (size_t b = 0; b < l->nb; b++)
-			*freed += l->b[b].bytes;
-		load_free(dl, l);
-	}
+	*freed += free_unlinked(dl, gone);
 	return n;
 }
 
