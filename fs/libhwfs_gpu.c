@@ -460,17 +460,9 @@ int hwfs_map_gpu(struct hwfs *h, const char *version, int gpu, struct hwfs_map *
 		r = lib_fail(-ENOMEM, "out of memory");
 		goto out;
 	}
-	m->fd = lib_connect(h);
-	if (m->fd < 0) {
-		r = m->fd;
+	r = lib_map_request(h, m, req, &rd);
+	if (r < 0)
 		goto out;
-	}
-	rd.fd = m->fd;
-	r = lib_exchange(m->fd, &rd, req, NULL, NULL, &m->reply);
-	if (r < 0 || (r = lib_check(m->reply)) < 0)
-		goto out;
-	m->version = lib_jstr(m->reply, "version");
-	m->digest = lib_jstr(m->reply, "digest");
 	jg = json_object_get(m->reply, "gpu");
 	if (!lib_valid_name(m->version) || strcmp(m->version, version) ||
 	    lib_parse_hash(m->digest, digest) < 0 || !json_is_integer(jg) ||

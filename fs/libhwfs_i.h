@@ -128,6 +128,14 @@ struct hwfs_map {
  */
 struct hwfs_map *lib_map_new(void);
 
+/**
+ * lib_map_request() - the request half of hwfs_map() and hwfs_map_gpu():
+ * connect @m's lease connection (m->fd, also rd->fd), send @req and take the
+ * daemon's answer into m->reply, with m->version and m->digest pointing into
+ * it (not yet checked).  Returns 0, or -errno with the thread's sentence set.
+ */
+int lib_map_request(struct hwfs *h, struct hwfs_map *m, json_t *req, struct ctl_reader *rd);
+
 /** lib_map_hold() - take one more reference on @m (any thread). */
 void lib_map_hold(struct hwfs_map *m);
 

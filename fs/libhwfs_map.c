@@ -577,6 +577,22 @@ static int check_answer(const struct hwfs_map *m, int afd, const char *version,
 	return 0;
 }
 
+int lib_map_request(struct hwfs *h, struct hwfs_map *m, json_t *req, struct ctl_reader *rd)
+{
+	int r;
+
+	m->fd = lib_connect(h);
+	if (m->fd < 0)
+		return m->fd;
+	rd->fd = m->fd;
+	r = lib_exchange(m->fd, rd, req, NULL, NULL, &m->reply);
+	if (r < 0 || (r = lib_check(m->reply)) < 0)
+		return r;
+	m->version = lib_jstr(m->reply, "version");
+	m->digest = lib_jstr(m->reply, "digest");
+	return 0;
+}
+
 int hwfs_map(struct hwfs *h, const char *version, struct hwfs_map **out)
 {
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), arena_len = 0, their_page = 0;
@@ -592,18 +608,10 @@ int hwfs_map(struct hwfs *h, const char *version, struct hwfs_map **out)
 		r = lib_fail(-ENOMEM, "out of memory");
 		goto out;
 	}
-	m->fd = lib_connect(h);
-	if (m->fd < 0) {
-		r = m->fd;
-		goto out;
-	}
-	rd.fd = m->fd;
-	r = lib_exchange(m->fd, &rd, req, NULL, NULL, &m->reply);
-	if (r < 0 || (r = lib_check(m->reply)) < 0)
+	r = lib_map_request(h, m, req, &rd);
+	if (r < 0)
 		goto out;
 	afd = ctl_take_fd(&rd);
-	m->version = lib_jstr(m->reply, "version");
-	m->digest = lib_jstr(m->reply, "digest");
 	if (afd < 0 || !m->version || !m->digest || get_u64(m->reply, "arena_size", &arena_len) < 0 ||
 	    get_u64(m->reply, "page_size", &their_page) < 0 || arena_len > SIZE_MAX) {
 		r = lib_fail(-EPROTO, "malformed map answer from the daemon%s",
