@@ -1,12 +1,13 @@
 /*
  * own_mount.c — rename() and symlink() through the daemon's own mount, made
- * by a child process that does not hold the FUSE descriptor (own_mount.h says
- * why).  fork() costs little here: the arena is a shared file mapping, whose
+ * by a child process that holds no descriptor at all, so none of the
+ * session's /dev/fuse descriptors (own_mount.h says why).  fork() costs little here: the arena is a shared file mapping, whose
  * page tables the kernel does not copy.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,7 +36,14 @@ static int in_child(int op, const char *a, const char *b)
 	if (pid < 0)
 		return -errno;
 	if (pid == 0) {
-		close(fd);
+		/*
+		 * Hold no /dev/fuse descriptor: not the session's, nor the
+		 * per-worker clones of the multi-threaded loop (clone_fd).  The
+		 * child needs no descriptor at all, so it closes every one.
+		 */
+		if (syscall(SYS_close_range, 3U, ~0U, 0U) < 0)
+			for (int i = 3; i < 65536; i++)
+				close(i);
 		r = op == OP_RENAME ? rename(a, b) : symlink(a, b);
 		_exit(r < 0 ? (errno > 0 && errno < 256 ? errno : EIO) : 0);
 	}

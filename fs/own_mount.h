@@ -13,10 +13,11 @@
  * every process that touches it, seen in test_kill9_during_publish).
  *
  * So the call is made by a short-lived child process instead, which first
- * closes its copy of the FUSE descriptor: when the daemon dies, its
- * descriptor closes with it, the kernel aborts the connection, and the
+ * closes every descriptor it inherited (the session's /dev/fuse descriptor
+ * and the per-worker clones of the multi-threaded loop among them): when the
+ * daemon dies, its descriptors close with it, the kernel aborts the connection, and the
  * child's call fails with ENOTCONN.  Thread-safe; the child calls only
- * async-signal-safe functions (close, rename, symlink, _exit).
+ * async-signal-safe functions (close_range or close, rename, symlink, _exit).
  */
 #ifndef HWFS_OWN_MOUNT_H
 #define HWFS_OWN_MOUNT_H
