@@ -34,16 +34,46 @@ CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
 # never drops -Werror, the include paths or the feature macros.
 CFLAGS  ?= -O2 -g
 REQ_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -pthread \
-              -Iinclude -Ifs -Ireplicator -Igpu -D_FILE_OFFSET_BITS=64 $(PKG_CFLAGS)
-ALL_CFLAGS  = $(CFLAGS) $(EXTRA_CFLAGS) $(REQ_CFLAGS)
+              -D_FILE_OFFSET_BITS=64 $(PKG_CFLAGS)
+ALL_CFLAGS  = $(CFLAGS) $(EXTRA_CFLAGS) $(REQ_CFLAGS) $(LAYER_INC)
 ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS) -pthread
 LIBS    := $(PKG_LIBS) -ldl
 
+# Layers (docs/design.md, "Module map").  Each folder sees only its own
+# headers and those of the layers below it, so the compiler keeps the
+# direction: a module that includes a header from above fails to build.
+#
+#   fs/common   helpers every layer uses: framing, tunables, logging, names,
+#               the safetensors and delta codecs
+#   fs/store    arena, shard store, sqlite index, ingest, chunker, manifest
+#   gpu         the CUDA runtime through dlopen, device loads
+#   fs/ns       the namespace and the FUSE operations
+#   replicator  agent, coordinator, wire protocol, keys (reaches the
+#               namespace and the daemon only through hooks it is handed)
+#   fs/daemon   composes all of the above: control ops, engines, commits
+#   fs/lib      libhwfs, the client library (include/hwfs.h)
+#   tools       the programs
+INC_COMMON := -Ifs/common
+INC_STORE  := $(INC_COMMON) -Ifs/store
+INC_GPU    := $(INC_COMMON) -Igpu
+INC_NS     := $(INC_STORE) -Ifs/ns
+INC_REPL   := $(INC_STORE) -Ireplicator -Ifs/ns -Ifs/daemon
+INC_DAEMON := $(INC_NS) -Igpu -Ireplicator -Ifs/daemon
+INC_LIB    := -Iinclude $(INC_COMMON) -Igpu -Ifs/lib
+INC_ALL    := -Iinclude $(INC_DAEMON) -Ifs/lib
+LAYER_INC   = $(INC_ALL)
+$(BUILD)/fs/common/%.o: LAYER_INC = $(INC_COMMON)
+$(BUILD)/fs/store/%.o:  LAYER_INC = $(INC_STORE)
+$(BUILD)/gpu/%.o:       LAYER_INC = $(INC_GPU)
+$(BUILD)/fs/ns/%.o:     LAYER_INC = $(INC_NS)
+$(BUILD)/replicator/%.o: LAYER_INC = $(INC_REPL)
+$(BUILD)/fs/daemon/%.o: LAYER_INC = $(INC_DAEMON)
+$(BUILD)/client/%.o:    LAYER_INC = $(INC_LIB)
+
 # The daemon's own modules (an internal archive, linked into build/hwfs and
 # the unit tests) and libhwfs, the public client library (include/hwfs.h).
-CLIENT_SRCS := fs/libhwfs.c fs/libhwfs_map.c fs/libhwfs_watch.c fs/libhwfs_gpu.c \
-               fs/libhwfs_dlpack.c
-CORE_SRCS := $(filter-out $(CLIENT_SRCS),$(wildcard fs/*.c replicator/*.c gpu/*.c))
+CLIENT_SRCS := $(wildcard fs/lib/*.c)
+CORE_SRCS := $(wildcard fs/common/*.c fs/store/*.c fs/ns/*.c fs/daemon/*.c replicator/*.c gpu/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/%.o)
 TOOL_SRCS := $(filter-out tools/hwfs_engine.c tools/bench_gpu.c,$(wildcard tools/*.c))
 TOOL_OBJS := $(TOOL_SRCS:%.c=$(BUILD)/%.o)
@@ -53,15 +83,15 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 # libhwfs: its objects, and the framing and helpers it shares with the daemon
 # (ctl.c, util.c, and gpu/cudart.c: the CUDA runtime through dlopen for
 # hwfs_map_gpu), compiled again -fPIC with hidden visibility into their own
-# directory.  Only the functions of include/hwfs.h are exported (fs/hwfs_api.h
-# gives them default visibility; fs/libhwfs.map names them for the linker):
+# directory.  Only the functions of include/hwfs.h are exported (fs/lib/hwfs_api.h
+# gives them default visibility; fs/lib/libhwfs.map names them for the linker):
 # the shared library exports nothing else, and the static one is a single
 # object whose hidden symbols are made local, so a program that links it can
 # have its own ctl_* or util functions (build/hwfs links the daemon's too).
 LIBHWFS_VERSION := 1.0.0
 LIBHWFS_SONAME  := libhwfs.so.1
-CLIENT_OBJS := $(CLIENT_SRCS:%.c=$(BUILD)/client/%.o) $(BUILD)/client/fs/ctl.o \
-               $(BUILD)/client/fs/util.o $(BUILD)/client/gpu/cudart.o
+CLIENT_OBJS := $(CLIENT_SRCS:%.c=$(BUILD)/client/%.o) $(BUILD)/client/fs/common/ctl.o \
+               $(BUILD)/client/fs/common/util.o $(BUILD)/client/gpu/cudart.o
 CLIENT_PKGS := jansson libxxhash
 CLIENT_LIBS := $(shell pkg-config --libs $(CLIENT_PKGS) 2>/dev/null) -pthread -ldl
 LIBHWFS := $(BUILD)/libhwfs.a $(BUILD)/libhwfs.so.$(LIBHWFS_VERSION) $(BUILD)/libhwfs.so.1 \
@@ -91,8 +121,8 @@ $(BUILD)/libhwfs.a: $(CLIENT_OBJS)
 	$(OBJCOPY) --localize-hidden $(BUILD)/client/libhwfs.o
 	rm -f $@ && ar rcs $@ $(BUILD)/client/libhwfs.o
 
-$(BUILD)/libhwfs.so.$(LIBHWFS_VERSION): $(CLIENT_OBJS) fs/libhwfs.map
-	$(CC) $(ALL_LDFLAGS) -shared -Wl,-soname,$(LIBHWFS_SONAME) -Wl,--version-script=fs/libhwfs.map \
+$(BUILD)/libhwfs.so.$(LIBHWFS_VERSION): $(CLIENT_OBJS) fs/lib/libhwfs.map
+	$(CC) $(ALL_LDFLAGS) -shared -Wl,-soname,$(LIBHWFS_SONAME) -Wl,--version-script=fs/lib/libhwfs.map \
 		-Wl,--no-undefined -o $@ $(CLIENT_OBJS) $(CLIENT_LIBS)
 
 $(BUILD)/libhwfs.so.1 $(BUILD)/libhwfs.so: $(BUILD)/libhwfs.so.$(LIBHWFS_VERSION)
@@ -250,7 +280,7 @@ bench-engine: deps
 # CUDA runtime through gpu/cudart.h (dlopen) and the public API of libhwfs.
 # test-gpu builds the test program first and stops at once, with one line,
 # when no CUDA device answers.
-GPU_PROG_CFLAGS = $(ALL_CFLAGS) -Igpu -Itests/gpu
+GPU_PROG_CFLAGS = $(ALL_CFLAGS) -Itests/gpu
 $(BUILD)/hwfs-gputest: tests/gpu/gputest.c tests/gpu/stgen.c tests/gpu/stgen.h gpu/cudart.h \
 		$(BUILD)/gpu/cudart.o $(BUILD)/libhwfs.a
 	$(CC) $(GPU_PROG_CFLAGS) $(ALL_LDFLAGS) -o $@ tests/gpu/gputest.c tests/gpu/stgen.c \
@@ -293,18 +323,18 @@ fuzz:
 	$(MAKE) BUILD=build-fuzz CC=clang EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" \
 		EXTRA_LDFLAGS="-fsanitize=address,undefined" build-fuzz/libhwfs-core.a
 	@mkdir -p build-fuzz
-	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Ifs -Ireplicator $(PKG_CFLAGS) \
+	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined $(INC_ALL) $(PKG_CFLAGS) \
 		-o build-fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c build-fuzz/libhwfs-core.a $(LIBS)
-	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Ifs -Ireplicator $(PKG_CFLAGS) \
+	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined $(INC_ALL) $(PKG_CFLAGS) \
 		-o build-fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c build-fuzz/libhwfs-core.a $(LIBS)
-	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Ifs -Ireplicator $(PKG_CFLAGS) \
+	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined $(INC_ALL) $(PKG_CFLAGS) \
 		-o build-fuzz/fuzz_proto tests/fuzz/fuzz_proto.c build-fuzz/libhwfs-core.a $(LIBS)
-	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Ifs -Ireplicator $(PKG_CFLAGS) \
+	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined $(INC_ALL) $(PKG_CFLAGS) \
 		-o build-fuzz/fuzz_delta tests/fuzz/fuzz_delta.c build-fuzz/libhwfs-core.a $(LIBS)
 	@echo "run e.g.: build-fuzz/fuzz_proto -max_total_time=60 tests/fuzz/corpus/proto (seeds: version-2 messages)"
 
 format:
-	clang-format -i fs/*.[ch] replicator/*.[ch] tools/*.c tests/unit/*.c
+	clang-format -i fs/*/*.[ch] replicator/*.[ch] gpu/*.[ch] tools/*.c tests/unit/*.c
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz

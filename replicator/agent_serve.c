@@ -10,7 +10,7 @@
  *
  * A GET may name, per shard, a base the puller holds (an earlier version of
  * the same tensor) and its element width: when this node holds the base too,
- * the shard goes as a delta against it (replicator/delta.h) if that is at
+ * the shard goes as a delta against it (fs/common/delta.h) if that is at
  * most delta_max_pct of the shard, else whole.  Deltas are kept (up to
  * delta_cache_bytes, least recently sent first out), so a delta is encoded
  * once however many pullers ask for it, and a delta this node received is

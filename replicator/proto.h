@@ -27,7 +27,7 @@
 #include "hwfs_common.h"
 
 #define PROTO_VERSION 2
-/* SHARD "enc" of a delta against "base" (replicator/delta.h) */
+/* SHARD "enc" of a delta against "base" (fs/common/delta.h) */
 #define PROTO_ENC_DELTA "xor-zstd"
 #define PROTO_MAX_HEADER (1u << 20)
 #define PROTO_MAX_PAYLOAD (1ull << 30)

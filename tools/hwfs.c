@@ -5,7 +5,7 @@
  * client verbs; starting and stopping daemons (mount, umount, coord, keygen)
  * is in hwfs_daemon.c, and what the two share is declared in hwfs_cli.h.
  *
- * `hwfs mount` starts a daemon (fs/daemon.c) and returns once the mount
+ * `hwfs mount` starts a daemon (fs/daemon/daemon.c) and returns once the mount
  * answers; every other verb asks the daemon of a mount through libhwfs
  * (include/hwfs.h: hwfs_open finds it by the root xattr `user.hwfs.control`,
  * hwfs_call sends one request of the JSON-lines protocol of ctl.h), and

@@ -1,7 +1,7 @@
 /*
  * hwfs_daemon.c — the verbs of `hwfs` that start and stop processes rather
  * than talk to a running daemon: mount (check the options, clear a dead mount
- * left by kill -9, start the daemon of fs/daemon.c in its own session and
+ * left by kill -9, start the daemon of fs/daemon/daemon.c in its own session and
  * wait until it answers), umount (and wait until the daemon has let go of its
  * store), coord (a stand-alone coordinator) and keygen (CURVE keys).  They
  * live apart from the client verbs of hwfs.c because they share the spawning
@@ -98,7 +98,7 @@ struct mount_run {
 	char *mnt, *store;
 };
 
-/* spawn_daemon()'s @run for `hwfs mount`: the node's daemon (fs/daemon.c). */
+/* spawn_daemon()'s @run for `hwfs mount`: the node's daemon (fs/daemon/daemon.c). */
 static int run_mount(void *arg, int notify_fd)
 {
 	struct mount_run *m = arg;
@@ -479,7 +479,7 @@ int cmd_mount(int argc, char **argv)
 			o.preallocate = 1;
 			break;
 		case 'p':
-			o.pin = 1; /* implies preallocation (fs/daemon.c, prepare_arena) */
+			o.pin = 1; /* implies preallocation (fs/daemon/daemon.c, prepare_arena) */
 			break;
 		case 'G':
 			o.ctl_gid = parse_group(optarg);

@@ -112,7 +112,7 @@ struct engine {
 
 /*
  * Log one line on stderr: "2026-01-02T03:04:05.678Z hwfs-engine[NAME]: ...".
- * The daemon's line format (hwfs_log in fs/util.c), written again here on
+ * The daemon's line format (hwfs_log in fs/common/util.c), written again here on
  * purpose: this engine uses include/hwfs.h alone, and the library keeps its
  * logger internal.
  */

@@ -60,7 +60,7 @@ DLPACK_C = r"""
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef DLPACK_MAJOR_VERSION /* DLPack 0.6: the 1.0 form, as fs/dlpack_v1.h defines it */
+#ifndef DLPACK_MAJOR_VERSION /* DLPack 0.6: the 1.0 form, as fs/lib/dlpack_v1.h defines it */
 typedef struct { uint32_t major, minor; } DLPackVersion;
 typedef struct DLManagedTensorVersioned {
 	DLPackVersion version;
@@ -478,7 +478,7 @@ def test_map_gpu_without_gpu_is_enodev(version):
 
 
 def test_load_without_gpu_is_enodev(version):
-    """Needs the daemon's load op (issue 10, fs/daemon_gpu.c)."""
+    """Needs the daemon's load op (issue 10, fs/daemon/daemon_gpu.c)."""
     mount, _ = version
     with hwfs.open(mount.mnt) as h:
         with pytest.raises(OSError) as ei:

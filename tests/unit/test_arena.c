@@ -1,5 +1,5 @@
 /*
- * test_arena.c — unit tests for the shard arena (fs/arena.c).
+ * test_arena.c — unit tests for the shard arena (fs/store/arena.c).
  *
  * Every test works on a real arena file in a fresh mkdtemp() directory under
  * /dev/shm (tmpfs, like production), so fallocate(), hole punching and the

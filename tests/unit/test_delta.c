@@ -1,5 +1,5 @@
 /*
- * test_delta.c — the element-level delta codec (replicator/delta.h).
+ * test_delta.c — the element-level delta codec (fs/common/delta.h).
  *
  * Round trips at every width over lengths that are and are not multiples
  * of it (0, 1, 7, 4097, 1 MiB + 3), the exact encoded form (header fields,

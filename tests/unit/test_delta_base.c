@@ -1,5 +1,5 @@
 /*
- * test_delta_base.c — the base-matching rule of replicator/delta_base.c
+ * test_delta_base.c — the base-matching rule of fs/common/delta_base.c
  * (docs/delta.md, "Which base"): which shard of an earlier version a shard of
  * a new version is a delta against.
  *

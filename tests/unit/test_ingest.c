@@ -1,5 +1,5 @@
 /*
- * test_ingest.c — unit tests for the writer (fs/ingest.c) over a real store.
+ * test_ingest.c — unit tests for the writer (fs/store/ingest.c) over a real store.
  *
  * Every test opens a real store (arena + index + lock) in a fresh mkdtemp()
  * directory under /dev/shm and removes it afterwards.  The tunables are made

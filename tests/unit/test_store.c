@@ -1,5 +1,5 @@
 /*
- * test_store.c — unit tests for the shard store (fs/store.c).
+ * test_store.c — unit tests for the shard store (fs/store/store.c).
  *
  * Every test works on a real store directory (arena file, sqlite index and
  * lock file) in a fresh mkdtemp() directory under /dev/shm, like production.

@@ -432,7 +432,7 @@ def test_mixed_content(net, tmp_path):
 # a hostile donor
 
 
-DELTA_HDR = 16  # replicator/delta.h: "HWDL", format 1, width, reserved, shard length
+DELTA_HDR = 16  # fs/common/delta.h: "HWDL", format 1, width, reserved, shard length
 
 
 def delta_header(length, width=2):
@@ -548,7 +548,7 @@ def zstd(data):
 
 
 def xor_delta(base, new, width=2):
-    """The delta of @new against @base as replicator/delta.h encodes it: the XOR, shuffled by
+    """The delta of @new against @base as fs/common/delta.h encodes it: the XOR, shuffled by
     element width (all first bytes of the elements, then all second bytes...), in one zstd
     frame behind the 16-byte header."""
     x = np.bitwise_xor(np.frombuffer(base, np.uint8), np.frombuffer(new, np.uint8))

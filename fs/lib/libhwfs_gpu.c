@@ -39,7 +39,7 @@
 #include <unistd.h>
 
 #include "libhwfs_i.h"
-#include "../gpu/cudart.h"
+#include "cudart.h"
 
 /* A gpumap answer larger than this many buckets is refused (a lie, not a version). */
 #define MAX_BUCKETS (1u << 20)

@@ -1,7 +1,7 @@
 /*
  * daemon_diff.c — `hwfs diff A B --elements`: how far apart two versions are
  * element by element, and what moving A -> B with element-level deltas
- * (replicator/delta.h, docs/delta.md) would cost.
+ * (fs/common/delta.h, docs/delta.md) would cost.
  *
  * A tensor of B is matched to the tensor of A with the same file path and
  * tensor name, the same dtype and the same byte length: the rule the

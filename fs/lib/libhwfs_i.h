@@ -79,7 +79,7 @@ const char *lib_jstr(json_t *o, const char *key);
  * lib_valid_name() - may @name be a version name (or one component of a
  * file path) the daemon sends?  1 when it is 1-255 bytes, not "." or "..",
  * with no '/' and no control character (< 0x20, 0x7f), else 0.  The daemon
- * itself never makes another one (fs/ns_tree.c valid_name, which also checks
+ * itself never makes another one (fs/ns/ns_tree.c valid_name, which also checks
  * UTF-8): a name that fails here is a daemon that lies, and is refused
  * before it becomes a path.
  */

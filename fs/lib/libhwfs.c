@@ -7,7 +7,7 @@
  *
  * Every request opens its own connection to the control socket named by the
  * mount root's xattr `user.hwfs.control` and speaks the JSON lines of
- * fs/ctl.h; the xattr is read anew for each connection, so a handle survives
+ * fs/common/ctl.h; the xattr is read anew for each connection, so a handle survives
  * a remount.  Errors: functions return 0 or -errno and leave one sentence for
  * the calling thread in a thread-local buffer (hwfs_errmsg).
  */

@@ -114,7 +114,7 @@ void hwfs_frec_clear(struct hwfs_frec *f);
 /** Free @v and everything it owns. NULL is a no-op. */
 void hwfs_vrec_free(struct hwfs_vrec *v);
 
-/* ---- small shared helpers (fs/util.c) ---- */
+/* ---- small shared helpers (fs/common/util.c) ---- */
 
 /**
  * Log one line to stderr (the daemon's log file): UTC timestamp with milliseconds,
