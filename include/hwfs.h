@@ -12,8 +12,9 @@
  *
  * Conventions, for every function below:
  *  - Functions that can fail return 0 or a negative errno value (-ENOENT,
- *    -EACCES, ...: the errno a refusal of the daemon carries, guessed from
- *    its wording only when it carries none); hwfs_errmsg() then gives the
+ *    -EACCES, ...: the errno a refusal of the daemon carries, never guessed
+ *    from its wording; -EPROTO when it carries no valid one: docs/libhwfs.md,
+ *    "Errors"); hwfs_errmsg() then gives the
  *    daemon's or the library's one-line sentence for the last failure of the
  *    calling thread.
  *  - Strings and arrays handed out stay owned by the object they came from

@@ -901,16 +901,22 @@ static void tx_free(struct tx *tx)
  * transaction.  @outcome: "committed" (every participant ACKed its flip: the
  * only ok result), "partial" (the decision was commit, but some nodes failed
  * to flip or did not ACK before the deadline: "unknown"), or "aborted"
- * (nobody was told to flip).
+ * (nobody was told to flip).  Every answer but "committed" carries "errno":
+ * EINPROGRESS (partial) or ECANCELED (aborted); a refused COMMIT_REQ has
+ * EBUSY or ENOENT (docs/protocol.md).
  */
 static void tx_finish(struct coord *c, const char *outcome, const char *reason)
 {
-	send_to(c, c->tx.requester, P_COMMIT_RES,
-		json_pack("{s:I, s:b, s:s, s:O, s:s, s:O, s:O, s:O}", "req", (json_int_t)c->tx.req,
-			  "ok", !strcmp(outcome, "committed"), "reason", reason, "nodes", c->tx.nodes,
-			  "outcome", outcome, "committed", c->tx.done, "failed", c->tx.failed,
-			  "unknown", c->tx.pending),
-		NULL, 0);
+	json_t *res = json_pack("{s:I, s:b, s:s, s:O, s:s, s:O, s:O, s:O}", "req",
+				(json_int_t)c->tx.req, "ok", !strcmp(outcome, "committed"), "reason",
+				reason, "nodes", c->tx.nodes, "outcome", outcome, "committed",
+				c->tx.done, "failed", c->tx.failed, "unknown", c->tx.pending);
+
+	if (res && strcmp(outcome, "committed")) /* the node relays it (protocol.md) */
+		json_object_set_new(res, "errno", json_integer(strcmp(outcome, "partial")
+								       ? ECANCELED
+								       : EINPROGRESS));
+	send_to(c, c->tx.requester, P_COMMIT_RES, res, NULL, 0);
 	tx_free(&c->tx);
 }
 
@@ -948,10 +954,11 @@ static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m
 
 	if (c->tx.active || !v) {
 		send_to(c, from, P_COMMIT_RES,
-			json_pack("{s:I, s:b, s:s, s:[], s:s}", "req", (json_int_t)req, "ok", 0, "reason",
-				  c->tx.active ? "another commit is in progress"
-					       : "no node has announced that version",
-				  "nodes", "outcome", "aborted"),
+			json_pack("{s:I, s:b, s:s, s:[], s:s, s:i}", "req", (json_int_t)req, "ok", 0,
+				  "reason", c->tx.active ? "another commit is in progress"
+							 : "no node has announced that version",
+				  "nodes", "outcome", "aborted", "errno",
+				  c->tx.active ? EBUSY : ENOENT),
 			NULL, 0);
 		return;
 	}

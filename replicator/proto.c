@@ -48,7 +48,7 @@ struct field {
 	int optional; /* may be absent or null */
 };
 
-#define MAX_FIELDS 8
+#define MAX_FIELDS 9
 
 struct schema {
 	const char *name;
@@ -109,7 +109,8 @@ static const struct schema schemas[] = {
 			   {"outcome", F_STR, 1},
 			   {"committed", F_STRS, 1},
 			   {"failed", F_OBJ, 1},
-			   {"unknown", F_STRS, 1}}},
+			   {"unknown", F_STRS, 1},
+			   {"errno", F_INT, 1}}},
 	[P_STATUS_RES] = {"STATUS_RES", 0, {{"req", F_INT, 0}, {"cluster", F_OBJ, 0}}},
 	[P_PONG] = {"PONG", 0, {{"committed", F_STR, 1}, {"epoch", F_INT, 1}}},
 	/* node <-> node */

@@ -26,6 +26,14 @@ static int make_addr(const char *path, struct sockaddr_un *sa)
 	return 0;
 }
 
+int ctl_errno(json_t *res)
+{
+	json_t *en = json_object_get(res, "errno");
+	json_int_t n = json_is_integer(en) ? json_integer_value(en) : 0;
+
+	return n >= 1 && n <= CTL_ERRNO_MAX ? (int)n : 0;
+}
+
 int ctl_listen(const char *path, mode_t mode)
 {
 	struct sockaddr_un sa;

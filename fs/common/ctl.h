@@ -8,7 +8,10 @@
  * per line:
  *   request   {"op": "seal", "version": "v1", ...}
  *   progress  {"progress": {"done": N, "total": M}}     (zero or more)
- *   answer    {"ok": true, ...}  or  {"ok": false, "error": "one line"}
+ *   answer    {"ok": true, ...}  or  {"ok": false, "error": "one line", "errno": N}
+ * Every error answer carries "errno", a positive errno number of this machine
+ * (docs/libhwfs.md, "Errors", has what each means); clients act on it, never
+ * on the sentence.
  * Lines are limited to CTL_MAX_LINE bytes; a longer or malformed line is an
  * error, never a crash.  The daemon reads requests with the much smaller
  * CTL_MAX_REQUEST: it reads a request before it knows who may run the verb,
@@ -26,6 +29,17 @@
 #define CTL_MAX_LINE (256u << 20)
 /* the longest request the daemon reads: an op, a version name and a path fit many times */
 #define CTL_MAX_REQUEST (64u << 10)
+
+/* The largest "errno" an error answer may carry (the kernel's own limit). */
+#define CTL_ERRNO_MAX 4095
+
+/**
+ * ctl_errno() - the "errno" member of error answer @res when it is an integer
+ * in 1..CTL_ERRNO_MAX, else 0: the answer came over a socket, so anything
+ * else in that field (missing, a string, a float, negative, huge) is treated
+ * as no errno at all.
+ */
+int ctl_errno(json_t *res);
 
 /**
  * Listen on @path (replacing a stale socket) and give the socket file @mode

@@ -166,20 +166,18 @@ static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char 
 	if (daemon_peer_privileged(d, p))
 		return NULL;
 	if (mutates)
-		return reply_errno(d->group_name[0]
-					   ? err_reply("permission denied: %s needs root, the mount's "
-						       "owner (uid %u) or group %s", op,
-						       (unsigned)d->owner, d->group_name)
-					   : err_reply("permission denied: %s needs root or the mount's "
-						       "owner (uid %u)", op, (unsigned)d->owner),
-				   EACCES);
+		return d->group_name[0]
+			       ? err_reply(EACCES, "permission denied: %s needs root, the mount's "
+					   "owner (uid %u) or group %s", op, (unsigned)d->owner,
+					   d->group_name)
+			       : err_reply(EACCES, "permission denied: %s needs root or the mount's "
+					   "owner (uid %u)", op, (unsigned)d->owner);
 	ns_rdlock(d->ns);
 	bits = daemon_peer_bits(p, ns_root(d->ns));
 	ns_unlock(d->ns);
 	if ((bits & 4) && geteuid() == 0)
 		return NULL;
-	return reply_errno(err_reply("permission denied: %s needs read access to the mount", op),
-			   EACCES);
+	return err_reply(EACCES, "permission denied: %s needs read access to the mount", op);
 }
 
 /*
@@ -201,26 +199,26 @@ static void *conn_main(void *arg)
 	ctl_reader_init(&rd, c->fd);
 	rd.max = CTL_MAX_REQUEST; /* read before we know the verb: see ctl.h */
 	if (c->peer_r < 0) {
-		res = reply_errno(err_reply("permission denied: cannot tell who is calling"), EACCES);
+		res = err_reply(EACCES, "permission denied: cannot tell who is calling");
 		goto reply;
 	}
 	if ((r = ctl_recv(&rd, &req)) < 0) {
-		res = r == -EMSGSIZE ? reply_errno(err_reply("request too long (the limit is %u "
-							     "bytes)", CTL_MAX_REQUEST), EMSGSIZE)
-				     : reply_errno(err_reply("malformed request"), EBADMSG);
+		res = r == -EMSGSIZE ? err_reply(EMSGSIZE, "request too long (the limit is %u bytes)",
+						 CTL_MAX_REQUEST)
+				     : err_reply(EBADMSG, "malformed request");
 		goto reply;
 	}
 	name = req_str(req, "op");
 	op = name ? daemon_op_find(name) : NULL;
 	if (!name)
-		res = reply_errno(err_reply("request without op"), EINVAL);
+		res = err_reply(EINVAL, "request without op");
 	else if ((res = authorize(c->d, &c->peer, name, op && (op->mutates || op->privileged))))
 		LOG_WARN("control: refused %s to uid %u (pid %d)", name, (unsigned)c->peer.uid,
 			 (int)c->peer.pid);
 	else if (op)
 		res = daemon_op_call(c->d, op, req, &rd, &c->peer);
 	else
-		res = reply_errno(err_reply("unknown op: %s", name), EOPNOTSUPP);
+		res = err_reply(EOPNOTSUPP, "unknown op: %s", name);
 reply:
 	if (res) {
 		ctl_send(c->fd, res);
@@ -278,13 +276,20 @@ static void *ctl_main(void *arg)
 		}
 		pthread_mutex_unlock(&d->conn_mu);
 		if (over) {
-			char busy[128];
-			int n = snprintf(busy, sizeof(busy), "{\"ok\": false, \"error\": \"too many "
-					 "control connections from this user\", \"errno\": %d}\n",
-					 EAGAIN);
+			json_t *busy = err_reply(EAGAIN, "too many control connections from this "
+						 "user");
+			char *line = busy ? json_dumps(busy, JSON_COMPACT) : NULL;
 
-			/* best effort: a caller that misses it sees the socket closed */
-			send(fd, busy, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+			/* best effort, never blocking the accept loop: a caller that misses
+			 * it sees the socket closed; the NUL becomes the line's end */
+			if (line) {
+				size_t n = strlen(line);
+
+				line[n] = '\n';
+				send(fd, line, n + 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+			}
+			free(line);
+			json_decref(busy);
 		}
 		conn_free(c);
 	}

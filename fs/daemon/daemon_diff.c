@@ -483,18 +483,18 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!a || !b)
-		return err_reply("diff: two versions needed");
+		return err_reply(EINVAL, "diff: two versions needed");
 	if ((r = ns_snapshot(d->ns, a, &va)) < 0) {
-		res = err_reply("cannot diff: %s: %s", a, snapshot_error(r));
+		res = err_reply(-r, "cannot diff: %s: %s", a, snapshot_error(r));
 		goto out;
 	}
 	if ((r = ns_snapshot(d->ns, b, &vb)) < 0) {
-		res = err_reply("cannot diff: %s: %s", b, snapshot_error(r));
+		res = err_reply(-r, "cannot diff: %s: %s", b, snapshot_error(r));
 		goto out;
 	}
 	if (va->state == HWFS_V_OPEN || vb->state == HWFS_V_OPEN) {
-		res = err_reply("cannot diff --elements: %s is open (its tensors are known once it "
-				"is sealed)", va->state == HWFS_V_OPEN ? a : b);
+		res = err_reply(EBUSY, "cannot diff --elements: %s is open (its tensors are known "
+				"once it is sealed)", va->state == HWFS_V_OPEN ? a : b);
 		goto out;
 	}
 	e.va = va;
@@ -506,7 +506,7 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	arr = json_array();
 	if (!e.ha || !e.hb || !e.counted || !e.cx || !arr || index_a(&e) < 0 ||
 	    delta_bases_new(va, &e.bases) < 0) {
-		res = err_reply("cannot diff %s %s: out of memory", a, b);
+		res = err_reply(ENOMEM, "cannot diff %s %s: out of memory", a, b);
 		goto out;
 	}
 	for (size_t i = 0; i < vb->n_files; i++) {
@@ -516,13 +516,13 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		if (r == -ESHUTDOWN)
 			snprintf(e.err, sizeof(e.err), "the daemon is shutting down");
 		if (r < 0) {
-			res = err_reply("cannot diff %s %s: %s", a, b,
+			res = err_reply(-r, "cannot diff %s %s: %s", a, b,
 					e.err[0] ? e.err : strerror(-r));
 			goto out;
 		}
 	}
 	if (count_removed(&e, &removed) < 0) {
-		res = err_reply("cannot diff %s %s: out of memory", a, b);
+		res = err_reply(ENOMEM, "cannot diff %s %s: out of memory", a, b);
 		goto out;
 	}
 	res = json_pack("{s:b, s:s, s:s, s:O, s:o}", "ok", 1, "a", a, "b", b, "tensors", arr,

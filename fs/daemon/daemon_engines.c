@@ -16,7 +16,7 @@
  * alone tells).  A lease outlives a stopping daemon: its references are not
  * dropped then (see op_map).
  *
- * Error replies carry "errno" (reply_errno()), so that clients never guess
+ * Error replies carry "errno" (err_reply()), so that clients never guess
  * it from the sentence, which may quote their own version names.
  */
 #define _GNU_SOURCE
@@ -285,12 +285,12 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 	int afd = -1, pidfd = -1, r;
 
 	if (!v)
-		return reply_errno(err_reply("map: missing version"), EINVAL);
+		return err_reply(EINVAL, "map: missing version");
 	ns_rdlock(d->ns);
 	r = ns_check_committable(d->ns, v, err, sizeof(err));
 	ns_unlock(d->ns);
 	if (r < 0)
-		return reply_errno(err_reply("cannot map %s: %s", v, err), -r);
+		return err_reply(-r, "cannot map %s: %s", v, err);
 	pidfd = peer_pidfd(peer->pid);
 	if (pidfd == -ESRCH)
 		return NULL; /* the caller is gone: nobody to lease to */
@@ -341,13 +341,12 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 			 "hold the connection)", v, (int)peer->pid);
 	goto out;
 fail:
-	res = reply_errno(err_reply("cannot map %s: %s", v,
-				    r == -ENOENT   ? "no such version (it was removed)"
-				    : r == -EBUSY  ? "version is open (not sealed)"
-				    : r == -EIO    ? "version is damaged"
-				    : r == -ESTALE ? "the arena file in the store was replaced"
-						   : strerror(-r)),
-			  -r);
+	res = err_reply(-r, "cannot map %s: %s", v,
+			r == -ENOENT   ? "no such version (it was removed)"
+			: r == -EBUSY  ? "version is open (not sealed)"
+			: r == -EIO    ? "version is damaged"
+			: r == -ESTALE ? "the arena file in the store was replaced"
+				       : strerror(-r));
 out:
 	if (afd >= 0)
 		close(afd);
@@ -390,16 +389,15 @@ static json_t *watch_conn(struct daemon *d, struct ctl_reader *rd, const struct 
 		return NULL; /* the engine's process is gone already */
 	r = engines_watch_gpu(d->engines, rd->fd, peer->pid, name, gpu, &w);
 	if (r == -EINVAL)
-		res = err_reply("invalid engine name (1-%d characters of A-Z a-z 0-9 . _ -)",
+		res = err_reply(EINVAL, "invalid engine name (1-%d characters of A-Z a-z 0-9 . _ -)",
 				ENGINE_NAME_MAX);
 	else if (r == -EEXIST)
-		res = err_reply("an engine named %s is already registered on this node", name);
+		res = err_reply(EEXIST, "an engine named %s is already registered on this node",
+				name);
 	else if (r == -ENOMEM)
-		res = err_reply("out of memory");
-	if (r < 0) { /* any other error: the client is gone already */
-		res = reply_errno(res, -r);
+		res = err_reply(ENOMEM, "out of memory");
+	if (r < 0) /* any other error: the client is gone already */
 		goto close;
-	}
 	if (!name) {
 		wait_for_close(rd->fd, -1);
 		goto out;
@@ -466,9 +464,9 @@ json_t *op_engine(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int gpu;
 
 	if (!name)
-		return reply_errno(err_reply("engine: missing name"), EINVAL);
+		return err_reply(EINVAL, "engine: missing name");
 	if (req_gpu(req, 1, &gpu) < 0)
-		return reply_errno(err_reply("engine: \"gpu\" must be a device index (an integer "
-					     "0-%d)", DAEMON_GPU_MAX), EINVAL);
+		return err_reply(EINVAL, "engine: \"gpu\" must be a device index (an integer "
+				 "0-%d)", DAEMON_GPU_MAX);
 	return watch_conn(d, rd, peer, name, gpu);
 }

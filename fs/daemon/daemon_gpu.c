@@ -339,7 +339,7 @@ static void load_progress(void *arg, uint64_t done, uint64_t total)
 /* load's error reply: "cannot load V on GPU N: <why>" with "errno": @r. */
 static json_t *load_error(const char *v, int gpu, int r, const char *why)
 {
-	return reply_errno(err_reply("cannot load %s on GPU %d: %s", v, gpu, why), -r);
+	return err_reply(-r, "cannot load %s on GPU %d: %s", v, gpu, why);
 }
 
 /*
@@ -360,10 +360,10 @@ json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const stru
 	int gpu, r, already = 0;
 
 	if (!v)
-		return reply_errno(err_reply("load: missing version"), EINVAL);
+		return err_reply(EINVAL, "load: missing version");
 	if (req_gpu(req, 0, &gpu) < 0)
-		return reply_errno(err_reply("load: \"gpu\" must be a device index (an integer "
-					     "0-%d)", DAEMON_GPU_MAX), EINVAL);
+		return err_reply(EINVAL, "load: \"gpu\" must be a device index (an integer "
+				 "0-%d)", DAEMON_GPU_MAX);
 	r = gpu_usable(d, gpu, err, sizeof(err));
 	if (r < 0)
 		return load_error(v, gpu, r, err);
@@ -419,21 +419,20 @@ json_t *op_unload(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int gpu, r;
 
 	if (!v)
-		return reply_errno(err_reply("unload: missing version"), EINVAL);
+		return err_reply(EINVAL, "unload: missing version");
 	if (req_gpu(req, 1, &gpu) < 0)
-		return reply_errno(err_reply("unload: \"gpu\" must be a device index (an integer "
-					     "0-%d) or -1 for every device", DAEMON_GPU_MAX), EINVAL);
+		return err_reply(EINVAL, "unload: \"gpu\" must be a device index (an integer "
+				 "0-%d) or -1 for every device", DAEMON_GPU_MAX);
 	if (gpu >= 0)
 		snprintf(where, sizeof(where), "on GPU %d", gpu);
 	else
 		snprintf(where, sizeof(where), "on any GPU");
 	r = devloads_unload(d->loads, v, gpu, &freed, &pending);
 	if (r == -ENOENT)
-		return reply_errno(err_reply("cannot unload %s: it is not loaded %s", v, where),
-				   ENOENT);
+		return err_reply(ENOENT, "cannot unload %s: it is not loaded %s", v, where);
 	if (r == -EBUSY)
-		return reply_errno(err_reply("cannot unload %s: it is being loaded %s; unload it "
-					     "when the load ends", v, where), EBUSY);
+		return err_reply(EBUSY, "cannot unload %s: it is being loaded %s; unload it "
+				 "when the load ends", v, where);
 	LOG_INFO("gpu: %s unloaded %s (%llu bytes freed, %llu map(s) pending)", v, where,
 		 (unsigned long long)freed, (unsigned long long)pending);
 	return json_pack("{s:b, s:I, s:I}", "ok", 1, "freed_bytes", (json_int_t)freed,
@@ -459,13 +458,13 @@ json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int gpu, pidfd, r;
 
 	if (!v)
-		return reply_errno(err_reply("gpumap: missing version"), EINVAL);
+		return err_reply(EINVAL, "gpumap: missing version");
 	if (req_gpu(req, 0, &gpu) < 0)
-		return reply_errno(err_reply("gpumap: \"gpu\" must be a device index (an integer "
-					     "0-%d)", DAEMON_GPU_MAX), EINVAL);
+		return err_reply(EINVAL, "gpumap: \"gpu\" must be a device index (an integer "
+				 "0-%d)", DAEMON_GPU_MAX);
 	r = gpu_usable(d, gpu, err, sizeof(err));
 	if (r < 0)
-		return reply_errno(err_reply("cannot map %s on GPU %d: %s", v, gpu, err), -r);
+		return err_reply(-r, "cannot map %s on GPU %d: %s", v, gpu, err);
 	pidfd = peer_pidfd(peer->pid);
 	if (pidfd == -ESRCH)
 		return NULL; /* the caller is gone: nobody to hold it for */
@@ -474,10 +473,9 @@ json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		if (pidfd >= 0)
 			close(pidfd);
 		if (r == -ENOENT)
-			return reply_errno(err_reply("%s is not loaded on GPU %d (hwfs load %s --gpu "
-						     "%d)", v, gpu, v, gpu), ENOENT);
-		return reply_errno(err_reply("cannot map %s on GPU %d: %s", v, gpu, strerror(-r)),
-				   -r);
+			return err_reply(ENOENT, "%s is not loaded on GPU %d (hwfs load %s --gpu "
+					 "%d)", v, gpu, v, gpu);
+		return err_reply(-r, "cannot map %s on GPU %d: %s", v, gpu, strerror(-r));
 	}
 	{
 		/* the device's PCI bus id: the client finds it in its own numbering */

@@ -96,15 +96,15 @@ const struct daemon_op *daemon_op_find(const char *name);
 json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req,
 		       struct ctl_reader *rd, const struct ctl_peer *peer);
 
-/** {"ok": false, "error": the formatted sentence}. */
-json_t *err_reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /**
- * reply_errno() - add "errno": @err (a positive errno number) to the error
- * reply @res, so that a client takes the errno from there
- * and never guesses it from the sentence, which may quote its own version
- * name.  Returns @res; NULL (out of memory) stays NULL.
+ * err_reply() - the one way the daemon builds an error reply: {"ok": false,
+ * "error": the formatted sentence, "errno": @err}.  @err is the positive
+ * errno the client acts on (docs/libhwfs.md, "Errors": clients take it from
+ * there and never from the sentence, which may quote their own version
+ * name); a value outside 1..4095 (a bug) goes out as EIO, so that no error
+ * reply lacks one.  Returns the reply, NULL without memory.
  */
-json_t *reply_errno(json_t *res, int err);
+json_t *err_reply(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /** {"ok": true}. */
 json_t *ok_reply(void);
 /** String member @key of @req, or NULL when it is missing or not a string. */

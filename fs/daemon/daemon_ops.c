@@ -27,7 +27,7 @@
 #include "tunables.h"
 
 /* ----------------------------------------------------------- helpers */
-json_t *err_reply(const char *fmt, ...)
+json_t *err_reply(int err, const char *fmt, ...)
 {
 	char buf[1024];
 	va_list ap;
@@ -35,15 +35,9 @@ json_t *err_reply(const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
-	return json_pack("{s:b, s:s}", "ok", 0, "error", buf);
-}
-
-/* Add "errno": @err to error reply @res (daemon_i.h); returns @res, NULL stays NULL. */
-json_t *reply_errno(json_t *res, int err)
-{
-	if (res && err > 0)
-		json_object_set_new(res, "errno", json_integer(err));
-	return res;
+	if (err <= 0 || err > CTL_ERRNO_MAX)
+		err = EIO;
+	return json_pack("{s:b, s:s, s:i}", "ok", 0, "error", buf, "errno", err);
 }
 
 json_t *ok_reply(void)
@@ -191,10 +185,10 @@ static json_t *op_seal(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!v)
-		return err_reply("seal: missing version");
+		return err_reply(EINVAL, "seal: missing version");
 	r = ns_seal(d->ns, v, NULL, flags, err, sizeof(err));
 	if (r < 0)
-		return err_reply("cannot seal %s: %s", v, err[0] ? err : seal_error(r));
+		return err_reply(-r, "cannot seal %s: %s", v, err[0] ? err : seal_error(r));
 	return ok_reply();
 }
 
@@ -252,7 +246,9 @@ int flip_current(void *arg, const char *v, char *err, size_t errlen)
  * (consumed): "outcome" (committed / partial / aborted) and the nodes that
  * "committed", "failed" (node -> reason) and are "unknown" (no answer before
  * the deadline), with "ok" only when every live node committed and an
- * "error" sentence otherwise.  Returns the reply, NULL without memory.
+ * "error" sentence otherwise, whose "errno" is the coordinator's (a
+ * coordinator that predates it: EINPROGRESS for partial, ECANCELED for
+ * aborted).  Returns the reply, NULL without memory.
  */
 static json_t *commit_reply(const char *v, json_t *res)
 {
@@ -265,13 +261,15 @@ static json_t *commit_reply(const char *v, json_t *res)
 	if (!strcmp(outcome, "committed"))
 		out = json_pack("{s:b, s:s}", "ok", 1, "current", v);
 	else if (!strcmp(outcome, "partial"))
-		out = err_reply("commit of %s is partial: %zu node(s) flipped, %zu failed, %zu did "
+		out = err_reply(ctl_errno(res) ?: EINPROGRESS,
+				"commit of %s is partial: %zu node(s) flipped, %zu failed, %zu did "
 				"not answer (%s); the others flip when they can",
 				v, json_array_size(json_object_get(res, "committed")),
 				json_object_size(json_object_get(res, "failed")),
 				json_array_size(json_object_get(res, "unknown")), why ? why : "?");
 	else
-		out = err_reply("commit of %s aborted: %s", v, why ? why : "refused");
+		out = err_reply(ctl_errno(res) ?: ECANCELED, "commit of %s aborted: %s", v,
+				why ? why : "refused");
 	if (out) {
 		json_object_set_new(out, "outcome", json_string(outcome));
 		json_object_set(out, "nodes", json_object_get(res, "nodes") ?: json_array());
@@ -293,23 +291,24 @@ static json_t *op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	json_t *res = NULL;
 
 	if (!v)
-		return err_reply("commit: missing version");
+		return err_reply(EINVAL, "commit: missing version");
 	if (agent && !local) {
 		/* two-phase, cluster-wide: the coordinator decides */
 		ns_rdlock(d->ns);
 		int r = ns_check_committable(d->ns, v, err, sizeof(err));
 		ns_unlock(d->ns);
 		if (r < 0)
-			return err_reply("cannot commit: %s", err);
+			return err_reply(-r, "cannot commit: %s", err);
 		json_t *call = json_pack("{s:s, s:s}", "op", "commit", "version", v);
 
 		r = agent_call(agent, call, &res, (int)hwfs_tun.commit_wait_ms);
 		json_decref(call);
 		if (r == -EHOSTUNREACH)
-			return err_reply("cannot commit %s: the coordinator is unreachable", v);
+			return err_reply(EHOSTUNREACH,
+					 "cannot commit %s: the coordinator is unreachable", v);
 		if (r < 0) {
-			json_t *e = err_reply("commit of %s: the coordinator %s; the outcome is unknown "
-					      "until it is back (see hwfs status --cluster)",
+			json_t *e = err_reply(-r, "commit of %s: the coordinator %s; the outcome is "
+					      "unknown until it is back (see hwfs status --cluster)",
 					      v, r == -ECONNRESET ? "went away" : "did not answer");
 
 			json_object_set_new(e, "outcome", json_string("unknown"));
@@ -323,8 +322,10 @@ static json_t *op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	ns_unlock(d->ns);
 	if (r == 0)
 		r = engines_barrier_wait(d->engines, v, err, sizeof(err));
-	if (r < 0 || flip_current(d, v, err, sizeof(err)) < 0)
-		return err_reply("cannot commit %s: %s", v, err);
+	if (r == 0)
+		r = flip_current(d, v, err, sizeof(err));
+	if (r < 0)
+		return err_reply(-r, "cannot commit %s: %s", v, err);
 	return json_pack("{s:b, s:s}", "ok", 1, "current", v);
 }
 
@@ -336,13 +337,14 @@ static json_t *op_cluster(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!agent)
-		return err_reply("this node is not part of a cluster (mounted without --join)");
+		return err_reply(ENOTCONN, "this node is not part of a cluster (mounted without "
+				 "--join)");
 	call = json_pack("{s:s}", "op", "cluster");
 	r = agent_call(agent, call, &res, (int)hwfs_tun.status_wait_ms);
 	json_decref(call);
 	if (r < 0)
-		return err_reply("the coordinator %s", r == -EHOSTUNREACH ? "is unreachable"
-								 : "did not answer");
+		return err_reply(-r, "the coordinator %s",
+				 r == -EHOSTUNREACH ? "is unreachable" : "did not answer");
 	out = json_pack("{s:b, s:O}", "ok", 1, "cluster", json_object_get(res, "cluster"));
 	json_decref(res);
 	return out;
@@ -387,12 +389,12 @@ static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!v)
-		return err_reply("verify: missing version");
+		return err_reply(EINVAL, "verify: missing version");
 	r = ns_snapshot(d->ns, v, &rec);
 	if (r < 0) {
 		json_decref(bad);
-		return err_reply("cannot verify %s: %s", v, r == -ENOENT ? "no such version"
-							      : strerror(-r));
+		return err_reply(-r, "cannot verify %s: %s", v,
+				 r == -ENOENT ? "no such version" : strerror(-r));
 	}
 	hs = vrec_distinct_shards(rec, &n);
 	for (size_t i = 0; hs && i < n; i++) {
@@ -456,10 +458,10 @@ static json_t *op_rm(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!v)
-		return err_reply("rm: missing version");
+		return err_reply(EINVAL, "rm: missing version");
 	r = remove_and_invalidate(d, v);
 	if (r < 0)
-		return err_reply("cannot remove %s: %s", v, rm_error(r));
+		return err_reply(-r, "cannot remove %s: %s", v, rm_error(r));
 	return ok_reply();
 }
 
@@ -474,7 +476,7 @@ static json_t *op_gc(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	if (keep < 0) {
 		free(cur);
 		json_decref(removed);
-		return err_reply("gc: --keep N is required (N >= 0)");
+		return err_reply(EINVAL, "gc: --keep N is required (N >= 0)");
 	}
 	ns_list(d->ns, &names, &n);
 	/* newest first: keep the first @keep sealed ones, and current */
@@ -558,7 +560,7 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!a || !b)
-		return err_reply("diff: two versions needed");
+		return err_reply(EINVAL, "diff: two versions needed");
 	if (json_is_true(json_object_get(req, "elements")))
 		return op_diff_elements(d, req, rd, peer);
 	r = ns_snapshot(d->ns, a, &va);
@@ -566,7 +568,7 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		r = ns_snapshot(d->ns, b, &vb);
 	if (r < 0) {
 		hwfs_vrec_free(va);
-		return err_reply("cannot diff: %s: %s", va ? b : a,
+		return err_reply(-r, "cannot diff: %s: %s", va ? b : a,
 				 r == -ENOENT ? "no such version" : strerror(-r));
 	}
 	first = json_object();
@@ -637,7 +639,7 @@ static json_t *op_manifest(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!v)
-		return err_reply("manifest: missing version");
+		return err_reply(EINVAL, "manifest: missing version");
 	r = ns_snapshot(d->ns, v, &rec);
 	if (r == 0 && rec->state == HWFS_V_OPEN)
 		r = -EBUSY;
@@ -645,7 +647,7 @@ static json_t *op_manifest(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		r = manifest_build(rec, &js, &len);
 	hwfs_vrec_free(rec);
 	if (r < 0)
-		return err_reply("no manifest for %s: %s", v,
+		return err_reply(-r, "no manifest for %s: %s", v,
 				 r == -ENOENT ? "no such version"
 				 : r == -EBUSY ? "version is open" : strerror(-r));
 	res = json_pack("{s:b, s:s%}", "ok", 1, "manifest", js, len);
@@ -762,11 +764,11 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 		const char *v = req_str(req, op->names[i]);
 
 		if (v && ns_hidden_name(v))
-			return err_reply("%s %s: reserved name (%s* are the daemon's staging "
+			return err_reply(EINVAL, "%s %s: reserved name (%s* are the daemon's staging "
 					 "versions)", op->name, v, NS_HIDDEN_PREFIX);
 		if (v && !op->mutates && !daemon_peer_privileged(d, peer) &&
 		    !peer_may_read_version(d, peer, v))
-			return err_reply("permission denied: %s %s needs read access to every "
+			return err_reply(EACCES, "permission denied: %s %s needs read access to every "
 					 "file of %s", op->name, v, v);
 	}
 	return op->fn(d, req, rd, peer);

@@ -131,34 +131,13 @@ int lib_exchange(int fd, struct ctl_reader *rd, json_t *req, hwfs_progress_fn pr
 
 int lib_check(json_t *res)
 {
-	static const struct {
-		const char *words;
-		int err;
-	} map[] = {
-		{"permission denied", -EACCES}, {"no such", -ENOENT},
-		{"is open", -EBUSY},            {"not sealed", -EBUSY},
-		{"damaged", -EIO},              {"already registered", -EEXIST},
-		{"exists already", -EEXIST},    {"too many control connections", -EAGAIN},
-	};
-	json_t *en = json_object_get(res, "errno");
-	json_int_t num = json_is_integer(en) ? json_integer_value(en) : 0;
-	const char *e;
+	const char *e = lib_jstr(res, "error");
+	int num = ctl_errno(res);
 
 	if (json_is_true(json_object_get(res, "ok")))
 		return 0;
-	if (num <= 0 || num >= 4096) /* not an errno: ignored */
-		num = 0;
-	e = lib_jstr(res, "error");
-	if (!e)
-		return lib_fail(num ? -(int)num : -EIO,
-				"the daemon refused the request (no reason given)");
-	lib_fail(-EIO, "%s", e);
-	if (num)
-		return -(int)num;
-	for (size_t i = 0; i < HWFS_ARRAY_SIZE(map); i++)
-		if (strstr(e, map[i].words))
-			return map[i].err;
-	return -EIO;
+	return lib_fail(num ? -num : -EPROTO, "%s",
+			e ? e : "the daemon refused the request (no reason given)");
 }
 
 int hwfs_open(const char *mount, struct hwfs **out)

@@ -55,12 +55,10 @@ int lib_exchange(int fd, struct ctl_reader *rd, json_t *req, hwfs_progress_fn pr
 
 /**
  * lib_check() - 0 when @res says "ok": true; otherwise set the sentence to
- * the daemon's "error" and return the answer's "errno" (negated) when the
- * daemon gives one.  Only when it does not (an older daemon, a refusal it
- * does not number) is the errno guessed from the wording, which may quote
- * the caller's own version name: -ENOENT for "no such ...", -EACCES for
- * "permission denied", -EBUSY for an open version, -EIO for a damaged one,
- * -EEXIST for a name taken, else -EIO.
+ * the daemon's "error" and return its "errno", negated.  The errno is read
+ * from that field only, never guessed from the sentence (which may quote the
+ * caller's own version name); an answer whose "errno" is missing or not an
+ * integer in 1..CTL_ERRNO_MAX (an old or hostile daemon) gives -EPROTO.
  */
 int lib_check(json_t *res);
 

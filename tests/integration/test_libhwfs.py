@@ -8,6 +8,7 @@ copied ones) and, against a `make install`ed tree found by pkg-config, that
 the installed library, header and .pc file are what a program needs.
 """
 
+import errno
 import json
 import os
 import re
@@ -79,14 +80,20 @@ def engine_on_v1(procs, mount, src, tmp_path, tensors):
     return eng, eng.wait_serving("v1"), d1
 
 
+def build_against_libhwfs(tmp_path_factory, name, source):
+    """C program @name from @source, built against the tree's libhwfs (include/,
+    build/libhwfs.so): its path."""
+    d = tmp_path_factory.mktemp(name)
+    (d / f"{name}.c").write_text(source)
+    sh(["cc", *SANITIZE, "-o", d / name, d / f"{name}.c", f"-I{REPO / 'include'}", f"-L{BUILD}",
+        "-lhwfs", f"-Wl,-rpath,{BUILD}"])
+    return d / name
+
+
 @pytest.fixture(scope="module")
 def map_dump(tmp_path_factory):
-    """map_dump built against the tree's libhwfs (include/, build/libhwfs.so)."""
-    d = tmp_path_factory.mktemp("map_dump")
-    (d / "map_dump.c").write_text(MAP_DUMP_C)
-    sh(["cc", *SANITIZE, "-o", d / "map_dump", d / "map_dump.c", f"-I{REPO / 'include'}", f"-L{BUILD}",
-        "-lhwfs", f"-Wl,-rpath,{BUILD}"])
-    return d / "map_dump"
+    """map_dump built against the tree's libhwfs."""
+    return build_against_libhwfs(tmp_path_factory, "map_dump", MAP_DUMP_C)
 
 
 # --------------------------------------------------------------------------
@@ -403,3 +410,65 @@ def test_watch_drops_events_with_bad_version_names(fake_daemon, tmp_path, procs)
     fake2 = fake_daemon(lambda c, req: c.sendall(b'{"ok": true, "current": "../x"}\n'))
     cp = sh([HWFS, "watch", "-m", fake2.dir], check=False, timeout=20)
     assert cp.returncode == 1 and "invalid version name" in cp.stderr, cp
+
+
+# Maps VERSION of MOUNT and prints what hwfs_map() returned and hwfs_errmsg().
+MAP_RC_C = r"""
+#include <hwfs.h>
+#include <stdio.h>
+
+int main(int argc, char **argv)
+{
+	struct hwfs *h = NULL;
+	struct hwfs_map *m = NULL;
+	int r = argc == 3 ? hwfs_open(argv[1], &h) : -1;
+
+	if (r == 0)
+		r = hwfs_map(h, argv[2], &m);
+	printf("%d %s\n", r, hwfs_errmsg());
+	hwfs_unmap(m);
+	hwfs_close(h);
+	return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def map_rc(tmp_path_factory):
+    """map_rc built against the tree's libhwfs: prints hwfs_map()'s return and sentence."""
+    return build_against_libhwfs(tmp_path_factory, "map_rc", MAP_RC_C)
+
+
+def refusal(**fields):
+    """A fake daemon's answer: {"ok": false, ...@fields}."""
+    line = json.dumps({"ok": False, **fields}).encode() + b"\n"
+    return lambda c, req: c.sendall(line)
+
+
+# every word the old library guessed an errno from, in one sentence
+MISLEADING = ("permission denied: no such version is open, not sealed, damaged, already "
+              "registered, exists already; too many control connections")
+
+
+@pytest.mark.parametrize("errno_", [errno.EROFS, errno.ENOENT, errno.ECANCELED, 4095])
+def test_refusal_maps_by_its_errno_not_its_words(errno_, fake_daemon, map_rc):
+    """libhwfs returns the errno a refusal carries, whatever words its sentence holds
+    (the sentence is still the daemon's)."""
+    cp = sh([map_rc, fake_daemon(refusal(error=MISLEADING, errno=errno_)).dir, "v"])
+    rc, msg = cp.stdout.rstrip("\n").split(" ", 1)
+    assert int(rc) == -errno_ and msg == MISLEADING, cp.stdout
+
+
+@pytest.mark.parametrize("bad", ["absent", None, "2", 2.0, True, 0, -2, 4096, 1 << 40, [2], {"n": 2}])
+def test_refusal_without_a_valid_errno_is_eproto(bad, fake_daemon, map_rc):
+    """A refusal with no errno, or one that is not an integer in 1..4095 (an old or a
+    hostile daemon), is -EPROTO, even when its words once meant something else."""
+    fields = {"error": "permission denied: no such version"}
+    if bad != "absent":
+        fields["errno"] = bad
+    cp = sh([map_rc, fake_daemon(refusal(**fields)).dir, "v"])
+    rc, msg = cp.stdout.rstrip("\n").split(" ", 1)
+    assert int(rc) == -errno.EPROTO and msg == fields["error"], cp.stdout
+    # and with no sentence at all
+    cp = sh([map_rc, fake_daemon(refusal()).dir, "v"])
+    assert int(cp.stdout.split(" ", 1)[0]) == -errno.EPROTO, cp.stdout

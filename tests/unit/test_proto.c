@@ -482,6 +482,13 @@ static void test_optional_result_fields(void **state)
 	json_object_set_new(f, "failed", json_object());
 	json_object_set_new(f, "committed", json_pack("[i]", 3)); /* node names */
 	assert_bad(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), err);
+	json_object_set_new(f, "committed", json_array());
+	json_object_set_new(f, "errno", json_integer(EINPROGRESS)); /* relayed by the node */
+	assert_int_equal(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), 0);
+	json_object_set_new(f, "errno", json_string("EINPROGRESS"));
+	assert_bad(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), err);
+	json_object_set_new(f, "errno", json_integer(-EINPROGRESS));
+	assert_bad(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), err);
 	json_decref(f);
 
 	f = json_pack("{s:s, s:i}", "committed", "v2", "epoch", 4);

@@ -66,6 +66,39 @@ def test_an_engine_refusal_aborts_the_cluster_commit(cluster, models):
 
 
 @pytest.mark.limit(120)
+def test_coordinator_refusals_carry_errno_through_the_node(cluster, models):
+    """The coordinator's refusals reach the client with an errno (docs/libhwfs.md,
+    "Errors"): a commit while another one is in progress is EBUSY, an aborted one
+    ECANCELED, relayed by the node as it got them."""
+    import errno as E
+
+    cluster.ensure_version("v1", models)
+    cluster.ensure_committed("v1")
+    cluster.ensure_version("v2", models)
+    eb, ec = engine(cluster["B"], "eng-b"), engine(cluster["C"], "eng-c")
+    first = {}
+    t = threading.Thread(target=lambda: first.update(call(cluster["A"].mnt, {"op": "commit",
+                                                                            "version": "v2"},
+                                                          timeout=TIMEOUT)))
+    t.start()
+    try:
+        prepare_of(ec, "v2")
+        busy = call(cluster["C"].mnt, {"op": "commit", "version": "v2"})
+        assert busy["ok"] is False and busy.get("errno") == E.EBUSY, busy
+        assert "another commit is in progress" in busy["error"], busy
+        ec.send({"report": "loaded", "version": "v2"})
+        prepare_of(eb, "v2")
+        eb.send({"report": "refused", "version": "v2", "reason": "out of GPU memory"})
+        t.join(TIMEOUT)
+        assert first.get("ok") is False and first.get("outcome") == "aborted", first
+        assert first.get("errno") == E.ECANCELED, first
+    finally:
+        t.join(TIMEOUT)
+        eb.close()
+        ec.close()
+
+
+@pytest.mark.limit(120)
 def test_loaded_engines_let_the_commit_through_and_see_it(cluster, models):
     cluster.ensure_version("v1", models)
     cluster.ensure_committed("v1")
