@@ -8,7 +8,9 @@ and hostile requests get clear errors while the daemon stays up.  The copy
 itself is tested on a GPU machine (`make test-gpu`).
 """
 
+import json
 import os
+import subprocess
 
 from conftest import make_tensors, poll, readlink_or_none, save_model
 from engine_proto import Conn, call
@@ -93,13 +95,35 @@ def test_gpumap_without_gpu(mount, tmp_path):
         assert c.line() is None  # answered and closed: not long-lived on an error
 
 
+_RAW_REQUEST = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(sys.argv[1])
+s.sendall(sys.argv[2].encode() + b"\n")
+sys.stdout.write(s.makefile("rb").readline().decode())
+"""
+
+
 def test_unprivileged_user_is_refused(mount_factory, shared_src):  # noqa: F811
+    """load, unload and gpumap are refused to a user who is not root, the owner or
+    in --ctl-group (before any device is looked at), the raw requests too."""
     m = mount_factory(long_store=True, umask=0)
     publish(m, shared_src, "v1", seed=5)
     for verb in (["load", "v1", "--gpu", "0"], ["unload", "v1"]):
         cp = as_user(m, *verb)
         assert cp.returncode == 1, cp
         assert "hwfs: error: permission denied: " + verb[0] in cp.stderr, cp.stderr
+    ctl = os.getxattr(m.mnt, "user.hwfs.control").decode()
+    for op in ("load", "unload", "gpumap"):
+        req = json.dumps({"op": op, "version": "v1", "gpu": 0})
+        cp = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             "python3", "-c", _RAW_REQUEST, ctl, req],
+                            capture_output=True, text=True, timeout=60, cwd="/")
+        assert cp.returncode == 0, cp.stderr
+        r = json.loads(cp.stdout)
+        assert r["ok"] is False and r.get("errno") == 13, (op, r)
+        assert r["error"].startswith("permission denied: " + op), (op, r)
 
 
 def test_engine_with_gpu_aborts_a_local_commit(mount, tmp_path):

@@ -364,6 +364,44 @@ def test_unprivileged_user_cannot_exhaust_control_connections(mount_factory):
     assert cp.returncode == 0, cp.stderr
 
 
+_HOLD_WATCHES = r"""
+import json, socket, sys
+path, n = sys.argv[1], int(sys.argv[2])
+held = []
+for _ in range(n):  # long-lived: each stays open, answered, waiting for events
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    s.sendall(b'{"op": "watch"}\n')
+    first = json.loads(s.makefile("rb").readline())
+    assert first.get("ok", True) and "error" not in first, first
+    held.append(s)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # one more, of any kind
+s.settimeout(10)
+s.connect(path)
+try:
+    s.sendall(b'{"op": "status"}\n')
+except (BrokenPipeError, ConnectionResetError):
+    pass  # refused at accept: the daemon answered and closed without reading
+print(s.makefile("rb").readline().decode(), end="", flush=True)
+"""
+
+
+def test_unprivileged_watch_connections_count_against_the_cap(mount_factory):
+    """docs/security.md: an unprivileged user's long-lived `watch` connections count
+    against ctl_conns_per_uid like any other: with 8 watches open, its 9th
+    connection is refused "too many control connections"."""
+    m = mount_factory(long_store=True, umask=0, extra=("-o", "ctl_conns_per_uid=8"))
+    ctl = os.getxattr(m.mnt, "user.hwfs.control").decode()
+    cp = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                         "python3", "-c", _HOLD_WATCHES, ctl, "8"],
+                        capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
+    assert cp.returncode == 0, cp.stderr
+    ans = json.loads(cp.stdout)
+    assert ans["ok"] is False and "too many control connections" in ans["error"], ans
+    assert m.status()["pid"] == m.pid  # root is served meanwhile
+
+
 _HOLD_LONG_LIVED = r"""
 import json, os, socket, sys
 path, n = sys.argv[1], int(sys.argv[2])
