@@ -364,9 +364,8 @@ json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const stru
 	if (req_gpu(req, 0, &gpu) < 0)
 		return err_reply(EINVAL, "load: \"gpu\" must be a device index (an integer "
 				 "0-%d)", DAEMON_GPU_MAX);
-	r = gpu_usable(d, gpu, err, sizeof(err));
-	if (r < 0)
-		return load_error(v, gpu, r, err);
+	/* the version first, then the device: an open, damaged or missing version is
+	 * refused the same way with or without a GPU */
 	ns_rdlock(d->ns);
 	r = ns_check_committable(d->ns, v, err, sizeof(err));
 	ns_unlock(d->ns);
@@ -374,6 +373,9 @@ json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const stru
 		r = sealed_seq(d, v, &seq);
 	if (r < 0)
 		return load_error(v, gpu, r, r == -ENOENT ? "no such version" : err);
+	r = gpu_usable(d, gpu, err, sizeof(err));
+	if (r < 0)
+		return load_error(v, gpu, r, err);
 	r = devloads_begin(d->loads, v, seq, gpu, 0, &l);
 	if (r == 0) {
 		r = load_entry(d, l, v, seq, gpu, load_progress, &lp, &sum, err, sizeof(err));

@@ -14,6 +14,7 @@ hung FUSE request turns into an error instead of a hung CI job.  The helpers
 that the tests import (``from conftest import ...``) are at the bottom.
 """
 
+import ctypes
 import errno
 import faulthandler
 import json
@@ -547,6 +548,27 @@ def safetensors_header(path):
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         return json.loads(f.read(n)), 8 + n
+
+
+class _XXH128(ctypes.Structure):
+    _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+
+_libxxhash = None
+
+
+def xxh3_128_hex(data):
+    """XXH3-128 of @data in hwfs's canonical hex (big-endian high64, then low64),
+    computed here with libxxhash's own XXH3_128bits: an expectation independent
+    of hwfs's hashing code."""
+    global _libxxhash
+    if _libxxhash is None:
+        lib = ctypes.CDLL("libxxhash.so.0")
+        lib.XXH3_128bits.restype = _XXH128
+        lib.XXH3_128bits.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
+        _libxxhash = lib
+    h = _libxxhash.XXH3_128bits(bytes(data), len(data))
+    return f"{h.high64:016x}{h.low64:016x}"
 
 
 def expect_errno(exc_info, *codes):

@@ -8,10 +8,13 @@ and hostile requests get clear errors while the daemon stays up.  The copy
 itself is tested on a GPU machine (`make test-gpu`).
 """
 
+import json
 import os
+import subprocess
 
 from conftest import make_tensors, poll, readlink_or_none, save_model
 from engine_proto import Conn, call
+from test_damage import damage_version
 from test_security_local import as_user, shared_src  # noqa: F401 (a fixture)
 
 
@@ -92,13 +95,35 @@ def test_gpumap_without_gpu(mount, tmp_path):
         assert c.line() is None  # answered and closed: not long-lived on an error
 
 
+_RAW_REQUEST = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(sys.argv[1])
+s.sendall(sys.argv[2].encode() + b"\n")
+sys.stdout.write(s.makefile("rb").readline().decode())
+"""
+
+
 def test_unprivileged_user_is_refused(mount_factory, shared_src):  # noqa: F811
+    """load, unload and gpumap are refused to a user who is not root, the owner or
+    in --ctl-group (before any device is looked at), the raw requests too."""
     m = mount_factory(long_store=True, umask=0)
     publish(m, shared_src, "v1", seed=5)
     for verb in (["load", "v1", "--gpu", "0"], ["unload", "v1"]):
         cp = as_user(m, *verb)
         assert cp.returncode == 1, cp
         assert "hwfs: error: permission denied: " + verb[0] in cp.stderr, cp.stderr
+    ctl = os.getxattr(m.mnt, "user.hwfs.control").decode()
+    for op in ("load", "unload", "gpumap"):
+        req = json.dumps({"op": op, "version": "v1", "gpu": 0})
+        cp = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             "python3", "-c", _RAW_REQUEST, ctl, req],
+                            capture_output=True, text=True, timeout=60, cwd="/")
+        assert cp.returncode == 0, cp.stderr
+        r = json.loads(cp.stdout)
+        assert r["ok"] is False and r.get("errno") == 13, (op, r)
+        assert r["error"].startswith("permission denied: " + op), (op, r)
 
 
 def test_engine_with_gpu_aborts_a_local_commit(mount, tmp_path):
@@ -152,12 +177,40 @@ def test_hostile_requests(mount, tmp_path):
     for op in ("load", "unload", "gpumap"):
         r = call(m.mnt, {"op": op, "version": ".hwfs-staging-x", "gpu": 0})
         assert r["ok"] is False and "reserved name" in r["error"], r
-    # a version that does not exist, or is open: no GPU is said first here, so
-    # the daemon must not crash on either
+    # a version that does not exist, or is open: refused for what it is (the
+    # version is checked before the device; test_load_refuses_a_version_not_sealed)
     r = call(m.mnt, {"op": "load", "version": "nosuch", "gpu": 0})
-    assert r["ok"] is False and r.get("errno"), r
+    assert r["ok"] is False and r.get("errno") == 2 and "no such version" in r["error"], r
     os.mkdir(m.vpath("open1"))
     r = call(m.mnt, {"op": "load", "version": "open1", "gpu": 0})
-    assert r["ok"] is False and r.get("errno"), r
+    assert r["ok"] is False and r.get("errno") == 16 and "not sealed" in r["error"], r
     # still alive and answering
     assert m.status()["pid"] == m.pid
+
+
+def test_load_refuses_a_version_not_sealed(mount_factory, tmp_path):
+    """docs/security.md: `load` refuses a version that is not sealed and intact,
+    with a sentence and an errno, before it looks at the device (so this holds,
+    and is checked, on a machine without a GPU too): open is EBUSY, damaged EIO,
+    missing ENOENT; nothing is loaded."""
+    m = mount_factory(capacity="256M")
+    src = tmp_path / "src"
+    damage_version(m, src)  # "good" sealed, "bad" sealed with a flipped byte
+    m.run("verify", "bad", check=False)
+    assert m.version("bad")["state"] == "damaged"
+    os.mkdir(m.vpath("open1"))
+    with open(m.vpath("open1", "w.bin"), "wb") as f:
+        f.write(b"x" * 4096)
+    for v, err, words in (("open1", 16, "version open1 is open (not sealed): seal it first"),
+                          ("bad", 5, "version bad is damaged"),
+                          ("nosuch", 2, "no such version")):
+        r = call(m.mnt, {"op": "load", "version": v, "gpu": 0})
+        assert r["ok"] is False and r.get("errno") == err, (v, r)
+        assert r["error"].startswith(f"cannot load {v} on GPU 0: {words}"), (v, r)
+        cp = m.run("load", v, "--gpu", "0", check=False)
+        assert cp.returncode == 1 and len(error_lines(cp)) == 1, (v, cp.stderr)
+        assert f"hwfs: error: cannot load {v} on GPU 0: {words}" in cp.stderr, (v, cp.stderr)
+    # a sealed, intact version gets as far as the device (here: none)
+    r = call(m.mnt, {"op": "load", "version": "good", "gpu": 0})
+    assert r["ok"] is False and r.get("errno") == 19 and "no CUDA" in r["error"], r
+    assert m.status()["gpu"] is None

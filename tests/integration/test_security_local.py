@@ -61,15 +61,26 @@ def snapshot(m):
     return st["current"], sorted((v["name"], v["state"]) for v in st["versions"])
 
 
-def test_control_socket_mode_does_not_follow_umask(mount_factory):
-    m = mount_factory(long_store=True, umask=0)
+@pytest.mark.parametrize("umask", [0, 0o022, 0o077], ids=["000", "022", "077"])
+def test_control_socket_mode_does_not_follow_umask(mount_factory, umask):
+    """A root daemon's socket is /run/hwfs/PID.sock, mode 0666, in a root-owned 0755
+    directory (not a symlink), whatever the umask it was started under; a user
+    other than root can therefore connect even when the umask was 077."""
+    m = mount_factory(long_store=True, umask=umask)
     ctl = os.getxattr(m.mnt, "user.hwfs.control").decode()
+    assert ctl == f"/run/hwfs/{m.pid}.sock", ctl
     st = os.lstat(ctl)
-    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_ISSOCK(st.st_mode), oct(st.st_mode)
+    assert st.st_uid == 0
+    assert stat.S_IMODE(st.st_mode) == 0o666, \
+        f"socket {ctl} has mode {oct(stat.S_IMODE(st.st_mode))} under umask {umask:03o}"
     parent = os.lstat(os.path.dirname(ctl))
-    assert parent.st_uid == 0 and not parent.st_mode & 0o022, \
-        f"socket dir {os.path.dirname(ctl)} is writable by others: {oct(parent.st_mode)}"
-    assert not os.path.dirname(ctl).startswith("/tmp"), f"world-writable fallback: {ctl}"
+    assert stat.S_ISDIR(parent.st_mode), "the socket directory is not a directory (a symlink?)"
+    assert parent.st_uid == 0 and stat.S_IMODE(parent.st_mode) == 0o755, \
+        f"socket dir {os.path.dirname(ctl)}: uid {parent.st_uid} mode {oct(parent.st_mode)}"
+    cp = as_user(m, "status", "--json")  # connecting needs write on the socket
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["pid"] == m.pid
 
 
 def test_unprivileged_caller_cannot_mutate(mount_factory, shared_src):
@@ -237,6 +248,48 @@ def test_unprivileged_long_request_is_refused_early(mount_factory):
     assert m.status()["pid"] > 0  # the daemon is still there and answers
 
 
+def _request_of_size(total):
+    """A status request line of exactly @total bytes, its newline included."""
+    head, tail = b'{"op": "status", "pad": "', b'"}\n'
+    return head + b"x" * (total - len(head) - len(tail)) + tail
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1, 2])
+def test_request_limit_is_exactly_ctl_max_request(mount_factory, extra):
+    """CTL_MAX_REQUEST (64 KiB) bounds a request line, its newline included: a line
+    of 65535 or 65536 bytes is read and answered, one of 65537 or more is refused
+    "request too long" with EMSGSIZE (as the unprivileged user 65534)."""
+    m = mount_factory(long_store=True, umask=0)
+    ctl = os.getxattr(m.mnt, "user.hwfs.control").decode()
+    total = (64 << 10) + extra
+    line = _request_of_size(total)
+    assert len(line) == total
+    cp = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                         "python3", "-c", _SEND_LINE, ctl],
+                        input=line, capture_output=True, timeout=TIMEOUT, cwd="/")
+    assert cp.returncode == 0, cp.stderr
+    ans = json.loads(cp.stdout)
+    if total <= 64 << 10:
+        assert ans.get("ok") is True and ans["pid"] == m.pid, (total, ans)
+    else:
+        assert ans["ok"] is False and "request too long" in ans["error"], (total, ans)
+        assert ans["errno"] == 90, ans  # EMSGSIZE
+    assert m.status()["pid"] == m.pid
+
+
+_SEND_LINE = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(sys.argv[1])
+try:
+    s.sendall(sys.stdin.buffer.read())
+except (BrokenPipeError, ConnectionResetError):
+    pass  # the daemon stopped reading: its answer is still queued for us
+sys.stdout.write(s.makefile("rb").readline().decode())
+"""
+
+
 def test_private_version_manifest_and_diff_need_read_access(mount_factory, shared_src):
     """`manifest` and `diff` show names, sizes, modes, tensor names and the
     hashes of every shard (a 7-byte secret's hash is a brute-force away from
@@ -310,6 +363,44 @@ def test_unprivileged_user_cannot_exhaust_control_connections(mount_factory):
     assert m.status()["pid"] > 0  # root is served
     cp = as_user(m, "status")  # nobody again, once its connections are gone
     assert cp.returncode == 0, cp.stderr
+
+
+_HOLD_WATCHES = r"""
+import json, socket, sys
+path, n = sys.argv[1], int(sys.argv[2])
+held = []
+for _ in range(n):  # long-lived: each stays open, answered, waiting for events
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    s.sendall(b'{"op": "watch"}\n')
+    first = json.loads(s.makefile("rb").readline())
+    assert first.get("ok", True) and "error" not in first, first
+    held.append(s)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # one more, of any kind
+s.settimeout(10)
+s.connect(path)
+try:
+    s.sendall(b'{"op": "status"}\n')
+except (BrokenPipeError, ConnectionResetError):
+    pass  # refused at accept: the daemon answered and closed without reading
+print(s.makefile("rb").readline().decode(), end="", flush=True)
+"""
+
+
+def test_unprivileged_watch_connections_count_against_the_cap(mount_factory):
+    """docs/security.md: an unprivileged user's long-lived `watch` connections count
+    against ctl_conns_per_uid like any other: with 8 watches open, its 9th
+    connection is refused "too many control connections"."""
+    m = mount_factory(long_store=True, umask=0, extra=("-o", "ctl_conns_per_uid=8"))
+    ctl = os.getxattr(m.mnt, "user.hwfs.control").decode()
+    cp = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                         "python3", "-c", _HOLD_WATCHES, ctl, "8"],
+                        capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
+    assert cp.returncode == 0, cp.stderr
+    ans = json.loads(cp.stdout)
+    assert ans["ok"] is False and "too many control connections" in ans["error"], ans
+    assert m.status()["pid"] == m.pid  # root is served meanwhile
 
 
 _HOLD_LONG_LIVED = r"""

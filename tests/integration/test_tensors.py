@@ -8,7 +8,8 @@ import stat
 import numpy as np
 import pytest
 
-from conftest import (HEX32, make_hf_model, make_tensors, safetensors_header, save_model, sh)
+from conftest import (HEX32, make_hf_model, make_tensors, safetensors_header, save_model, sh,
+                      xxh3_128_hex)
 
 DTYPE_NAMES = {np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("float64"): "F64",
                np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("int16"): "I16",
@@ -75,6 +76,8 @@ def test_tensor_xattrs(published):
 
 
 def test_tensor_hash_is_content_hash(mount, src, tmp_path):
+    """user.hwfs.hash of a tensor is XXH3-128 of its bytes, computed here with
+    libxxhash itself, whatever file, name or version holds them."""
     t = make_tensors(3, n=4)
     save_model(src / "a.safetensors", t)
     other = tmp_path / "o"
@@ -82,10 +85,15 @@ def test_tensor_hash_is_content_hash(mount, src, tmp_path):
     save_model(other / "b.safetensors", renamed)
     mount.run("publish", src, "v1")
     mount.run("publish", other, "v2")
-    for i, name in enumerate(t):
-        h1 = os.getxattr(mount.vpath("v1", "tensors", name), "user.hwfs.hash")
-        h2 = os.getxattr(mount.vpath("v2", "tensors", f"other.{i}"), "user.hwfs.hash")
-        assert h1 == h2, "the same bytes must hash the same in any file and version"
+    man = {t_["name"]: t_ for f in json.loads(mount.run("manifest", "v1").stdout)["files"]
+           for t_ in f.get("tensors", [])}
+    for i, (name, arr) in enumerate(t.items()):
+        want = xxh3_128_hex(arr.tobytes())
+        h1 = os.getxattr(mount.vpath("v1", "tensors", name), "user.hwfs.hash").decode()
+        h2 = os.getxattr(mount.vpath("v2", "tensors", f"other.{i}"), "user.hwfs.hash").decode()
+        assert h1 == want, f"{name}: xattr {h1}, XXH3-128 of its bytes {want}"
+        assert h2 == want, f"other.{i}: the same bytes must hash the same in any file and version"
+        assert man[name]["hash"] == want, (name, man[name]["hash"], want)
 
 
 def test_tensors_of_sharded_model(mount, src):
@@ -113,15 +121,46 @@ def test_tensors_dir_is_read_only(published):
         assert f.read() == t["emb.weight"].tobytes()
 
 
-def test_manifest(published):
+def test_manifest(published, src):
+    """The manifest's values, not only its keys: every file's size and mode, its
+    extents tiling it with XXH3-128 of their bytes (computed here with libxxhash),
+    the shard list being those extents, and each tensor's offset, length, dtype,
+    shape and hash against the safetensors header read here."""
     m, t = published
     cp = m.run("manifest", "v1")
     man = json.loads(cp.stdout)
     assert man["format"] == "hwfs-manifest/1"
-    assert "files" in man and "shards" in man
-    assert len(man["files"]) >= 1
-    assert len(man["shards"]) >= 1
-    assert "model.safetensors" in cp.stdout
+    assert man["version"] == "v1"
+    srcfile = src / "model.safetensors"
+    data = srcfile.read_bytes()
+    assert [f["path"] for f in man["files"]] == ["model.safetensors"]
+    f = man["files"][0]
+    assert f["kind"] == "file"
+    assert f["size"] == len(data)
+    assert f["mode"] == stat.S_IMODE(os.stat(srcfile).st_mode)
+    # extents tile the file in order; each hash is XXH3-128 of those bytes
+    at, shards = 0, {}
+    for off, length, h in f["extents"]:
+        assert off == at and length > 0, f["extents"]
+        assert h == xxh3_128_hex(data[off:off + length]), (off, length)
+        shards[h] = length
+        at += length
+    assert at == len(data)
+    assert sorted(map(tuple, man["shards"])) == sorted(shards.items())
+    # tensors: what the header says, in file order
+    hdr, start = safetensors_header(srcfile)
+    want = sorted(((start + e["data_offsets"][0], e["data_offsets"][1] - e["data_offsets"][0],
+                    k, e["dtype"], e["shape"]) for k, e in hdr.items() if k != "__metadata__"))
+    got = [(x["offset"], x["length"], x["name"], x["dtype"], x["shape"]) for x in f["tensors"]]
+    assert got == want
+    for x in f["tensors"]:
+        arr = t[x["name"]]
+        assert x["dtype"] == DTYPE_NAMES[arr.dtype] and x["shape"] == list(arr.shape)
+        assert x["length"] == arr.nbytes
+        assert data[x["offset"]:x["offset"] + x["length"]] == arr.tobytes()
+        assert x["hash"] == xxh3_128_hex(arr.tobytes()), x["name"]
+    # the digest is XXH3-128 of exactly these bytes (the printed manifest, its newline aside)
+    assert m.version("v1")["digest"] == xxh3_128_hex(cp.stdout.rstrip("\n").encode())
     assert m.run("manifest", "v1").stdout == cp.stdout, "manifest output must be stable"
     bad = m.run("manifest", "nope", check=False)
     assert bad.returncode != 0 and "hwfs: error:" in bad.stderr
