@@ -10,7 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import HWFS, REPO, assert_error_line, make_tensors, pid_alive, poll, save_model, sh
+from conftest import (HWFS, REPO, assert_error_line, make_tensors, pid_alive, poll, readlink_or_none,
+                      save_model, sh)
 from engine_proc import WatchProc, engine_state, procs  # noqa: F401 (procs: fixture)
 
 
@@ -129,6 +130,30 @@ def test_prepare_of_a_version_that_arrived_before_the_watch_runs_on_arrive(mount
     assert log.read_text() == "arrive v1\ncommit v1\n"
     st = engine_state(mount, "late")
     assert poll(lambda: (engine_state(mount, "late") or {}).get("serving") == "v1"), st
+
+
+def test_a_commit_asks_again_an_on_arrive_that_refused_before(mount, src, tmp_path, procs):
+    """A refusal reported before the barrier (at arrival) is not replayed: the
+    prepare of a commit runs --on-arrive again and its new exit decides
+    (docs/engines.md, "The barrier, exactly")."""
+    marker, log = tmp_path / "ready", tmp_path / "hooks"
+    hook = f'echo arrive $HWFS_VERSION >> {log}; [ -e {marker} ] || {{ echo "not ready yet" >&2; exit 4; }}'
+    w = WatchProc(mount.mnt, "--engine", "retry", "--on-arrive", hook).start()
+    procs.append(w)
+    w.wait_line("registered as engine retry on " + mount.mnt)
+    publish(mount, src, "v1")
+    w.wait_line("refused v1: on-arrive hook exited 4: not ready yet")
+    cp = mount.run("commit", "v1", check=False)  # refused again: the commit fails
+    assert_error_line(cp, "engine retry", "not ready yet")
+    assert log.read_text() == "arrive v1\n" * 2, log.read_text()
+    assert readlink_or_none(mount.path("current")) is None
+    marker.touch()  # the transient cause passed
+    mount.run("commit", "v1")
+    w.wait_line("loaded v1")
+    assert os.readlink(mount.path("current")) == "versions/v1"
+    assert log.read_text() == "arrive v1\n" * 3, log.read_text()
+    assert poll(lambda: (engine_state(mount, "retry") or {}).get("serving") == "v1"), mount.status()
+    assert w.stop() == 0
 
 
 # --------------------------------------------------------------------------
