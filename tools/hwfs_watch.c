@@ -25,9 +25,9 @@
  * running a hook ("version name not safe for hooks"), unless --any-name.
  *
  * As an engine (--engine NAME): a version that arrives, or that a commit
- * prepares before it arrived here, runs --on-arrive: exit 0 reports it
- * loaded, anything else refused ("on-arrive hook exited N: LAST LINE"), which
- * aborts a commit of it.  `current` flipping runs --on-commit and reports
+ * prepares before it arrived here or after it was refused, runs --on-arrive:
+ * exit 0 reports it loaded, anything else refused ("on-arrive hook exited N:
+ * LAST LINE"), which aborts a commit of it.  `current` flipping runs --on-commit and reports
  * swapped, its run time being the pause.  At start, the version `current`
  * names goes through the same two hooks, so the server behind them is
  * brought to it, and is reported swapped with pause 0 (start-up is no
@@ -343,8 +343,12 @@ static void forget(struct watch *s, const char *version)
 }
 
 /*
- * Run --on-arrive for @version once (later calls re-send what it reported,
- * when @resend) and, as an engine, report loading then loaded or refused.
+ * Run --on-arrive for @version and, as an engine, report loading then loaded
+ * or refused.  A version loaded before is not loaded again: a later call
+ * re-sends "loaded" when @resend (a commit's prepare).  A version refused
+ * before is asked again when @resend: the barrier does not count an earlier
+ * refusal, the engine may load the version now (docs/engines.md, "The
+ * barrier, exactly"), so its record is dropped and the hook runs anew.
  * A name hooks may not see (hook_safe_name, without --any-name) is refused
  * without running one.  Returns the record, or NULL when SIGINT/SIGTERM
  * stopped the hook (nothing is recorded or reported then: the watch ends).
@@ -354,9 +358,13 @@ static struct handled *shadow_load(struct watch *s, const char *version, int res
 	struct handled *h = find_handled(s, version);
 	uint64_t took = 0;
 
+	if (h && !h->loaded && resend) {
+		forget(s, version);
+		h = NULL;
+	}
 	if (h) {
 		if (resend && s->engine)
-			report(s, h->loaded ? HWFS_LOADED : HWFS_REFUSED, version, h->reason, 0);
+			report(s, HWFS_LOADED, version, NULL, 0);
 		return h;
 	}
 	if (s->n_done == s->cap_done) {

@@ -15,7 +15,9 @@ DEB_PKGS=(build-essential pkg-config iproute2 libfuse3-dev fuse3 libsqlite3-dev 
 # no ':' is given).  torch and transformers are for the tests of the Python
 # package (tests/integration/test_torch_engine.py); torch's default wheel is
 # large (about 3 GB with its CUDA libraries) and is only installed when missing.
-PY_MODS=(numpy safetensors pytest zmq:pyzmq setuptools torch transformers)
+# build (python -m build) makes the package's sdist and wheel
+# (tests/integration/test_packaging.py).
+PY_MODS=(numpy safetensors pytest zmq:pyzmq setuptools build torch transformers)
 PYTHON=${PYTHON:-python3}
 
 die() {

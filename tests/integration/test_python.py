@@ -299,31 +299,6 @@ def test_library_lookup_error(tmp_path):
     assert "ImportError" in cp.stderr and "HWFS_LIBRARY" in cp.stderr and "nope.so" in cp.stderr
 
 
-def test_pip_installable(mount, tmp_path):
-    """`pip install tools/python` installs a package that works from where it
-    was installed (found through HWFS_LIBRARY, not the source tree)."""
-    import shutil
-
-    target = tmp_path / "site"
-    srcdir = tmp_path / "pkg"  # a copy: the build writes its egg-info beside the sources
-    shutil.copytree(PYDIR, srcdir, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
-    cp = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                         "--no-build-isolation", "--target", str(target), str(srcdir)],
-                        capture_output=True, text=True, timeout=120,
-                        env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
-    assert cp.returncode == 0, cp.stderr
-    assert (target / "hwfs" / "_lib.py").exists() and (target / "hwfs" / "torch.py").exists()
-    mount.run("publish", str(save_model(tmp_path / "src" / "m.safetensors",
-                                        {"w": np.arange(6, dtype=np.float32)}).parent), "v1")
-    code = ("import hwfs, sys; m = hwfs.open(sys.argv[1]); v = m.map('v1'); "
-            "assert hwfs.__file__.startswith(sys.argv[2]), hwfs.__file__; print(v['w'].tolist())")
-    cp = subprocess.run([sys.executable, "-c", code, mount.mnt, str(target)], capture_output=True,
-                        text=True, timeout=60, cwd=tmp_path,
-                        env=dict(os.environ, PYTHONPATH=str(target)))
-    assert cp.returncode == 0, cp.stderr
-    assert cp.stdout.strip() == "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]"
-
-
 @pytest.mark.limit(300)
 def test_make_install_package_finds_its_library(mount, tmp_path):
     """After `make install PREFIX=P`, the installed package finds P/lib/libhwfs.so.1

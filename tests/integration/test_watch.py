@@ -10,7 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import HWFS, REPO, assert_error_line, make_tensors, pid_alive, poll, save_model, sh
+from conftest import (HWFS, REPO, assert_error_line, make_tensors, pid_alive, poll, readlink_or_none,
+                      save_model, sh)
 from engine_proc import WatchProc, engine_state, procs  # noqa: F401 (procs: fixture)
 
 
@@ -131,6 +132,30 @@ def test_prepare_of_a_version_that_arrived_before_the_watch_runs_on_arrive(mount
     assert poll(lambda: (engine_state(mount, "late") or {}).get("serving") == "v1"), st
 
 
+def test_a_commit_asks_again_an_on_arrive_that_refused_before(mount, src, tmp_path, procs):
+    """A refusal reported before the barrier (at arrival) is not replayed: the
+    prepare of a commit runs --on-arrive again and its new exit decides
+    (docs/engines.md, "The barrier, exactly")."""
+    marker, log = tmp_path / "ready", tmp_path / "hooks"
+    hook = f'echo arrive $HWFS_VERSION >> {log}; [ -e {marker} ] || {{ echo "not ready yet" >&2; exit 4; }}'
+    w = WatchProc(mount.mnt, "--engine", "retry", "--on-arrive", hook).start()
+    procs.append(w)
+    w.wait_line("registered as engine retry on " + mount.mnt)
+    publish(mount, src, "v1")
+    w.wait_line("refused v1: on-arrive hook exited 4: not ready yet")
+    cp = mount.run("commit", "v1", check=False)  # refused again: the commit fails
+    assert_error_line(cp, "engine retry", "not ready yet")
+    assert log.read_text() == "arrive v1\n" * 2, log.read_text()
+    assert readlink_or_none(mount.path("current")) is None
+    marker.touch()  # the transient cause passed
+    mount.run("commit", "v1")
+    w.wait_line("loaded v1")
+    assert os.readlink(mount.path("current")) == "versions/v1"
+    assert log.read_text() == "arrive v1\n" * 3, log.read_text()
+    assert poll(lambda: (engine_state(mount, "retry") or {}).get("serving") == "v1"), mount.status()
+    assert w.stop() == 0
+
+
 # --------------------------------------------------------------------------
 # version names in hooks (docs/engines.md, "Recipes"; docs/cli.md, "watch")
 
@@ -181,30 +206,37 @@ def test_hooks_do_not_run_for_a_version_name_not_safe_for_them(mount, src, tmp_p
 
 # The SGLang and vLLM recipes of docs/engines.md, run as written (the server's
 # address aside) against a stub server that records every request.
+RECIPE_HEADINGS = {"SGLang": "### SGLang: ", "vLLM": "### vLLM without the extension (fallback): "}
+
+
 def recipe_hooks():
-    """{section: [on-commit hook, ...]} of the SGLang and vLLM sections of docs/engines.md."""
+    """{section: [on-commit hook, ...]} of the SGLang recipe and the vLLM fallback
+    recipe of docs/engines.md."""
     text = (REPO / "docs" / "engines.md").read_text()
     out = {}
-    for section in ("SGLang", "vLLM"):
-        body = text.split(f"### {section}", 1)[1].split("\n### ", 1)[0]
+    for section, heading in RECIPE_HEADINGS.items():
+        body = text.split(heading, 1)[1].split("\n### ", 1)[0]
         out[section] = re.findall(r"--on-commit '(.*?)'\n", body, re.S)
     return out
 
 
 class StubServer:
     """An HTTP server on 127.0.0.1 that records (method, path, body) and answers
-    /get_model_info with another model_path, everything else with success."""
+    GET /weight_info with weight_version @served (vLLM), another GET with another
+    model_path (SGLang's /get_model_info), a POST to a path in @fail with 500,
+    every other POST with success."""
 
-    def __init__(self):
+    def __init__(self, served="default", fail=()):
         import http.server
 
         self.requests = []
+        self.served, self.fail = served, set(fail)
         stub = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def _answer(self, obj):
+            def _answer(self, obj, code=200):
                 data = json.dumps(obj).encode()
-                self.send_response(200)
+                self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -212,12 +244,18 @@ class StubServer:
 
             def do_GET(self):
                 stub.requests.append(("GET", self.path, b""))
-                self._answer({"model_path": "/somewhere/else"})
+                if self.path == "/weight_info":
+                    self._answer({"weight_version": stub.served})
+                else:
+                    self._answer({"model_path": "/somewhere/else"})
 
             def do_POST(self):
                 n = int(self.headers.get("Content-Length") or 0)
                 stub.requests.append(("POST", self.path, self.rfile.read(n)))
-                self._answer({"success": True, "message": "", "results": [None]})
+                if self.path in stub.fail:
+                    self._answer({"error": "stub failure"}, 500)
+                else:
+                    self._answer({"success": True, "message": "", "results": [None]})
 
             def log_message(self, *args):
                 pass
@@ -238,7 +276,7 @@ def test_recipes_send_json_bodies_whatever_the_version_name(mount, src, procs):
     if not shutil.which("curl") or not shutil.which("python3"):
         pytest.skip("the recipes need curl and python3")
     hooks = recipe_hooks()
-    assert len(hooks["SGLang"]) == 1 and len(hooks["vLLM"]) == 2, hooks
+    assert len(hooks["SGLang"]) == 1 and len(hooks["vLLM"]) == 1, hooks
     stub = StubServer()
     try:
         prev = None
@@ -257,16 +295,45 @@ def test_recipes_send_json_bodies_whatever_the_version_name(mount, src, procs):
             posts = [(p, json.loads(b) if b else None) for m, p, b in stub.requests if m == "POST"]
             want = {
                 0: [("/update_weights_from_disk", {"model_path": path, "weight_version": name})],
-                1: [("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}),
-                    ("/reset_prefix_cache", None)],
-                2: [("/collective_rpc", {"method": "update_config",
-                                         "args": [{"model_config": {"model": path}}]}),
-                    ("/collective_rpc", {"method": "reload_weights"}),
-                    ("/reset_prefix_cache", None)],
+                1: [("/pause?mode=wait", None),
+                    ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}),
+                    ("/reset_prefix_cache", None),
+                    ("/update_weight_version", {"new_version": name}),
+                    ("/resume", None)],
             }[i]
             assert posts == want, f"{section} hook {hook!r} posted {stub.requests}"
             assert w.stop() == 0
             prev = name
+    finally:
+        stub.close()
+
+
+def test_vllm_recipe_skips_the_served_version_and_always_resumes(mount, src, procs):
+    """The vLLM fallback hook of docs/engines.md: no request but GET /weight_info
+    when the server already serves the version (the start-up pass after
+    /update_weight_version); a reload that fails still resumes the server."""
+    if not shutil.which("curl") or not shutil.which("python3"):
+        pytest.skip("the recipes need curl and python3")
+    hook = recipe_hooks()["vLLM"][0]
+    publish(mount, src, "v1")
+    mount.run("commit", "v1")
+    stub = StubServer(served="v1", fail={"/collective_rpc"})
+    try:
+        hook = re.sub(r"http://127\.0\.0\.1:\d+", stub.url, hook)
+        w = WatchProc(mount.mnt, "--engine", "vllm-0", "--on-commit", hook).start()
+        procs.append(w)
+        w.wait_line("swapped v1 (pause 0 us)")
+        assert stub.requests == [("GET", "/weight_info", b"")], stub.requests
+
+        stub.requests.clear()
+        publish(mount, src, "v2")
+        w.wait_line("loaded v2")
+        mount.run("commit", "v2")  # the barrier passed; the swap itself fails
+        w.wait_line("swap to v2 failed: ", prefix=True)
+        posts = [p for m, p, b in stub.requests if m == "POST"]
+        assert posts == ["/pause?mode=wait", "/collective_rpc", "/resume"], stub.requests
+        assert (engine_state(mount, "vllm-0") or {}).get("serving") == "v1", mount.status()
+        assert w.stop() == 0
     finally:
         stub.close()
 

@@ -4,10 +4,12 @@ Nothing here speaks the control protocol: every call goes through libhwfs.
 
 The library is looked for, in this order:
   1. the environment's HWFS_LIBRARY (a full path to libhwfs.so.1);
-  2. LIBDIR of hwfs/_libdir.py (written by `make install`; may be absent);
-  3. the build tree this package sits in (<repo>/build/libhwfs.so.1, for a
+  2. the library bundled in the package, hwfs/libhwfs.so.1 (`pip install
+     tools/python` and the wheel build it from the repository's C sources);
+  3. LIBDIR of hwfs/_libdir.py (written by `make install`; may be absent);
+  4. the build tree this package sits in (<repo>/build/libhwfs.so.1, for a
      package used straight from tools/python of a built checkout);
-  4. ctypes.util.find_library("hwfs") (the system's library path).
+  5. ctypes.util.find_library("hwfs") (the system's library path).
 The first candidate that exists is loaded; if loading it fails, or none
 exists, importing hwfs raises ImportError saying what was tried.  A set
 HWFS_LIBRARY is the only candidate: when it cannot be loaded, that is the
@@ -69,12 +71,13 @@ def _candidates():
     env = os.environ.get("HWFS_LIBRARY")
     if env:
         out.append(("HWFS_LIBRARY", env))
+    here = os.path.dirname(os.path.abspath(__file__))
+    out.append(("bundled", os.path.join(here, LIBNAME)))  # built by setup.py
     try:
         from . import _libdir  # written by `make install`
         out.append(("hwfs/_libdir.py", os.path.join(_libdir.LIBDIR, LIBNAME)))
     except ImportError:
         pass
-    here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # tools/python/hwfs -> repo
     out.append(("build tree", os.path.join(repo, "build", LIBNAME)))
     found = ctypes.util.find_library("hwfs")
@@ -101,7 +104,8 @@ def _load():
     explicit = any(w == "HWFS_LIBRARY" for w, _ in candidates)
     if not explicit and not any(w == "find_library" for w, _ in candidates):
         tried.append('find_library("hwfs"): not found')  # searched only without HWFS_LIBRARY
-    raise ImportError("hwfs: cannot load libhwfs (build it with `make`, install it with "
+    raise ImportError("hwfs: cannot load libhwfs (`pip install` the package from the hwfs "
+                      "repository to bundle it, build it with `make`, install it with "
                       "`make install`, or set HWFS_LIBRARY to its full path); tried:\n  "
                       + "\n  ".join(tried))
 
