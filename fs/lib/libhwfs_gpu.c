@@ -44,18 +44,18 @@
 /* A gpumap answer larger than this many buckets is refused (a lie, not a version). */
 #define MAX_BUCKETS (1u << 20)
 
-int hwfs_load(struct hwfs *h, const char *version, int gpu, hwfs_progress_fn progress,
-	      void *arg)
+/*
+ * Send {"op": @op, "version": @version, "gpu": @gpu} on a connection of its
+ * own, progress lines to @progress (may be NULL), and check the answer: the
+ * request of hwfs_load() and hwfs_unload().  Returns 0 or -errno (sentence set).
+ */
+static int gpu_request(struct hwfs *h, const char *op, const char *version, int gpu,
+		       hwfs_progress_fn progress, void *arg)
 {
 	json_t *req, *res = NULL;
 	int r;
 
-	lib_clear_error();
-	if (!lib_valid_name(version))
-		return lib_fail(-EINVAL, "invalid version name");
-	if (gpu < 0)
-		return lib_fail(-EINVAL, "invalid GPU %d (a device index: 0, 1, ...)", gpu);
-	req = json_pack("{s:s, s:s, s:i}", "op", "load", "version", version, "gpu", gpu);
+	req = json_pack("{s:s, s:s, s:i}", "op", op, "version", version, "gpu", gpu);
 	if (!req)
 		return lib_fail(-ENOMEM, "out of memory");
 	r = lib_call(h, req, progress, arg, &res);
@@ -66,26 +66,26 @@ int hwfs_load(struct hwfs *h, const char *version, int gpu, hwfs_progress_fn pro
 	return r;
 }
 
+int hwfs_load(struct hwfs *h, const char *version, int gpu, hwfs_progress_fn progress,
+	      void *arg)
+{
+	lib_clear_error();
+	if (!lib_valid_name(version))
+		return lib_fail(-EINVAL, "invalid version name");
+	if (gpu < 0)
+		return lib_fail(-EINVAL, "invalid GPU %d (a device index: 0, 1, ...)", gpu);
+	return gpu_request(h, "load", version, gpu, progress, arg);
+}
+
 int hwfs_unload(struct hwfs *h, const char *version, int gpu)
 {
-	json_t *req, *res = NULL;
-	int r;
-
 	lib_clear_error();
 	if (!lib_valid_name(version))
 		return lib_fail(-EINVAL, "invalid version name");
 	if (gpu < -1)
 		return lib_fail(-EINVAL, "invalid GPU %d (a device index, or -1 for every one)",
 				gpu);
-	req = json_pack("{s:s, s:s, s:i}", "op", "unload", "version", version, "gpu", gpu);
-	if (!req)
-		return lib_fail(-ENOMEM, "out of memory");
-	r = lib_call(h, req, NULL, NULL, &res);
-	if (r == 0)
-		r = lib_check(res);
-	json_decref(req);
-	json_decref(res);
-	return r;
+	return gpu_request(h, "unload", version, gpu, NULL, NULL);
 }
 
 /* ------------------------------------------------------------ the device */
