@@ -32,6 +32,10 @@
  * Every tunable is a uint64_t, parsed by hwfs_parse_size (so sizes take the
  * K/M/G/T suffixes); times are integers in the unit their name ends with
  * (_ms, _s).  Rows are printed by --help in this order.
+ *
+ * (Before this list, a tunable was a field of the struct plus a row
+ * ROW(name, default, min, max, help) in tunables.c: such a pair becomes one
+ * X(...) line here with the same five arguments, and the field goes.)
  */
 #define HWFS_TUNABLES(X) \
 	/* the store, the mount and the daemon */ \
