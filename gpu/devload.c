@@ -797,6 +797,27 @@ void devloads_unmap(struct devloads *dl, struct devload *ref)
 	}
 }
 
+/*
+ * Unload the load at **@pp in the table (mu held), the cursor *@pp moving on:
+ * one still mapped is marked unloading (the last devloads_unmap() frees it)
+ * and stays; any other is unlinked onto the list *@gone, for free_unlinked()
+ * once mu is released.  Returns the maps that keep it (0: unlinked).
+ */
+static unsigned unload_one(struct devload ***pp, struct devload **gone)
+{
+	struct devload *l = **pp;
+
+	if (l->refs) {
+		l->unloading = 1;
+		*pp = &l->next;
+		return l->refs;
+	}
+	**pp = l->next;
+	l->next = *gone;
+	*gone = l;
+	return 0;
+}
+
 int devloads_unload(struct devloads *dl, const char *version, int gpu, uint64_t *freed,
 		    uint64_t *pending)
 {
@@ -819,15 +840,7 @@ int devloads_unload(struct devloads *dl, const char *version, int gpu, uint64_t 
 			continue;
 		}
 		found = 1;
-		if (l->refs) {
-			l->unloading = 1; /* freed by the last devloads_unmap() */
-			*pending += l->refs;
-			pp = &l->next;
-			continue;
-		}
-		*pp = l->next;
-		l->next = gone;
-		gone = l;
+		*pending += unload_one(&pp, &gone);
 	}
 	pthread_mutex_unlock(&dl->mu);
 	*freed += free_unlinked(dl, gone);
@@ -850,14 +863,7 @@ size_t devloads_unload_auto(struct devloads *dl, const char *keep, uint64_t *fre
 			continue;
 		}
 		n++;
-		if (l->refs) {
-			l->unloading = 1; /* freed by the last devloads_unmap() */
-			pp = &l->next;
-			continue;
-		}
-		*pp = l->next;
-		l->next = gone;
-		gone = l;
+		unload_one(&pp, &gone);
 	}
 	pthread_mutex_unlock(&dl->mu);
 	*freed += free_unlinked(dl, gone);

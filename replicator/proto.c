@@ -17,7 +17,6 @@
  * shards are not copied on the way in.
  */
 #define _GNU_SOURCE
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -167,27 +166,12 @@ struct ectx {
 	size_t errlen;
 };
 
-static int fail(struct ectx *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int fail(struct ectx *e, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (e->err && e->errlen) {
-		va_start(ap, fmt);
-		vsnprintf(e->err, e->errlen, fmt, ap);
-		va_end(ap);
-		/*
-		 * One line of printable ASCII whatever the input held (jansson
-		 * quotes the bytes near a syntax error), so the reason can be
-		 * logged or put in a JSON string as it is.
-		 */
-		for (char *p = e->err; *p; p++)
-			if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f)
-				*p = '?';
-	}
-	return -EBADMSG;
-}
+/*
+ * A refusal: the reason into e->err as one line of printable ASCII whatever
+ * the input held (jansson quotes the bytes near a syntax error), so that it
+ * can be logged or put in a JSON string as it is; -EBADMSG.
+ */
+#define fail(e, ...) hwfs_fail(-EBADMSG, (e)->err, (e)->errlen, HWFS_ERR_ASCII, __VA_ARGS__)
 
 static int is_hex32(const json_t *v)
 {

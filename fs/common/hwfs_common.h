@@ -131,6 +131,20 @@ void hwfs_log(const char *level, const char *fmt, ...) __attribute__((format(pri
  */
 void hwfs_set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* How hwfs_fail() makes the reason it formats one line. */
+enum hwfs_err_clean {
+	HWFS_ERR_CTRL,  /* control characters (< 0x20, 0x7f) become '?', as hwfs_set_err() */
+	HWFS_ERR_ASCII, /* every byte outside printable ASCII becomes '?' (JSON- and log-safe) */
+	HWFS_ERR_LINES, /* line breaks (\n, \r) become spaces; every other byte is kept */
+};
+/**
+ * hwfs_fail() - the reason of a parser's refusal: format it into @err (@errlen
+ * bytes; nothing when @err is NULL or @errlen 0), cleaned as @how says, and
+ * return @rc, so that `return hwfs_fail(-EINVAL, ...)` ends the failing call.
+ * The private fail() of the manifest and protocol decoders are this.
+ */
+int hwfs_fail(int rc, char *err, size_t errlen, enum hwfs_err_clean how, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /** Parse "123", "4K", "512M", "2G", "1T" (powers of 1024). Returns 0 or -EINVAL. */
 int hwfs_parse_size(const char *s, uint64_t *out);
 /** Format bytes as "1.50 GiB" into @buf. Returns @buf. */

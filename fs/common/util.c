@@ -135,6 +135,29 @@ void hwfs_log(const char *level, const char *fmt, ...)
  * characters (below 0x20, and DEL) replaced by '?', so a reason built from
  * untrusted bytes can be logged or put in a JSON string as it is.
  */
+/* Format into @err (@errlen bytes, both non-zero) and clean it as @how says. */
+static void vset_err(char *err, size_t errlen, enum hwfs_err_clean how, const char *fmt,
+		     va_list ap)
+{
+	vsnprintf(err, errlen, fmt, ap);
+	for (unsigned char *p = (unsigned char *)err; *p; p++) {
+		switch (how) {
+		case HWFS_ERR_CTRL:
+			if (*p < 0x20 || *p == 0x7f)
+				*p = '?';
+			break;
+		case HWFS_ERR_ASCII:
+			if (*p < 0x20 || *p >= 0x7f)
+				*p = '?';
+			break;
+		case HWFS_ERR_LINES:
+			if (*p == '\n' || *p == '\r')
+				*p = ' ';
+			break;
+		}
+	}
+}
+
 void hwfs_set_err(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
@@ -142,11 +165,20 @@ void hwfs_set_err(char *err, size_t errlen, const char *fmt, ...)
 	if (!err || !errlen)
 		return;
 	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
+	vset_err(err, errlen, HWFS_ERR_CTRL, fmt, ap);
 	va_end(ap);
-	for (char *p = err; *p; p++)
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
-			*p = '?';
+}
+
+int hwfs_fail(int rc, char *err, size_t errlen, enum hwfs_err_clean how, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || !errlen)
+		return rc;
+	va_start(ap, fmt);
+	vset_err(err, errlen, how, fmt, ap);
+	va_end(ap);
+	return rc;
 }
 
 int hwfs_parse_size(const char *s, uint64_t *out)

@@ -20,6 +20,7 @@
  * consumer's max_version: docs/gpu.md, "DLPack").
  */
 #define _GNU_SOURCE
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -122,25 +123,45 @@ static const struct hwfs_tensor *tensor_at(struct hwfs_map *m, size_t i)
 	return NULL;
 }
 
-int hwfs_map_dlpack(struct hwfs_map *m, size_t i, struct DLManagedTensor **out)
+/*
+ * What both exports share: one zeroed block of @head bytes (the managed
+ * tensor, whose DLTensor is at @dl_off) followed by the shape of tensor @i of
+ * @m, the DLTensor filled, and a reference on @m taken for the deleter.  The
+ * caller fills in the rest of its managed tensor.  Returns 0 with the block
+ * in *@out, or -ERANGE, -ENOMEM, -ENOTSUP, -EPROTO, with the sentence.
+ */
+static int export_block(struct hwfs_map *m, size_t i, size_t head, size_t dl_off, void **out)
 {
 	const struct hwfs_tensor *t;
-	struct dl_block *b;
+	char *b;
 	int r;
 
 	lib_clear_error();
 	t = tensor_at(m, i);
 	if (!t)
 		return -ERANGE;
-	b = calloc(1, sizeof(*b) + (t->ndim + 1) * sizeof(int64_t));
+	b = calloc(1, head + (t->ndim + 1) * sizeof(int64_t));
 	if (!b)
 		return lib_fail(-ENOMEM, "out of memory");
-	r = fill(m, t, &b->mt.dl_tensor, b->shape);
+	r = fill(m, t, (DLTensor *)(b + dl_off), (int64_t *)(b + head));
 	if (r < 0) {
 		free(b);
 		return r;
 	}
 	lib_map_hold(m);
+	*out = b;
+	return 0;
+}
+
+int hwfs_map_dlpack(struct hwfs_map *m, size_t i, struct DLManagedTensor **out)
+{
+	void *p = NULL;
+	int r = export_block(m, i, offsetof(struct dl_block, shape),
+			     offsetof(struct dl_block, mt.dl_tensor), &p);
+	struct dl_block *b = p;
+
+	if (r < 0)
+		return r;
 	b->mt.manager_ctx = m;
 	b->mt.deleter = deleter;
 	*out = &b->mt;
@@ -150,23 +171,13 @@ int hwfs_map_dlpack(struct hwfs_map *m, size_t i, struct DLManagedTensor **out)
 int hwfs_map_dlpack_versioned(struct hwfs_map *m, size_t i,
 			      struct DLManagedTensorVersioned **out)
 {
-	const struct hwfs_tensor *t;
-	struct dl_block_v1 *b;
-	int r;
+	void *p = NULL;
+	int r = export_block(m, i, offsetof(struct dl_block_v1, shape),
+			     offsetof(struct dl_block_v1, mt.dl_tensor), &p);
+	struct dl_block_v1 *b = p;
 
-	lib_clear_error();
-	t = tensor_at(m, i);
-	if (!t)
-		return -ERANGE;
-	b = calloc(1, sizeof(*b) + (t->ndim + 1) * sizeof(int64_t));
-	if (!b)
-		return lib_fail(-ENOMEM, "out of memory");
-	r = fill(m, t, &b->mt.dl_tensor, b->shape);
-	if (r < 0) {
-		free(b);
+	if (r < 0)
 		return r;
-	}
-	lib_map_hold(m);
 	b->mt.version.major = HWFS_DLPACK_MAJOR;
 	b->mt.version.minor = HWFS_DLPACK_MINOR;
 	b->mt.manager_ctx = m;

@@ -44,18 +44,18 @@
 /* A gpumap answer larger than this many buckets is refused (a lie, not a version). */
 #define MAX_BUCKETS (1u << 20)
 
-int hwfs_load(struct hwfs *h, const char *version, int gpu, hwfs_progress_fn progress,
-	      void *arg)
+/*
+ * Send {"op": @op, "version": @version, "gpu": @gpu} on a connection of its
+ * own, progress lines to @progress (may be NULL), and check the answer: the
+ * request of hwfs_load() and hwfs_unload().  Returns 0 or -errno (sentence set).
+ */
+static int gpu_request(struct hwfs *h, const char *op, const char *version, int gpu,
+		       hwfs_progress_fn progress, void *arg)
 {
 	json_t *req, *res = NULL;
 	int r;
 
-	lib_clear_error();
-	if (!lib_valid_name(version))
-		return lib_fail(-EINVAL, "invalid version name");
-	if (gpu < 0)
-		return lib_fail(-EINVAL, "invalid GPU %d (a device index: 0, 1, ...)", gpu);
-	req = json_pack("{s:s, s:s, s:i}", "op", "load", "version", version, "gpu", gpu);
+	req = json_pack("{s:s, s:s, s:i}", "op", op, "version", version, "gpu", gpu);
 	if (!req)
 		return lib_fail(-ENOMEM, "out of memory");
 	r = lib_call(h, req, progress, arg, &res);
@@ -66,26 +66,26 @@ int hwfs_load(struct hwfs *h, const char *version, int gpu, hwfs_progress_fn pro
 	return r;
 }
 
+int hwfs_load(struct hwfs *h, const char *version, int gpu, hwfs_progress_fn progress,
+	      void *arg)
+{
+	lib_clear_error();
+	if (!lib_valid_name(version))
+		return lib_fail(-EINVAL, "invalid version name");
+	if (gpu < 0)
+		return lib_fail(-EINVAL, "invalid GPU %d (a device index: 0, 1, ...)", gpu);
+	return gpu_request(h, "load", version, gpu, progress, arg);
+}
+
 int hwfs_unload(struct hwfs *h, const char *version, int gpu)
 {
-	json_t *req, *res = NULL;
-	int r;
-
 	lib_clear_error();
 	if (!lib_valid_name(version))
 		return lib_fail(-EINVAL, "invalid version name");
 	if (gpu < -1)
 		return lib_fail(-EINVAL, "invalid GPU %d (a device index, or -1 for every one)",
 				gpu);
-	req = json_pack("{s:s, s:s, s:i}", "op", "unload", "version", version, "gpu", gpu);
-	if (!req)
-		return lib_fail(-ENOMEM, "out of memory");
-	r = lib_call(h, req, NULL, NULL, &res);
-	if (r == 0)
-		r = lib_check(res);
-	json_decref(req);
-	json_decref(res);
-	return r;
+	return gpu_request(h, "unload", version, gpu, NULL, NULL);
 }
 
 /* ------------------------------------------------------------ the device */
@@ -197,17 +197,6 @@ static int parse_handle(const char *hex, cudart_ipc_handle *h)
 	return 0;
 }
 
-/* An unsigned integer member of @o into *@v. Returns 0 or -EPROTO. */
-static int get_u64(json_t *o, const char *key, uint64_t *v)
-{
-	json_t *x = json_object_get(o, key);
-
-	if (!json_is_integer(x) || json_integer_value(x) < 0)
-		return -EPROTO;
-	*v = (uint64_t)json_integer_value(x);
-	return 0;
-}
-
 /*
  * Read the "buckets" of answer @res into *@out (*@n entries, free with
  * free()).  Returns 0, -EPROTO (sentence set), -ENOMEM.
@@ -225,7 +214,7 @@ static int read_buckets(json_t *res, struct bucket **out, size_t *n)
 		return lib_fail(-ENOMEM, "out of memory");
 	json_array_foreach(arr, i, b) {
 		if (!json_is_object(b) || parse_handle(lib_jstr(b, "handle"), &x[i].handle) < 0 ||
-		    get_u64(b, "bytes", &x[i].bytes) < 0) {
+		    lib_get_u64(b, "bytes", &x[i].bytes) < 0) {
 			free(x);
 			return lib_fail(-EPROTO, "malformed gpumap answer: bucket %zu has no valid "
 					"handle (128 lowercase hex digits) or size", i);
@@ -246,8 +235,7 @@ static int read_tensor(json_t *jt, size_t i, const struct bucket *b, size_t nb,
 		       struct hwfs_tensor *t, uint64_t **shape_at, uint64_t *bucket,
 		       uint64_t *off)
 {
-	json_t *shape = json_object_get(jt, "shape"), *d;
-	size_t k;
+	json_t *shape = json_object_get(jt, "shape");
 
 	t->name = lib_jstr(jt, "name");
 	t->file = lib_jstr(jt, "file");
@@ -256,21 +244,12 @@ static int read_tensor(json_t *jt, size_t i, const struct bucket *b, size_t nb,
 	    !json_is_array(shape) || lib_parse_hash(lib_jstr(jt, "hash"), t->hash) < 0)
 		return lib_fail(-EPROTO, "malformed gpumap answer: tensor %zu has no valid name, "
 				"file, dtype, shape or hash", i);
-	if (get_u64(jt, "bucket", bucket) < 0 || get_u64(jt, "offset", off) < 0 ||
-	    get_u64(jt, "len", &t->len) < 0 || *bucket >= nb || *off > b[*bucket].bytes ||
+	if (lib_get_u64(jt, "bucket", bucket) < 0 || lib_get_u64(jt, "offset", off) < 0 ||
+	    lib_get_u64(jt, "len", &t->len) < 0 || *bucket >= nb || *off > b[*bucket].bytes ||
 	    t->len > b[*bucket].bytes - *off)
 		return lib_fail(-EPROTO, "malformed gpumap answer: tensor %s lies outside its "
 				"bucket", t->name);
-	t->ndim = (uint32_t)json_array_size(shape);
-	t->shape = *shape_at;
-	json_array_foreach(shape, k, d) {
-		if (!json_is_integer(d) || json_integer_value(d) < 0)
-			return lib_fail(-EPROTO, "malformed gpumap answer: shape of tensor %s",
-					t->name);
-		(*shape_at)[k] = (uint64_t)json_integer_value(d);
-	}
-	*shape_at += t->ndim;
-	return 0;
+	return lib_read_shape(shape, t, shape_at, "gpumap");
 }
 
 /*

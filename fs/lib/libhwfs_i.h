@@ -170,6 +170,17 @@ int lib_valid_file_path(const char *path);
  */
 int lib_parse_hash(const char *hex, uint8_t out[16]);
 
+/** lib_get_u64() - the unsigned integer member @key of @o into *@v.  Returns 0 or -EPROTO. */
+int lib_get_u64(json_t *o, const char *key, uint64_t *v);
+
+/**
+ * lib_read_shape() - the JSON array @shape (non-negative integers) as @t's
+ * shape: t->ndim set, the dimensions stored at *@shape_at (which advances past
+ * them) and t->shape pointing there.  For the map and gpumap answers (@answer
+ * names it in the sentence).  Returns 0 or -EPROTO with the sentence set.
+ */
+int lib_read_shape(json_t *shape, struct hwfs_tensor *t, uint64_t **shape_at, const char *answer);
+
 /**
  * lib_watch_open() - hwfs_watch_open() with the request @req already built
  * ({"op": "watch"} or {"op": "engine", ...}); @engine says whether reports

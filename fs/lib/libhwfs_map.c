@@ -94,14 +94,30 @@ int lib_valid_file_path(const char *path)
 	}
 }
 
-/* An unsigned integer member of @o into *@v. Returns 0 or -EPROTO. */
-static int get_u64(json_t *o, const char *key, uint64_t *v)
+int lib_get_u64(json_t *o, const char *key, uint64_t *v)
 {
 	json_t *x = json_object_get(o, key);
 
 	if (!json_is_integer(x) || json_integer_value(x) < 0)
 		return -EPROTO;
 	*v = (uint64_t)json_integer_value(x);
+	return 0;
+}
+
+int lib_read_shape(json_t *shape, struct hwfs_tensor *t, uint64_t **shape_at, const char *answer)
+{
+	json_t *d;
+	size_t k;
+
+	t->ndim = (uint32_t)json_array_size(shape);
+	t->shape = *shape_at;
+	json_array_foreach(shape, k, d) {
+		if (!json_is_integer(d) || json_integer_value(d) < 0)
+			return lib_fail(-EPROTO, "malformed %s answer: shape of tensor %s", answer,
+					t->name);
+		(*shape_at)[k] = (uint64_t)json_integer_value(d);
+	}
+	*shape_at += t->ndim;
 	return 0;
 }
 
@@ -297,27 +313,18 @@ static int copy_out(struct hwfs_map *m, const struct pieces *pc, uint64_t off, u
 static int read_tensor(json_t *jt, const char *path, uint64_t fsize, struct hwfs_tensor *t,
 		       uint64_t **shape_at, uint64_t *off)
 {
-	json_t *shape = json_object_get(jt, "shape"), *d;
-	size_t k;
+	json_t *shape = json_object_get(jt, "shape");
 
 	t->name = lib_jstr(jt, "name");
 	t->dtype = lib_jstr(jt, "dtype");
 	t->file = path;
-	if (!t->name || !t->dtype || !json_is_array(shape) || get_u64(jt, "off", off) < 0 ||
-	    get_u64(jt, "len", &t->len) < 0 || lib_parse_hash(lib_jstr(jt, "hash"), t->hash) < 0 ||
-	    t->len > fsize || *off > fsize - t->len)
+	if (!t->name || !t->dtype || !json_is_array(shape) ||
+	    lib_get_u64(jt, "off", off) < 0 || lib_get_u64(jt, "len", &t->len) < 0 ||
+	    lib_parse_hash(lib_jstr(jt, "hash"), t->hash) < 0 || t->len > fsize ||
+	    *off > fsize - t->len)
 		return lib_fail(-EPROTO, "malformed map answer: a tensor of %s (%s)", path,
 				t->name ? t->name : "no name");
-	t->ndim = (uint32_t)json_array_size(shape);
-	t->shape = *shape_at;
-	json_array_foreach(shape, k, d) {
-		if (!json_is_integer(d) || json_integer_value(d) < 0)
-			return lib_fail(-EPROTO, "malformed map answer: shape of tensor %s",
-					t->name);
-		(*shape_at)[k] = (uint64_t)json_integer_value(d);
-	}
-	*shape_at += t->ndim;
-	return 0;
+	return lib_read_shape(shape, t, shape_at, "map");
 }
 
 /*
@@ -434,7 +441,7 @@ static int build_tensors(struct hwfs_map *m, json_t *res, int afd, uint64_t page
 		uint64_t fsize;
 		size_t first = m->n;
 
-		if (!path || get_u64(f, "size", &fsize) < 0) {
+		if (!path || lib_get_u64(f, "size", &fsize) < 0) {
 			r = lib_fail(-EPROTO, "malformed map answer: a file without path or size");
 			goto out;
 		}
@@ -612,8 +619,9 @@ int hwfs_map(struct hwfs *h, const char *version, struct hwfs_map **out)
 	if (r < 0)
 		goto out;
 	afd = ctl_take_fd(&rd);
-	if (afd < 0 || !m->version || !m->digest || get_u64(m->reply, "arena_size", &arena_len) < 0 ||
-	    get_u64(m->reply, "page_size", &their_page) < 0 || arena_len > SIZE_MAX) {
+	if (afd < 0 || !m->version || !m->digest ||
+	    lib_get_u64(m->reply, "arena_size", &arena_len) < 0 ||
+	    lib_get_u64(m->reply, "page_size", &their_page) < 0 || arena_len > SIZE_MAX) {
 		r = lib_fail(-EPROTO, "malformed map answer from the daemon%s",
 			     afd < 0 ? ": no arena descriptor came with it" : "");
 		goto out;

@@ -647,171 +647,171 @@ static int grow(void **arr, size_t *cap, size_t n, size_t elem)
 	return 0;
 }
 
+/* Where a loader is in the version it fills (see load_rows). */
+struct cursor {
+	size_t fi;              /* position in v->files (sorted by path) */
+	struct hwfs_frec *cur;  /* the file whose rows arrive now */
+	size_t cap;             /* capacity of the array being filled */
+};
+
 /*
- * Advance *@fi through @v->files (sorted by path) to the file named @path.
- * Rows of extents/tensors arrive sorted by (path, off) too, so the cursor only
- * moves forward.
+ * Point @c at the file named @path, the owner of the row at hand.  Rows of
+ * extents/tensors arrive sorted by (path, off) like v->files, so the cursor
+ * only moves forward; a new file starts a new array (capacity 0).  Returns 0
+ * or -EIO (a row for a file the version does not have).
  */
-static struct hwfs_frec *find_file(struct hwfs_vrec *v, size_t *fi, const char *path)
+static int cursor_file(struct hwfs_vrec *v, struct cursor *c, const char *path)
 {
-	while (*fi < v->n_files && strcmp(v->files[*fi].path, path) < 0)
-		(*fi)++;
-	if (*fi < v->n_files && strcmp(v->files[*fi].path, path) == 0)
-		return &v->files[*fi];
+	if (c->cur && strcmp(c->cur->path, path) == 0)
+		return 0;
+	while (c->fi < v->n_files && strcmp(v->files[c->fi].path, path) < 0)
+		c->fi++;
+	if (c->fi < v->n_files && strcmp(v->files[c->fi].path, path) == 0) {
+		c->cur = &v->files[c->fi];
+		c->cap = 0;
+		return 0;
+	}
 	LOG_ERR("index: version %s: row for unknown file %s", v->name, path);
-	return NULL;
+	return -EIO;
 }
 
-static int load_files(sqlite3 *db, struct hwfs_vrec *v)
+/* One row of a loader's SELECT into @v; returns 0 or -errno. */
+typedef int (*row_fn)(sqlite3 *db, sqlite3_stmt *st, struct hwfs_vrec *v, struct cursor *c);
+
+/*
+ * Run @sql (its ?1 bound to @v's name) and hand every row to @row with one
+ * cursor; @what names the query in the log when sqlite fails.  The three
+ * loaders of a version (files, extents, tensors) are this loop and a row
+ * function each.  Returns 0 or -errno.
+ */
+static int load_rows(sqlite3 *db, struct hwfs_vrec *v, const char *sql, const char *what,
+		     row_fn row)
 {
 	sqlite3_stmt *st = NULL;
-	size_t cap = 0;
+	struct cursor c = {0};
 	int rc, s;
 
-	rc = prepare(db,
-		     "SELECT path, kind, mode, uid, gid, mtime_ns, size, target, st_error"
-		     " FROM files WHERE version = ?1 ORDER BY path",
-		     &st);
+	rc = prepare(db, sql, &st);
 	if (rc)
 		goto out;
 	sqlite3_bind_text(st, 1, v->name, -1, SQLITE_STATIC);
 	while ((s = sqlite3_step(st)) == SQLITE_ROW) {
-		struct hwfs_frec *f;
-
-		rc = grow((void **)&v->files, &cap, v->n_files, sizeof(*v->files));
+		rc = row(db, st, v, &c);
 		if (rc)
 			goto out;
-		f = &v->files[v->n_files++];
-		if ((rc = col_strdup(st, 0, &f->path)) || (rc = col_strdup(st, 7, &f->target)) ||
-		    (rc = col_strdup(st, 8, &f->st_error)))
-			goto out;
-		if (!f->path) {
-			rc = sqerr(db, "file without path");
-			goto out;
-		}
-		f->kind = (enum hwfs_kind)sqlite3_column_int(st, 1);
-		f->mode = (uint32_t)sqlite3_column_int64(st, 2);
-		f->uid = (uint32_t)sqlite3_column_int64(st, 3);
-		f->gid = (uint32_t)sqlite3_column_int64(st, 4);
-		f->mtime_ns = sqlite3_column_int64(st, 5);
-		f->size = (uint64_t)sqlite3_column_int64(st, 6);
 	}
 	if (s != SQLITE_DONE)
-		rc = sqerr(db, "load files");
+		rc = sqerr(db, what);
 out:
 	sqlite3_finalize(st);
 	return rc;
 }
 
-static int load_extents(sqlite3 *db, struct hwfs_vrec *v)
+/* A row of files: path, kind, mode, uid, gid, mtime_ns, size, target, st_error. */
+static int file_row(sqlite3 *db, sqlite3_stmt *st, struct hwfs_vrec *v, struct cursor *c)
 {
-	sqlite3_stmt *st = NULL;
-	size_t fi = 0, cap = 0;
-	struct hwfs_frec *cur = NULL;
-	int rc, s;
+	struct hwfs_frec *f;
+	int rc;
 
-	rc = prepare(db,
-		     "SELECT path, off, len, hash FROM extents WHERE version = ?1"
-		     " ORDER BY path, off",
-		     &st);
+	rc = grow((void **)&v->files, &c->cap, v->n_files, sizeof(*v->files));
 	if (rc)
-		goto out;
-	sqlite3_bind_text(st, 1, v->name, -1, SQLITE_STATIC);
-	while ((s = sqlite3_step(st)) == SQLITE_ROW) {
-		const char *path = (const char *)sqlite3_column_text(st, 0);
-		struct hwfs_extent *e;
-
-		if (!path) {
-			rc = sqerr(db, "extent without path");
-			goto out;
-		}
-		if (!cur || strcmp(cur->path, path) != 0) {
-			cur = find_file(v, &fi, path);
-			if (!cur) {
-				rc = -EIO;
-				goto out;
-			}
-			cap = 0;
-		}
-		rc = grow((void **)&cur->ext, &cap, cur->n_ext, sizeof(*cur->ext));
-		if (rc)
-			goto out;
-		e = &cur->ext[cur->n_ext];
-		e->off = (uint64_t)sqlite3_column_int64(st, 1);
-		e->len = (uint64_t)sqlite3_column_int64(st, 2);
-		rc = col_hash(st, 3, &e->hash);
-		if (rc)
-			goto out;
-		cur->n_ext++;
-	}
-	if (s != SQLITE_DONE)
-		rc = sqerr(db, "load extents");
-out:
-	sqlite3_finalize(st);
-	return rc;
+		return rc;
+	f = &v->files[v->n_files++];
+	if ((rc = col_strdup(st, 0, &f->path)) || (rc = col_strdup(st, 7, &f->target)) ||
+	    (rc = col_strdup(st, 8, &f->st_error)))
+		return rc;
+	if (!f->path)
+		return sqerr(db, "file without path");
+	f->kind = (enum hwfs_kind)sqlite3_column_int(st, 1);
+	f->mode = (uint32_t)sqlite3_column_int64(st, 2);
+	f->uid = (uint32_t)sqlite3_column_int64(st, 3);
+	f->gid = (uint32_t)sqlite3_column_int64(st, 4);
+	f->mtime_ns = sqlite3_column_int64(st, 5);
+	f->size = (uint64_t)sqlite3_column_int64(st, 6);
+	return 0;
 }
 
-static int load_tensors(sqlite3 *db, struct hwfs_vrec *v)
+/* A row of extents: path, off, len, hash. */
+static int extent_row(sqlite3 *db, sqlite3_stmt *st, struct hwfs_vrec *v, struct cursor *c)
 {
-	sqlite3_stmt *st = NULL;
-	size_t fi = 0, cap = 0;
-	struct hwfs_frec *cur = NULL;
-	int rc, s;
+	const char *path = (const char *)sqlite3_column_text(st, 0);
+	struct hwfs_frec *cur;
+	struct hwfs_extent *e;
+	int rc;
 
-	rc = prepare(db,
-		     "SELECT path, name, dtype, shape, off, len, hash FROM tensors"
-		     " WHERE version = ?1 ORDER BY path, off, rowid",
-		     &st);
+	if (!path)
+		return sqerr(db, "extent without path");
+	if ((rc = cursor_file(v, c, path)))
+		return rc;
+	cur = c->cur;
+	rc = grow((void **)&cur->ext, &c->cap, cur->n_ext, sizeof(*cur->ext));
 	if (rc)
-		goto out;
-	sqlite3_bind_text(st, 1, v->name, -1, SQLITE_STATIC);
-	while ((s = sqlite3_step(st)) == SQLITE_ROW) {
-		const char *path = (const char *)sqlite3_column_text(st, 0);
-		const char *dtype = (const char *)sqlite3_column_text(st, 2);
-		struct hwfs_trec *t;
+		return rc;
+	e = &cur->ext[cur->n_ext];
+	e->off = (uint64_t)sqlite3_column_int64(st, 1);
+	e->len = (uint64_t)sqlite3_column_int64(st, 2);
+	rc = col_hash(st, 3, &e->hash);
+	if (rc)
+		return rc;
+	cur->n_ext++;
+	return 0;
+}
 
-		if (!path || !dtype) {
-			rc = sqerr(db, "tensor without path or dtype");
-			goto out;
-		}
-		if (!cur || strcmp(cur->path, path) != 0) {
-			cur = find_file(v, &fi, path);
-			if (!cur) {
-				rc = -EIO;
-				goto out;
-			}
-			cap = 0;
-		}
-		rc = grow((void **)&cur->tensors, &cap, cur->n_tensors, sizeof(*cur->tensors));
-		if (rc)
-			goto out;
-		/* Count it now so that a failure below frees what was filled in. */
-		t = &cur->tensors[cur->n_tensors++];
-		if (strlen(dtype) >= sizeof(t->dtype)) {
-			LOG_ERR("index: version %s: %s: dtype '%s' too long", v->name, path, dtype);
-			rc = -EIO;
-			goto out;
-		}
-		strcpy(t->dtype, dtype);
-		if ((rc = col_strdup(st, 1, &t->name)))
-			goto out;
-		if (!t->name) {
-			rc = sqerr(db, "tensor without name");
-			goto out;
-		}
-		rc = shape_from_json((const char *)sqlite3_column_text(st, 3), t);
-		if (rc)
-			goto out;
-		t->off = (uint64_t)sqlite3_column_int64(st, 4);
-		t->len = (uint64_t)sqlite3_column_int64(st, 5);
-		rc = col_hash(st, 6, &t->hash);
-		if (rc)
-			goto out;
+/* A row of tensors: path, name, dtype, shape, off, len, hash. */
+static int tensor_row(sqlite3 *db, sqlite3_stmt *st, struct hwfs_vrec *v, struct cursor *c)
+{
+	const char *path = (const char *)sqlite3_column_text(st, 0);
+	const char *dtype = (const char *)sqlite3_column_text(st, 2);
+	struct hwfs_frec *cur;
+	struct hwfs_trec *t;
+	int rc;
+
+	if (!path || !dtype)
+		return sqerr(db, "tensor without path or dtype");
+	if ((rc = cursor_file(v, c, path)))
+		return rc;
+	cur = c->cur;
+	rc = grow((void **)&cur->tensors, &c->cap, cur->n_tensors, sizeof(*cur->tensors));
+	if (rc)
+		return rc;
+	/* Count it now so that a failure below frees what was filled in. */
+	t = &cur->tensors[cur->n_tensors++];
+	if (strlen(dtype) >= sizeof(t->dtype)) {
+		LOG_ERR("index: version %s: %s: dtype '%s' too long", v->name, path, dtype);
+		return -EIO;
 	}
-	if (s != SQLITE_DONE)
-		rc = sqerr(db, "load tensors");
-out:
-	sqlite3_finalize(st);
+	strcpy(t->dtype, dtype);
+	if ((rc = col_strdup(st, 1, &t->name)))
+		return rc;
+	if (!t->name)
+		return sqerr(db, "tensor without name");
+	rc = shape_from_json((const char *)sqlite3_column_text(st, 3), t);
+	if (rc)
+		return rc;
+	t->off = (uint64_t)sqlite3_column_int64(st, 4);
+	t->len = (uint64_t)sqlite3_column_int64(st, 5);
+	return col_hash(st, 6, &t->hash);
+}
+
+/* The files of @v, then their extents and tensors, merged in by path. */
+static int load_version_rows(sqlite3 *db, struct hwfs_vrec *v)
+{
+	int rc;
+
+	rc = load_rows(db, v,
+		       "SELECT path, kind, mode, uid, gid, mtime_ns, size, target, st_error"
+		       " FROM files WHERE version = ?1 ORDER BY path",
+		       "load files", file_row);
+	if (!rc)
+		rc = load_rows(db, v,
+			       "SELECT path, off, len, hash FROM extents WHERE version = ?1"
+			       " ORDER BY path, off",
+			       "load extents", extent_row);
+	if (!rc)
+		rc = load_rows(db, v,
+			       "SELECT path, name, dtype, shape, off, len, hash FROM tensors"
+			       " WHERE version = ?1 ORDER BY path, off, rowid",
+			       "load tensors", tensor_row);
 	return rc;
 }
 
@@ -858,8 +858,7 @@ int index_load(struct index *ix, struct hwfs_vrec ***vs, size_t *n)
 		v->sealed_ns = sqlite3_column_int64(st, 4);
 		if ((rc = col_hash(st, 5, &v->digest)))
 			goto out;
-		if ((rc = load_files(db, v)) || (rc = load_extents(db, v)) ||
-		    (rc = load_tensors(db, v)))
+		if ((rc = load_version_rows(db, v)))
 			goto out;
 	}
 	if (s != SQLITE_DONE) {

@@ -42,7 +42,6 @@
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <jansson.h>
@@ -455,23 +454,8 @@ struct shard {
 	int used;
 };
 
-static int fail(struct pctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int fail(struct pctx *c, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (c->err && c->errlen) {
-		va_start(ap, fmt);
-		vsnprintf(c->err, c->errlen, fmt, ap);
-		va_end(ap);
-		/* One line, whatever the input held. */
-		for (char *p = c->err; *p; p++)
-			if (*p == '\n' || *p == '\r')
-				*p = ' ';
-	}
-	return -EINVAL;
-}
+/* A refusal: the reason into c->err, one line (line breaks become spaces), -EINVAL. */
+#define fail(c, ...) hwfs_fail(-EINVAL, (c)->err, (c)->errlen, HWFS_ERR_LINES, __VA_ARGS__)
 
 /* Every key of @obj must be in the NULL-terminated @allowed. */
 static int only_keys(struct pctx *c, const char *where, json_t *obj, const char *const *allowed)

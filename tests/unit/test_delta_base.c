@@ -23,19 +23,9 @@
 #include <string.h>
 
 #include "delta_base.h"
+#include "vrec.h"
 
 /* ---- building versions by hand ---- */
-
-/* A distinct hash per (version, tag): which shard a match returned is visible. */
-static hwfs_hash_t H(const char *ver, const char *tag)
-{
-	char buf[320];
-	hwfs_hash_t h;
-
-	snprintf(buf, sizeof(buf), "%s/%s", ver, tag);
-	hwfs_hash_buf(buf, strlen(buf), &h);
-	return h;
-}
 
 /* A tensor description: name, dtype, absolute offset in the file, byte length. */
 struct tdesc {

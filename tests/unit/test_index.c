@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "index.h"
+#include "vrec.h"
 
 struct fixture {
 	char dir[64];
@@ -55,32 +56,6 @@ static int teardown(void **state)
 }
 
 /* ---- a realistic version ---- */
-
-static hwfs_hash_t H(const char *ver, const char *tag)
-{
-	char buf[128];
-	hwfs_hash_t h;
-
-	snprintf(buf, sizeof(buf), "%s/%s", ver ? ver : "", tag);
-	hwfs_hash_buf(buf, strlen(buf), &h);
-	return h;
-}
-
-static void set_ext(struct hwfs_frec *f, size_t n, const uint64_t *lens, const hwfs_hash_t *hs)
-{
-	uint64_t off = 0;
-
-	f->n_ext = n;
-	f->ext = calloc(n, sizeof(*f->ext));
-	assert_non_null(f->ext);
-	for (size_t i = 0; i < n; i++) {
-		f->ext[i].off = off;
-		f->ext[i].len = lens[i];
-		f->ext[i].hash = hs[i];
-		off += lens[i];
-	}
-	f->size = off;
-}
 
 /*
  * bad.safetensors  file, 1 extent, st_error

@@ -434,6 +434,27 @@ static void check_clean(struct fx *f, uint64_t used0, uint64_t bytes0, uint64_t 
 	assert_int_equal(arena_used_of(f), used0);
 }
 
+/*
+ * The end of a test that wrote the model @im through @w: close the writer,
+ * check its bytes and that it is reported as the model (@what names the case
+ * in the failure), with its tensors; then release everything and check that
+ * the store is empty again.  Frees im->buf.
+ */
+static void finish_model(struct fx *f, struct writer *w, struct img *im, const char *what)
+{
+	struct ingest_result r = finish(w);
+	int ok;
+
+	check_result(f, &r, im->buf, im->len);
+	ok = is_model(&r, what);
+	if (ok)
+		check_tensors(&r, im, MODEL);
+	ingest_result_clear(f->s, &r);
+	check_clean(f, 0, 0, 0);
+	free(im->buf);
+	assert_true(ok);
+}
+
 /* -------------------------------------------------------------- tests */
 
 static void test_fext_find(void **state)
@@ -1052,7 +1073,6 @@ static void test_resume_completes_model(void **state)
 	struct ingest_result r;
 	struct writer *w = new_writer(f);
 	uint64_t part = im.off[2] + 70000; /* inside big.weight */
-	int ok;
 
 	write_seq(w, im.buf, 0, part, 1000);
 	r = finish(w);
@@ -1062,15 +1082,7 @@ static void test_resume_completes_model(void **state)
 	assert_int_equal(writer_resume(f->s, &r, &w), 0);
 	write_seq(w, im.buf, part, im.len, 1000);
 	check_read(w, im.buf, im.len);
-	r = finish(w);
-	check_result(f, &r, im.buf, im.len);
-	ok = is_model(&r, "complete model after resume + append");
-	if (ok)
-		check_tensors(&r, &im, MODEL);
-	ingest_result_clear(f->s, &r);
-	check_clean(f, 0, 0, 0);
-	free(im.buf);
-	assert_true(ok);
+	finish_model(f, w, &im, "complete model after resume + append");
 }
 
 /* The same when the first session ended inside the header. */
@@ -1080,7 +1092,6 @@ static void test_resume_completes_header(void **state)
 	struct img im = model_img(61);
 	struct ingest_result r;
 	struct writer *w = new_writer(f);
-	int ok;
 
 	write_seq(w, im.buf, 0, 100, 1000);
 	r = finish(w);
@@ -1088,15 +1099,7 @@ static void test_resume_completes_header(void **state)
 	check_no_tensors(&r, "exceeds");
 	assert_int_equal(writer_resume(f->s, &r, &w), 0);
 	write_seq(w, im.buf, 100, im.len, 1000);
-	r = finish(w);
-	check_result(f, &r, im.buf, im.len);
-	ok = is_model(&r, "complete model after resume + append");
-	if (ok)
-		check_tensors(&r, &im, MODEL);
-	ingest_result_clear(f->s, &r);
-	check_clean(f, 0, 0, 0);
-	free(im.buf);
-	assert_true(ok);
+	finish_model(f, w, &im, "complete model after resume + append");
 }
 
 /*
@@ -1147,9 +1150,7 @@ static void test_header_completed_after_later_block(void **state)
 {
 	struct fx *f = *state;
 	struct img im = model_img(80);
-	struct ingest_result r;
 	struct writer *w = new_writer(f);
-	int ok;
 
 	assert_true(im.data_start > 64);
 	write_seq(w, im.buf, 0, 16, 16);                /* length + first bytes of JSON */
@@ -1157,15 +1158,7 @@ static void test_header_completed_after_later_block(void **state)
 	write_seq(w, im.buf, 16, 4096, 4096);           /* the rest of the first block */
 	write_seq(w, im.buf, 8192, im.len, 4096);       /* the rest, in order */
 	check_read(w, im.buf, im.len);
-	r = finish(w);
-	check_result(f, &r, im.buf, im.len);
-	ok = is_model(&r, "model written out of order");
-	if (ok)
-		check_tensors(&r, &im, MODEL);
-	ingest_result_clear(f->s, &r);
-	check_clean(f, 0, 0, 0);
-	free(im.buf);
-	assert_true(ok);
+	finish_model(f, w, &im, "model written out of order");
 }
 
 /* Pre-sized plain file bigger than the slide-to-front limit, with duplicate chunks. */
