@@ -24,7 +24,7 @@
 
 BUILD   ?= build
 CC      ?= cc
-PKGS    := fuse3 sqlite3 libzmq libxxhash jansson libzstd
+PKGS    := fuse3 sqlite3 libzmq libxxhash jansson libzstd libmicrohttpd libsystemd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)

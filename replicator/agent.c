@@ -802,6 +802,11 @@ static int coord_silent(struct agent *a)
 	       ms_s(hwfs_tun.coord_silence_ms);
 }
 
+int agent_coord_reachable(struct agent *a)
+{
+	return !coord_silent(a);
+}
+
 int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 {
 	struct call c = {.req = req};
@@ -891,11 +896,11 @@ json_t *agent_counters(struct agent *a)
 {
 	struct delta_stats *d = &a->ds;
 
-	return json_pack("{s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, "
+	return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, "
 			 "s:o}}",
 			 "bytes_received", counter(&a->rx), "wire_bytes_received", counter(&a->wire_rx),
 			 "bytes_sent", counter(&a->tx), "wire_bytes_sent", counter(&a->wire_tx),
-			 "requests_received", counter(&a->req_rx), "delta", "encoded",
+			 "requests_received", counter(&a->req_rx), "retries", counter(&a->retries), "delta", "encoded",
 			 counter(&d->encoded), "encode_bytes", counter(&d->encode_bytes),
 			 "encode_cpu_s", seconds(&d->encode_ns), "decoded", counter(&d->decoded),
 			 "decode_bytes", counter(&d->decode_bytes), "decode_cpu_s",

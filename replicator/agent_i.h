@@ -83,6 +83,7 @@ struct fetch {
 	uint64_t bytes_held;   /* of those, pulled since */
 	uint64_t total;   /* distinct shard bytes of the version */
 	double last_rx, last_report;
+	uint64_t planned_ns; /* monotonic: the PLAN arrived (hwfs_version_arrival_seconds) */
 	int ring_warned; /* "every donor failed once" logged for this fetch */
 	/* waiting for space: the store could not take the next shard */
 	int space_wait;
@@ -229,6 +230,7 @@ struct agent {
 	size_t scratch_len;
 	struct dcache dcache;  /* deltas kept to send again (agent thread) */
 	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
+	uint64_t retries; /* atomic: shard requests moved to another donor (next_donor) */
 	double badmsg_logged; /* when a malformed message was last logged */
 	uint64_t badmsg_quiet; /* malformed messages dropped since, not logged */
 	uint64_t import_seq;

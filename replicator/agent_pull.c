@@ -21,6 +21,7 @@
 #include "delta_base.h"
 #include "keys.h"
 #include "manifest.h"
+#include "metrics.h"
 #include "own_mount.h"
 
 /* The donor connection to @addr, or NULL if none was opened yet. */
@@ -291,6 +292,7 @@ static void materialize(struct agent *a, struct fetch *f)
 	}
 	LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
 		 (unsigned long long)f->bytes_held);
+	hwfs_hist_observe_ns(&hwfs_nm.arrival, hwfs_mono_ns() - f->planned_ns);
 out:
 	if (ok) {
 		send_have(a, f->name, &f->digest, 1, f->total, 0, NULL, NULL);
@@ -366,6 +368,7 @@ static void next_donor(struct agent *a, struct fetch *f, struct want *w)
 {
 	drop_partial(a, w);
 	w->tries++;
+	__atomic_fetch_add(&a->retries, 1, __ATOMIC_RELAXED);
 	w->donor = f->n_donors ? (w->donor + 1) % f->n_donors : 0;
 	w->misses = 0;
 	w->state = W_QUEUED;
@@ -509,6 +512,7 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	if (!f || !hs)
 		goto oom;
 	f->name = strdup(name);
+	f->planned_ns = hwfs_mono_ns();
 	f->digest = digest;
 	f->rec = rec;
 	rec = NULL;

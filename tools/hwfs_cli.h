@@ -20,6 +20,14 @@ int cmd_umount(int argc, char **argv);
 int cmd_coord(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
 
+/* hwfs_coord_http.c */
+struct coord_opts;
+/**
+ * coord_serve() - coord_run(@o), with /metrics, /healthz and /readyz served on
+ * @http ("HOST:PORT") meanwhile when it is not NULL.  Returns the exit status.
+ */
+int coord_serve(struct coord_opts *o, const char *http);
+
 /* hwfs_watch.c */
 int cmd_watch(int argc, char **argv);
 

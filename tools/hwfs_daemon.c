@@ -111,13 +111,16 @@ static int run_mount(void *arg, int notify_fd)
 	return r;
 }
 
+/* `hwfs coord --http HOST:PORT`, or NULL (for run_coord() in the child) */
+static const char *coord_http;
+
 /* spawn_daemon()'s @run for `hwfs coord`: a stand-alone coordinator. */
 static int run_coord(void *arg, int notify_fd)
 {
 	struct coord_opts *o = arg;
 
 	o->notify_fd = notify_fd;
-	return coord_run(o) < 0 ? 1 : 0;
+	return coord_serve(o, coord_http);
 }
 
 /* "chain" -> 1, "tree:K" -> K, "star" -> 0 (unbounded fan-out). */
@@ -168,12 +171,14 @@ int cmd_keygen(int argc, char **argv)
 int cmd_coord(int argc, char **argv)
 {
 	static const char usage[] = "hwfs coord --listen tcp://HOST:PORT [--state DIR] "
-				    "[--topology chain|tree:K|star] [--keys DIR] [-f] [--insecure]";
+				    "[--topology chain|tree:K|star] [--keys DIR] [-f] [--insecure] "
+				    "[--http HOST:PORT]";
 	static const struct option lo[] = {
 		{"listen", required_argument, NULL, 'l'}, {"state", required_argument, NULL, 's'},
 		{"topology", required_argument, NULL, 't'}, {"foreground", no_argument, NULL, 'f'},
 		{"insecure", no_argument, NULL, 'I'},     {"help", no_argument, NULL, 'h'},
-		{"keys", required_argument, NULL, 'K'},   {NULL, 0, NULL, 0},
+		{"keys", required_argument, NULL, 'K'},   {"http", required_argument, NULL, 'H'},
+		{NULL, 0, NULL, 0},
 	};
 	struct coord_opts o = {.notify_fd = -1, .fanout = 1};
 	int c, fg = 0, insecure = 0;
@@ -202,6 +207,9 @@ int cmd_coord(int argc, char **argv)
 		case 'K':
 			o.keys = optarg;
 			break;
+		case 'H':
+			coord_http = optarg;
+			break;
 		case 'h':
 			printf("usage: %s\n\n", usage);
 			hwfs_tunables_print(stdout); /* the coordinator reads the same table */
@@ -217,7 +225,7 @@ int cmd_coord(int argc, char **argv)
 	if (hwfs_tunables_load(NULL, 0) < 0) /* node_expiry_s from HWFS_NODE_EXPIRY_S */
 		die("bad tunable in the environment (see hwfs mount --help)");
 	if (fg)
-		return coord_run(&o) < 0 ? 1 : 0;
+		return coord_serve(&o, coord_http);
 	if (o.state) {
 		if (mkdir(o.state, 0700) < 0 && errno != EEXIST)
 			die("state dir %s: %s", o.state, strerror(errno));
@@ -415,12 +423,14 @@ int cmd_mount(int argc, char **argv)
 		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [--preallocate] [--pin] [-f]\n"
 		"       [-o NAME=VALUE,...] [-d] [--ctl-group GROUP]\n"
 		"       [--join tcp://COORD:PORT | --coordinator tcp://HOST:PORT] --node NAME\n"
-		"       --listen tcp://HOST:PORT [--keys DIR] [--insecure]";
+		"       --listen tcp://HOST:PORT [--keys DIR] [--insecure] [--http HOST:PORT]";
 	static const char mount_help[] =
 		"  --preallocate  allocate, touch and mlock the whole arena at start-up\n"
 		"  --pin          preallocate, then pin the arena for CUDA (cudaHostRegister, so\n"
 		"                 a load copies to the GPU with no staging copy); without a GPU\n"
-		"                 the arena is locked with mlock instead (a note says so)\n";
+		"                 the arena is locked with mlock instead (a note says so)\n"
+		"  --http HOST:PORT  serve /metrics, /healthz, /readyz there (port 0: any free\n"
+		"                 port, shown by hwfs status); use loopback or a private address\n";
 	static const struct option lo[] = {
 		{"store", required_argument, NULL, 's'}, {"capacity", required_argument, NULL, 'c'},
 		{"foreground", no_argument, NULL, 'f'},  {"help", no_argument, NULL, 'h'},
@@ -429,7 +439,7 @@ int cmd_mount(int argc, char **argv)
 		{"insecure", no_argument, NULL, 'I'},    {"keys", required_argument, NULL, 'K'},
 		{"coordinator", required_argument, NULL, 'O'},
 		{"preallocate", no_argument, NULL, 'P'}, {"ctl-group", required_argument, NULL, 'G'},
-		{"pin", no_argument, NULL, 'p'},
+		{"pin", no_argument, NULL, 'p'},         {"http", required_argument, NULL, 'H'},
 		{NULL, 0, NULL, 0},
 	};
 	struct daemon_opts o = {.notify_fd = -1, .ctl_gid = -1};
@@ -477,6 +487,9 @@ int cmd_mount(int argc, char **argv)
 			break;
 		case 'P':
 			o.preallocate = 1;
+			break;
+		case 'H':
+			o.http = optarg;
 			break;
 		case 'p':
 			o.pin = 1; /* implies preallocation (fs/daemon/daemon.c, prepare_arena) */

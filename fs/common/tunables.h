@@ -54,6 +54,12 @@
 	  "at shutdown, wait this long (ms) for control connections") \
 	X(ctl_conns_per_uid, 64, 1, 65536, \
 	  "live control connections one user (other than root) may hold; more are refused") \
+	/* the HTTP endpoint (--http: /metrics, /healthz, /readyz; docs/operations.md) */ \
+	X(http_conns, 256, 4, 4096, "--http: connections served at once; more wait or are refused") \
+	X(http_conns_per_ip, 32, 1, 4096, "--http: connections from one address at once") \
+	X(http_timeout_s, 10, 1, 3600, "--http: an idle or slow connection is closed after this") \
+	X(http_conn_memory, 32768, 4096, 1u << 20, \
+	  "--http: memory per connection; a request whose headers do not fit is refused") \
 	/* replication (replicator/, docs/protocol.md) */ \
 	X(node_expiry_s, 600, 1, 1ull << 32, \
 	  "coordinator: a node dead this long is forgotten, with the versions no live node " \

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
+#include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -520,7 +521,10 @@ static void *post_init(void *arg)
 	struct daemon *d = arg;
 
 	set_read_ahead(d);
+	__atomic_store_n(&d->fuse_up, 1, __ATOMIC_RELEASE);
 	notify(d->o, "ok\n");
+	/* under systemd (Type=notify, the daemon in the foreground): ready now */
+	sd_notifyf(0, "READY=1\nSTATUS=serving %s", d->o->mountpoint);
 	return NULL;
 }
 
@@ -538,7 +542,8 @@ static void on_init(void *arg)
 
 int daemon_run(const struct daemon_opts *o)
 {
-	struct daemon d = {.o = o, .ctl_fd = -1, .conn_mu = PTHREAD_MUTEX_INITIALIZER};
+	struct daemon d = {.o = o, .ctl_fd = -1, .conn_mu = PTHREAD_MUTEX_INITIALIZER,
+			   .http_mu = PTHREAD_MUTEX_INITIALIZER};
 	pthread_condattr_t ca;
 	struct fuse_loop_config *cfg = NULL;
 	char optstr[4096], msg[4352];
@@ -614,6 +619,9 @@ int daemon_run(const struct daemon_opts *o)
 			 strerror(-r));
 		goto fail;
 	}
+	r = daemon_http_start(&d, msg, sizeof(msg));
+	if (r < 0)
+		goto fail;
 	snprintf(optstr, sizeof(optstr),
 		 "fsname=hwfs:%s,subtype=hwfs,max_read=1048576,default_permissions%s",
 		 store_dir(d.st), geteuid() == 0 ? ",allow_other" : "");
@@ -683,6 +691,8 @@ out:
 	 * renames through it fails instead of waiting for a loop that has ended.
 	 */
 	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
+	sd_notify(0, "STOPPING=1");
+	daemon_http_stop(&d); /* its handler reads the agent, engines and store */
 	if (d.loads)
 		devloads_stop(d.loads); /* copies end at their next tensor */
 	if (d.ctl_running) {

@@ -23,6 +23,7 @@ struct daemon_opts {
 	const char *keys;       /* CURVE key directory, or NULL */
 	const char *coordinator; /* run a coordinator on this endpoint inside the daemon */
 	long ctl_gid;           /* >= 0: this group may run mutating verbs (--ctl-group) */
+	const char *http;       /* --http HOST:PORT: /metrics, /healthz, /readyz, or NULL */
 };
 
 /* Where a daemon run as root puts its control socket (PID.sock); see make_ctl_dir(). */

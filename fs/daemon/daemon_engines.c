@@ -40,6 +40,7 @@ void daemon_sealed(void *arg, const char *name)
 	struct agent *agent = daemon_agent(d);
 
 	engines_event(d->engines, "arrived", name);
+	daemon_http_refresh(d);
 	if (agent)
 		agent_sealed(agent, name);
 }
@@ -55,6 +56,7 @@ void daemon_current(void *arg)
 	struct daemon *d = arg;
 
 	engines_event(d->engines, "current", NULL);
+	daemon_http_refresh(d);
 	daemon_gpu_current(d);
 }
 
@@ -63,8 +65,18 @@ int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *er
 		   size_t errlen)
 {
 	struct daemon *d = arg;
+	int r = engines_barrier(d->engines, version, started_ns, err, errlen);
 
-	return engines_barrier(d->engines, version, started_ns, err, errlen);
+	/* a PREPARE is answered: its wait is the commit's prepare phase (/metrics) */
+	__atomic_store_n(&hwfs_nm.preparing, r == -EINPROGRESS, __ATOMIC_RELAXED);
+	if (r != -EINPROGRESS) {
+		uint64_t now = engines_now_ns();
+
+		hwfs_hist_observe_ns(&hwfs_nm.commit_prepare, now > started_ns ? now - started_ns : 0);
+		if (r < 0)
+			hwfs_count(&hwfs_nm.commits[HWFS_COMMIT_REFUSED], 1);
+	}
+	return r;
 }
 
 /* The agent's HELLO hook: this node's engines, a new array (NULL without memory). */

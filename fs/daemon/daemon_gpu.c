@@ -349,7 +349,8 @@ static json_t *load_error(const char *v, int gpu, int r, const char *why)
  * "source", "already"}.  A version loaded there already answers at once
  * ("already": true); one being loaded is waited for.
  */
-json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *load(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		    const struct ctl_peer *peer)
 {
 	const char *v = req_str(req, "version");
 	struct load_progress lp = {rd->fd, 0, 0};
@@ -616,4 +617,15 @@ int daemon_gpu_ready(void *arg, const char *version, int gpu, uint64_t started_n
 	devloads_worker_exit(d->loads);
 	snprintf(err, errlen, "cannot start the loading thread");
 	return -ECANCELED;
+}
+
+/* `hwfs load`, counted for /metrics: the node is "updating" meanwhile (readyz). */
+json_t *op_load(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+{
+	json_t *res;
+
+	hwfs_count(&hwfs_nm.updating, 1);
+	res = load(d, req, rd, peer);
+	__atomic_fetch_sub(&hwfs_nm.updating, 1, __ATOMIC_RELAXED);
+	return res;
 }

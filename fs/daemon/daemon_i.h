@@ -18,6 +18,8 @@
 #include "engines.h"
 #include "fuse_ops.h"
 #include "gpu.h"
+#include "http.h"
+#include "metrics.h"
 #include "ns.h"
 
 struct conn;
@@ -55,6 +57,13 @@ struct daemon {
 	volatile int coord_stop;
 	char coord_state[4096];
 	char coord_ep[256]; /* the embedded coordinator's bound endpoint (coord_opts.bound) */
+	/* --http (daemon_http.c): the server, and what a scrape reads without the
+	 * namespace lock, refreshed by daemon_http_refresh() when versions change */
+	struct http *http;
+	pthread_mutex_t http_mu; /* guards http_current; never held on a data path */
+	char http_current[256];  /* the current version, "" when none */
+	uint64_t http_versions;  /* atomic: sealed and open versions */
+	int fuse_up;             /* atomic: FUSE init done (readyz) */
 };
 
 /*
@@ -194,6 +203,21 @@ void daemon_gpu_current(struct daemon *d);
 /** The engines' device-load hook (engines_set_gpu_hook()); @arg is the daemon. */
 int daemon_gpu_ready(void *arg, const char *version, int gpu, uint64_t started_ns, char *err,
 		     size_t errlen);
+
+/**
+ * daemon_http_start() - serve /metrics, /healthz and /readyz on d->o->http
+ * (daemon_http.c; nothing without --http).  Returns 0, or -errno with the
+ * "error: ...\n" line in @msg.
+ */
+int daemon_http_start(struct daemon *d, char *msg, size_t len);
+/** Stop the HTTP server (waits for its threads); no-op when none runs. */
+void daemon_http_stop(struct daemon *d);
+/**
+ * daemon_http_refresh() - re-read the version count and `current` for the
+ * scrape (takes the namespace lock; call it from the hooks that change them,
+ * never from a FUSE request or with a namespace lock held).
+ */
+void daemon_http_refresh(struct daemon *d);
 
 /** `hwfs publish` (daemon_publish.c), a daemon_op_fn. */
 json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer);

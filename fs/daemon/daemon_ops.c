@@ -135,6 +135,8 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		      "current", cur ? json_string(cur) : json_null(), "versions",
 		      versions_json(d));
 	free(cur);
+	if (d->http)
+		json_object_set_new(r, "http", json_string(http_bound(d->http)));
 	status_gpu(d, r);
 	json_object_set_new(r, "engines", engines_json(d->engines) ?: json_array());
 	json_object_set_new(r, "leases", engines_leases_json(d->engines) ?: json_array());
@@ -199,9 +201,8 @@ static json_t *op_seal(struct daemon *d, json_t *req, struct ctl_reader *rd,
  * called from a FUSE request handler.  Returns 0 or -errno with a sentence in
  * @err.
  */
-int flip_current(void *arg, const char *v, char *err, size_t errlen)
+static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
 {
-	struct daemon *d = arg;
 	char tmp[4096], cur[4096], target[1024];
 	int r;
 
@@ -239,6 +240,29 @@ int flip_current(void *arg, const char *v, char *err, size_t errlen)
 		return r;
 	}
 	return 0;
+}
+
+/*
+ * flip_current() - flip_now(), counted for /metrics: the node is "updating"
+ * meanwhile (readyz), the flip's duration goes to
+ * hwfs_commit_duration_seconds{phase="flip"} and its outcome to
+ * hwfs_commits_total (committed, or refused when the version cannot be
+ * committed, else failed).
+ */
+int flip_current(void *arg, const char *v, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	uint64_t t0 = hwfs_mono_ns();
+	int r;
+
+	hwfs_count(&hwfs_nm.updating, 1);
+	r = flip_now(d, v, err, errlen);
+	hwfs_hist_observe_ns(&hwfs_nm.commit_flip, hwfs_mono_ns() - t0);
+	hwfs_count(&hwfs_nm.commits[r == 0 ? HWFS_COMMIT_OK : HWFS_COMMIT_FAILED], 1);
+	__atomic_fetch_sub(&hwfs_nm.updating, 1, __ATOMIC_RELAXED);
+	if (r == 0)
+		daemon_http_refresh(d);
+	return r;
 }
 
 /*
@@ -317,13 +341,20 @@ static json_t *op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		return commit_reply(v, res);
 	}
 	/* local: this node's engines must have @v loaded first (docs/engines.md) */
+	uint64_t t0 = hwfs_mono_ns();
+
+	hwfs_count(&hwfs_nm.updating, 1);
 	ns_rdlock(d->ns);
 	int r = ns_check_committable(d->ns, v, err, sizeof(err));
 	ns_unlock(d->ns);
 	if (r == 0)
 		r = engines_barrier_wait(d->engines, v, err, sizeof(err));
-	if (r == 0)
+	hwfs_hist_observe_ns(&hwfs_nm.commit_prepare, hwfs_mono_ns() - t0);
+	if (r < 0)
+		hwfs_count(&hwfs_nm.commits[HWFS_COMMIT_REFUSED], 1);
+	else
 		r = flip_current(d, v, err, sizeof(err));
+	__atomic_fetch_sub(&hwfs_nm.updating, 1, __ATOMIC_RELAXED);
 	if (r < 0)
 		return err_reply(-r, "cannot commit %s: %s", v, err);
 	return json_pack("{s:b, s:s}", "ok", 1, "current", v);
@@ -447,6 +478,7 @@ static int remove_and_invalidate(struct daemon *d, const char *v)
 		fuse_lowlevel_notify_inval_entry(d->se, hwfs_fuse_ino(d->ns, vers), v, strlen(v));
 		engines_event(d->engines, "removed", v);
 		devloads_removed(d->loads, v); /* device copies stay until unloaded */
+		daemon_http_refresh(d);
 	}
 	return r;
 }

@@ -289,7 +289,8 @@ fail:
  * publish: the source tree is read with the caller's permissions (cred_enter),
  * so a caller may not make the daemon read what it could not read itself.
  */
-json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+static json_t *publish(struct daemon *d, json_t *req, struct ctl_reader *rd,
+		       const struct ctl_peer *peer)
 {
 	const char *src = req_str(req, "src"), *v = req_str(req, "version");
 	struct publish p = {.d = d, .fd = rd->fd};
@@ -353,4 +354,22 @@ json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const s
 	}
 	ns_forget(d->ns, root, 1);
 	return json_pack("{s:b, s:s, s:I}", "ok", 1, "version", v, "bytes", (json_int_t)p.done);
+}
+
+/*
+ * `hwfs publish`, counted for /metrics: the node is "updating" meanwhile
+ * (readyz), and a publish that sealed its version adds its duration to
+ * hwfs_publish_duration_seconds.
+ */
+json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
+{
+	uint64_t t0 = hwfs_mono_ns();
+	json_t *res;
+
+	hwfs_count(&hwfs_nm.updating, 1);
+	res = publish(d, req, rd, peer);
+	if (res && json_is_true(json_object_get(res, "ok")))
+		hwfs_hist_observe_ns(&hwfs_nm.publish, hwfs_mono_ns() - t0);
+	__atomic_fetch_sub(&hwfs_nm.updating, 1, __ATOMIC_RELAXED);
+	return res;
 }

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "metrics.h"
 #include "engines.h"
 #include "tunables.h"
 
@@ -44,6 +45,7 @@ struct watcher {
 	enum eng_state state;
 	uint64_t refused_ns; /* monotonic time of the refusal in @reason */
 	uint64_t last_pause_us, swaps;
+	uint64_t loading_ns; /* monotonic time of the last "loading" report (0: none) */
 	int bad_logged; /* an ignored report of this engine was logged */
 	/* the barriers (version seq, start) it was sent "prepare" by, a ring */
 	struct {
@@ -490,8 +492,16 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 			w->state = !strcmp(what, "loading")  ? ENG_LOADING
 				   : !strcmp(what, "loaded") ? ENG_LOADED
 							     : ENG_REFUSED;
-			if (w->state == ENG_REFUSED)
+			if (w->state == ENG_REFUSED) {
 				w->refused_ns = engines_now_ns();
+				hwfs_count(&hwfs_nm.engine_refusals, 1);
+			} else if (w->state == ENG_LOADING) {
+				w->loading_ns = engines_now_ns();
+			} else if (w->loading_ns) { /* loaded: how long since "loading" */
+				hwfs_hist_observe_ns(&hwfs_nm.engine_load,
+						     engines_now_ns() - w->loading_ns);
+				w->loading_ns = 0;
+			}
 			free(w->reason); /* the refusal's, or none */
 			w->reason = reason;
 			reason = NULL;
@@ -508,6 +518,7 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 				w->last_pause_us = json_is_integer(pj) && json_integer_value(pj) > 0
 							   ? (uint64_t)json_integer_value(pj)
 							   : 0;
+				hwfs_hist_observe_ns(&hwfs_nm.swap_pause, w->last_pause_us * 1000);
 			}
 		}
 		if (r == 0 && w->shadow && !strcmp(w->shadow, v))

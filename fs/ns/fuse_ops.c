@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "fuse_ops.h"
+#include "metrics.h"
 #include "tunables.h"
 
 #define TTL_SEALED 86400.0
@@ -74,6 +75,7 @@ static void hwfs_init(void *userdata, struct fuse_conn_info *conn)
 
 static void hwfs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
+	hwfs_count_fuse(HWFS_FOP_lookup);
 	struct ns *ns = CTX(req)->ns;
 	struct fuse_entry_param e;
 	struct node *n;
@@ -92,12 +94,14 @@ static void hwfs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 
 static void hwfs_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
+	hwfs_count_fuse(HWFS_FOP_forget);
 	ns_forget(CTX(req)->ns, N(req, ino), nlookup);
 	fuse_reply_none(req);
 }
 
 static void hwfs_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *f)
 {
+	hwfs_count_fuse(HWFS_FOP_forget);
 	for (size_t i = 0; i < count; i++)
 		ns_forget(CTX(req)->ns, N(req, f[i].ino), f[i].nlookup);
 	fuse_reply_none(req);
@@ -105,6 +109,7 @@ static void hwfs_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_d
 
 static void hwfs_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_getattr);
 	struct ns *ns = CTX(req)->ns;
 	struct node *n = N(req, ino);
 	struct stat st;
@@ -120,6 +125,7 @@ static void hwfs_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 static void hwfs_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 			 struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_setattr);
 	struct ns *ns = CTX(req)->ns;
 	struct node *n = N(req, ino);
 	int what = 0, r = 0;
@@ -151,6 +157,7 @@ static void hwfs_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
 
 static void hwfs_readlink(fuse_req_t req, fuse_ino_t ino)
 {
+	hwfs_count_fuse(HWFS_FOP_readlink);
 	struct ns *ns = CTX(req)->ns;
 	struct node *n = N(req, ino);
 	char *t = NULL;
@@ -192,6 +199,7 @@ static void reply_new(fuse_req_t req, int r, struct node *n)
 
 static void hwfs_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
+	hwfs_count_fuse(HWFS_FOP_mkdir);
 	const struct fuse_ctx *c = fuse_req_ctx(req);
 	struct node *n = NULL;
 	int r = reserved_name(N(req, parent), name)
@@ -205,6 +213,7 @@ static void hwfs_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode
 static void hwfs_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 		       dev_t rdev)
 {
+	hwfs_count_fuse(HWFS_FOP_mknod);
 	const struct fuse_ctx *c = fuse_req_ctx(req);
 	struct node *n = NULL;
 	int r;
@@ -217,6 +226,7 @@ static void hwfs_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode
 
 static void hwfs_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
 {
+	hwfs_count_fuse(HWFS_FOP_symlink);
 	const struct fuse_ctx *c = fuse_req_ctx(req);
 	struct node *n = NULL;
 	int r = reserved_name(N(req, parent), name)
@@ -228,17 +238,20 @@ static void hwfs_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, co
 
 static void hwfs_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
+	hwfs_count_fuse(HWFS_FOP_unlink);
 	fuse_reply_err(req, -ns_unlink(CTX(req)->ns, N(req, parent), name, 0));
 }
 
 static void hwfs_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
+	hwfs_count_fuse(HWFS_FOP_rmdir);
 	fuse_reply_err(req, -ns_unlink(CTX(req)->ns, N(req, parent), name, 1));
 }
 
 static void hwfs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 			const char *newname, unsigned int flags)
 {
+	hwfs_count_fuse(HWFS_FOP_rename);
 	if (reserved_name(N(req, newparent), newname))
 		return (void)fuse_reply_err(req, EPERM);
 	fuse_reply_err(req, -ns_rename(CTX(req)->ns, N(req, parent), name, N(req, newparent),
@@ -247,6 +260,7 @@ static void hwfs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fus
 
 static void hwfs_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
 {
+	hwfs_count_fuse(HWFS_FOP_link);
 	fuse_reply_err(req, EPERM);
 }
 
@@ -282,6 +296,7 @@ static int do_open(struct ns *ns, struct node *n, struct fuse_file_info *fi)
 
 static void hwfs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_open);
 	int r = do_open(CTX(req)->ns, N(req, ino), fi);
 
 	if (r < 0)
@@ -292,6 +307,7 @@ static void hwfs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 static void hwfs_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 			struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_create);
 	const struct fuse_ctx *c = fuse_req_ctx(req);
 	struct ns *ns = CTX(req)->ns;
 	struct fuse_entry_param e;
@@ -340,14 +356,19 @@ static int emit_reply(void *arg, const struct iovec *iov, int cnt)
 
 	rr->replied = 1;
 	r = cnt == 0 ? fuse_reply_buf(rr->req, NULL, 0) : fuse_reply_iov(rr->req, iov, cnt);
-	if (r < 0)
+	if (r < 0) {
 		LOG_ERR("read reply of %d iovecs not sent: %s", cnt, strerror(-r));
+		return r;
+	}
+	for (int i = 0; i < cnt; i++)
+		hwfs_count(&hwfs_nm.fuse_read_bytes, iov[i].iov_len);
 	return r;
 }
 
 static void hwfs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		      struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_read);
 	struct node *n = (struct node *)(uintptr_t)fi->fh;
 	struct read_reply rr = {req, 0};
 	int r = ns_read(CTX(req)->ns, n, (uint64_t)off, size, emit_reply, &rr);
@@ -359,6 +380,7 @@ static void hwfs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void hwfs_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 		       struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_write);
 	struct node *n = (struct node *)(uintptr_t)fi->fh;
 	int r = ns_write(CTX(req)->ns, n, (uint64_t)off, buf, size);
 
@@ -369,22 +391,26 @@ static void hwfs_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t s
 
 static void hwfs_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_flush);
 	fuse_reply_err(req, 0);
 }
 
 static void hwfs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_release);
 	ns_release(CTX(req)->ns, (struct node *)(uintptr_t)fi->fh);
 	fuse_reply_err(req, 0);
 }
 
 static void hwfs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_fsync);
 	fuse_reply_err(req, 0);
 }
 
 static void hwfs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_opendir);
 	struct node *n = N(req, ino);
 
 	if (!S_ISDIR(n->mode))
@@ -396,6 +422,7 @@ static void hwfs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 static void hwfs_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 			 struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_readdir);
 	struct ns *ns = CTX(req)->ns;
 	struct node *n = N(req, ino);
 	char *buf = malloc(size);
@@ -440,11 +467,13 @@ static void hwfs_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 
 static void hwfs_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	hwfs_count_fuse(HWFS_FOP_releasedir);
 	fuse_reply_err(req, 0);
 }
 
 static void hwfs_statfs(fuse_req_t req, fuse_ino_t ino)
 {
+	hwfs_count_fuse(HWFS_FOP_statfs);
 	struct store *st = ns_store(CTX(req)->ns);
 	struct arena *a = store_arena(st);
 	struct statvfs s = {0};
@@ -518,6 +547,7 @@ static const char *xattr_names(const struct node *n)
 
 static void hwfs_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
+	hwfs_count_fuse(HWFS_FOP_getxattr);
 	struct ns *ns = CTX(req)->ns;
 	char buf[8192];
 	int len;
@@ -538,6 +568,7 @@ static void hwfs_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size
 
 static void hwfs_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
+	hwfs_count_fuse(HWFS_FOP_listxattr);
 	const char *names = xattr_names(N(req, ino));
 	size_t len = 0;
 
@@ -555,11 +586,13 @@ static void hwfs_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 static void hwfs_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
 			  size_t size, int flags)
 {
+	hwfs_count_fuse(HWFS_FOP_setxattr);
 	fuse_reply_err(req, ENOTSUP);
 }
 
 static void hwfs_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
+	hwfs_count_fuse(HWFS_FOP_removexattr);
 	fuse_reply_err(req, ENOTSUP);
 }
 

@@ -97,7 +97,7 @@ static struct shard *tab_insert(struct store *s, const hwfs_hash_t *h, uint64_t 
 	sh->next = s->tab[slot];
 	s->tab[slot] = sh;
 	s->n_shards++;
-	s->bytes += size;
+	__atomic_add_fetch(&s->bytes, size, __ATOMIC_RELAXED); /* store_used_bytes() reads it */
 	return sh;
 }
 
@@ -111,7 +111,7 @@ static void tab_remove(struct store *s, struct shard *sh)
 	if (*pp)
 		*pp = sh->next;
 	s->n_shards--;
-	s->bytes -= sh->size;
+	__atomic_sub_fetch(&s->bytes, sh->size, __ATOMIC_RELAXED);
 	if (sh->size)
 		arena_free(s->arena, sh->off, sh->size);
 	free(sh);
@@ -500,6 +500,11 @@ size_t store_drop_unreferenced(struct store *s)
 	}
 	pthread_mutex_unlock(&s->tab_lock);
 	return n;
+}
+
+uint64_t store_used_bytes(const struct store *s)
+{
+	return __atomic_load_n(&s->bytes, __ATOMIC_RELAXED);
 }
 
 void store_usage(struct store *s, uint64_t *bytes, uint64_t *count)

@@ -154,5 +154,7 @@ size_t store_drop_unreferenced(struct store *s);
 
 /** Sum of the sizes of distinct shards held, and their number. */
 void store_usage(struct store *s, uint64_t *bytes, uint64_t *count);
+/** The shard bytes held, read without the table lock (a relaxed atomic: /metrics). */
+uint64_t store_used_bytes(const struct store *s);
 
 #endif /* HWFS_STORE_H */

@@ -1,0 +1,242 @@
+/*
+ * daemon_http.c — a node's HTTP endpoint (--http HOST:PORT, docs/operations.md):
+ * /metrics (Prometheus text 0.0.4), /healthz and /readyz, served by the
+ * bounded server of fs/common/http.c in its own threads.
+ *
+ * A scrape reads atomics only: the instruments of hwfs_nm, the store's byte
+ * count (store_used_bytes), the agent's counters, and a snapshot of the
+ * version count and `current` that the seal, current and remove hooks
+ * refresh (daemon_http_refresh(), under http_mu, which no data path takes).
+ * The engines' registry lock is taken briefly for their count and states.
+ * So a scrape costs the same with 10 000 versions as with one, and never
+ * waits for the namespace, a FUSE request, a commit or a publish.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "daemon_i.h"
+#include "tunables.h"
+
+void daemon_http_refresh(struct daemon *d)
+{
+	char **names = NULL, *cur;
+	size_t n = 0;
+
+	if (!d->o->http)
+		return;
+	if (ns_list(d->ns, &names, &n) == 0) {
+		for (size_t i = 0; i < n; i++)
+			free(names[i]);
+		free(names);
+		__atomic_store_n(&d->http_versions, (uint64_t)n, __ATOMIC_RELAXED);
+	}
+	cur = ns_current(d->ns);
+	pthread_mutex_lock(&d->http_mu);
+	snprintf(d->http_current, sizeof(d->http_current), "%s", cur ? cur : "");
+	pthread_mutex_unlock(&d->http_mu);
+	free(cur);
+}
+
+/* Engines registered and leases held, and whether an engine is loading a shadow. */
+static void engine_counts(struct daemon *d, uint64_t *engines, uint64_t *leases, int *loading)
+{
+	json_t *e = engines_json(d->engines), *l = engines_leases_json(d->engines), *x;
+	size_t i;
+
+	*engines = json_array_size(e);
+	*leases = json_array_size(l);
+	*loading = 0;
+	json_array_foreach(e, i, x) {
+		const char *st = json_string_value(json_object_get(x, "state"));
+
+		if (st && !strcmp(st, "loading"))
+			*loading = 1;
+	}
+	json_decref(e);
+	json_decref(l);
+}
+
+/* A gauge family of one sample. */
+static void gauge1(struct mbuf *b, const char *name, const char *help, uint64_t v)
+{
+	metrics_family(b, name, "gauge", help);
+	metrics_sample_u64(b, name, NULL, NULL, v);
+}
+
+/* A counter family of one sample, its value from @obj's integer member @key. */
+static void counter_json(struct mbuf *b, const char *name, const char *help, json_t *obj,
+			 const char *key)
+{
+	json_t *v = json_object_get(obj, key);
+
+	metrics_family(b, name, "counter", help);
+	if (json_is_real(v))
+		metrics_sample(b, name, NULL, NULL, json_real_value(v));
+	else
+		metrics_sample_u64(b, name, NULL, NULL, (uint64_t)json_integer_value(v));
+}
+
+/* The replication counters of the agent (zeros when the node is not joined). */
+static void replication(struct mbuf *b, struct agent *agent)
+{
+	json_t *c = agent ? agent_counters(agent) : NULL, *delta;
+
+	if (!c)
+		c = json_object();
+	delta = json_object_get(c, "delta");
+	counter_json(b, "hwfs_replication_bytes_received_total",
+		     "shard bytes received by replication (a shard sent as a delta counts whole)",
+		     c, "bytes_received");
+	counter_json(b, "hwfs_replication_bytes_sent_total",
+		     "shard bytes served to other nodes (a shard sent as a delta counts whole)", c,
+		     "bytes_sent");
+	counter_json(b, "hwfs_replication_wire_bytes_received_total",
+		     "shard payload bytes received, as they crossed the wire", c,
+		     "wire_bytes_received");
+	counter_json(b, "hwfs_replication_wire_bytes_sent_total",
+		     "shard payload bytes sent, as they crossed the wire", c, "wire_bytes_sent");
+	counter_json(b, "hwfs_replication_retries_total",
+		     "shard requests moved to another donor (silent, missing or bad)", c, "retries");
+	counter_json(b, "hwfs_delta_encode_seconds_total",
+		     "CPU seconds spent encoding element-level deltas", delta, "encode_cpu_s");
+	counter_json(b, "hwfs_delta_decode_seconds_total",
+		     "CPU seconds spent decoding element-level deltas", delta, "decode_cpu_s");
+	json_decref(c);
+}
+
+/* /metrics of a node: everything, in text format 0.0.4. */
+static void node_metrics(struct daemon *d, struct http_resp *r)
+{
+	struct mbuf b = {0};
+	char cur[sizeof(d->http_current)];
+	uint64_t engines, leases;
+	int loading;
+
+	pthread_mutex_lock(&d->http_mu);
+	memcpy(cur, d->http_current, sizeof(cur));
+	pthread_mutex_unlock(&d->http_mu);
+	engine_counts(d, &engines, &leases, &loading);
+	metrics_build_info(&b);
+	gauge1(&b, "hwfs_store_used_bytes", "bytes of distinct shards held in the store",
+	       store_used_bytes(d->st));
+	gauge1(&b, "hwfs_store_capacity_bytes", "capacity of the store's arena",
+	       arena_capacity(store_arena(d->st)));
+	gauge1(&b, "hwfs_versions", "versions on this node (sealed and open)",
+	       __atomic_load_n(&d->http_versions, __ATOMIC_RELAXED));
+	metrics_family(&b, "hwfs_current_info", "gauge",
+		       "the version `current` names; one series, absent when none");
+	if (cur[0])
+		metrics_sample_u64(&b, "hwfs_current_info", "version", cur, 1);
+	gauge1(&b, "hwfs_engines", "engines registered on this node", engines);
+	gauge1(&b, "hwfs_leases", "leases held (versions mapped or loaded by a process)", leases);
+	gauge1(&b, "hwfs_updating", "1 while a commit, publish, load or engine shadow-load runs",
+	       hwfs_load(&hwfs_nm.updating) || hwfs_load(&hwfs_nm.preparing) || loading);
+	replication(&b, daemon_agent(d));
+	metrics_node(&b);
+	if (d->o->coordinator)
+		metrics_coord(&b);
+	if (b.oom) {
+		free(b.p);
+		http_text(r, 500, "out of memory");
+		return;
+	}
+	r->status = 200;
+	r->type = "text/plain; version=0.0.4; charset=utf-8";
+	r->body = b.p;
+	r->len = b.len;
+}
+
+/*
+ * /healthz: the process is alive and its FUSE session answers (a getxattr of
+ * the mount's root, which the kernel never caches).
+ */
+static void healthz(struct daemon *d, struct http_resp *r)
+{
+	char buf[32];
+
+	if (!__atomic_load_n(&d->fuse_up, __ATOMIC_ACQUIRE)) {
+		http_text(r, 503, "starting: FUSE not initialised yet");
+		return;
+	}
+	if (getxattr(d->o->mountpoint, "user.hwfs.pid", buf, sizeof(buf)) < 0) {
+		http_text(r, 503, "FUSE not answering on %s: %s", d->o->mountpoint,
+			  strerror(errno));
+		return;
+	}
+	http_text(r, 200, "ok");
+}
+
+/*
+ * /readyz: mounted, joined when --join was given (the coordinator answers the
+ * heartbeats), not shutting down.  A commit, publish, device load or an
+ * engine's shadow-load in progress is "updating" and still ready.
+ */
+static void readyz(struct daemon *d, struct http_resp *r)
+{
+	struct agent *agent = daemon_agent(d);
+	uint64_t engines, leases;
+	int loading;
+
+	if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE)) {
+		http_text(r, 503, "stopping");
+		return;
+	}
+	if (!__atomic_load_n(&d->fuse_up, __ATOMIC_ACQUIRE)) {
+		http_text(r, 503, "not mounted yet");
+		return;
+	}
+	if (d->o->join && !agent) {
+		http_text(r, 503, "not joined yet");
+		return;
+	}
+	if (agent && !agent_coord_reachable(agent)) {
+		http_text(r, 503, "coordinator unreachable");
+		return;
+	}
+	engine_counts(d, &engines, &leases, &loading);
+	if (hwfs_load(&hwfs_nm.updating) || hwfs_load(&hwfs_nm.preparing) || loading)
+		http_text(r, 200, "ready: updating");
+	else
+		http_text(r, 200, "ready");
+}
+
+/* The HTTP handler of a node. */
+static void route(void *arg, const char *path, struct http_resp *r)
+{
+	struct daemon *d = arg;
+
+	if (!strcmp(path, "/metrics"))
+		node_metrics(d, r);
+	else if (!strcmp(path, "/healthz"))
+		healthz(d, r);
+	else if (!strcmp(path, "/readyz"))
+		readyz(d, r);
+	else
+		http_text(r, 404, "not found (try /metrics, /healthz, /readyz)");
+}
+
+int daemon_http_start(struct daemon *d, char *msg, size_t len)
+{
+	int r;
+
+	if (!d->o->http)
+		return 0;
+	daemon_http_refresh(d);
+	r = http_start(d->o->http, route, d, &d->http);
+	if (r < 0) {
+		snprintf(msg, len, "error: --http %s: %s\n", d->o->http,
+			 r == -EINVAL ? "not HOST:PORT" : strerror(-r));
+		return r;
+	}
+	LOG_INFO("http: serving /metrics, /healthz, /readyz on %s", http_bound(d->http));
+	return 0;
+}
+
+void daemon_http_stop(struct daemon *d)
+{
+	http_stop(d->http);
+	d->http = NULL;
+}
