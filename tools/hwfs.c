@@ -823,7 +823,10 @@ static void usage_all(FILE *f)
 int main(int argc, char **argv)
 {
 	const char *verb = argc > 1 ? argv[1] : NULL;
+	const char *self = strrchr(argv[0], '/');
 
+	if (!strcmp(self ? self + 1 : argv[0], "mount.hwfs")) /* mount(8)'s helper */
+		return mount_helper_main(argc, argv);
 	if (!verb || !strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
 		usage_all(verb ? stdout : stderr);
 		return verb ? 0 : 2;

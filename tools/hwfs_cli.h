@@ -28,6 +28,9 @@ struct coord_opts;
  */
 int coord_serve(struct coord_opts *o, const char *http);
 
+/* mount_hwfs.c: main() when called as mount.hwfs (mount(8)'s helper) */
+int mount_helper_main(int argc, char **argv);
+
 /* hwfs_watch.c */
 int cmd_watch(int argc, char **argv);
 

@@ -194,7 +194,7 @@ int http_start(const char *hostport, http_handler fn, void *arg, struct http **o
 	h->fn = fn;
 	h->arg = arg;
 	h->mhd = MHD_start_daemon(
-		MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
+		MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
 		MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HWFS_HTTP_THREADS,
 		MHD_OPTION_CONNECTION_LIMIT, (unsigned)hwfs_tun.http_conns,
 		MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)hwfs_tun.http_conns_per_ip,

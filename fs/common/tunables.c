@@ -86,6 +86,14 @@ int hwfs_tunables_load(const char *const *opts, size_t n_opts)
 	return 0;
 }
 
+int hwfs_tunable_known(const char *name)
+{
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(rows); i++)
+		if (!strcmp(rows[i].name, name))
+			return 1;
+	return 0;
+}
+
 void hwfs_tunables_print(FILE *f)
 {
 	fprintf(f, "Tunables (-o NAME=VALUE, or environment HWFS_NAME):\n");

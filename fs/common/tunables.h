@@ -140,5 +140,7 @@ int hwfs_tunables_set(const char *opt);
 
 /** Print the table (name, default, meaning) to @f, for --help. */
 void hwfs_tunables_print(FILE *f);
+/** Is @name the name of a tunable?  1 or 0. */
+int hwfs_tunable_known(const char *name);
 
 #endif /* HWFS_TUNABLES_H */

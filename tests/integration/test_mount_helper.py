@@ -1,0 +1,132 @@
+"""`mount -t hwfs` and fstab through mount(8)'s helper, build/mount.hwfs (docs/operations.md).
+
+mount(8) looks for its helper only in /sbin (and /sbin/fs.d, /sbin/fs), so the
+fixture links /sbin/mount.hwfs to the mount.hwfs beside the hwfs under test
+(build/, or the sanitizer build of $HWFS_BIN) for the test and removes the
+link afterwards; an /sbin/mount.hwfs that is not such a link (an installed
+one) is left alone and the tests are skipped, saying so.  Each test checks
+that the mount answers as soon as mount(8) returns, that the options reached
+the daemon, and that a plain `umount` stops the daemon cleanly.
+"""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import HWFS, TIMEOUT, is_mounted, pid_alive, sh, wait_dead
+from http_helpers import get
+
+SBIN_HELPER = "/sbin/mount.hwfs"
+
+
+@pytest.fixture
+def helper():
+    ours = os.path.join(os.path.dirname(HWFS), "mount.hwfs")
+    assert os.path.exists(ours), f"{ours} not built (make)"
+    made = False
+    if os.path.islink(SBIN_HELPER) or os.path.exists(SBIN_HELPER):
+        if not (os.path.islink(SBIN_HELPER) and os.readlink(SBIN_HELPER) == ours):
+            pytest.skip(f"{SBIN_HELPER} exists and is not a test link (installed?); not replaced")
+    else:
+        os.symlink(ours, SBIN_HELPER)
+        made = True
+    try:
+        yield ours
+    finally:
+        if made:
+            os.unlink(SBIN_HELPER)
+
+
+class Place:
+    """A store dir and a mount point, unmounted (umount, else fusermount3 -u -z) after the test."""
+
+    def __init__(self, tmp_path):
+        self.store = Path("/dev/shm") / f"hwfs-test-helper-{os.getpid()}-{tmp_path.name}"
+        self.mnt = tmp_path / "mnt"
+        self.mnt.mkdir()
+        self.pid = None
+
+    def cleanup(self):
+        if is_mounted(self.mnt):
+            subprocess.run(["umount", self.mnt], capture_output=True, timeout=TIMEOUT)
+        if is_mounted(self.mnt):
+            subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True,
+                           timeout=TIMEOUT)
+        if self.pid and pid_alive(self.pid):
+            os.kill(self.pid, 9)
+            wait_dead(self.pid)
+        subprocess.run(["rm", "-rf", self.store])
+
+    def log(self):
+        try:
+            return (self.store / "hwfs.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+@pytest.fixture
+def place(tmp_path):
+    p = Place(tmp_path)
+    try:
+        yield p
+    finally:
+        p.cleanup()
+
+
+def check_mounted_then_umount(p, capacity):
+    """The mount answers at once, has the options asked for; umount stops the daemon cleanly."""
+    pid = int(os.getxattr(p.mnt, "user.hwfs.pid"))  # answers: no retry
+    p.pid = pid
+    st = __import__("json").loads(sh([HWFS, "status", "--json", "-m", p.mnt]).stdout)
+    assert st["store"]["capacity_bytes"] == capacity
+    assert get(st["http"], "/readyz") == (200, "ready\n")
+    cp = sh(["umount", p.mnt], check=False)
+    assert cp.returncode == 0, cp.stderr
+    assert wait_dead(pid, 20), "the daemon did not exit after umount"
+    assert not is_mounted(p.mnt)
+    log = p.log()
+    assert "unmounted " in log and "error" not in log, log
+
+
+def test_mount_t_hwfs_maps_options_and_umount_stops_the_daemon(helper, place):
+    cp = sh(["mount", "-t", "hwfs", place.store, place.mnt, "-o",
+             "capacity=64M,http=127.0.0.1:0,_netdev,nofail,defaults,rw,x-systemd.after=x.service,"
+             "read_ahead_kb=1024"], check=False)
+    assert cp.returncode == 0, cp.stderr
+    assert is_mounted(place.mnt)
+    check_mounted_then_umount(place, 64 << 20)
+
+
+def test_fstab_line(helper, place, tmp_path):
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"# a test fstab\n{place.store} {place.mnt} hwfs "
+                     "capacity=32M,http=127.0.0.1:0,_netdev,nofail,noauto 0 0\n")
+    cp = sh(["mount", "-T", fstab, place.mnt], check=False)
+    assert cp.returncode == 0, cp.stderr
+    check_mounted_then_umount(place, 32 << 20)
+
+
+@pytest.mark.parametrize("opts, says", [
+    ("bogus=1", "mount.hwfs: unknown option bogus=1"),
+    ("capacity", "mount.hwfs: option capacity needs a value"),
+    ("pin=yes", "mount.hwfs: option pin takes no value"),
+    ("ro", "mount.hwfs: ro is not supported"),
+    ("http=nowhere", "--http nowhere: not HOST:PORT"),
+    ("join=tcp://127.0.0.1:1", "--join needs --node NAME"),
+])
+def test_bad_options_fail_with_one_line_and_mount_nothing(helper, place, opts, says):
+    cp = sh(["mount", "-t", "hwfs", place.store, place.mnt, "-o", opts], check=False)
+    assert cp.returncode != 0
+    lines = [ln for ln in cp.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and says in lines[0], cp.stderr
+    assert not is_mounted(place.mnt)
+
+
+def test_fake_mount_does_nothing(helper, place):
+    cp = sh(["mount", "-f", "-t", "hwfs", place.store, place.mnt, "-o", "capacity=64M"],
+            check=False)
+    assert cp.returncode == 0, cp.stderr
+    assert not is_mounted(place.mnt)
