@@ -24,7 +24,8 @@ int cmd_keygen(int argc, char **argv);
 struct coord_opts;
 /**
  * coord_serve() - coord_run(@o), with /metrics, /healthz and /readyz served on
- * @http ("HOST:PORT") meanwhile when it is not NULL.  Returns the exit status.
+ * @http ("HOST:PORT") meanwhile when it is not NULL, and READY=1 sent to
+ * systemd (NOTIFY_SOCKET) once it listens.  Returns the exit status.
  */
 int coord_serve(struct coord_opts *o, const char *http);
 

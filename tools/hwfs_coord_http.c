@@ -7,15 +7,17 @@
  *
  * Readiness is the coordinator's own start-up report: coord_run() writes
  * "ok" (or "error: ...") on its notify pipe once it listens.  That pipe is
- * interposed here: a relay thread reads it, marks the coordinator ready, and
- * passes the line on to whoever started it (the `hwfs coord` parent, or
- * nobody in the foreground).
+ * interposed here (with or without --http): a relay thread reads it, marks
+ * the coordinator ready (/readyz; READY=1 to systemd when NOTIFY_SOCKET is
+ * set) and passes the line on to whoever started it (the `hwfs coord`
+ * parent, or nobody in the foreground).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include "coord.h"
@@ -68,8 +70,11 @@ static void *relay(void *arg)
 	ssize_t n;
 
 	while ((n = read(c->relay_fd, buf, sizeof(buf))) > 0) {
-		if (!strncmp(buf, "ok", 2))
+		if (!strncmp(buf, "ok", 2)) {
 			__atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
+			/* under systemd (Type=notify, -f): listening now */
+			sd_notify(0, "READY=1\nSTATUS=coordinator listening");
+		}
 		if (c->up_fd >= 0 && write(c->up_fd, buf, (size_t)n) < 0)
 			break;
 	}
@@ -94,16 +99,15 @@ int coord_serve(struct coord_opts *o, const char *hostport)
 	char line[512];
 	int pfd[2], r;
 
-	if (!hostport)
-		return coord_run(o) < 0 ? 1 : 0;
-	r = http_start(hostport, route, &c, &h);
+	r = hostport ? http_start(hostport, route, &c, &h) : 0;
 	if (r < 0) {
 		snprintf(line, sizeof(line), "error: --http %s: %s\n", hostport,
 			 r == -EINVAL ? "not HOST:PORT" : strerror(-r));
 		report(o->notify_fd, line);
 		return 1;
 	}
-	LOG_INFO("coord: http on %s (/metrics, /healthz, /readyz)", http_bound(h));
+	if (h)
+		LOG_INFO("coord: http on %s (/metrics, /healthz, /readyz)", http_bound(h));
 	if (pipe2(pfd, O_CLOEXEC) < 0) {
 		http_stop(h);
 		report(o->notify_fd, "error: pipe failed\n");
