@@ -155,7 +155,9 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhwfs-core.a
 -include $(CORE_OBJS:.o=.d) $(CLIENT_OBJS:.o=.d) $(TOOL_OBJS:.o=.d) $(UNIT_BINS:=.d) \
 	$(BUILD)/tools/hwfs_engine.d
 
-# `make install PREFIX=/usr/local DESTDIR=`: the two programs, libhwfs, its
+# `make install PREFIX=/usr/local DESTDIR=`: the two programs, mount(8)'s
+# helper (SBINDIR/mount.hwfs, a link to hwfs), the systemd units (UNITDIR),
+# the man pages (MANDIR), libhwfs, its
 # header and pkg-config file (hwfs.pc.in with PREFIX filled in), and the
 # Python package (tools/python/hwfs), told where the library is by a
 # generated _libdir.py.
@@ -172,6 +174,9 @@ install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(UNITDIR)
 	ln -sf $(PREFIX)/bin/hwfs $(DESTDIR)$(SBINDIR)/mount.hwfs
 	install -m 0644 $(SYSTEMD_UNITS) $(DESTDIR)$(UNITDIR)/
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8
+	install -m 0644 $(wildcard man/*.1) $(DESTDIR)$(MANDIR)/man1/
+	install -m 0644 $(wildcard man/*.8) $(DESTDIR)$(MANDIR)/man8/
 	install -m 0755 $(BUILD)/libhwfs.so.$(LIBHWFS_VERSION) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libhwfs.so.$(LIBHWFS_VERSION) $(DESTDIR)$(PREFIX)/lib/libhwfs.so.1
 	ln -sf libhwfs.so.1 $(DESTDIR)$(PREFIX)/lib/libhwfs.so
@@ -190,6 +195,8 @@ install: all
 
 uninstall:
 	rm -f $(DESTDIR)$(SBINDIR)/mount.hwfs $(SYSTEMD_UNITS:$(BUILD)/systemd/%=$(DESTDIR)$(UNITDIR)/%)
+	rm -f $(patsubst man/%.1,$(DESTDIR)$(MANDIR)/man1/%.1,$(wildcard man/*.1)) \
+		$(patsubst man/%.8,$(DESTDIR)$(MANDIR)/man8/%.8,$(wildcard man/*.8))
 	rm -f $(DESTDIR)$(PREFIX)/bin/hwfs $(DESTDIR)$(PREFIX)/bin/hwfs-engine \
 		$(DESTDIR)$(PREFIX)/lib/libhwfs.so.$(LIBHWFS_VERSION) $(DESTDIR)$(PREFIX)/lib/libhwfs.so.1 \
 		$(DESTDIR)$(PREFIX)/lib/libhwfs.so $(DESTDIR)$(PREFIX)/lib/libhwfs.a \

@@ -1,0 +1,153 @@
+"""What `make install` ships for operators, and systemd readiness (docs/operations.md).
+
+`make install DESTDIR=TMP` puts mount(8)'s helper in /sbin (a link to the
+installed hwfs), the units hwfs@.service and hwfs-coord.service, and the man
+pages; both units pass `systemd-analyze verify` (with their programs and man
+pages taken from TMP) and a broken copy does not, so the check can fail.
+`hwfs mount -f` and `hwfs coord -f` tell systemd READY=1 on $NOTIFY_SOCKET
+(Type=notify) only once they serve: the mount answers when READY=1 arrives.
+"""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import HWFS, REPO, TIMEOUT, is_mounted, sh, wait_dead
+
+UNITS = ("hwfs@.service", "hwfs-coord.service")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("destdir")
+    sh(["make", "-s", "-C", REPO, "install", f"DESTDIR={dest}", "PREFIX=/usr/local"],
+       timeout=600)
+    return dest
+
+
+def test_install_ships_helper_units_and_man_pages(installed):
+    d = installed
+    assert os.readlink(d / "sbin/mount.hwfs") == "/usr/local/bin/hwfs"
+    for u in UNITS:
+        text = (d / "lib/systemd/system" / u).read_text()
+        assert "@BINDIR@" not in text and "/usr/local/bin/hwfs " in text
+        assert re.search(r"^Type=notify$", text, re.M), u
+    for page in ("man1/hwfs.1", "man1/hwfs-engine.1", "man8/mount.hwfs.8"):
+        assert (d / "usr/local/share/man" / page).stat().st_size > 0
+
+
+def test_man_page_names_every_verb(installed):
+    page = (installed / "usr/local/share/man/man1/hwfs.1").read_text()
+    verbs = re.findall(r'^\s*\{"([a-z]+)", cmd_', (REPO / "tools/hwfs.c").read_text(), re.M)
+    assert len(verbs) > 10
+    for v in verbs:
+        if v == "unmount":  # an alias, named under umount
+            assert "unmount" in page
+            continue
+        assert re.search(rf"^\.B {v}\b", page, re.M), f"hwfs.1 does not describe `hwfs {v}`"
+
+
+def verify(units, installed):
+    """systemd-analyze verify @units (paths), programs and man pages from the DESTDIR."""
+    tool = shutil.which("systemd-analyze")
+    assert tool, "systemd-analyze not found (Debian package systemd; tools/install-deps.sh)"
+    env = dict(os.environ, MANPATH=str(installed / "usr/local/share/man"))
+    return subprocess.run([tool, "verify", *map(str, units)], capture_output=True, text=True,
+                          env=env, timeout=TIMEOUT)
+
+
+def unit_copies(installed, tmp_path, mangle=lambda s: s):
+    """The installed units with /usr/local/bin pointed into the DESTDIR (a template instantiated)."""
+    out = []
+    for u in UNITS:
+        text = (installed / "lib/systemd/system" / u).read_text()
+        text = mangle(text.replace("/usr/local/bin/", f"{installed}/usr/local/bin/"))
+        p = tmp_path / u.replace("@.", "@n1.")
+        p.write_text(text)
+        out.append(p)
+    return out
+
+
+def test_units_pass_systemd_analyze_verify(installed, tmp_path):
+    cp = verify(unit_copies(installed, tmp_path), installed)
+    assert cp.returncode == 0 and not cp.stdout.strip() and not cp.stderr.strip(), \
+        cp.stdout + cp.stderr
+    # the check can fail: a typo in a unit is reported
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    cp = verify(unit_copies(installed, bad, lambda s: s.replace("Type=notify", "Type=notfy")),
+                installed)
+    assert "notfy" in cp.stdout + cp.stderr, cp.stdout + cp.stderr
+
+
+class NotifySocket:
+    """A $NOTIFY_SOCKET of our own: what systemd would receive."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.s.bind(self.path)
+        self.s.settimeout(0.2)
+
+    def wait_for(self, what, timeout=20, proc=None):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                msg = self.s.recv(4096).decode()
+            except socket.timeout:
+                if proc is not None and proc.poll() is not None:
+                    raise AssertionError(f"exited ({proc.returncode}) before {what}")
+                continue
+            if what in msg.split("\n"):
+                return msg
+        raise AssertionError(f"no {what} within {timeout} s")
+
+    def close(self):
+        self.s.close()
+
+
+def test_mount_foreground_notifies_ready_once_it_answers(tmp_path):
+    mnt, store = tmp_path / "mnt", Path("/dev/shm") / f"hwfs-test-notify-{os.getpid()}"
+    mnt.mkdir()
+    ns = NotifySocket(tmp_path / "notify")
+    p = subprocess.Popen([HWFS, "mount", mnt, "--store", store, "--capacity", "64M", "-f"],
+                         env=dict(os.environ, NOTIFY_SOCKET=ns.path), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        msg = ns.wait_for("READY=1", proc=p)
+        assert int(os.getxattr(mnt, "user.hwfs.pid")) == p.pid, msg  # it answers already
+        sh([HWFS, "umount", mnt])
+        assert p.wait(timeout=30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+        ns.close()
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def test_coordinator_foreground_notifies_ready(tmp_path):
+    ns = NotifySocket(tmp_path / "notify")
+    p = subprocess.Popen([HWFS, "coord", "-f", "--listen", "tcp://127.0.0.1:0", "--insecure",
+                          "--state", tmp_path / "st"], env=dict(os.environ, NOTIFY_SOCKET=ns.path),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        ns.wait_for("READY=1", proc=p)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        assert "coord: listening on tcp://127.0.0.1:" in err
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        ns.close()
