@@ -153,10 +153,8 @@ int mount_helper_main(int argc, char **argv)
 		av[ac++] = tun;
 	}
 	av[ac] = NULL;
-	if (fake)
-		return 0;
-	r = cmd_mount(ac, av);
-	if (r == 0 && answers(pos[1]) < 0)
+	r = fake ? 0 : cmd_mount(ac, av);
+	if (!fake && r == 0 && answers(pos[1]) < 0)
 		die("mount.hwfs: %s was mounted but does not answer", pos[1]);
 	free(opts);
 	free(tun);
