@@ -249,9 +249,15 @@ cuda-abi-check:
 		echo "cuda-abi-check: skipped: no CUDA headers ($(CUDA_INC)/cuda_runtime_api.h)"; \
 	fi
 
+# Tests that run once, in the plain pass of `make test`: they check what a real
+# Prometheus and a real browser make of the daemon's pages, not the daemon's
+# memory or threads, and start heavy programs a sanitizer pass would only slow.
+ONCE_TESTS := tests/integration/cluster/test_prometheus.py tests/integration/test_status_page.py
+ONCE_IGNORE := $(ONCE_TESTS:%=--ignore=%)
+
 # Under ThreadSanitizer (5-15x slower): the single-node suite and the cluster
 # tests that assert no timing (replication, late join, ports).
-TSAN_TESTS := $(wildcard tests/integration/test_*.py) \
+TSAN_TESTS := $(filter-out $(ONCE_TESTS),$(wildcard tests/integration/test_*.py)) \
 	tests/integration/cluster/test_replication.py tests/integration/cluster/test_latejoin.py \
 	tests/integration/cluster/test_ports.py
 
@@ -261,7 +267,7 @@ integration-asan: asan
 	HWFS_BIN=$(CURDIR)/build-asan/hwfs \
 	ASAN_OPTIONS=detect_leaks=1:log_path=$(CURDIR)/$(SAN_LOG)/asan \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(CURDIR)/$(SAN_LOG)/ubsan \
-		python3 -m pytest -q -p no:cacheprovider tests/integration
+		python3 -m pytest -q -p no:cacheprovider $(ONCE_IGNORE) tests/integration
 	@if [ -n "$$(ls -A $(SAN_LOG))" ]; then cat $(SAN_LOG)/*; \
 		echo "sanitizer reports above"; exit 1; fi
 	@echo "integration-asan: no sanitizer reports"
