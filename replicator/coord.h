@@ -10,6 +10,8 @@
 #ifndef HWFS_COORD_H
 #define HWFS_COORD_H
 
+#include <jansson.h>
+
 #include "hwfs_common.h"
 
 struct coord_opts {
@@ -34,7 +36,18 @@ struct coord_opts {
 	 * it stays in the type only so existing callers compile).
 	 */
 	volatile int *stop;
+	/*
+	 * The cluster's status for an observer (the HTTP endpoint of `hwfs coord
+	 * --http`), or NULL: called on the coordinator's thread every
+	 * COORD_STATUS_MS and after each change of a commit, with the "cluster"
+	 * object of `hwfs status --cluster --json` plus its history ("commits",
+	 * "recent_versions"), borrowed for the call.  It must not block.
+	 */
+	void (*status)(void *arg, json_t *cluster);
+	void *status_arg;
 };
+
+#define COORD_STATUS_MS 500
 
 /** Serve until stopped. Returns 0, or -errno when it could not start. */
 int coord_run(const struct coord_opts *o);

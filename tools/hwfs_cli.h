@@ -28,6 +28,8 @@ struct coord_opts;
  * systemd (NOTIFY_SOCKET) once it listens.  Returns the exit status.
  */
 int coord_serve(struct coord_opts *o, const char *http);
+/* The coordinator's status page (built from tools/status_page.html by the Makefile). */
+extern const char hwfs_status_page[];
 
 /* mount_hwfs.c: main() when called as mount.hwfs (mount(8)'s helper) */
 int mount_helper_main(int argc, char **argv);

@@ -1,9 +1,12 @@
 /*
  * hwfs_coord_http.c — `hwfs coord --http HOST:PORT`: the stand-alone
- * coordinator with the HTTP endpoint of docs/operations.md beside it
- * (/metrics with the hwfs_coord_* instruments of fs/common/metrics.h,
- * /healthz, /readyz), served by the bounded server of fs/common/http.c in its
- * own threads while coord_run() serves the nodes.
+ * coordinator with the HTTP endpoint of docs/operations.md beside it: the
+ * status page (/, tools/status_page.html), /api/status (the JSON of `hwfs
+ * status --cluster --json`, from the status the coordinator hands over every
+ * COORD_STATUS_MS), /metrics (hwfs_coord_nodes and the hwfs_coord_*
+ * instruments of fs/common/metrics.h), /healthz and /readyz, served by the
+ * bounded server of fs/common/http.c in its own threads while coord_run()
+ * serves the nodes.  No request touches the coordinator's state.
  *
  * Readiness is the coordinator's own start-up report: coord_run() writes
  * "ok" (or "error: ...") on its notify pipe once it listens.  That pipe is
@@ -29,7 +32,85 @@ struct coord_http {
 	int ready;     /* atomic: coord_run() reported "ok" */
 	int up_fd;     /* the starter's notify pipe, or -1 */
 	int relay_fd;  /* our end of the interposed pipe */
+	/* the last status from the coordinator's thread (coord_opts.status) */
+	pthread_mutex_t mu; /* guards status; held only to swap or copy it */
+	char *status;       /* {"ok": true, "cluster": {...}} as text, or NULL */
+	uint64_t alive, dead; /* atomic: nodes by state, from the same status */
 };
+
+/*
+ * coord_opts.status, on the coordinator's thread: keep the status as the
+ * text /api/status serves (rendered here, so a request never waits for the
+ * coordinator) and count the nodes by state for /metrics.
+ */
+static void on_status(void *arg, json_t *cluster)
+{
+	struct coord_http *c = arg;
+	json_t *doc = json_pack("{s:b, s:O}", "ok", 1, "cluster", cluster), *n;
+	char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL, *old;
+	uint64_t alive = 0, dead = 0;
+	size_t i;
+
+	json_decref(doc);
+	json_array_foreach(json_object_get(cluster, "nodes"), i, n) {
+		if (json_is_true(json_object_get(n, "alive")))
+			alive++;
+		else
+			dead++;
+	}
+	__atomic_store_n(&c->alive, alive, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->dead, dead, __ATOMIC_RELAXED);
+	if (!text)
+		return;
+	pthread_mutex_lock(&c->mu);
+	old = c->status;
+	c->status = text;
+	pthread_mutex_unlock(&c->mu);
+	free(old);
+}
+
+/* /metrics of a coordinator. */
+static void coord_metrics(struct coord_http *c, struct http_resp *r)
+{
+	struct mbuf b = {0};
+
+	metrics_build_info(&b);
+	metrics_family(&b, "hwfs_coord_nodes", "gauge",
+		       "nodes the coordinator knows, by state (alive: heard within node_dead_ms)");
+	metrics_sample_u64(&b, "hwfs_coord_nodes", "state", "alive",
+			   __atomic_load_n(&c->alive, __ATOMIC_RELAXED));
+	metrics_sample_u64(&b, "hwfs_coord_nodes", "state", "dead",
+			   __atomic_load_n(&c->dead, __ATOMIC_RELAXED));
+	metrics_coord(&b);
+	if (b.oom) {
+		free(b.p);
+		http_text(r, 500, "out of memory");
+		return;
+	}
+	r->status = 200;
+	r->type = "text/plain; version=0.0.4; charset=utf-8";
+	r->body = b.p;
+	r->len = b.len;
+}
+
+/* /api/status: the last status the coordinator handed over. */
+static void api_status(struct coord_http *c, struct http_resp *r)
+{
+	char *copy = NULL;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->status)
+		copy = strdup(c->status);
+	pthread_mutex_unlock(&c->mu);
+	if (!copy) {
+		http_text(r, 503, "no status yet (the coordinator is starting)");
+		return;
+	}
+	r->status = 200;
+	r->type = "application/json";
+	r->body = copy;
+	r->len = strlen(copy);
+}
 
 /* The HTTP handler of a coordinator. */
 static void route(void *arg, const char *path, struct http_resp *r)
@@ -37,19 +118,18 @@ static void route(void *arg, const char *path, struct http_resp *r)
 	struct coord_http *c = arg;
 
 	if (!strcmp(path, "/metrics")) {
-		struct mbuf b = {0};
-
-		metrics_build_info(&b);
-		metrics_coord(&b);
-		if (b.oom) {
-			free(b.p);
+		coord_metrics(c, r);
+	} else if (!strcmp(path, "/api/status")) {
+		api_status(c, r);
+	} else if (!strcmp(path, "/")) {
+		r->body = strdup(hwfs_status_page);
+		if (!r->body) {
 			http_text(r, 500, "out of memory");
 			return;
 		}
 		r->status = 200;
-		r->type = "text/plain; version=0.0.4; charset=utf-8";
-		r->body = b.p;
-		r->len = b.len;
+		r->type = "text/html; charset=utf-8";
+		r->len = strlen(r->body);
 	} else if (!strcmp(path, "/healthz")) {
 		http_text(r, 200, "ok");
 	} else if (!strcmp(path, "/readyz")) {
@@ -58,7 +138,7 @@ static void route(void *arg, const char *path, struct http_resp *r)
 		else
 			http_text(r, 503, "starting: the coordinator does not listen yet");
 	} else {
-		http_text(r, 404, "not found (try /metrics, /healthz, /readyz)");
+		http_text(r, 404, "not found (try /, /api/status, /metrics, /healthz, /readyz)");
 	}
 }
 
@@ -93,7 +173,8 @@ static void report(int fd, const char *line)
 
 int coord_serve(struct coord_opts *o, const char *hostport)
 {
-	struct coord_http c = {.up_fd = o->notify_fd, .relay_fd = -1};
+	struct coord_http c = {.up_fd = o->notify_fd, .relay_fd = -1,
+			       .mu = PTHREAD_MUTEX_INITIALIZER};
 	struct http *h = NULL;
 	pthread_t t;
 	char line[512];
@@ -107,7 +188,8 @@ int coord_serve(struct coord_opts *o, const char *hostport)
 		return 1;
 	}
 	if (h)
-		LOG_INFO("coord: http on %s (/metrics, /healthz, /readyz)", http_bound(h));
+		LOG_INFO("coord: http on %s (/, /api/status, /metrics, /healthz, /readyz)",
+			 http_bound(h));
 	if (pipe2(pfd, O_CLOEXEC) < 0) {
 		http_stop(h);
 		report(o->notify_fd, "error: pipe failed\n");
@@ -122,8 +204,13 @@ int coord_serve(struct coord_opts *o, const char *hostport)
 		return 1;
 	}
 	o->notify_fd = pfd[1]; /* coord_run() reports on it and closes it, on every path */
+	if (h) {
+		o->status = on_status;
+		o->status_arg = &c;
+	}
 	r = coord_run(o);
 	pthread_join(t, NULL);
 	http_stop(h);
+	free(c.status);
 	return r < 0 ? 1 : 0;
 }
