@@ -73,6 +73,7 @@ static void on_status(void *arg, json_t *cluster)
 static void coord_metrics(struct coord_http *c, struct http_resp *r)
 {
 	struct mbuf b = {0};
+	size_t len;
 
 	metrics_build_info(&b);
 	metrics_family(&b, "hwfs_coord_nodes", "gauge",
@@ -82,34 +83,25 @@ static void coord_metrics(struct coord_http *c, struct http_resp *r)
 	metrics_sample_u64(&b, "hwfs_coord_nodes", "state", "dead",
 			   __atomic_load_n(&c->dead, __ATOMIC_RELAXED));
 	metrics_coord(&b);
-	if (b.oom) {
-		free(b.p);
-		http_text(r, 500, "out of memory");
-		return;
-	}
-	r->status = 200;
-	r->type = "text/plain; version=0.0.4; charset=utf-8";
-	r->body = b.p;
-	r->len = b.len;
+	len = b.len;
+	http_body(r, HWFS_METRICS_TYPE, mbuf_take(&b), len);
 }
 
 /* /api/status: the last status the coordinator handed over. */
 static void api_status(struct coord_http *c, struct http_resp *r)
 {
 	char *copy = NULL;
+	int have;
 
 	pthread_mutex_lock(&c->mu);
-	if (c->status)
+	have = c->status != NULL;
+	if (have)
 		copy = strdup(c->status);
 	pthread_mutex_unlock(&c->mu);
-	if (!copy) {
+	if (!have)
 		http_text(r, 503, "no status yet (the coordinator is starting)");
-		return;
-	}
-	r->status = 200;
-	r->type = "application/json";
-	r->body = copy;
-	r->len = strlen(copy);
+	else
+		http_body(r, "application/json", copy, copy ? strlen(copy) : 0);
 }
 
 /* The HTTP handler of a coordinator. */
@@ -122,14 +114,8 @@ static void route(void *arg, const char *path, struct http_resp *r)
 	} else if (!strcmp(path, "/api/status")) {
 		api_status(c, r);
 	} else if (!strcmp(path, "/")) {
-		r->body = strdup(hwfs_status_page);
-		if (!r->body) {
-			http_text(r, 500, "out of memory");
-			return;
-		}
-		r->status = 200;
-		r->type = "text/html; charset=utf-8";
-		r->len = strlen(r->body);
+		http_body(r, "text/html; charset=utf-8", strdup(hwfs_status_page),
+			  strlen(hwfs_status_page));
 	} else if (!strcmp(path, "/healthz")) {
 		http_text(r, 200, "ok");
 	} else if (!strcmp(path, "/readyz")) {

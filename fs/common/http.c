@@ -60,6 +60,19 @@ void http_text(struct http_resp *r, int status, const char *fmt, ...)
 	r->len = (size_t)n + 1;
 }
 
+void http_body(struct http_resp *r, const char *type, char *body, size_t len)
+{
+	if (!body) {
+		http_text(r, 500, "out of memory");
+		return;
+	}
+	free(r->body);
+	r->status = 200;
+	r->type = type;
+	r->body = body;
+	r->len = len;
+}
+
 /* Queue @status with the static text @msg on @c. */
 static enum MHD_Result reply_static(struct MHD_Connection *c, unsigned status, const char *msg)
 {

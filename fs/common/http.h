@@ -46,6 +46,12 @@ const char *http_bound(const struct http *h);
 /** Stop serving (waits for the server's threads) and free. NULL is a no-op. */
 void http_stop(struct http *h);
 
+/**
+ * http_body() - set @r to 200 with @body (malloc'd, @len bytes: the server
+ * frees it) of content type @type; a NULL @body (out of memory) is a 500.
+ */
+void http_body(struct http_resp *r, const char *type, char *body, size_t len);
+
 /** Set @r to @status with a one-line text/plain body (@fmt, newline added). */
 void http_text(struct http_resp *r, int status, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

@@ -98,6 +98,18 @@ void mbuf_printf(struct mbuf *b, const char *fmt, ...)
 	b->len += (size_t)n;
 }
 
+char *mbuf_take(struct mbuf *b)
+{
+	char *p = b->p;
+
+	if (b->oom) {
+		free(p);
+		p = NULL;
+	}
+	*b = (struct mbuf){0};
+	return p;
+}
+
 void mbuf_label_value(struct mbuf *b, const char *v)
 {
 	size_t n = strlen(v);
@@ -205,6 +217,13 @@ static void counter1(struct mbuf *b, const char *name, const char *help, uint64_
 	metrics_sample_u64(b, name, NULL, NULL, v);
 }
 
+/* A histogram family of one series without labels. */
+static void hist1(struct mbuf *b, const char *name, const char *help, const struct hwfs_hist *h)
+{
+	metrics_family(b, name, "histogram", help);
+	metrics_hist(b, name, NULL, NULL, h);
+}
+
 void metrics_node(struct mbuf *b)
 {
 	const struct hwfs_node_metrics *m = &hwfs_nm;
@@ -219,18 +238,14 @@ void metrics_node(struct mbuf *b)
 		       "commit phases on this node: prepare (engine barrier) and flip (current)");
 	metrics_hist(b, "hwfs_commit_duration_seconds", "phase", "prepare", &m->commit_prepare);
 	metrics_hist(b, "hwfs_commit_duration_seconds", "phase", "flip", &m->commit_flip);
-	metrics_family(b, "hwfs_publish_duration_seconds", "histogram",
-		       "hwfs publish, from the request to the sealed version");
-	metrics_hist(b, "hwfs_publish_duration_seconds", NULL, NULL, &m->publish);
-	metrics_family(b, "hwfs_version_arrival_seconds", "histogram",
-		       "a replicated version, from its plan (announce) to sealed on this node");
-	metrics_hist(b, "hwfs_version_arrival_seconds", NULL, NULL, &m->arrival);
-	metrics_family(b, "hwfs_engine_load_duration_seconds", "histogram",
-		       "engines: a version asked for (prepare) to reported loaded");
-	metrics_hist(b, "hwfs_engine_load_duration_seconds", NULL, NULL, &m->engine_load);
-	metrics_family(b, "hwfs_engine_swap_pause_seconds", "histogram",
-		       "engines: the serving pause of each swap, as the engine reports it");
-	metrics_hist(b, "hwfs_engine_swap_pause_seconds", NULL, NULL, &m->swap_pause);
+	hist1(b, "hwfs_publish_duration_seconds",
+	      "hwfs publish, from the request to the sealed version", &m->publish);
+	hist1(b, "hwfs_version_arrival_seconds",
+	      "a replicated version, from its plan (announce) to sealed on this node", &m->arrival);
+	hist1(b, "hwfs_engine_load_duration_seconds",
+	      "engines: a version's \"loading\" report to its \"loaded\" report", &m->engine_load);
+	hist1(b, "hwfs_engine_swap_pause_seconds",
+	      "engines: the serving pause of each swap, as the engine reports it", &m->swap_pause);
 	counter1(b, "hwfs_engine_refusals_total", "engines: versions an engine refused to load",
 		 hwfs_load(&m->engine_refusals));
 	metrics_family(b, "hwfs_fuse_requests_total", "counter", "FUSE requests by operation");
@@ -250,10 +265,8 @@ void metrics_coord(struct mbuf *b)
 	for (int i = 0; i < HWFS_COMMIT_N; i++)
 		metrics_sample_u64(b, "hwfs_coord_commits_total", "outcome",
 				   hwfs_commit_outcome_name[i], hwfs_load(&m->commits[i]));
-	metrics_family(b, "hwfs_coord_commit_duration_seconds", "histogram",
-		       "cluster commits, from the request to the last ACK or the abort");
-	metrics_hist(b, "hwfs_coord_commit_duration_seconds", NULL, NULL, &m->commit);
-	metrics_family(b, "hwfs_coord_version_converge_seconds", "histogram",
-		       "a version, from its first announce to sealed on every live node");
-	metrics_hist(b, "hwfs_coord_version_converge_seconds", NULL, NULL, &m->converge);
+	hist1(b, "hwfs_coord_commit_duration_seconds",
+	      "cluster commits, from the request to the last ACK or the abort", &m->commit);
+	hist1(b, "hwfs_coord_version_converge_seconds",
+	      "a version, from its first announce to sealed on every live node", &m->converge);
 }

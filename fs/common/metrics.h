@@ -98,6 +98,9 @@ extern struct hwfs_coord_metrics hwfs_cm;
 
 /* ------------------------------------------------------------- exposition */
 
+/* The content type of the text format. */
+#define HWFS_METRICS_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
 /* A growable text buffer; on allocation failure it sets oom and stops growing. */
 struct mbuf {
 	char *p;
@@ -107,6 +110,8 @@ struct mbuf {
 
 /** Append printf-style text to @b. */
 void mbuf_printf(struct mbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** The text of @b (NULL if it ran out of memory: freed); @b is left empty. */
+char *mbuf_take(struct mbuf *b);
 /** Append @v escaped as a label value (\\ \" \n) to @b. */
 void mbuf_label_value(struct mbuf *b, const char *v);
 

@@ -113,6 +113,7 @@ static void node_metrics(struct daemon *d, struct http_resp *r)
 	struct mbuf b = {0};
 	char cur[sizeof(d->http_current)];
 	uint64_t engines, leases;
+	size_t len;
 	int loading;
 
 	pthread_mutex_lock(&d->http_mu);
@@ -138,15 +139,8 @@ static void node_metrics(struct daemon *d, struct http_resp *r)
 	metrics_node(&b);
 	if (d->o->coordinator)
 		metrics_coord(&b);
-	if (b.oom) {
-		free(b.p);
-		http_text(r, 500, "out of memory");
-		return;
-	}
-	r->status = 200;
-	r->type = "text/plain; version=0.0.4; charset=utf-8";
-	r->body = b.p;
-	r->len = b.len;
+	len = b.len;
+	http_body(r, HWFS_METRICS_TYPE, mbuf_take(&b), len);
 }
 
 /*
