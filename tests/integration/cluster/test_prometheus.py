@@ -5,8 +5,10 @@ endpoints every second; after a version has replicated from A to B and been
 committed, PromQL must give back what really happened:
 sum(hwfs_replication_wire_bytes_received_total) equals the wire bytes the
 nodes' `hwfs status` counted (and A sent), every target is up, and both nodes
-report the same hwfs_current_info.  Prometheus is asked for port 0 and read
-back from its "Listening on" log line.
+report the same hwfs_current_info.  Every query of the Grafana dashboard
+(tools/grafana/hwfs.json) is valid PromQL to that Prometheus and names only
+metrics the endpoints serve.  Prometheus is asked for port 0 and read back
+from its "Listening on" log line.
 
 Runs once in `make test` (the plain pass): the sanitizer passes leave it out
 (the Makefile's ONCE_TESTS), as it tests the exposition, not the daemon's
@@ -112,5 +114,16 @@ def test_prometheus_sees_the_bytes_that_moved(net, tmp_path):
         assert p.query("sum(hwfs_commits_total{outcome=\"committed\"})")[0][1] == 2
         arrived = p.query("hwfs_version_arrival_seconds_count")
         assert sorted(v for _, v in arrived) == [0.0, 1.0], arrived  # B received v1, A made it
+        served = set()
+        for t in targets:
+            served |= set(re.findall(r"^(hwfs_[a-z_]+)", get(t, "/metrics")[1], re.M))
+        dash = json.loads((Path(__file__).parents[3] / "tools/grafana/hwfs.json").read_text())
+        exprs = [t["expr"] for panel in dash["panels"] for t in panel["targets"]]
+        assert len(exprs) > 10
+        for e in exprs:
+            q = e.replace("$__rate_interval", "10s").replace("$job", "hwfs")
+            p.query(q)  # valid PromQL (fails the test otherwise)
+            for name in re.findall(r"\b(hwfs_[a-z_]+)", q):
+                assert name in served, f"the dashboard's {e!r} names {name}, which nobody serves"
     finally:
         p.stop()
