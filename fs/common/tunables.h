@@ -51,6 +51,12 @@ struct hwfs_tunables {
 	uint64_t delta_max_pct;     /* a delta above this percentage of its shard: the whole shard */
 	uint64_t delta_level;       /* zstd level of the deltas a donor encodes */
 	uint64_t delta_cache_bytes; /* encoded deltas a node keeps to serve again (encode once) */
+	/* `hwfs diff --elements` (fs/daemon/daemon_diff.c) */
+	uint64_t diff_threads;    /* element diffs computing at once, the whole daemon */
+	uint64_t diff_per_uid;    /* element diffs one uid may have computing or queued */
+	uint64_t diff_queue_ms;   /* a diff waits this long for a thread or memory, then EBUSY */
+	uint64_t diff_mem_bytes;  /* memory all computing element diffs may take together */
+	uint64_t diff_cache;      /* element diff results kept, per pair of version digests */
 	/* device shadow-load (docs/gpu.md) */
 	uint64_t gpu_mem_pct;      /* one load may take this percentage of a device's free memory */
 	uint64_t gpu_streams;      /* copy streams per load */

@@ -9,12 +9,14 @@ elements are known exactly.
 
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
 
-from conftest import assert_error_line
-from test_security_local import as_user
+from conftest import TIMEOUT, assert_error_line
+from test_security_local import as_user, user_popen
 
 ELEMS = 100_000  # elements of the BF16 tensor
 CHANGED = ELEMS * 2 // 100  # 2% of them change
@@ -280,3 +282,118 @@ def test_elements_empty_tensor_beside_a_changed_one(mount, tmp_path, names):
     big, empty = t[("m.safetensors", names[1])], t[("m.safetensors", names[0])]
     assert (big["changed_elements"], empty["elements"], empty["delta_bytes"]) == (1, 0, 0)
     assert 0 < big["delta_bytes"] < 2048, big
+
+
+# ------------------------------------------------------------ many diffs at once
+#
+# Issue 16 item 6: 64 parallel `hwfs diff A B --elements` by an unprivileged
+# user took the daemon to 4.2 GB and a root commit from 9 ms to 25 s.  Element
+# diffs are now limited (diff_threads, diff_per_uid, diff_mem_bytes,
+# diff_queue_ms) and their results kept per pair of version digests.
+
+STORM = 64  # parallel diffs
+BIG = 32 << 20  # bytes of each version's one tensor (one shard): a diff holds about 1.5x that
+
+
+def rss_anon(pid):
+    """The anonymous resident memory of process @pid, in bytes (the arena is shared memory)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no RssAnon in /proc/{pid}/status")
+
+
+def big_versions(m, root, names):
+    """@names published, each one F32 tensor of BIG bytes, 2% of it changed from the one before."""
+    rng = np.random.default_rng(16)
+    w = rng.integers(0, 1 << 32, BIG // 4, dtype=np.uint32)
+    for name in names:
+        w = flip(w, rng.integers(0, len(w), len(w) // 50), 1 << 7)
+        publish(m, root, name, {"m.safetensors": {"w": ("F32", (len(w),), w.tobytes())}})
+
+
+def storm(m, pairs):
+    """One `hwfs diff A B --elements --json` as user 65534 per pair of @pairs, all at once:
+    a list of (exit status, stdout, stderr)."""
+    procs = [user_popen(m, "diff", a, b, "--elements", "--json") for a, b in pairs]
+    outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    return [(p.returncode, *o) for p, o in zip(procs, outs)]
+
+
+def timed(m, *args):
+    """Seconds `hwfs ARGS` as root took (it must succeed)."""
+    t0 = time.monotonic()
+    m.run(*args)
+    return time.monotonic() - t0
+
+
+def test_elements_storm_by_one_user_stays_bounded(mount_factory, tmp_path):
+    """64 element diffs at once by an unprivileged user over 12 pairs of
+    versions: the daemon's memory stays bounded, root's commit and status
+    stay fast meanwhile, and every diff either answers or is refused as busy
+    (EBUSY) in one line."""
+    m = mount_factory(umask=0)
+    names = ["v1", "v2", "v3", "v4"]
+    big_versions(m, tmp_path, names)
+    pairs = [(a, b) for a in names for b in names if a != b]
+    m.run("commit", "v1")
+    base = rss_anon(m.pid)
+    peak, slowest, done = [base], [0.0, 0.0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_anon(m.pid))
+            time.sleep(0.01)
+
+    def root_ops():
+        k = 0
+        while not done.is_set():
+            slowest[0] = max(slowest[0], timed(m, "commit", names[k % 2 + 1]))
+            slowest[1] = max(slowest[1], timed(m, "status"))
+            k += 1
+
+    threads = [threading.Thread(target=sample), threading.Thread(target=root_ops)]
+    for t in threads:
+        t.start()
+    try:
+        res = storm(m, [pairs[i % len(pairs)] for i in range(STORM)])
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    grown = peak[0] - base
+    print(f"storm: anonymous memory grew {grown >> 20} MiB; slowest root commit "
+          f"{slowest[0] * 1000:.0f} ms, status {slowest[1] * 1000:.0f} ms")
+    ok = [json.loads(out) for rc, out, _ in res if rc == 0]
+    print(f"storm: {len(ok)} of {len(res)} diffs answered, the others refused as busy")
+    assert ok, [err for _, _, err in res]
+    for rc, out, err in res:
+        if rc:
+            assert err.startswith("hwfs: error: cannot diff") and "busy" in err, err
+            assert err.count("\n") == 1, err
+    assert all(r["total"]["tensors_changed"] == 1 for r in ok)
+    assert grown < 512 << 20, f"the daemon grew by {grown >> 20} MiB"
+    assert slowest[0] < 2.0 and slowest[1] < 2.0, slowest
+
+
+def test_identical_elements_diffs_compute_once(mount_factory, tmp_path):
+    """Identical requests wait for the one computing instead of counting
+    against the user's limit: with diff_per_uid=1, 24 at once all answer,
+    the same."""
+    m = mount_factory(umask=0, extra=["-o", "diff_per_uid=1"])
+    big_versions(m, tmp_path, ["v1", "v2"])
+    res = storm(m, [("v1", "v2")] * 24)
+    assert [rc for rc, _, _ in res] == [0] * 24, [err for _, _, err in res]
+    assert len({out for _, out, _ in res}) == 1
+
+
+def test_elements_over_the_memory_budget(mount_factory, tmp_path):
+    """A diff estimated above diff_mem_bytes is refused at once, in one line
+    naming the tunable; a plain diff still answers."""
+    m = mount_factory(umask=0, extra=["-o", "diff_mem_bytes=16M"])
+    big_versions(m, tmp_path, ["v1", "v2"])
+    cp = m.run("diff", "v1", "v2", "--elements", check=False)
+    assert_error_line(cp, "cannot diff v1 v2", "diff_mem_bytes")
+    assert cp.stderr.count("\n") == 1, cp.stderr
+    m.run("diff", "v1", "v2")
