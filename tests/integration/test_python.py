@@ -289,6 +289,42 @@ def test_errors(mount, tmp_path):
         assert r["pid"] == mount.pid
 
 
+def test_names_with_a_nul_are_refused(mount):
+    """A string with an embedded NUL is refused with ValueError before it
+    reaches libhwfs, which would read it only up to the NUL (map('v1\\x00x')
+    used to map v1): version names, engine names, report reasons, mount paths
+    and raw requests, at every entry point that hands one to the library."""
+    write_version(mount, "v1", make_tensors(seed=1, n=1, max_kib=64))
+    with pytest.raises(ValueError, match="NUL"):
+        hwfs.open(mount.mnt + "\0/elsewhere")
+    with hwfs.open(mount.mnt) as m:
+        refused = {
+            "map": lambda: m.map("v1\0x"),
+            "map on a GPU": lambda: m.map("v1\0x", gpu=0),
+            "load": lambda: m.load("v1\0x", 0),
+            "unload": lambda: m.unload("v1\0x"),
+            "watch as an engine": lambda: m.watch(engine="e\0x"),
+            "watch as a GPU engine": lambda: m.watch(engine="e\0x", gpu=0),
+            "call (str)": lambda: m.call('{"op": "status"}\0{"op": "gc"}'),
+            "call (bytes)": lambda: m.call(b'{"op": "status"}\0'),
+        }
+        for what, fn in refused.items():
+            with pytest.raises(ValueError, match="NUL"):
+                fn()
+                pytest.fail(f"{what} accepted a name with a NUL")
+        with m.watch(engine="e") as w:
+            with pytest.raises(ValueError, match="NUL"):
+                w.report("loaded", "v1\0x")
+            with pytest.raises(ValueError, match="NUL"):
+                w.report("refused", "v1", reason="why\0more")
+        assert [e["name"] for e in m.call({"op": "status"})["engines"]] in ([], ["e"])
+        with m.map("v1") as v:
+            name = v.keys()[0]
+            assert name + "\0x" not in v
+            with pytest.raises(KeyError):
+                v[name + "\0x"]
+
+
 def test_library_lookup_error(tmp_path):
     """HWFS_LIBRARY naming a missing file: importing hwfs raises ImportError
     saying where it looked."""
