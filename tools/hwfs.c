@@ -57,6 +57,23 @@ static const char *default_mount(void)
 	return m && *m ? m : "/hotweights";
 }
 
+/*
+ * @s as it may be printed: hwfs_clean_text() blanks its control characters,
+ * so a tensor name (or a sentence quoting one) cannot move the cursor, set a
+ * title or split a line.  Valid until the fourth call after this one (one
+ * printf may show three); "?" without memory.
+ */
+static const char *shown(const char *s)
+{
+	static char *ring[4];
+	static unsigned k;
+	char **slot = &ring[k++ % HWFS_ARRAY_SIZE(ring)];
+
+	free(*slot);
+	*slot = hwfs_clean_text(s, SIZE_MAX);
+	return *slot ? *slot : "?";
+}
+
 /* ------------------------------------------------------------ the channel */
 
 /* The progress bar of one request: when it started, whether it was drawn. */
@@ -121,7 +138,7 @@ static json_t *call(json_t *req, int die_on_error)
 		json_t *e = json_object_get(res, "error");
 		char msg[1024];
 
-		snprintf(msg, sizeof(msg), "%s", json_is_string(e) ? json_string_value(e)
+		snprintf(msg, sizeof(msg), "%s", json_is_string(e) ? shown(json_string_value(e))
 								   : "request failed");
 		json_decref(res); /* die() exits: nothing may stay allocated (LeakSanitizer) */
 		die("%s", msg);
@@ -146,6 +163,12 @@ static const char *jstr(json_t *o, const char *k)
 	json_t *v = json_object_get(o, k);
 
 	return json_is_string(v) ? json_string_value(v) : "-";
+}
+
+/* String member @k of @o as it may be printed: shown(jstr()). */
+static const char *jshown(json_t *o, const char *k)
+{
+	return shown(jstr(o, k));
 }
 
 /* ------------------------------------------------------------ verbs */
@@ -228,8 +251,8 @@ static void print_versions_table(json_t *vers)
 		       hwfs_fmt_size((uint64_t)jint(v, "bytes"), sz, sizeof(sz)),
 		       jstr(v, "digest"));
 		json_array_foreach(errs, k, e)
-			printf("    %s: not parsed as safetensors: %s\n", jstr(e, "file"),
-			       jstr(e, "error"));
+			printf("    %s: not parsed as safetensors: %s\n", jshown(e, "file"),
+			       jshown(e, "error"));
 	}
 }
 
@@ -511,7 +534,7 @@ static int cmd_commit(int argc, char **argv)
 		print_nodes("no answer from", json_object_get(res, "unknown"));
 	}
 	if (!ok)
-		fprintf(stderr, "hwfs: error: %s\n", jstr(res, "error"));
+		fprintf(stderr, "hwfs: error: %s\n", jshown(res, "error"));
 	json_decref(res);
 	return rc;
 }
@@ -700,8 +723,8 @@ static void print_diff_elements(const char *a, const char *b, json_t *res)
 
 		if (matched && !jint(t, "changed_elements"))
 			continue;
-		printf("%-24s %-32s %-8s %12lld %12lld %8s %11s %11s  %s\n", jstr(t, "file"),
-		       jstr(t, "tensor"), jstr(t, "dtype"), (long long)jint(t, "elements"),
+		printf("%-24s %-32s %-8s %12lld %12lld %8s %11s %11s  %s\n", jshown(t, "file"),
+		       jshown(t, "tensor"), jshown(t, "dtype"), (long long)jint(t, "elements"),
 		       (long long)jint(t, "changed_elements"),
 		       pct(json_real_value(json_object_get(t, "changed_fraction")), p1, sizeof(p1)),
 		       hwfs_fmt_size((uint64_t)jint(t, "bytes"), s1, sizeof(s1)),
@@ -740,11 +763,11 @@ static int cmd_diff(int argc, char **argv)
 		       hwfs_fmt_size((uint64_t)jint(res, "bytes_changed"), a, sizeof(a)),
 		       hwfs_fmt_size((uint64_t)jint(res, "new_shard_bytes"), b, sizeof(b)));
 		json_array_foreach(json_object_get(res, "changed"), k, v)
-			printf("  ~ %s\n", json_string_value(v));
+			printf("  ~ %s\n", shown(json_string_value(v)));
 		json_array_foreach(json_object_get(res, "added"), k, v)
-			printf("  + %s\n", json_string_value(v));
+			printf("  + %s\n", shown(json_string_value(v)));
 		json_array_foreach(json_object_get(res, "removed"), k, v)
-			printf("  - %s\n", json_string_value(v));
+			printf("  - %s\n", shown(json_string_value(v)));
 	}
 	json_decref(res);
 	return 0;

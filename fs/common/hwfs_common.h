@@ -131,6 +131,14 @@ void hwfs_log(const char *level, const char *fmt, ...) __attribute__((format(pri
  */
 void hwfs_set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/**
+ * hwfs_clean_text() - @s fit for a one-line message or a terminal: at most
+ * @max bytes (cut on a UTF-8 boundary), every control character (C0, DEL,
+ * C1) a space.  What `hwfs` prints of names and sentences that come from
+ * files or peers (tensor names, engine reasons) goes through it.  Returns a
+ * malloc'd string, NULL without memory.
+ */
+char *hwfs_clean_text(const char *s, size_t max);
 /** Parse "123", "4K", "512M", "2G", "1T" (powers of 1024). Returns 0 or -EINVAL. */
 int hwfs_parse_size(const char *s, uint64_t *out);
 /** Format bytes as "1.50 GiB" into @buf. Returns @buf. */

@@ -397,3 +397,68 @@ def test_elements_over_the_memory_budget(mount_factory, tmp_path):
     assert_error_line(cp, "cannot diff v1 v2", "diff_mem_bytes")
     assert cp.stderr.count("\n") == 1, cp.stderr
     m.run("diff", "v1", "v2")
+
+
+# ------------------------------------------------------------ hostile tensor names
+
+# Tensor names holding terminal escapes and other control characters: ESC (a
+# colour, a window title), newline, BEL, DEL, a C1 CSI (U+009B, which some
+# terminals obey too), and a NUL-free tab.
+HOSTILE_NAMES = ["w.\x1b[31mred\x1b[0m", "w.line\nfeed", "w.bell\x07", "w.del\x7f",
+                 "w.c1\u009b2J", "w.tab\there", "w.\x1b]0;owned\x07title"]
+
+
+def controls(text):
+    """The C0 (but the line ends), DEL and C1 control characters in @text."""
+    return [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) <= 0x9f]
+
+
+def blanked(name):
+    """@name as hwfs prints it: every control character (and a line end) a space."""
+    return "".join(" " if controls(c) or c == "\n" else c for c in name)
+
+
+@pytest.fixture
+def hostile(mount_factory, tmp_path):
+    """v1 and v2 whose tensors have HOSTILE_NAMES: v2 changes some, adds one, removes one."""
+    m = mount_factory(umask=0)
+    t1 = {n: ("U8", (64,), bytes([i]) * 64) for i, n in enumerate(HOSTILE_NAMES[:-1])}
+    t2 = {n: ("U8", (64,), bytes([i + (i % 2)]) * 64) for i, n in enumerate(HOSTILE_NAMES[1:])}
+    publish(m, tmp_path, "v1", {"m.safetensors": t1})
+    publish(m, tmp_path, "v2", {"m.safetensors": t2})
+    return m
+
+
+def test_diff_prints_no_control_characters(hostile):
+    """Neither `hwfs diff` nor `hwfs diff --elements` prints a tensor name's
+    control characters raw (they are blanked, as `hwfs status` does for
+    engines): each name stays on its line, and --json keeps the names exact."""
+    m = hostile
+    plain = m.run("diff", "v1", "v2")
+    assert not controls(plain.stdout + plain.stderr), plain.stdout
+    # two summary lines, then one per changed, added and removed tensor
+    res = json.loads(m.run("diff", "v1", "v2", "--json").stdout)
+    n = len(res["changed"]) + len(res["added"]) + len(res["removed"])
+    assert n >= 3 and len(plain.stdout.splitlines()) == 2 + n, plain.stdout
+    assert "\x1b]0;owned\x07title" in "".join(res["added"])
+    el = m.run("diff", "v1", "v2", "--elements")
+    assert not controls(el.stdout + el.stderr), el.stdout
+    res = json.loads(m.run("diff", "v1", "v2", "--elements", "--json").stdout)
+    changed = [t for t in res["tensors"] if t["changed_elements"] or not t["matched"]]
+    # summary, header, one line per changed tensor, total
+    assert len(el.stdout.splitlines()) == 3 + len(changed), el.stdout
+    assert {t["tensor"] for t in res["tensors"]} == set(HOSTILE_NAMES[1:])
+    for t in changed:  # each on its own line, its control characters blanked
+        assert any(blanked(t["tensor"]) in line for line in el.stdout.splitlines()), t
+    assert "  ~ w.line feed\n" in plain.stdout and "  - w. [31mred [0m\n" in plain.stdout
+
+
+def test_tensors_dir_escapes_control_characters(hostile):
+    """tensors/ names hold no control character: each is escaped as %XX, as
+    '/' and '%' are, so every tensor keeps its file."""
+    names = os.listdir(hostile.vpath("v2", "tensors"))
+    assert not controls("".join(names)) and not any("\n" in n for n in names), names
+    assert sorted(names) == sorted(["w.line%0Afeed", "w.bell%07", "w.del%7F", "w.c1%C2%9B2J",
+                                    "w.tab%09here", "w.%1B]0;owned%07title"])
+    with open(hostile.vpath("v2", "tensors", "w.bell%07"), "rb") as f:
+        assert f.read() == bytes([2]) * 64
