@@ -173,6 +173,20 @@ static const char *jshown(json_t *o, const char *k)
 
 /* ------------------------------------------------------------ verbs */
 
+/*
+ * @v, when it may be a version name (hwfs_valid_name()); else die in one
+ * line.  A name with a control character can name no version, and publish
+ * would read the whole source before the daemon found that out.
+ */
+static const char *version_arg(const char *v)
+{
+	if (!hwfs_valid_name(v))
+		die("invalid version name '%s' (1-255 bytes of UTF-8, no '/', no control "
+		    "character, not . or ..)", shown(v));
+	return v;
+}
+
+
 /* Common options of client verbs: -m, --json, --help. Returns optind. */
 static int client_opts(int argc, char **argv, const char *usage, int min_args, int max_args,
 		       int *keep)
@@ -469,7 +483,8 @@ static int cmd_simple(int argc, char **argv, const char *op, const char *usage,
 		      const char *done_fmt)
 {
 	int i = client_opts(argc, argv, usage, 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:b, s:b}", "op", op, "version", argv[i], "local",
+	json_t *res = call(json_pack("{s:s, s:s, s:b, s:b}", "op", op, "version",
+				     version_arg(argv[i]), "local",
 				     g_local, "force", g_force),
 			   1);
 
@@ -515,8 +530,8 @@ static int cmd_commit(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs commit VERSION [--local] [-m MOUNT] [--json]", 1, 1,
 			    NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:b}", "op", "commit", "version", argv[i],
-				     "local", g_local),
+	json_t *res = call(json_pack("{s:s, s:s, s:b}", "op", "commit", "version",
+				     version_arg(argv[i]), "local", g_local),
 			   0);
 	const char *outcome = jstr(res, "outcome"), *k;
 	int ok = json_is_true(json_object_get(res, "ok"));
@@ -543,6 +558,7 @@ static int cmd_publish(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs publish SRC_DIR VERSION [-m MOUNT] [--json]", 2, 2,
 			    NULL);
+	const char *v = version_arg(argv[i + 1]);
 	char *src = realpath(argv[i], NULL);
 	double t0 = hwfs_mono_s(), dt;
 	json_t *res;
@@ -550,15 +566,13 @@ static int cmd_publish(int argc, char **argv)
 
 	if (!src)
 		die("%s: %s", argv[i], strerror(errno));
-	res = call(json_pack("{s:s, s:s, s:s}", "op", "publish", "src", src, "version",
-			     argv[i + 1]),
-		   1);
+	res = call(json_pack("{s:s, s:s, s:s}", "op", "publish", "src", src, "version", v), 1);
 	dt = hwfs_mono_s() - t0;
 	if (g_json) {
 		json_object_set_new(res, "seconds", json_real(dt));
 		print_json(res);
 	} else {
-		printf("published %s: %s in %.2f s (%.2f GB/s)\n", argv[i + 1],
+		printf("published %s: %s in %.2f s (%.2f GB/s)\n", v,
 		       hwfs_fmt_size((uint64_t)jint(res, "bytes"), sz, sizeof(sz)), dt,
 		       dt > 0 ? (double)jint(res, "bytes") / dt / 1e9 : 0.0);
 	}
@@ -604,8 +618,8 @@ static int cmd_load(int argc, char **argv)
 	static const char usage[] = "hwfs load VERSION --gpu N [-m MOUNT] [--json]";
 	int i = client_opts(argc, argv, usage, 1, 1, NULL);
 	int gpu = gpu_arg("load", 1, usage);
-	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "load", "version", argv[i], "gpu",
-				     gpu),
+	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "load", "version",
+				     version_arg(argv[i]), "gpu", gpu),
 			   1);
 	double dt = json_real_value(json_object_get(res, "seconds"));
 	char sz[32];
@@ -633,8 +647,8 @@ static int cmd_unload(int argc, char **argv)
 	static const char usage[] = "hwfs unload VERSION [--gpu N] [-m MOUNT] [--json]";
 	int i = client_opts(argc, argv, usage, 1, 1, NULL);
 	int gpu = gpu_arg("unload", 0, usage);
-	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "unload", "version", argv[i], "gpu",
-				     gpu),
+	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "unload", "version",
+				     version_arg(argv[i]), "gpu", gpu),
 			   1);
 	char sz[32], where[32] = "every GPU";
 
@@ -657,7 +671,8 @@ static int cmd_unload(int argc, char **argv)
 static int cmd_verify(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs verify VERSION [-m MOUNT] [--json]", 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s}", "op", "verify", "version", argv[i]), 1);
+	json_t *res = call(json_pack("{s:s, s:s}", "op", "verify", "version", version_arg(argv[i])),
+			   1);
 	int intact = json_is_true(json_object_get(res, "intact"));
 	char sz[32];
 
@@ -743,8 +758,9 @@ static int cmd_diff(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs diff A B [--elements] [-m MOUNT] [--json]", 2, 2,
 			    NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:s, s:b}", "op", "diff", "a", argv[i], "b",
-				     argv[i + 1], "elements", g_elements),
+	json_t *res = call(json_pack("{s:s, s:s, s:s, s:b}", "op", "diff", "a",
+				     version_arg(argv[i]), "b", version_arg(argv[i + 1]), "elements",
+				     g_elements),
 			   1);
 	char a[32], b[32];
 	json_t *v;
@@ -776,7 +792,9 @@ static int cmd_diff(int argc, char **argv)
 static int cmd_manifest(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs manifest VERSION [-m MOUNT]", 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s}", "op", "manifest", "version", argv[i]), 1);
+	json_t *res = call(json_pack("{s:s, s:s}", "op", "manifest", "version",
+				     version_arg(argv[i])),
+			   1);
 
 	fputs(jstr(res, "manifest"), stdout);
 	fputc('\n', stdout);

@@ -139,6 +139,12 @@ void hwfs_set_err(char *err, size_t errlen, const char *fmt, ...)
  * malloc'd string, NULL without memory.
  */
 char *hwfs_clean_text(const char *s, size_t max);
+/**
+ * hwfs_valid_name() - may @name be a file or version name: 1..255 bytes of
+ * valid UTF-8, no '/', no control character (C0, DEL, C1), not "." or ".."
+ * (names end up in the manifest's JSON and on terminals)?  Returns 1 or 0.
+ */
+int hwfs_valid_name(const char *name);
 /** Parse "123", "4K", "512M", "2G", "1T" (powers of 1024). Returns 0 or -EINVAL. */
 int hwfs_parse_size(const char *s, uint64_t *out);
 /** Format bytes as "1.50 GiB" into @buf. Returns @buf. */

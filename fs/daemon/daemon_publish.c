@@ -301,9 +301,13 @@ json_t *op_publish(struct daemon *d, json_t *req, struct ctl_reader *rd, const s
 
 	if (!src || !v)
 		return err_reply("publish: missing source or version");
-	if (!*v || strchr(v, '/') || !strcmp(v, ".") || !strcmp(v, "..") || strlen(v) > 255 ||
-	    ns_hidden_name(v))
-		return err_reply("invalid version name: %s", v);
+	/* before anything is read: a name the namespace would refuse at the very end */
+	if (!hwfs_valid_name(v))
+		return reply_errno(err_reply("invalid version name (1-255 bytes of UTF-8, no '/', "
+					     "no control character, not . or ..)"),
+				   EINVAL);
+	if (ns_hidden_name(v))
+		return reply_errno(err_reply("invalid version name: %s", v), EINVAL);
 	if (cred_enter(peer, &cred) < 0)
 		return err_reply("permission denied: this daemon (uid %u) cannot read files as "
 				 "uid %u", (unsigned)geteuid(), (unsigned)peer->uid);

@@ -471,7 +471,7 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name, unsigned flag
 	struct version *v;
 	int r;
 
-	if (new_name && (!valid_name(new_name) || ns_hidden_name(new_name)))
+	if (new_name && (!hwfs_valid_name(new_name) || ns_hidden_name(new_name)))
 		return -EINVAL;
 	ns_wrlock(ns);
 	v = ns_version(ns, name);
