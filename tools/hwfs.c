@@ -347,6 +347,29 @@ static void print_leases(json_t *leases)
 	printf("\n");
 }
 
+/*
+ * status's "held" line, beside the leases: the space open files keep (files
+ * of removed versions still open, files being written); nothing when none.
+ */
+static void print_held(json_t *held)
+{
+	int64_t rf = jint(held, "removed_files"), wf = jint(held, "writing_files");
+	char a[32], b[32];
+
+	if (!rf && !wf)
+		return;
+	printf("held:    ");
+	if (rf)
+		printf("%lld removed file%s still open (%s)", (long long)rf,
+		       rf == 1 ? "" : "s",
+		       hwfs_fmt_size((uint64_t)jint(held, "removed_bytes"), a, sizeof(a)));
+	if (wf)
+		printf("%s%lld file%s being written (%s)", rf ? ", " : "", (long long)wf,
+		       wf == 1 ? "" : "s",
+		       hwfs_fmt_size((uint64_t)jint(held, "writing_bytes"), b, sizeof(b)));
+	printf("\n");
+}
+
 /* Print the cluster table once; returns how many (node, version) are still replicating. */
 static int print_cluster(json_t *cl)
 {
@@ -439,6 +462,7 @@ static int cmd_status(int argc, char **argv)
 		print_versions_table(json_object_get(res, "versions"));
 		print_engines("", json_object_get(res, "engines"));
 		print_leases(json_object_get(res, "leases"));
+		print_held(json_object_get(res, "held"));
 		if (json_object_get(res, "node")) {
 			json_t *rep = json_object_get(res, "replication");
 

@@ -185,3 +185,31 @@ def test_daemon_refuses_publish_of_a_bad_name_before_reading(two_versions, tmp_p
         res = json.loads(lines[0])
         assert res["ok"] is False and res.get("errno") == errno.EINVAL, res
         assert res["error"].startswith("invalid version name") and "\n" not in res["error"], res
+
+
+def test_status_shows_space_held_by_open_files(two_versions):
+    """Space that open files hold shows in `hwfs status` beside the leases: a
+    file of a removed version still open for reading keeps its bytes, and so
+    does a file being written; both go when they are closed."""
+    m = two_versions[0]
+    none = {"removed_files": 0, "removed_bytes": 0, "writing_files": 0, "writing_bytes": 0}
+    assert m.status()["held"] == none
+    size = os.path.getsize(m.vpath("v1", "model.safetensors"))
+    with open(m.vpath("v1", "model.safetensors"), "rb") as r:
+        m.run("rm", "v1")
+        os.mkdir(m.vpath("open1"))
+        with open(m.vpath("open1", "w.bin"), "wb") as w:
+            w.write(b"x" * 12345)
+            w.flush()
+            held = m.status()["held"]
+            assert held == {"removed_files": 1, "removed_bytes": size, "writing_files": 1,
+                            "writing_bytes": 12345}, held
+            text = m.run("status").stdout
+            line = [ln for ln in text.splitlines() if ln.startswith("held:")]
+            assert len(line) == 1, text
+            assert "1 removed file still open" in line[0], line
+            assert "1 file being written" in line[0], line
+        assert m.status()["held"]["writing_files"] == 0
+        assert m.status()["held"]["removed_files"] == 1
+    assert poll(lambda: m.status()["held"] == none), m.status()["held"]
+    assert not [ln for ln in m.run("status").stdout.splitlines() if ln.startswith("held:")]
