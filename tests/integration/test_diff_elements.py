@@ -339,7 +339,7 @@ def test_elements_storm_by_one_user_stays_bounded(mount_factory, tmp_path):
     pairs = [(a, b) for a in names for b in names if a != b]
     m.run("commit", "v1")
     base = rss_anon(m.pid)
-    peak, slowest, done = [base], [0.0, 0.0], threading.Event()
+    peak, slowest, done, errors = [base], [0.0, 0.0], threading.Event(), []
 
     def sample():
         while not done.is_set():
@@ -348,10 +348,13 @@ def test_elements_storm_by_one_user_stays_bounded(mount_factory, tmp_path):
 
     def root_ops():
         k = 0
-        while not done.is_set():
-            slowest[0] = max(slowest[0], timed(m, "commit", names[k % 2 + 1]))
-            slowest[1] = max(slowest[1], timed(m, "status"))
-            k += 1
+        try:
+            while not done.is_set():
+                slowest[0] = max(slowest[0], timed(m, "commit", names[k % 2 + 1]))
+                slowest[1] = max(slowest[1], timed(m, "status"))
+                k += 1
+        except BaseException as e:  # pytest.fail() in m.run(): report it from the test
+            errors.append(e)
 
     threads = [threading.Thread(target=sample), threading.Thread(target=root_ops)]
     for t in threads:
@@ -362,6 +365,7 @@ def test_elements_storm_by_one_user_stays_bounded(mount_factory, tmp_path):
         done.set()
         for t in threads:
             t.join()
+    assert not errors, errors
     grown = peak[0] - base
     print(f"storm: anonymous memory grew {grown >> 20} MiB; slowest root commit "
           f"{slowest[0] * 1000:.0f} ms, status {slowest[1] * 1000:.0f} ms")
