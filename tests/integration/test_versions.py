@@ -167,6 +167,10 @@ def test_control_characters_in_a_version_name_are_refused_at_once(two_versions, 
             cp = m.run(*[a.format(bad) for a in verb], check=False)
             assert_error_line(cp, "invalid version name")
             assert cp.stderr.count("\n") == 1 and not cp.stdout, (verb, bad, cp.stderr)
+    for bad in BAD_NAMES:  # nor can one be made through the mount (C1 included)
+        with pytest.raises(OSError) as e:
+            os.mkdir(m.vpath(bad))
+        assert e.value.errno == errno.EINVAL, (bad, e.value)
     assert sorted(v["name"] for v in m.status()["versions"]) == ["v1", "v2"]
 
 
