@@ -765,7 +765,8 @@ static void entry_unlink(struct diffs *g, struct diff_entry *e)
 
 /*
  * diffs_lookup() - the result for digests (@a, @b) into *@tensors and
- * *@total (new references), waiting while another request computes it.
+ * *@total (copies of the kept one: jansson's reference counts are not safe
+ * to share between threads), waiting while another request computes it.
  * Returns 1 (found), 0 (not kept and not being computed: an entry is now
  * marked running for the caller, who computes and calls diffs_done()) or
  * -ESHUTDOWN, -ENOMEM.
@@ -783,9 +784,9 @@ static int diffs_lookup(struct daemon *d, const hwfs_hash_t *a, const hwfs_hash_
 			goto out;
 	if (e) {
 		e->used = ++g->clock;
-		*tensors = json_incref(e->tensors);
-		*total = json_incref(e->total);
-		r = 1;
+		*tensors = json_deep_copy(e->tensors);
+		*total = json_deep_copy(e->total);
+		r = *tensors && *total ? 1 : -ENOMEM;
 	} else if (!(e = calloc(1, sizeof(*e)))) {
 		r = -ENOMEM;
 	} else {
@@ -799,8 +800,9 @@ out:
 
 /*
  * diffs_done() - end the computation diffs_lookup() marked running for
- * (@a, @b): keep @tensors and @total (references taken; NULL: it failed and
- * nothing is kept, a waiting request computes again), dropping the least
+ * (@a, @b): keep copies of @tensors and @total (NULL: it failed and
+ * nothing is kept, a waiting request computes again; so without memory for
+ * the copies), dropping the least
  * recently used results beyond diff_cache, and wake the waiting requests.
  */
 static void diffs_done(struct daemon *d, const hwfs_hash_t *a, const hwfs_hash_t *b,
@@ -812,12 +814,14 @@ static void diffs_done(struct daemon *d, const hwfs_hash_t *a, const hwfs_hash_t
 	pthread_mutex_lock(&g->mu);
 	e = entry_find(g, a, b);
 	if (e && tensors && total) {
+		e->tensors = json_deep_copy(tensors);
+		e->total = json_deep_copy(total);
+	}
+	if (e && e->tensors && e->total) {
 		e->running = 0;
-		e->tensors = json_incref(tensors);
-		e->total = json_incref(total);
 		e->used = ++g->clock;
 		g->n_kept++;
-	} else if (e) {
+	} else if (e) { /* failed, or no memory to keep it */
 		entry_unlink(g, e);
 		entry_free(e);
 	}
