@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import TIMEOUT, assert_error_line
+from conftest import TIMEOUT, assert_error_line, proc_status_bytes
 from test_security_local import as_user, user_popen
 
 ELEMS = 100_000  # elements of the BF16 tensor
@@ -295,15 +295,6 @@ STORM = 64  # parallel diffs
 BIG = 32 << 20  # bytes of each version's one tensor (one shard): a diff holds about 1.5x that
 
 
-def rss_anon(pid):
-    """The anonymous resident memory of process @pid, in bytes (the arena is shared memory)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no RssAnon in /proc/{pid}/status")
-
-
 def big_versions(m, root, names):
     """@names published, each one F32 tensor of BIG bytes, 2% of it changed from the one before."""
     rng = np.random.default_rng(16)
@@ -338,12 +329,12 @@ def test_elements_storm_by_one_user_stays_bounded(mount_factory, tmp_path):
     big_versions(m, tmp_path, names)
     pairs = [(a, b) for a in names for b in names if a != b]
     m.run("commit", "v1")
-    base = rss_anon(m.pid)
+    base = proc_status_bytes(m.pid, "RssAnon")  # the arena is shared memory: not in it
     peak, slowest, done, errors = [base], [0.0, 0.0], threading.Event(), []
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], rss_anon(m.pid))
+            peak[0] = max(peak[0], proc_status_bytes(m.pid, "RssAnon"))
             time.sleep(0.01)
 
     def root_ops():

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import REPO, make_tensors, poll, save_model
+from conftest import REPO, make_tensors, poll, proc_status_bytes, save_model
 from fake_daemon import fake_daemon  # noqa: F401 (a fixture)
 
 PYDIR = REPO / "tools" / "python"
@@ -32,14 +32,6 @@ def write_version(mount, version, tensors, fname="model.safetensors", seal=True)
     save_model(mount.vpath(version, fname), tensors, metadata={"format": "np"})
     if seal:
         mount.run("seal", version)
-
-
-def rss_anon_kib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    raise AssertionError("no RssAnon in /proc/self/status")
 
 
 def regions_covering(addr, n):
@@ -138,7 +130,7 @@ def test_map_is_zero_copy(mount):
     assert size == 64 * MiB
 
     with hwfs.open(mount.mnt) as m, m.map("big") as v:
-        before = rss_anon_kib()
+        before = proc_status_bytes("self", "RssAnon")
         total = 0.0
         for name in v:
             a = v[name]
@@ -149,7 +141,7 @@ def test_map_is_zero_copy(mount):
                 lo, hi, perms, inode, path = r
                 assert "w" not in perms, f"{name}: its mapping is writable ({r})"
                 assert inode != 0 and path, f"{name}: anonymous memory ({r}), not the arena"
-        grew = (rss_anon_kib() - before) * 1024
+        grew = proc_status_bytes("self", "RssAnon") - before
         assert grew < size // 8, f"RssAnon grew by {grew} bytes reading a {size}-byte version"
         assert total == pytest.approx(sum(float(a.sum(dtype=np.float64)) for a in t.values()))
 
