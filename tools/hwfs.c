@@ -57,6 +57,23 @@ static const char *default_mount(void)
 	return m && *m ? m : "/hotweights";
 }
 
+/*
+ * @s as it may be printed: hwfs_clean_text() blanks its control characters,
+ * so a tensor name (or a sentence quoting one) cannot move the cursor, set a
+ * title or split a line.  Valid until the fourth call after this one (one
+ * printf may show three); "?" without memory.
+ */
+static const char *shown(const char *s)
+{
+	static char *ring[4];
+	static unsigned k;
+	char **slot = &ring[k++ % HWFS_ARRAY_SIZE(ring)];
+
+	free(*slot);
+	*slot = hwfs_clean_text(s, SIZE_MAX);
+	return *slot ? *slot : "?";
+}
+
 /* ------------------------------------------------------------ the channel */
 
 /* The progress bar of one request: when it started, whether it was drawn. */
@@ -121,7 +138,7 @@ static json_t *call(json_t *req, int die_on_error)
 		json_t *e = json_object_get(res, "error");
 		char msg[1024];
 
-		snprintf(msg, sizeof(msg), "%s", json_is_string(e) ? json_string_value(e)
+		snprintf(msg, sizeof(msg), "%s", json_is_string(e) ? shown(json_string_value(e))
 								   : "request failed");
 		json_decref(res); /* die() exits: nothing may stay allocated (LeakSanitizer) */
 		die("%s", msg);
@@ -148,7 +165,27 @@ static const char *jstr(json_t *o, const char *k)
 	return json_is_string(v) ? json_string_value(v) : "-";
 }
 
+/* String member @k of @o as it may be printed: shown(jstr()). */
+static const char *jshown(json_t *o, const char *k)
+{
+	return shown(jstr(o, k));
+}
+
 /* ------------------------------------------------------------ verbs */
+
+/*
+ * @v, when it may be a version name (hwfs_valid_name()); else die in one
+ * line.  A name with a control character can name no version, and publish
+ * would read the whole source before the daemon found that out.
+ */
+static const char *version_arg(const char *v)
+{
+	if (!hwfs_valid_name(v))
+		die("invalid version name '%s' (1-255 bytes of UTF-8, no '/', no control "
+		    "character, not . or ..)", shown(v));
+	return v;
+}
+
 
 /* Common options of client verbs: -m, --json, --help. Returns optind. */
 static int client_opts(int argc, char **argv, const char *usage, int min_args, int max_args,
@@ -228,8 +265,8 @@ static void print_versions_table(json_t *vers)
 		       hwfs_fmt_size((uint64_t)jint(v, "bytes"), sz, sizeof(sz)),
 		       jstr(v, "digest"));
 		json_array_foreach(errs, k, e)
-			printf("    %s: not parsed as safetensors: %s\n", jstr(e, "file"),
-			       jstr(e, "error"));
+			printf("    %s: not parsed as safetensors: %s\n", jshown(e, "file"),
+			       jshown(e, "error"));
 	}
 }
 
@@ -307,6 +344,29 @@ static void print_leases(json_t *leases)
 	printf("leases: ");
 	json_array_foreach(leases, k, l)
 		printf("%s %s (pid %lld)", k ? "," : "", jstr(l, "version"), (long long)jint(l, "pid"));
+	printf("\n");
+}
+
+/*
+ * status's "held" line, beside the leases: the space open files keep (files
+ * of removed versions still open, files being written); nothing when none.
+ */
+static void print_held(json_t *held)
+{
+	int64_t rf = jint(held, "removed_files"), wf = jint(held, "writing_files");
+	char a[32], b[32];
+
+	if (!rf && !wf)
+		return;
+	printf("held:    ");
+	if (rf)
+		printf("%lld removed file%s still open (%s)", (long long)rf,
+		       rf == 1 ? "" : "s",
+		       hwfs_fmt_size((uint64_t)jint(held, "removed_bytes"), a, sizeof(a)));
+	if (wf)
+		printf("%s%lld file%s being written (%s)", rf ? ", " : "", (long long)wf,
+		       wf == 1 ? "" : "s",
+		       hwfs_fmt_size((uint64_t)jint(held, "writing_bytes"), b, sizeof(b)));
 	printf("\n");
 }
 
@@ -402,6 +462,7 @@ static int cmd_status(int argc, char **argv)
 		print_versions_table(json_object_get(res, "versions"));
 		print_engines("", json_object_get(res, "engines"));
 		print_leases(json_object_get(res, "leases"));
+		print_held(json_object_get(res, "held"));
 		if (json_object_get(res, "node")) {
 			json_t *rep = json_object_get(res, "replication");
 
@@ -446,7 +507,8 @@ static int cmd_simple(int argc, char **argv, const char *op, const char *usage,
 		      const char *done_fmt)
 {
 	int i = client_opts(argc, argv, usage, 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:b, s:b}", "op", op, "version", argv[i], "local",
+	json_t *res = call(json_pack("{s:s, s:s, s:b, s:b}", "op", op, "version",
+				     version_arg(argv[i]), "local",
 				     g_local, "force", g_force),
 			   1);
 
@@ -492,8 +554,8 @@ static int cmd_commit(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs commit VERSION [--local] [-m MOUNT] [--json]", 1, 1,
 			    NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:b}", "op", "commit", "version", argv[i],
-				     "local", g_local),
+	json_t *res = call(json_pack("{s:s, s:s, s:b}", "op", "commit", "version",
+				     version_arg(argv[i]), "local", g_local),
 			   0);
 	const char *outcome = jstr(res, "outcome"), *k;
 	int ok = json_is_true(json_object_get(res, "ok"));
@@ -511,7 +573,7 @@ static int cmd_commit(int argc, char **argv)
 		print_nodes("no answer from", json_object_get(res, "unknown"));
 	}
 	if (!ok)
-		fprintf(stderr, "hwfs: error: %s\n", jstr(res, "error"));
+		fprintf(stderr, "hwfs: error: %s\n", jshown(res, "error"));
 	json_decref(res);
 	return rc;
 }
@@ -520,6 +582,7 @@ static int cmd_publish(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs publish SRC_DIR VERSION [-m MOUNT] [--json]", 2, 2,
 			    NULL);
+	const char *v = version_arg(argv[i + 1]);
 	char *src = realpath(argv[i], NULL);
 	double t0 = hwfs_mono_s(), dt;
 	json_t *res;
@@ -527,15 +590,13 @@ static int cmd_publish(int argc, char **argv)
 
 	if (!src)
 		die("%s: %s", argv[i], strerror(errno));
-	res = call(json_pack("{s:s, s:s, s:s}", "op", "publish", "src", src, "version",
-			     argv[i + 1]),
-		   1);
+	res = call(json_pack("{s:s, s:s, s:s}", "op", "publish", "src", src, "version", v), 1);
 	dt = hwfs_mono_s() - t0;
 	if (g_json) {
 		json_object_set_new(res, "seconds", json_real(dt));
 		print_json(res);
 	} else {
-		printf("published %s: %s in %.2f s (%.2f GB/s)\n", argv[i + 1],
+		printf("published %s: %s in %.2f s (%.2f GB/s)\n", v,
 		       hwfs_fmt_size((uint64_t)jint(res, "bytes"), sz, sizeof(sz)), dt,
 		       dt > 0 ? (double)jint(res, "bytes") / dt / 1e9 : 0.0);
 	}
@@ -581,8 +642,8 @@ static int cmd_load(int argc, char **argv)
 	static const char usage[] = "hwfs load VERSION --gpu N [-m MOUNT] [--json]";
 	int i = client_opts(argc, argv, usage, 1, 1, NULL);
 	int gpu = gpu_arg("load", 1, usage);
-	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "load", "version", argv[i], "gpu",
-				     gpu),
+	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "load", "version",
+				     version_arg(argv[i]), "gpu", gpu),
 			   1);
 	double dt = json_real_value(json_object_get(res, "seconds"));
 	char sz[32];
@@ -610,8 +671,8 @@ static int cmd_unload(int argc, char **argv)
 	static const char usage[] = "hwfs unload VERSION [--gpu N] [-m MOUNT] [--json]";
 	int i = client_opts(argc, argv, usage, 1, 1, NULL);
 	int gpu = gpu_arg("unload", 0, usage);
-	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "unload", "version", argv[i], "gpu",
-				     gpu),
+	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "unload", "version",
+				     version_arg(argv[i]), "gpu", gpu),
 			   1);
 	char sz[32], where[32] = "every GPU";
 
@@ -634,7 +695,8 @@ static int cmd_unload(int argc, char **argv)
 static int cmd_verify(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs verify VERSION [-m MOUNT] [--json]", 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s}", "op", "verify", "version", argv[i]), 1);
+	json_t *res = call(json_pack("{s:s, s:s}", "op", "verify", "version", version_arg(argv[i])),
+			   1);
 	int intact = json_is_true(json_object_get(res, "intact"));
 	char sz[32];
 
@@ -700,8 +762,8 @@ static void print_diff_elements(const char *a, const char *b, json_t *res)
 
 		if (matched && !jint(t, "changed_elements"))
 			continue;
-		printf("%-24s %-32s %-8s %12lld %12lld %8s %11s %11s  %s\n", jstr(t, "file"),
-		       jstr(t, "tensor"), jstr(t, "dtype"), (long long)jint(t, "elements"),
+		printf("%-24s %-32s %-8s %12lld %12lld %8s %11s %11s  %s\n", jshown(t, "file"),
+		       jshown(t, "tensor"), jshown(t, "dtype"), (long long)jint(t, "elements"),
 		       (long long)jint(t, "changed_elements"),
 		       pct(json_real_value(json_object_get(t, "changed_fraction")), p1, sizeof(p1)),
 		       hwfs_fmt_size((uint64_t)jint(t, "bytes"), s1, sizeof(s1)),
@@ -720,8 +782,9 @@ static int cmd_diff(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs diff A B [--elements] [-m MOUNT] [--json]", 2, 2,
 			    NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:s, s:b}", "op", "diff", "a", argv[i], "b",
-				     argv[i + 1], "elements", g_elements),
+	json_t *res = call(json_pack("{s:s, s:s, s:s, s:b}", "op", "diff", "a",
+				     version_arg(argv[i]), "b", version_arg(argv[i + 1]), "elements",
+				     g_elements),
 			   1);
 	char a[32], b[32];
 	json_t *v;
@@ -740,11 +803,11 @@ static int cmd_diff(int argc, char **argv)
 		       hwfs_fmt_size((uint64_t)jint(res, "bytes_changed"), a, sizeof(a)),
 		       hwfs_fmt_size((uint64_t)jint(res, "new_shard_bytes"), b, sizeof(b)));
 		json_array_foreach(json_object_get(res, "changed"), k, v)
-			printf("  ~ %s\n", json_string_value(v));
+			printf("  ~ %s\n", shown(json_string_value(v)));
 		json_array_foreach(json_object_get(res, "added"), k, v)
-			printf("  + %s\n", json_string_value(v));
+			printf("  + %s\n", shown(json_string_value(v)));
 		json_array_foreach(json_object_get(res, "removed"), k, v)
-			printf("  - %s\n", json_string_value(v));
+			printf("  - %s\n", shown(json_string_value(v)));
 	}
 	json_decref(res);
 	return 0;
@@ -753,7 +816,9 @@ static int cmd_diff(int argc, char **argv)
 static int cmd_manifest(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs manifest VERSION [-m MOUNT]", 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s}", "op", "manifest", "version", argv[i]), 1);
+	json_t *res = call(json_pack("{s:s, s:s}", "op", "manifest", "version",
+				     version_arg(argv[i])),
+			   1);
 
 	fputs(jstr(res, "manifest"), stdout);
 	fputc('\n', stdout);

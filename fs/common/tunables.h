@@ -112,6 +112,22 @@
 	  "deltas and cost seconds per shard on the replication thread)") \
 	X(delta_cache_bytes, 64ull << 20, 0, 1ull << 40, \
 	  "encoded deltas a node keeps to send again to the next receiver (encode once)") \
+	/* `hwfs diff --elements` (fs/daemon/daemon_diff.c) */ \
+	X(diff_threads, 1, 1, 256, \
+	  "hwfs diff --elements: diffs computing at once in the whole daemon; more wait " \
+	  "(diff_queue_ms)") \
+	X(diff_per_uid, 2, 1, 1024, \
+	  "hwfs diff --elements: diffs one user may have computing or waiting; more are " \
+	  "refused at once (EBUSY)") \
+	X(diff_queue_ms, 10000, 0, 3600000, \
+	  "hwfs diff --elements: a diff waits this long for a thread or memory, then is " \
+	  "refused (EBUSY)") \
+	X(diff_mem_bytes, 512ull << 20, 1ull << 20, 1ull << 40, \
+	  "hwfs diff --elements: memory all computing diffs may take together (an estimate " \
+	  "per diff); a diff needing more than all of it is refused (ENOMEM)") \
+	X(diff_cache, 8, 1, 4096, \
+	  "hwfs diff --elements: results kept per pair of version digests (identical " \
+	  "requests compute once)") \
 	/* device shadow-load (docs/gpu.md) */ \
 	X(gpu_mem_pct, 90, 1, 100, \
 	  "hwfs load: one load may take this percentage of the device's free memory (at load " \

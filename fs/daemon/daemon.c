@@ -576,6 +576,8 @@ int daemon_run(const struct daemon_opts *o)
 		goto fail;
 	}
 	r = engines_create(d.ns, &d.engines);
+	if (r == 0)
+		r = diffs_create(&d.diffs);
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "error: %s\n", strerror(-r));
 		goto fail;
@@ -758,6 +760,7 @@ out:
 	pthread_cond_destroy(&d.conn_cv);
 	devloads_destroy(d.loads); /* device memory (copied from the arena), before the runtime goes */
 	engines_destroy(d.engines);
+	diffs_destroy(d.diffs);
 	ns_destroy(d.ns);
 	/* unpin, then close the runtime, then unmap the arena */
 	gpu_unpin(d.gpu);

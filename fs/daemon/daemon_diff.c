@@ -25,10 +25,22 @@
  * each shard while it reads it, so a version removed meanwhile makes it fail
  * ("a shard left the store") instead of reading freed bytes.  It stops
  * when the daemon shuts down.
+ *
+ * Anyone who may read both versions may ask, so the work is bounded
+ * (struct diffs, docs/security.md): a result is kept per pair of version
+ * digests (diff_cache of them, least recently used dropped first), and a
+ * request for a pair being computed waits for that computation instead of
+ * starting its own; a computation needs a slot of the daemon's diff_threads
+ * and its estimated memory (diff_cost()) out of diff_mem_bytes, waiting at
+ * most diff_queue_ms for them (then EBUSY; more than all of diff_mem_bytes:
+ * ENOMEM at once); and one uid may have at most diff_per_uid computations
+ * running or waiting (more: EBUSY at once).
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon_i.h"
 #include "delta.h"
@@ -467,19 +479,415 @@ static const char *snapshot_error(int r)
 }
 
 /*
+ * compare() - compare sealed snapshots @va and @vb: B's tensors into
+ * *@tensors and the totals into *@total (new references).  Returns 0 or
+ * -errno with a sentence in @err (@errlen bytes).
+ */
+static int compare(struct daemon *d, const struct hwfs_vrec *va, const struct hwfs_vrec *vb,
+		   json_t **tensors, json_t **total, char *err, size_t errlen)
+{
+	struct ediff e = {.d = d, .va = va, .vb = vb};
+	json_t *arr = json_array();
+	uint64_t removed;
+	int r = -ENOMEM;
+
+	e.ha = vrec_distinct_shards(va, &e.na);
+	e.hb = vrec_distinct_shards(vb, &e.nb);
+	e.counted = calloc(e.nb ? e.nb : 1, 1);
+	e.cx = delta_ctx_new((int)hwfs_tun.delta_level);
+	if (!e.ha || !e.hb || !e.counted || !e.cx || !arr || index_a(&e) < 0 ||
+	    delta_bases_new(va, &e.bases) < 0) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < vb->n_files; i++) {
+		if (vb->files[i].kind != HWFS_K_REG)
+			continue;
+		r = diff_file(&e, &vb->files[i], arr);
+		if (r == -ESHUTDOWN)
+			snprintf(e.err, sizeof(e.err), "the daemon is shutting down");
+		if (r < 0) {
+			snprintf(err, errlen, "%s", e.err[0] ? e.err : strerror(-r));
+			goto out;
+		}
+	}
+	if ((r = count_removed(&e, &removed)) < 0 || !(*total = total_json(&e, removed))) {
+		r = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	*tensors = arr;
+	arr = NULL;
+out:
+	json_decref(arr);
+	delta_bases_free(e.bases);
+	delta_ctx_free(e.cx);
+	free(e.enc);
+	free(e.ta);
+	free(e.counted);
+	free(e.ha);
+	free(e.hb);
+	return r;
+}
+
+/* ----------------------------------------------------------- limits and results kept */
+
+/* Memory of one tensor's line in a result, and of a delta context (zstd), as estimated. */
+#define DIFF_TENSOR_BYTES 1024
+#define DIFF_CTX_BYTES (8u << 20)
+
+/* One pair's result, or its computation in progress (struct diffs). */
+struct diff_entry {
+	hwfs_hash_t a, b;       /* the digests of A and B */
+	int running;            /* being computed; tensors and total still NULL */
+	json_t *tensors, *total; /* the result */
+	uint64_t used;          /* diffs->clock at its last use: the least recent goes first */
+	struct diff_entry *next;
+};
+
+/* Computations (running or waiting) of one uid. */
+struct diff_uid {
+	uid_t uid;
+	unsigned n;
+};
+
+/* Every element diff of the daemon: what runs, what waits, what is kept. */
+struct diffs {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;    /* a computation ended: a slot, memory, a result */
+	struct diff_entry *entries;
+	size_t n_kept;        /* entries not running */
+	uint64_t clock;
+	unsigned running;     /* computations holding a slot */
+	uint64_t bytes;       /* their estimated memory */
+	struct diff_uid *uids; /* uids with computations running or waiting */
+	size_t n_uids;
+};
+
+int diffs_create(struct diffs **out)
+{
+	struct diffs *g = calloc(1, sizeof(*g));
+	pthread_condattr_t ca;
+
+	if (!g)
+		return -ENOMEM;
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&g->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	*out = g;
+	return 0;
+}
+
+/* Free @e and its result. */
+static void entry_free(struct diff_entry *e)
+{
+	json_decref(e->tensors);
+	json_decref(e->total);
+	free(e);
+}
+
+void diffs_destroy(struct diffs *g)
+{
+	if (!g)
+		return;
+	while (g->entries) {
+		struct diff_entry *e = g->entries;
+
+		g->entries = e->next;
+		entry_free(e);
+	}
+	free(g->uids);
+	pthread_cond_destroy(&g->cv);
+	pthread_mutex_destroy(&g->mu);
+	free(g);
+}
+
+/* The computations of @uid counted in @g (mu held), or NULL. */
+static struct diff_uid *uid_slot(struct diffs *g, uid_t uid)
+{
+	for (size_t i = 0; i < g->n_uids; i++)
+		if (g->uids[i].uid == uid)
+			return &g->uids[i];
+	return NULL;
+}
+
+/* Count one computation less for @uid (mu held). */
+static void uid_put(struct diffs *g, uid_t uid)
+{
+	struct diff_uid *u = uid_slot(g, uid);
+
+	if (u && --u->n == 0)
+		*u = g->uids[--g->n_uids];
+}
+
+/*
+ * diff_cost() - the memory one comparison of @va and @vb takes, as
+ * estimated: a delta of B's largest shard (its input copy and its output,
+ * up to delta_max_pct of it), a delta context, and one line per tensor of B
+ * with the tables of both versions' shards.
+ */
+static uint64_t diff_cost(const struct hwfs_vrec *va, const struct hwfs_vrec *vb)
+{
+	uint64_t big = 0, lines = 0;
+
+	for (size_t i = 0; i < vb->n_files; i++) {
+		lines += vb->files[i].n_tensors + vb->files[i].n_ext;
+		for (size_t j = 0; j < vb->files[i].n_ext; j++)
+			big = HWFS_MAX(big, vb->files[i].ext[j].len);
+	}
+	for (size_t i = 0; i < va->n_files; i++)
+		lines += va->files[i].n_tensors + va->files[i].n_ext;
+	return big + big * hwfs_tun.delta_max_pct / 100 + DIFF_CTX_BYTES +
+	       lines * DIFF_TENSOR_BYTES;
+}
+
+/* @t plus @ms milliseconds. */
+static struct timespec ts_after(struct timespec t, uint64_t ms)
+{
+	t.tv_sec += (time_t)(ms / 1000);
+	t.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (t.tv_nsec >= 1000000000L) {
+		t.tv_sec++;
+		t.tv_nsec -= 1000000000L;
+	}
+	return t;
+}
+
+/* Is @a at or after @b? */
+static int ts_reached(const struct timespec *a, const struct timespec *b)
+{
+	return a->tv_sec > b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec >= b->tv_nsec);
+}
+
+/*
+ * Wait on g->cv (mu held) until woken, 200 ms pass or @until (NULL: no
+ * limit), so that a waiter sees shutdown.  Returns -ESHUTDOWN when the
+ * daemon stops, -ETIMEDOUT once @until passed, else 0.
+ */
+static int diffs_wait(struct daemon *d, const struct timespec *until)
+{
+	struct diffs *g = d->diffs;
+	struct timespec now, t;
+
+	if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
+		return -ESHUTDOWN;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	if (until && ts_reached(&now, until))
+		return -ETIMEDOUT;
+	t = ts_after(now, 200);
+	if (until && ts_reached(&t, until))
+		t = *until;
+	pthread_cond_timedwait(&g->cv, &g->mu, &t);
+	return 0;
+}
+
+/*
+ * diffs_acquire() - a slot and @bytes of the memory budget for a
+ * computation by @uid.  Returns 0, -ENOMEM (@bytes is more than the whole
+ * budget), -EBUSY (@uid has diff_per_uid computations running or waiting, or
+ * nothing freed up within diff_queue_ms) or -ESHUTDOWN.
+ */
+static int diffs_acquire(struct daemon *d, uid_t uid, uint64_t bytes)
+{
+	struct diffs *g = d->diffs;
+	struct diff_uid *u;
+	struct timespec until;
+	int r = 0;
+
+	if (bytes > hwfs_tun.diff_mem_bytes)
+		return -ENOMEM;
+	pthread_mutex_lock(&g->mu);
+	u = uid_slot(g, uid);
+	if (u && u->n >= hwfs_tun.diff_per_uid) {
+		pthread_mutex_unlock(&g->mu);
+		return -EBUSY;
+	}
+	if (!u) {
+		struct diff_uid *nu = realloc(g->uids, (g->n_uids + 1) * sizeof(*nu));
+
+		if (!nu) {
+			pthread_mutex_unlock(&g->mu);
+			return -ENOMEM;
+		}
+		g->uids = nu;
+		u = &g->uids[g->n_uids++];
+		*u = (struct diff_uid){uid, 0};
+	}
+	u->n++;
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until = ts_after(until, hwfs_tun.diff_queue_ms);
+	while (g->running >= hwfs_tun.diff_threads || g->bytes + bytes > hwfs_tun.diff_mem_bytes)
+		if ((r = diffs_wait(d, &until)) < 0)
+			break;
+	if (r == 0) {
+		g->running++;
+		g->bytes += bytes;
+	} else {
+		uid_put(g, uid);
+	}
+	pthread_mutex_unlock(&g->mu);
+	return r == -ETIMEDOUT ? -EBUSY : r;
+}
+
+/* Give back what diffs_acquire() gave @uid. */
+static void diffs_release(struct daemon *d, uid_t uid, uint64_t bytes)
+{
+	struct diffs *g = d->diffs;
+
+	pthread_mutex_lock(&g->mu);
+	g->running--;
+	g->bytes -= bytes;
+	uid_put(g, uid);
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* The entry of digests (@a, @b) (mu held), or NULL. */
+static struct diff_entry *entry_find(struct diffs *g, const hwfs_hash_t *a, const hwfs_hash_t *b)
+{
+	for (struct diff_entry *e = g->entries; e; e = e->next)
+		if (!hwfs_hash_cmp(&e->a, a) && !hwfs_hash_cmp(&e->b, b))
+			return e;
+	return NULL;
+}
+
+/* Take @e off the list (mu held); it is not freed. */
+static void entry_unlink(struct diffs *g, struct diff_entry *e)
+{
+	for (struct diff_entry **p = &g->entries; *p; p = &(*p)->next)
+		if (*p == e) {
+			*p = e->next;
+			return;
+		}
+}
+
+/*
+ * diffs_lookup() - the result for digests (@a, @b) into *@tensors and
+ * *@total (copies of the kept one: jansson's reference counts are not safe
+ * to share between threads), waiting while another request computes it.
+ * Returns 1 (found), 0 (not kept and not being computed: an entry is now
+ * marked running for the caller, who computes and calls diffs_done()) or
+ * -ESHUTDOWN, -ENOMEM.
+ */
+static int diffs_lookup(struct daemon *d, const hwfs_hash_t *a, const hwfs_hash_t *b,
+			json_t **tensors, json_t **total)
+{
+	struct diffs *g = d->diffs;
+	struct diff_entry *e;
+	int r = 0;
+
+	pthread_mutex_lock(&g->mu);
+	while ((e = entry_find(g, a, b)) && e->running)
+		if ((r = diffs_wait(d, NULL)) < 0)
+			goto out;
+	if (e) {
+		e->used = ++g->clock;
+		*tensors = json_deep_copy(e->tensors);
+		*total = json_deep_copy(e->total);
+		r = *tensors && *total ? 1 : -ENOMEM;
+	} else if (!(e = calloc(1, sizeof(*e)))) {
+		r = -ENOMEM;
+	} else {
+		*e = (struct diff_entry){.a = *a, .b = *b, .running = 1, .next = g->entries};
+		g->entries = e;
+	}
+out:
+	pthread_mutex_unlock(&g->mu);
+	return r;
+}
+
+/*
+ * diffs_done() - end the computation diffs_lookup() marked running for
+ * (@a, @b): keep copies of @tensors and @total (NULL: it failed and
+ * nothing is kept, a waiting request computes again; so without memory for
+ * the copies), dropping the least
+ * recently used results beyond diff_cache, and wake the waiting requests.
+ */
+static void diffs_done(struct daemon *d, const hwfs_hash_t *a, const hwfs_hash_t *b,
+		       json_t *tensors, json_t *total)
+{
+	struct diffs *g = d->diffs;
+	struct diff_entry *e;
+
+	pthread_mutex_lock(&g->mu);
+	e = entry_find(g, a, b);
+	if (e && tensors && total) {
+		e->tensors = json_deep_copy(tensors);
+		e->total = json_deep_copy(total);
+	}
+	if (e && e->tensors && e->total) {
+		e->running = 0;
+		e->used = ++g->clock;
+		g->n_kept++;
+	} else if (e) { /* failed, or no memory to keep it */
+		entry_unlink(g, e);
+		entry_free(e);
+	}
+	while (g->n_kept > hwfs_tun.diff_cache) {
+		struct diff_entry *old = NULL;
+
+		for (struct diff_entry *x = g->entries; x; x = x->next)
+			if (!x->running && (!old || x->used < old->used))
+				old = x;
+		entry_unlink(g, old);
+		entry_free(old);
+		g->n_kept--;
+	}
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/*
+ * compute_limited() - compare @va and @vb for @peer within the limits
+ * (diffs_acquire()), into *@tensors and *@total.  Returns 0 or -errno with
+ * a sentence in @err.
+ */
+static int compute_limited(struct daemon *d, const struct ctl_peer *peer,
+			   const struct hwfs_vrec *va, const struct hwfs_vrec *vb,
+			   json_t **tensors, json_t **total, char *err, size_t errlen)
+{
+	uint64_t cost = diff_cost(va, vb);
+	char need[32], all[32];
+	int r = diffs_acquire(d, peer->uid, cost);
+
+	if (r == -ENOMEM) {
+		snprintf(err, errlen, "it needs about %s of memory, more than diff_mem_bytes "
+			 "(%s) allows", hwfs_fmt_size(cost, need, sizeof(need)),
+			 hwfs_fmt_size(hwfs_tun.diff_mem_bytes, all, sizeof(all)));
+		return r;
+	}
+	if (r == -EBUSY) {
+		snprintf(err, errlen, "busy: too many element diffs are running (diff_per_uid %llu "
+			 "per user, diff_threads %llu in all); try again later",
+			 (unsigned long long)hwfs_tun.diff_per_uid,
+			 (unsigned long long)hwfs_tun.diff_threads);
+		return r;
+	}
+	if (r < 0) {
+		snprintf(err, errlen, "%s", r == -ESHUTDOWN ? "the daemon is shutting down"
+							    : strerror(-r));
+		return r;
+	}
+	r = compare(d, va, vb, tensors, total, err, errlen);
+	diffs_release(d, peer->uid, cost);
+	return r;
+}
+
+/*
  * op_diff_elements() - the reply to {"op": "diff", "a", "b", "elements": true}:
  * {"a", "b", "tensors": [one object per tensor of B], "total": {...}}
  * (docs/cli.md).  Refuses a version that does not exist or is open (its
- * tensors are known once it is sealed).  Errors are replies.
+ * tensors are known once it is sealed).  Errors are replies, with "errno".
  */
 json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			 const struct ctl_peer *peer)
 {
 	const char *a = req_str(req, "a"), *b = req_str(req, "b");
 	struct hwfs_vrec *va = NULL, *vb = NULL;
-	struct ediff e = {.d = d};
-	json_t *arr = NULL, *res = NULL;
-	uint64_t removed;
+	json_t *tensors = NULL, *total = NULL, *res = NULL;
+	char err[640] = "";
 	int r;
 
 	if (!a || !b)
@@ -493,49 +901,27 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		goto out;
 	}
 	if (va->state == HWFS_V_OPEN || vb->state == HWFS_V_OPEN) {
-		res = err_reply(EBUSY, "cannot diff --elements: %s is open (its tensors are known "
-				"once it is sealed)", va->state == HWFS_V_OPEN ? a : b);
+		res = err_reply(EBUSY, "cannot diff --elements: %s is open (its tensors are "
+				"known once it is sealed)", va->state == HWFS_V_OPEN ? a : b);
 		goto out;
 	}
-	e.va = va;
-	e.vb = vb;
-	e.ha = vrec_distinct_shards(va, &e.na);
-	e.hb = vrec_distinct_shards(vb, &e.nb);
-	e.counted = calloc(e.nb ? e.nb : 1, 1);
-	e.cx = delta_ctx_new((int)hwfs_tun.delta_level);
-	arr = json_array();
-	if (!e.ha || !e.hb || !e.counted || !e.cx || !arr || index_a(&e) < 0 ||
-	    delta_bases_new(va, &e.bases) < 0) {
-		res = err_reply(ENOMEM, "cannot diff %s %s: out of memory", a, b);
-		goto out;
+	r = diffs_lookup(d, &va->digest, &vb->digest, &tensors, &total);
+	if (r == 0) {
+		r = compute_limited(d, peer, va, vb, &tensors, &total, err, sizeof(err));
+		diffs_done(d, &va->digest, &vb->digest, r < 0 ? NULL : tensors,
+			   r < 0 ? NULL : total);
+	} else if (r < 0) {
+		snprintf(err, sizeof(err), "%s", r == -ESHUTDOWN ? "the daemon is shutting down"
+								 : strerror(-r));
 	}
-	for (size_t i = 0; i < vb->n_files; i++) {
-		if (vb->files[i].kind != HWFS_K_REG)
-			continue;
-		r = diff_file(&e, &vb->files[i], arr);
-		if (r == -ESHUTDOWN)
-			snprintf(e.err, sizeof(e.err), "the daemon is shutting down");
-		if (r < 0) {
-			res = err_reply(-r, "cannot diff %s %s: %s", a, b,
-					e.err[0] ? e.err : strerror(-r));
-			goto out;
-		}
-	}
-	if (count_removed(&e, &removed) < 0) {
-		res = err_reply(ENOMEM, "cannot diff %s %s: out of memory", a, b);
-		goto out;
-	}
-	res = json_pack("{s:b, s:s, s:s, s:O, s:o}", "ok", 1, "a", a, "b", b, "tensors", arr,
-			"total", total_json(&e, removed));
+	if (r < 0)
+		res = err_reply(-r, "cannot diff %s %s: %s", a, b, err);
+	else
+		res = json_pack("{s:b, s:s, s:s, s:O, s:O}", "ok", 1, "a", a, "b", b, "tensors",
+				tensors, "total", total);
 out:
-	json_decref(arr);
-	delta_bases_free(e.bases);
-	delta_ctx_free(e.cx);
-	free(e.enc);
-	free(e.ta);
-	free(e.counted);
-	free(e.ha);
-	free(e.hb);
+	json_decref(tensors);
+	json_decref(total);
 	hwfs_vrec_free(va);
 	hwfs_vrec_free(vb);
 	return res;

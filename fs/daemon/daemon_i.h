@@ -49,6 +49,8 @@ struct daemon {
 	struct engines *engines; /* watchers, engines, leases: made before the control
 				  * thread starts, freed after every connection ended */
 	struct devloads *loads;  /* device shadow-loads (gpu/devload.h), made after gpu */
+	struct diffs *diffs;     /* element diffs: their limits and kept results
+				  * (daemon_diff.c), made before the control thread starts */
 	struct agent *agent; /* replication, when joined: set once, after the control
 			      * thread started, so read it with daemon_agent() */
 	pthread_t coord_thread; /* embedded coordinator (--coordinator) */
@@ -179,6 +181,12 @@ int wait_for_close(int fd, int pidfd);
  * (hwfs_hash_cmp), their number in *@n.  Returns a malloc'd array or NULL.
  */
 hwfs_hash_t *vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n);
+
+struct diffs;
+/** The element diffs' limits and kept results, empty.  Returns 0 or -ENOMEM. */
+int diffs_create(struct diffs **out);
+/** Free @g (NULL: nothing), once no control connection is left. */
+void diffs_destroy(struct diffs *g);
 
 /** `hwfs diff A B --elements` (daemon_diff.c), a daemon_op_fn that op_diff hands to. */
 json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,

@@ -121,6 +121,7 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			 const struct ctl_peer *peer)
 {
 	struct agent *agent = daemon_agent(d);
+	struct ns_held held;
 	uint64_t used, count;
 	char *cur = ns_current(d->ns);
 	json_t *r;
@@ -140,6 +141,12 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	status_gpu(d, r);
 	json_object_set_new(r, "engines", engines_json(d->engines) ?: json_array());
 	json_object_set_new(r, "leases", engines_leases_json(d->engines) ?: json_array());
+	ns_held(d->ns, &held);
+	json_object_set_new(r, "held", json_pack("{s:I, s:I, s:I, s:I}", "removed_files",
+						 (json_int_t)held.removed_files, "removed_bytes",
+						 (json_int_t)held.removed_bytes, "writing_files",
+						 (json_int_t)held.writing_files, "writing_bytes",
+						 (json_int_t)held.writing_bytes));
 	if (agent) {
 		json_t *rep = agent_counters(agent);
 

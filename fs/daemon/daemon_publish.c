@@ -302,8 +302,11 @@ static json_t *publish(struct daemon *d, json_t *req, struct ctl_reader *rd,
 
 	if (!src || !v)
 		return err_reply(EINVAL, "publish: missing source or version");
-	if (!*v || strchr(v, '/') || !strcmp(v, ".") || !strcmp(v, "..") || strlen(v) > 255 ||
-	    ns_hidden_name(v))
+	/* before anything is read: a name the namespace would refuse at the very end */
+	if (!hwfs_valid_name(v))
+		return err_reply(EINVAL, "invalid version name (1-255 bytes of UTF-8, no '/', "
+				 "no control character, not . or ..)");
+	if (ns_hidden_name(v))
 		return err_reply(EINVAL, "invalid version name: %s", v);
 	r = cred_enter(peer, &cred);
 	if (r < 0)

@@ -383,39 +383,10 @@ static int shadow_is(const struct watcher *w, const char *v, uint64_t seq)
 	return w->shadow && w->shadow_seq == seq && !strcmp(w->shadow, v);
 }
 
-/*
- * Text from a client or a peer made fit for a one-line message or a
- * terminal (see engines.h): cut to @max bytes on a UTF-8 character boundary;
- * C0 controls and DEL become a space, and so does each C1 control (U+0080 to
- * U+009F, two bytes in UTF-8), which some terminals also obey.  Returns a
- * malloc'd string, NULL without memory.
- */
+/* Text from a client or a peer fit for a terminal: hwfs_clean_text() (see engines.h). */
 char *engines_clean_text(const char *s, size_t max)
 {
-	size_t n = strlen(s), k = 0;
-	char *c;
-
-	if (n > max) {
-		n = max;
-		while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
-			n--;
-	}
-	c = malloc(n + 1);
-	if (!c)
-		return NULL;
-	for (size_t i = 0; i < n; i++) {
-		unsigned char b = (unsigned char)s[i];
-
-		if (b == 0xC2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 &&
-		    (unsigned char)s[i + 1] <= 0x9F) {
-			c[k++] = ' ';
-			i++;
-		} else {
-			c[k++] = b < 0x20 || b == 0x7f ? ' ' : (char)b;
-		}
-	}
-	c[k] = '\0';
-	return c;
+	return hwfs_clean_text(s, max);
 }
 
 /*

@@ -157,11 +157,9 @@ int engines_barrier(struct engines *reg, const char *version, uint64_t started_n
 int engines_barrier_wait(struct engines *reg, const char *version, char *err, size_t errlen);
 
 /**
- * engines_clean_text() - @s fit for a one-line message or a terminal: at most
- * @max bytes (cut on a UTF-8 boundary), every control character (C0, DEL,
- * C1) a space.  Engine reasons here, and on the coordinator everything a peer
- * says that `hwfs commit` or `hwfs status --cluster` prints.  Returns a
- * malloc'd string, NULL without memory.
+ * engines_clean_text() - hwfs_clean_text() (hwfs_common.h), under the name
+ * the coordinator's callers use: engine reasons here, and on the coordinator
+ * everything a peer says that `hwfs commit` or `hwfs status --cluster` prints.
  */
 char *engines_clean_text(const char *s, size_t max);
 

@@ -254,6 +254,20 @@ int ns_setattr(struct ns *ns, struct node *n, int what, uint32_t mode, uint32_t 
 /** Live figures of a version (for open ones: walks the tree). Lock held. */
 void ns_version_usage(struct ns *ns, struct version *v, uint64_t *bytes, uint64_t *files);
 
+/* Space held by open files (hwfs status): see ns_held(). */
+struct ns_held {
+	uint64_t removed_files, removed_bytes; /* of removed versions (or unlinked), still open */
+	uint64_t writing_files, writing_bytes; /* being written in open versions */
+};
+/**
+ * ns_held() - what open files hold, into *@h: files (and tensors/ entries)
+ * of removed versions or unlinked, still open, whose bytes stay in the store
+ * until they are closed; files of open versions being written.  Bytes are
+ * the files' sizes (shards a live version shares stay anyway).  Takes the
+ * namespace lock.
+ */
+void ns_held(struct ns *ns, struct ns_held *h);
+
 /** Fill st from @n (lock held or reference held). */
 void ns_stat(struct ns *ns, struct node *n, struct stat *st);
 

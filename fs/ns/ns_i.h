@@ -112,9 +112,5 @@ int exposes_tensors(const struct node *n);
 /** Add tensors/ to sealed version @v and compute its figures. */
 void version_finish_tree(struct ns *ns, struct version *v);
 
-/* ns_tree.c */
-
-/** Whether @name may be a file or version name (UTF-8, no '/', 1..255 bytes). */
-int valid_name(const char *name);
 
 #endif /* HWFS_NS_I_H */

@@ -4,8 +4,8 @@
  * the version's figures (bytes, files, tensors, per-file parse errors).
  *
  * Whether a file exposes tensors is decided by its content (ingest parsed it),
- * not by its name.  A tensor's name is escaped into a file name ('%' and '/'
- * as %XX, "." and ".." made harmless); a name used by two files is qualified
+ * not by its name.  A tensor's name is escaped into a file name ('%', '/' and
+ * control characters as %XX, "." and ".." made harmless); a name used by two files is qualified
  * with the file's escaped path; names that cannot be a directory entry are
  * left out.  A tensor node reads through its file node and pins it (see
  * ns.c).  The view is built once, when the version is sealed or loaded, and
@@ -25,9 +25,27 @@ int ends_with(const char *s, const char *suffix)
 	return a >= b && !strcmp(s + a - b, suffix);
 }
 
-/* Tensor file name: '%' and '/' escaped, "." and ".." made harmless. */
+/*
+ * Does the byte at @p (of a name) start a character that is escaped in a
+ * tensor file name: '%', '/', a C0 control, DEL, or a C1 control (U+0080 to
+ * U+009F, 0xC2 0x80..0x9F: some terminals obey those too)?  Returns how many
+ * bytes it has (1 or 2), or 0 when it is kept as it is.
+ */
+static int escaped_len(const unsigned char *p)
+{
+	if (*p == '/' || *p == '%' || *p < 0x20 || *p == 0x7f)
+		return 1;
+	return p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F ? 2 : 0;
+}
+
+/*
+ * Tensor file name: '%', '/' and control characters escaped as %XX (a C1
+ * control as its two bytes, %C2%XX), "." and ".." made harmless, so that
+ * `ls tensors/` prints no terminal escape and no name spans two lines.
+ */
 static char *tensor_fname(const char *name)
 {
+	const unsigned char *u = (const unsigned char *)name;
 	size_t n = strlen(name), j = 0;
 	char *s = malloc(3 * n + 4);
 
@@ -39,11 +57,13 @@ static char *tensor_fname(const char *name)
 		s[j] = '\0';
 		return s;
 	}
-	for (size_t i = 0; i < n; i++) {
-		if (name[i] == '/' || name[i] == '%')
-			j += (size_t)sprintf(s + j, "%%%02X", (unsigned char)name[i]);
-		else
-			s[j++] = name[i];
+	for (size_t i = 0; i < n;) {
+		int e = escaped_len(u + i);
+
+		if (!e)
+			s[j++] = name[i++];
+		for (; e > 0; e--)
+			j += (size_t)sprintf(s + j, "%%%02X", u[i++]);
 	}
 	s[j] = '\0';
 	return s;

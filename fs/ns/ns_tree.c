@@ -3,7 +3,7 @@
  * unlink/rmdir, rename and setattr, with the permission rules of the hwfs
  * model (ns.h): only open versions change (EROFS for sealed data), the fixed
  * parts (root, versions/, `current`) refuse with EPERM, and names must
- * survive the manifest (valid_name).  Three operations on the fixed parts are
+ * survive the manifest (hwfs_valid_name).  Three operations on the fixed parts are
  * version operations in disguise: mkdir in versions/ opens a version, rmdir
  * of an empty open version discards it, and renaming a version seals it;
  * making or renaming onto `current` commits (see ns_version.c).
@@ -15,42 +15,6 @@
 #include <string.h>
 
 #include "ns_i.h"
-
-/* ------------------------------------------------------------------ names */
-
-/* Bytes of the UTF-8 sequence at @p, or 0 when it is not valid UTF-8. */
-static int utf8_len(const unsigned char *p)
-{
-	int n = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3
-		: (p[0] & 0xF8) == 0xF0 ? 4 : 0;
-
-	if (n == 2 && p[0] < 0xC2)
-		return 0; /* overlong */
-	for (int i = 1; i < n; i++)
-		if ((p[i] & 0xC0) != 0x80)
-			return 0;
-	return n;
-}
-
-/*
- * Names must survive the manifest (JSON): UTF-8 without control characters,
- * 1..255 bytes, no '/', not "." or "..".
- */
-int valid_name(const char *name)
-{
-	const unsigned char *p = (const unsigned char *)name;
-
-	if (!*name || !strcmp(name, ".") || !strcmp(name, "..") || strlen(name) > 255)
-		return 0;
-	while (*p) {
-		int n = utf8_len(p);
-
-		if (n == 0 || *p == '/' || *p < 0x20 || *p == 0x7f)
-			return 0;
-		p += n;
-	}
-	return 1;
-}
 
 /* ---------------------------------------------------------------- changes */
 
@@ -127,7 +91,7 @@ static int new_entry(struct ns *ns, struct node *dir, enum ntype type, const cha
 	struct node *n;
 	int r;
 
-	if (!valid_name(name))
+	if (!hwfs_valid_name(name))
 		return -EINVAL;
 	ns_wrlock(ns);
 	r = may_add_entry(ns, dir, type, name, target);
@@ -152,7 +116,7 @@ int ns_mkdir(struct ns *ns, struct node *dir, const char *name, uint32_t mode, u
 		return new_entry(ns, dir, NT_DIR, name, S_IFDIR | (mode & 07777), uid, gid, NULL,
 				 out);
 	/* mkdir in versions/ opens a version */
-	if (!valid_name(name))
+	if (!hwfs_valid_name(name))
 		return -EINVAL;
 	ns_wrlock(ns);
 	r = ns_child(dir, name) ? -EEXIST
@@ -238,7 +202,7 @@ int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *
 	struct node *s, *d;
 	int r = 0;
 
-	if (!valid_name(dname))
+	if (!hwfs_valid_name(dname))
 		return -EINVAL;
 	if (flags & ~1u) /* only RENAME_NOREPLACE (1) */
 		return -EINVAL;

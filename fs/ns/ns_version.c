@@ -392,17 +392,24 @@ int ns_list(struct ns *ns, char ***names, size_t *n)
 	return 0;
 }
 
-static void usage_walk(struct node *n, uint64_t *bytes, uint64_t *files)
+/*
+ * The regular files below @n and their live bytes (a writer's size while one
+ * is being written) into *@files and *@bytes; with @writing, only the files
+ * being written.  Lock held.
+ */
+static void usage_walk(struct node *n, int writing, uint64_t *bytes, uint64_t *files)
 {
 	for (size_t i = 0; i < n->nkids; i++) {
 		struct node *k = n->kids[i];
 
 		if (k->type == NT_DIR) {
-			usage_walk(k, bytes, files);
+			usage_walk(k, writing, bytes, files);
 		} else if (k->type == NT_REG) {
-			(*files)++;
 			pthread_mutex_lock(&k->mu);
-			*bytes += k->w ? writer_size(k->w) : k->data.size;
+			if (!writing || k->w) {
+				(*files)++;
+				*bytes += k->w ? writer_size(k->w) : k->data.size;
+			}
 			pthread_mutex_unlock(&k->mu);
 		}
 	}
@@ -417,7 +424,37 @@ void ns_version_usage(struct ns *ns, struct version *v, uint64_t *bytes, uint64_
 		return;
 	}
 	*bytes = *files = 0;
-	usage_walk(v->root, bytes, files);
+	usage_walk(v->root, 0, bytes, files);
+}
+
+/*
+ * What open files hold: the orphans (detached: of a removed version, or
+ * unlinked) still open keep their bytes (a tensors/ entry, its tensor's);
+ * files being written in open versions (a writer lives from the first write
+ * to the last close) keep theirs.
+ */
+void ns_held(struct ns *ns, struct ns_held *h)
+{
+	*h = (struct ns_held){0};
+	ns_rdlock(ns);
+	for (struct node *n = ns->orphans.orph_next; n != &ns->orphans; n = n->orph_next) {
+		if (!__atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE))
+			continue;
+		if (n->type == NT_REG) {
+			pthread_mutex_lock(&n->mu);
+			h->removed_bytes += n->w ? writer_size(n->w) : n->data.size;
+			pthread_mutex_unlock(&n->mu);
+		} else if (n->type == NT_TENSOR && n->tensor) {
+			h->removed_bytes += n->tensor->len;
+		} else {
+			continue;
+		}
+		h->removed_files++;
+	}
+	for (size_t i = 0; i < ns->nvers; i++)
+		if (ns->vers[i]->state == HWFS_V_OPEN)
+			usage_walk(ns->vers[i]->root, 1, &h->writing_bytes, &h->writing_files);
+	ns_unlock(ns);
 }
 
 /* ------------------------------------------------------------------- seal */
@@ -471,7 +508,7 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name, unsigned flag
 	struct version *v;
 	int r;
 
-	if (new_name && (!valid_name(new_name) || ns_hidden_name(new_name)))
+	if (new_name && (!hwfs_valid_name(new_name) || ns_hidden_name(new_name)))
 		return -EINVAL;
 	ns_wrlock(ns);
 	v = ns_version(ns, name);

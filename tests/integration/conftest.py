@@ -517,6 +517,16 @@ def assert_error_line(cp, *words):
         assert w.lower() in cp.stderr.lower(), f"stderr does not mention {w!r}: {cp.stderr!r}"
 
 
+def proc_status_bytes(pid, field):
+    """Field @field of /proc/@pid/status ("RssAnon", "VmHWM", "VmLck": a size in kB), in
+    bytes; @pid may be "self"."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def readlink_or_none(path):
     try:
         return os.readlink(path)

@@ -9,12 +9,14 @@ elements are known exactly.
 
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
 
-from conftest import assert_error_line
-from test_security_local import as_user
+from conftest import TIMEOUT, assert_error_line, proc_status_bytes
+from test_security_local import as_user, user_popen
 
 ELEMS = 100_000  # elements of the BF16 tensor
 CHANGED = ELEMS * 2 // 100  # 2% of them change
@@ -280,3 +282,182 @@ def test_elements_empty_tensor_beside_a_changed_one(mount, tmp_path, names):
     big, empty = t[("m.safetensors", names[1])], t[("m.safetensors", names[0])]
     assert (big["changed_elements"], empty["elements"], empty["delta_bytes"]) == (1, 0, 0)
     assert 0 < big["delta_bytes"] < 2048, big
+
+
+# ------------------------------------------------------------ many diffs at once
+#
+# Issue 16 item 6: 64 parallel `hwfs diff A B --elements` by an unprivileged
+# user took the daemon to 4.2 GB and a root commit from 9 ms to 25 s.  Element
+# diffs are now limited (diff_threads, diff_per_uid, diff_mem_bytes,
+# diff_queue_ms) and their results kept per pair of version digests.
+
+STORM = 64  # parallel diffs
+BIG = 32 << 20  # bytes of each version's one tensor (one shard): a diff holds about 1.5x that
+
+
+def big_versions(m, root, names):
+    """@names published, each one F32 tensor of BIG bytes, 2% of it changed from the one before."""
+    rng = np.random.default_rng(16)
+    w = rng.integers(0, 1 << 32, BIG // 4, dtype=np.uint32)
+    for name in names:
+        w = flip(w, rng.integers(0, len(w), len(w) // 50), 1 << 7)
+        publish(m, root, name, {"m.safetensors": {"w": ("F32", (len(w),), w.tobytes())}})
+
+
+def storm(m, pairs):
+    """One `hwfs diff A B --elements --json` as user 65534 per pair of @pairs, all at once:
+    a list of (exit status, stdout, stderr)."""
+    procs = [user_popen(m, "diff", a, b, "--elements", "--json") for a, b in pairs]
+    outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    return [(p.returncode, *o) for p, o in zip(procs, outs)]
+
+
+def timed(m, *args):
+    """Seconds `hwfs ARGS` as root took (it must succeed)."""
+    t0 = time.monotonic()
+    m.run(*args)
+    return time.monotonic() - t0
+
+
+def test_elements_storm_by_one_user_stays_bounded(mount_factory, tmp_path):
+    """64 element diffs at once by an unprivileged user over 12 pairs of
+    versions: the daemon's memory stays bounded, root's commit and status
+    stay fast meanwhile, and every diff either answers or is refused as busy
+    (EBUSY) in one line."""
+    m = mount_factory(umask=0)
+    names = ["v1", "v2", "v3", "v4"]
+    big_versions(m, tmp_path, names)
+    pairs = [(a, b) for a in names for b in names if a != b]
+    m.run("commit", "v1")
+    base = proc_status_bytes(m.pid, "RssAnon")  # the arena is shared memory: not in it
+    peak, slowest, done, errors = [base], [0.0, 0.0], threading.Event(), []
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], proc_status_bytes(m.pid, "RssAnon"))
+            time.sleep(0.01)
+
+    def root_ops():
+        k = 0
+        try:
+            while not done.is_set():
+                slowest[0] = max(slowest[0], timed(m, "commit", names[k % 2 + 1]))
+                slowest[1] = max(slowest[1], timed(m, "status"))
+                k += 1
+        except BaseException as e:  # pytest.fail() in m.run(): report it from the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=sample), threading.Thread(target=root_ops)]
+    for t in threads:
+        t.start()
+    try:
+        res = storm(m, [pairs[i % len(pairs)] for i in range(STORM)])
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    grown = peak[0] - base
+    print(f"storm: anonymous memory grew {grown >> 20} MiB; slowest root commit "
+          f"{slowest[0] * 1000:.0f} ms, status {slowest[1] * 1000:.0f} ms")
+    ok = [json.loads(out) for rc, out, _ in res if rc == 0]
+    print(f"storm: {len(ok)} of {len(res)} diffs answered, the others refused as busy")
+    assert ok, [err for _, _, err in res]
+    for rc, out, err in res:
+        if rc:
+            assert err.startswith("hwfs: error: cannot diff") and "busy" in err, err
+            assert err.count("\n") == 1, err
+    assert all(r["total"]["tensors_changed"] == 1 for r in ok)
+    assert grown < 512 << 20, f"the daemon grew by {grown >> 20} MiB"
+    assert slowest[0] < 2.0 and slowest[1] < 2.0, slowest
+
+
+def test_identical_elements_diffs_compute_once(mount_factory, tmp_path):
+    """Identical requests wait for the one computing instead of counting
+    against the user's limit: with diff_per_uid=1, 24 at once all answer,
+    the same."""
+    m = mount_factory(umask=0, extra=["-o", "diff_per_uid=1"])
+    big_versions(m, tmp_path, ["v1", "v2"])
+    res = storm(m, [("v1", "v2")] * 24)
+    assert [rc for rc, _, _ in res] == [0] * 24, [err for _, _, err in res]
+    assert len({out for _, out, _ in res}) == 1
+
+
+def test_elements_over_the_memory_budget(mount_factory, tmp_path):
+    """A diff estimated above diff_mem_bytes is refused at once, in one line
+    naming the tunable; a plain diff still answers."""
+    m = mount_factory(umask=0, extra=["-o", "diff_mem_bytes=16M"])
+    big_versions(m, tmp_path, ["v1", "v2"])
+    cp = m.run("diff", "v1", "v2", "--elements", check=False)
+    assert_error_line(cp, "cannot diff v1 v2", "diff_mem_bytes")
+    assert cp.stderr.count("\n") == 1, cp.stderr
+    m.run("diff", "v1", "v2")
+
+
+# ------------------------------------------------------------ hostile tensor names
+
+# Tensor names holding terminal escapes and other control characters: ESC (a
+# colour, a window title), newline, BEL, DEL, a C1 CSI (U+009B, which some
+# terminals obey too), and a NUL-free tab.
+HOSTILE_NAMES = ["w.\x1b[31mred\x1b[0m", "w.line\nfeed", "w.bell\x07", "w.del\x7f",
+                 "w.c1\u009b2J", "w.tab\there", "w.\x1b]0;owned\x07title"]
+
+
+def controls(text):
+    """The C0 (but the line ends), DEL and C1 control characters in @text."""
+    return [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) <= 0x9f]
+
+
+def blanked(name):
+    """@name as hwfs prints it: every control character (and a line end) a space."""
+    return "".join(" " if controls(c) or c == "\n" else c for c in name)
+
+
+@pytest.fixture
+def hostile(mount_factory, tmp_path):
+    """v1 and v2 whose tensors have HOSTILE_NAMES: v2 changes some, adds one, removes one."""
+    m = mount_factory(umask=0)
+    t1 = {n: ("U8", (64,), bytes([i]) * 64) for i, n in enumerate(HOSTILE_NAMES[:-1])}
+    t2 = {n: ("U8", (64,), bytes([i + (i % 2)]) * 64) for i, n in enumerate(HOSTILE_NAMES[1:])}
+    publish(m, tmp_path, "v1", {"m.safetensors": t1})
+    publish(m, tmp_path, "v2", {"m.safetensors": t2})
+    return m
+
+
+def test_diff_prints_no_control_characters(hostile):
+    """Neither `hwfs diff` nor `hwfs diff --elements` prints a tensor name's
+    control characters raw (they are blanked, as `hwfs status` does for
+    engines): each name stays on its line, and --json keeps the names exact."""
+    m = hostile
+    plain = m.run("diff", "v1", "v2")
+    assert not controls(plain.stdout + plain.stderr), plain.stdout
+    # two summary lines, then one per changed, added and removed tensor
+    res = json.loads(m.run("diff", "v1", "v2", "--json").stdout)
+    n = len(res["changed"]) + len(res["added"]) + len(res["removed"])
+    assert n >= 3 and len(plain.stdout.splitlines()) == 2 + n, plain.stdout
+    assert "\x1b]0;owned\x07title" in "".join(res["added"])
+    el = m.run("diff", "v1", "v2", "--elements")
+    assert not controls(el.stdout + el.stderr), el.stdout
+    res = json.loads(m.run("diff", "v1", "v2", "--elements", "--json").stdout)
+    changed = [t for t in res["tensors"] if t["changed_elements"] or not t["matched"]]
+    # summary, header, one line per changed tensor, total
+    assert len(el.stdout.splitlines()) == 3 + len(changed), el.stdout
+    assert {t["tensor"] for t in res["tensors"]} == set(HOSTILE_NAMES[1:])
+    for t in changed:  # each on its own line, its control characters blanked
+        assert any(blanked(t["tensor"]) in line for line in el.stdout.splitlines()), t
+    # the manifest is canonical JSON, printed as it is (its digest is over those
+    # bytes): JSON escapes C0 controls; DEL and C1 stay (docs/cli.md, manifest)
+    manifest = m.run("manifest", "v2").stdout
+    assert not [c for c in manifest if ord(c) < 0x20 and c != "\n"] and json.loads(manifest)
+    assert "  ~ w.line feed\n" in plain.stdout and "  - w. [31mred [0m\n" in plain.stdout
+
+
+def test_tensors_dir_escapes_control_characters(hostile):
+    """tensors/ names hold no control character: each is escaped as %XX, as
+    '/' and '%' are, so every tensor keeps its file."""
+    names = os.listdir(hostile.vpath("v2", "tensors"))
+    assert not controls("".join(names)) and not any("\n" in n for n in names), names
+    assert sorted(names) == sorted(["w.line%0Afeed", "w.bell%07", "w.del%7F", "w.c1%C2%9B2J",
+                                    "w.tab%09here", "w.%1B]0;owned%07title"])
+    with open(hostile.vpath("v2", "tensors", "w.bell%07"), "rb") as f:
+        assert f.read() == bytes([2]) * 64

@@ -13,20 +13,12 @@ import re
 
 import pytest
 
-from conftest import assert_tree_equal, make_tensors, random_file, save_model, sh
+from conftest import (assert_tree_equal, make_tensors, proc_status_bytes, random_file, save_model,
+                      sh)
 
 CAP = 64 << 20
 NOTE = re.compile(r"^hwfs: note: no GPU \((.+)\): arena locked with mlock instead of pinned "
                   r"for CUDA$", re.M)
-
-
-def vm_locked(pid):
-    """Bytes locked in RAM by process @pid (VmLck)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmLck:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmLck in /proc/{pid}/status")
 
 
 def mount_no_gpu(mount_factory, monkeypatch, extra=("--pin",), prefix=(), force=False):
@@ -59,7 +51,7 @@ def check_pinned_mlock(m, st):
     assert store["capacity_bytes"] == CAP
     assert store["pinned"] == "mlock"
     assert store["pinned_bytes"] == CAP
-    assert vm_locked(m.pid) >= CAP
+    assert proc_status_bytes(m.pid, "VmLck") >= CAP
 
 
 def test_pin_without_gpu(mount_factory, monkeypatch, src):
@@ -101,7 +93,7 @@ def test_no_pin_is_not_pinned(mount_factory, monkeypatch):
     assert st["store"]["pinned"] == "none"
     assert st["store"]["pinned_bytes"] == 0
     assert st["store"]["preallocated"] is False
-    assert vm_locked(m.pid) < CAP
+    assert proc_status_bytes(m.pid, "VmLck") < CAP
     out = m.run("status").stdout
     assert "gpu:     none (" in out and ", not pinned\n" in out, out
 
@@ -130,7 +122,7 @@ def test_refused_mlock_is_said_not_fatal(mount_factory, monkeypatch, src):
     assert st["store"]["pinned"] == "none"
     assert st["store"]["pinned_bytes"] == 0
     assert st["store"]["preallocated"] is True
-    assert vm_locked(m.pid) == 0
+    assert proc_status_bytes(m.pid, "VmLck") == 0
     save_model(src / "model.safetensors", make_tensors(2, n=3))
     m.run("publish", src, "v1")
     assert_tree_equal(src, m.vpath("v1"))

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import REPO, make_tensors, poll, save_model
+from conftest import REPO, make_tensors, poll, proc_status_bytes, save_model
 from fake_daemon import fake_daemon  # noqa: F401 (a fixture)
 
 PYDIR = REPO / "tools" / "python"
@@ -32,14 +32,6 @@ def write_version(mount, version, tensors, fname="model.safetensors", seal=True)
     save_model(mount.vpath(version, fname), tensors, metadata={"format": "np"})
     if seal:
         mount.run("seal", version)
-
-
-def rss_anon_kib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    raise AssertionError("no RssAnon in /proc/self/status")
 
 
 def regions_covering(addr, n):
@@ -138,7 +130,7 @@ def test_map_is_zero_copy(mount):
     assert size == 64 * MiB
 
     with hwfs.open(mount.mnt) as m, m.map("big") as v:
-        before = rss_anon_kib()
+        before = proc_status_bytes("self", "RssAnon")
         total = 0.0
         for name in v:
             a = v[name]
@@ -149,7 +141,7 @@ def test_map_is_zero_copy(mount):
                 lo, hi, perms, inode, path = r
                 assert "w" not in perms, f"{name}: its mapping is writable ({r})"
                 assert inode != 0 and path, f"{name}: anonymous memory ({r}), not the arena"
-        grew = (rss_anon_kib() - before) * 1024
+        grew = proc_status_bytes("self", "RssAnon") - before
         assert grew < size // 8, f"RssAnon grew by {grew} bytes reading a {size}-byte version"
         assert total == pytest.approx(sum(float(a.sum(dtype=np.float64)) for a in t.values()))
 
@@ -287,6 +279,42 @@ def test_errors(mount, tmp_path):
         assert e.value.errno == errno.EBUSY, e.value
         r = m.call({"op": "status"})
         assert r["pid"] == mount.pid
+
+
+def test_names_with_a_nul_are_refused(mount):
+    """A string with an embedded NUL is refused with ValueError before it
+    reaches libhwfs, which would read it only up to the NUL (map('v1\\x00x')
+    used to map v1): version names, engine names, report reasons, mount paths
+    and raw requests, at every entry point that hands one to the library."""
+    write_version(mount, "v1", make_tensors(seed=1, n=1, max_kib=64))
+    with pytest.raises(ValueError, match="NUL"):
+        hwfs.open(mount.mnt + "\0/elsewhere")
+    with hwfs.open(mount.mnt) as m:
+        refused = {
+            "map": lambda: m.map("v1\0x"),
+            "map on a GPU": lambda: m.map("v1\0x", gpu=0),
+            "load": lambda: m.load("v1\0x", 0),
+            "unload": lambda: m.unload("v1\0x"),
+            "watch as an engine": lambda: m.watch(engine="e\0x"),
+            "watch as a GPU engine": lambda: m.watch(engine="e\0x", gpu=0),
+            "call (str)": lambda: m.call('{"op": "status"}\0{"op": "gc"}'),
+            "call (bytes)": lambda: m.call(b'{"op": "status"}\0'),
+        }
+        for what, fn in refused.items():
+            with pytest.raises(ValueError, match="NUL"):
+                fn()
+                pytest.fail(f"{what} accepted a name with a NUL")
+        with m.watch(engine="e") as w:
+            with pytest.raises(ValueError, match="NUL"):
+                w.report("loaded", "v1\0x")
+            with pytest.raises(ValueError, match="NUL"):
+                w.report("refused", "v1", reason="why\0more")
+        assert [e["name"] for e in m.call({"op": "status"})["engines"]] in ([], ["e"])
+        with m.map("v1") as v:
+            name = v.keys()[0]
+            assert name + "\0x" not in v
+            with pytest.raises(KeyError):
+                v[name + "\0x"]
 
 
 def test_library_lookup_error(tmp_path):

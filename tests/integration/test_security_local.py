@@ -23,13 +23,28 @@ NOBODY = 65534
 GROUP = 4242  # a gid no test user has unless given with --groups
 
 
-def as_user(mount, *args, groups=None, uid=NOBODY, gid=NOBODY):
-    """`hwfs ARGS -m MNT` as @uid/@gid (supplementary @groups, else none), under umask 0."""
+# How as_user() and user_popen() run their command (umask 0, a bare environment).
+USER_KW = {"text": True, "umask": 0, "env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+           "cwd": "/"}
+
+
+def user_cmd(mount, *args, groups=None, uid=NOBODY, gid=NOBODY):
+    """The command line of `hwfs ARGS -m MNT` as @uid/@gid (supplementary @groups, else none)."""
     cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}"]
     cmd += [f"--groups={','.join(str(g) for g in groups)}"] if groups else ["--clear-groups"]
-    cmd += [HWFS, *[str(a) for a in args], "-m", mount.mnt]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, umask=0,
-                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/")
+    return cmd + [HWFS, *[str(a) for a in args], "-m", mount.mnt]
+
+
+def as_user(mount, *args, groups=None, uid=NOBODY, gid=NOBODY):
+    """`hwfs ARGS -m MNT` as @uid/@gid (supplementary @groups, else none), under umask 0."""
+    return subprocess.run(user_cmd(mount, *args, groups=groups, uid=uid, gid=gid),
+                          capture_output=True, timeout=TIMEOUT, **USER_KW)
+
+
+def user_popen(mount, *args):
+    """`hwfs ARGS -m MNT` started as user 65534 (as as_user()), its output in pipes."""
+    return subprocess.Popen(user_cmd(mount, *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **USER_KW)
 
 
 @pytest.fixture

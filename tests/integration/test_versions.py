@@ -1,5 +1,6 @@
 """Dedup between versions, `hwfs diff`, `hwfs ls`, `hwfs verify`, `hwfs gc`, `hwfs rm`."""
 
+import errno
 import json
 import os
 
@@ -7,6 +8,7 @@ import pytest
 
 from conftest import (CHANGED_IDX, assert_error_line, changed_names, make_tensors, poll, random_file,
                       save_model, tensor_bytes)
+from test_security_local import _ctl_connect
 
 
 @pytest.fixture
@@ -143,3 +145,75 @@ def test_rm(mount, tmp_path):
     assert os.listdir(mount.path("versions")) == ["v1"]
     assert poll(lambda: mount.used_bytes() == before), (mount.used_bytes(), before)
     assert_error_line(mount.run("rm", "v2", check=False))
+
+
+# Version names no version can have (control characters), as a shell passes them.
+BAD_NAMES = ["a\nb", "v\x1b[2Jx", "tab\there", "del\x7f", "c1\u009bx"]
+
+
+def test_control_characters_in_a_version_name_are_refused_at_once(two_versions, tmp_path):
+    """`hwfs publish SRC $'a\\nb'` used to read the whole source, then fail
+    over two lines.  Every verb that takes a version name refuses a name with
+    a control character at once, in one line: invalid version name."""
+    m = two_versions[0]
+    src = tmp_path / "src"
+    save_model(str(src / "model.safetensors"), make_tensors(seed=3, n=2))
+    verbs = [("publish", str(src), "{}"), ("publish", "/nonexistent", "{}"), ("seal", "{}"),
+             ("commit", "{}"), ("rm", "{}"), ("verify", "{}"), ("manifest", "{}"),
+             ("diff", "v1", "{}"), ("diff", "{}", "v1"), ("diff", "v1", "{}", "--elements"),
+             ("load", "{}", "--gpu", "0"), ("unload", "{}")]
+    for bad in BAD_NAMES:
+        for verb in verbs:
+            cp = m.run(*[a.format(bad) for a in verb], check=False)
+            assert_error_line(cp, "invalid version name")
+            assert cp.stderr.count("\n") == 1 and not cp.stdout, (verb, bad, cp.stderr)
+    for bad in BAD_NAMES:  # nor can one be made through the mount (C1 included)
+        with pytest.raises(OSError) as e:
+            os.mkdir(m.vpath(bad))
+        assert e.value.errno == errno.EINVAL, (bad, e.value)
+    assert sorted(v["name"] for v in m.status()["versions"]) == ["v1", "v2"]
+
+
+def test_daemon_refuses_publish_of_a_bad_name_before_reading(two_versions, tmp_path):
+    """A client other than `hwfs` (a raw request) is refused by the daemon
+    itself before it reads the source: no progress line, one sentence, EINVAL."""
+    m = two_versions[0]
+    src = tmp_path / "src"
+    save_model(str(src / "model.safetensors"), make_tensors(seed=3, n=2))
+    for bad in BAD_NAMES:
+        with _ctl_connect(m.mnt) as s:
+            s.sendall(json.dumps({"op": "publish", "src": str(src), "version": bad}).encode()
+                      + b"\n")
+            lines = s.makefile("rb").read().splitlines()
+        assert len(lines) == 1, lines  # the answer, after no progress line
+        res = json.loads(lines[0])
+        assert res["ok"] is False and res.get("errno") == errno.EINVAL, res
+        assert res["error"].startswith("invalid version name") and "\n" not in res["error"], res
+
+
+def test_status_shows_space_held_by_open_files(two_versions):
+    """Space that open files hold shows in `hwfs status` beside the leases: a
+    file of a removed version still open for reading keeps its bytes, and so
+    does a file being written; both go when they are closed."""
+    m = two_versions[0]
+    none = {"removed_files": 0, "removed_bytes": 0, "writing_files": 0, "writing_bytes": 0}
+    assert m.status()["held"] == none
+    size = os.path.getsize(m.vpath("v1", "model.safetensors"))
+    with open(m.vpath("v1", "model.safetensors"), "rb") as r:
+        m.run("rm", "v1")
+        os.mkdir(m.vpath("open1"))
+        with open(m.vpath("open1", "w.bin"), "wb") as w:
+            w.write(b"x" * 12345)
+            w.flush()
+            held = m.status()["held"]
+            assert held == {"removed_files": 1, "removed_bytes": size, "writing_files": 1,
+                            "writing_bytes": 12345}, held
+            text = m.run("status").stdout
+            line = [ln for ln in text.splitlines() if ln.startswith("held:")]
+            assert len(line) == 1, text
+            assert "1 removed file still open" in line[0], line
+            assert "1 file being written" in line[0], line
+        assert m.status()["held"]["writing_files"] == 0
+        assert m.status()["held"]["removed_files"] == 1
+    assert poll(lambda: m.status()["held"] == none), m.status()["held"]
+    assert not [ln for ln in m.run("status").stdout.splitlines() if ln.startswith("held:")]

@@ -144,15 +144,6 @@ def start(net, names, coord=None, extra=()):
     return net.wait_alive(names, viewer=net[names[0]])
 
 
-def vm_hwm(pid):
-    """Peak resident set size (VmHWM, bytes) of process @pid."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
-
-
 @pytest.mark.limit(150)
 def test_rl_update_moves_only_changed_elements(net, tmp_path):
     """v2 = v1 with 2% of every tensor's elements changed reaches B and C byte-identical,
@@ -642,7 +633,7 @@ def test_hostile_donor_deltas_are_refused(net, tmp_path):
 
     asked_whole = set()
     pid = int(a.status()["pid"])
-    hwm0 = vm_hwm(pid)
+    hwm0 = base.proc_status_bytes(pid, "VmHWM")
     rogue = RogueDonor(net.coord.url, "R", {"v1": d1}, ("v2", d2, manifest), answer)
     try:
         assert rogue.welcomed.wait(10), f"the rogue was not welcomed\n{net.coord.log_tail()}"
@@ -651,7 +642,7 @@ def test_hostile_donor_deltas_are_refused(net, tmp_path):
         rogue.close()
     assert rogue.error is None, f"the rogue's thread failed: {rogue.error}"
     assert a.healthy(), f"A died\n{a.log_tail()}"
-    hwm1 = vm_hwm(pid)
+    hwm1 = base.proc_status_bytes(pid, "VmHWM")
     assert_identical(v2, a, "v2")
     assert a.run("verify", "v2", check=False).returncode == 0, "A's v2 does not verify"
 

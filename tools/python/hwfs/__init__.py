@@ -78,6 +78,18 @@ class StreamClosed(EOFError):
     """The daemon closed the event stream (unmounted, stopped, or dropped this client)."""
 
 
+def _cstr(value, what):
+    """@value as the NUL-terminated bytes libhwfs takes: bytes as they are,
+    anything else as str(value) in UTF-8.  Every name, path, reason and
+    request handed to libhwfs goes through here: C reads a string up to its
+    first NUL, so 'v1\\x00x' would be taken for 'v1'.  Raises ValueError
+    (naming @what) when @value holds a NUL."""
+    b = value if isinstance(value, bytes) else str(value).encode()
+    if b"\0" in b:
+        raise ValueError(f"{what} {value!r} holds a NUL character")
+    return b
+
+
 # ------------------------------------------------------------------ dtypes
 
 def _ml_dtype(name, fallback):
@@ -129,7 +141,7 @@ class Mount:
 
     def __init__(self, mount=None):
         h = ctypes.c_void_p()
-        arg = None if mount is None else str(mount).encode()
+        arg = None if mount is None else _cstr(mount, "mount path")
         _lib.check(_lib.hwfs_open(arg, ctypes.byref(h)), f"hwfs.open({mount!r})")
         self._h = h
         self.mountpoint = _lib.hwfs_mountpoint(h).decode()
@@ -164,8 +176,7 @@ class Mount:
         @progress(done, total) is called for each progress line."""
         if not isinstance(request, (str, bytes)):
             request = json.dumps(request)
-        if isinstance(request, str):
-            request = request.encode()
+        request = _cstr(request, "request")
         cb = _lib.PROGRESS_FN(0)
         if progress is not None:
             cb = _lib.PROGRESS_FN(lambda _arg, done, total: progress(done, total))
@@ -219,7 +230,7 @@ class Mount:
         cb = _lib.PROGRESS_FN(0)
         if progress is not None:
             cb = _lib.PROGRESS_FN(lambda _arg, done, total: progress(done, total))
-        _lib.check(_lib.hwfs_load(self._handle(), str(version).encode(), int(gpu), cb, None),
+        _lib.check(_lib.hwfs_load(self._handle(), _cstr(version, "version name"), int(gpu), cb, None),
                    f"load {version} on GPU {gpu}")
 
     def unload(self, version, gpu=None):
@@ -227,7 +238,7 @@ class Mount:
         device).  The memory is freed once no process maps it any more.
         Raises FileNotFoundError (not loaded), PermissionError."""
         g = -1 if gpu is None else int(gpu)
-        _lib.check(_lib.hwfs_unload(self._handle(), str(version).encode(), g),
+        _lib.check(_lib.hwfs_unload(self._handle(), _cstr(version, "version name"), g),
                    f"unload {version}" + ("" if gpu is None else f" from GPU {gpu}"))
 
     def watch(self, engine=None, gpu=None):
@@ -277,12 +288,12 @@ class Mapping:
 
     def __init__(self, mount, version, gpu=None):
         p = ctypes.c_void_p()
+        name = _cstr(version, "version name")
         if gpu is None:
-            _lib.check(_lib.hwfs_map(mount._handle(), str(version).encode(), ctypes.byref(p)),
-                       f"map {version}")
+            _lib.check(_lib.hwfs_map(mount._handle(), name, ctypes.byref(p)), f"map {version}")
         else:
-            _lib.check(_lib.hwfs_map_gpu(mount._handle(), str(version).encode(), int(gpu),
-                                         ctypes.byref(p)), f"map {version} on GPU {gpu}")
+            _lib.check(_lib.hwfs_map_gpu(mount._handle(), name, int(gpu), ctypes.byref(p)),
+                       f"map {version} on GPU {gpu}")
         self._owner = _MapHandle(p)
         self._ref = weakref.ref(self._owner)
         self.device = _lib.hwfs_map_device(p)  # -1: host memory
@@ -515,7 +526,7 @@ class Watch:
         p = ctypes.c_void_p()
         cur = ctypes.c_void_p()
         what = f"engine {engine}" if engine else "watch"
-        name = engine.encode() if engine else None
+        name = _cstr(engine, "engine name") if engine else None
         if gpu is None:
             rc = _lib.hwfs_watch_open(mount._handle(), name, ctypes.byref(cur), ctypes.byref(p))
         else:
@@ -592,8 +603,9 @@ class Watch:
         if what not in _lib.REPORTS:
             raise ValueError(f"report must be one of {sorted(_lib.REPORTS)}, not {what!r}")
         with self._use() as w:
-            rc = _lib.hwfs_engine_report(w, _lib.REPORTS[what], str(version).encode(),
-                                         reason.encode() if reason else None, int(pause_us))
+            rc = _lib.hwfs_engine_report(w, _lib.REPORTS[what], _cstr(version, "version name"),
+                                         _cstr(reason, "reason") if reason else None,
+                                         int(pause_us))
         if rc < 0 and self._closing:
             raise ValueError("hwfs.Watch is closed")
         _lib.check(rc, f"report {what} {version}")
