@@ -10,7 +10,12 @@ set -uo pipefail
 
 DEB_PKGS=(build-essential pkg-config iproute2 libfuse3-dev fuse3 libsqlite3-dev libzmq3-dev
           libxxhash-dev libjansson-dev libcmocka-dev libzstd-dev libdlpack-dev zstd inotify-tools
-          attr rsync curl python3 python3-pip)
+          attr rsync curl python3 python3-pip
+          libmicrohttpd-dev libsystemd-dev prometheus chromium systemd)
+# libmicrohttpd-dev: the --http server (fs/common/http.c); libsystemd-dev: sd_notify
+# (Type=notify units); prometheus: promtool and the server of
+# tests/integration/cluster/test_prometheus.py; chromium: the headless browser of
+# tests/integration/test_status_page.py; systemd: systemd-analyze verify of the units.
 # Python modules as IMPORT_NAME:PIP_NAME (the pip name is the import name when
 # no ':' is given).  torch and transformers are for the tests of the Python
 # package (tests/integration/test_torch_engine.py); torch's default wheel is
@@ -25,8 +30,10 @@ die() {
 	exit 1
 }
 
+# (not `dpkg -s | grep -q`: grep -q leaves at the first match, and with pipefail
+# the SIGPIPE of a long `dpkg -s` (prometheus's) reads as "not installed")
 deb_installed() {
-	dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed$'
+	[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
 }
 
 SUDO=()
