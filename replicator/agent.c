@@ -239,6 +239,11 @@ static void hello(struct agent *a, json_t *engines)
 			      "versions", vers, "current", cur ? json_string(cur) : json_null());
 
 	json_object_set_new(h, "session", json_string(a->session));
+	/* for the coordinator's status page (wire bytes per node) */
+	json_object_set_new(h, "wire_bytes_received",
+			    json_integer((json_int_t)__atomic_load_n(&a->wire_rx, __ATOMIC_RELAXED)));
+	json_object_set_new(h, "wire_bytes_sent",
+			    json_integer((json_int_t)__atomic_load_n(&a->wire_tx, __ATOMIC_RELAXED)));
 	if (a->engines && !engines) {
 		__atomic_store_n(&a->engines_changed, 0, __ATOMIC_RELAXED); /* before the read */
 		engines = a->engines(a->arg);

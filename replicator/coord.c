@@ -29,6 +29,7 @@
 #include <zmq.h>
 
 #include "coord.h"
+#include "metrics.h"
 #include "delta_base.h"
 #include "engines.h"
 #include "keys.h"
@@ -59,6 +60,7 @@ struct cnode {
 	uint64_t join_seq;
 	json_t *versions; /* name -> {digest, complete, bytes_held, bytes_needed} */
 	json_t *engines;  /* its engines as of its last HELLO (checked: engines_from_hello) */
+	uint64_t wire_rx, wire_tx; /* its replication wire bytes, as of its last HELLO */
 };
 
 struct cversion {
@@ -70,6 +72,8 @@ struct cversion {
 	uint64_t bytes; /* distinct shard bytes: what a complete holder holds */
 	struct hwfs_vrec *rec; /* the manifest parsed, once a plan needed it (pick_base) */
 	json_t *affinity;      /* digest of another version -> bytes of this one with a base there */
+	double announced;      /* first ANNOUNCE (monotonic s) */
+	double converge_s;     /* announce -> complete on every live node; < 0: not yet */
 };
 
 struct tx {
@@ -84,6 +88,8 @@ struct tx {
 	json_t *done;    /* nodes that ACKed the flip */
 	json_t *failed;  /* node -> reason: refused READY, or ACKed a failed flip */
 	double deadline;
+	double started;  /* the COMMIT_REQ (monotonic s) */
+	json_t *ready_s; /* node -> seconds from the request to its READY */
 };
 
 struct coord {
@@ -103,7 +109,11 @@ struct coord {
 	uint64_t refused;     /* messages dropped from peers that are not joined nodes */
 	char warned[64][160]; /* "peer|reason" already logged (refuse()) */
 	size_t n_warned;
+	json_t *commits;  /* the last COORD_HISTORY commits, oldest first (status) */
+	double status_at; /* next coord_opts.status call (monotonic s) */
 };
+
+#define COORD_HISTORY 20 /* commits and versions the status keeps */
 
 static volatile sig_atomic_t stop_flag;
 
@@ -761,6 +771,8 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	}
 	n->last_seen = hwfs_mono_s();
 	n->welcome_due = 0;
+	n->wire_rx = (uint64_t)proto_int(m, "wire_bytes_received"); /* 0 from an older node */
+	n->wire_tx = (uint64_t)proto_int(m, "wire_bytes_sent");
 	json_decref(n->engines); /* a node that sends none (an older one) shows none */
 	n->engines = json_is_array(json_object_get(m->h, "engines"))
 			     ? engines_from_hello(json_object_get(m->h, "engines"))
@@ -856,6 +868,8 @@ static void on_announce(struct coord *c, const char *from, struct proto_msg *m)
 		return;
 	}
 	c->n_vers++;
+	v->announced = hwfs_mono_s();
+	v->converge_s = -1;
 	snprintf(v->digest, sizeof(v->digest), "%s", digest);
 	memcpy(v->manifest, m->payload, m->payload_len);
 	v->mlen = m->payload_len;
@@ -886,6 +900,29 @@ static void on_have(struct coord *c, const char *from, struct proto_msg *m)
 	}
 }
 
+/*
+ * record_commit() - the transaction ends with @outcome: count it (/metrics:
+ * committed; aborted is "refused", partial "failed") and keep it in the
+ * status's history with its duration and each node's time to READY.
+ */
+static void record_commit(struct coord *c, const char *outcome, const char *reason)
+{
+	double took = hwfs_mono_s() - c->tx.started;
+	enum hwfs_commit_outcome o = !strcmp(outcome, "committed") ? HWFS_COMMIT_OK
+				     : !strcmp(outcome, "aborted") ? HWFS_COMMIT_REFUSED
+								   : HWFS_COMMIT_FAILED;
+
+	hwfs_count(&hwfs_cm.commits[o], 1);
+	hwfs_hist_observe_ns(&hwfs_cm.commit, (uint64_t)(took * 1e9));
+	json_array_append_new(c->commits,
+			      json_pack("{s:s, s:s, s:s, s:f, s:O}", "version", c->tx.version,
+					"outcome", outcome, "reason", reason, "duration_s", took,
+					"ready_s", c->tx.ready_s ?: json_object()));
+	if (json_array_size(c->commits) > COORD_HISTORY)
+		json_array_remove(c->commits, 0);
+	c->status_at = 0; /* the next pass hands the status over */
+}
+
 static void tx_free(struct tx *tx)
 {
 	free(tx->version);
@@ -893,6 +930,7 @@ static void tx_free(struct tx *tx)
 	json_decref(tx->nodes);
 	json_decref(tx->done);
 	json_decref(tx->failed);
+	json_decref(tx->ready_s);
 	memset(tx, 0, sizeof(*tx));
 }
 
@@ -917,6 +955,7 @@ static void tx_finish(struct coord *c, const char *outcome, const char *reason)
 								       ? ECANCELED
 								       : EINPROGRESS));
 	send_to(c, c->tx.requester, P_COMMIT_RES, res, NULL, 0);
+	record_commit(c, outcome, reason);
 	tx_free(&c->tx);
 }
 
@@ -969,6 +1008,7 @@ static void on_commit_req(struct coord *c, const char *from, struct proto_msg *m
 	c->tx = (struct tx){.active = 1, .txid = ++c->next_txid, .version = strdup(name),
 			    .req = req, .phase = 1, .pending = json_deep_copy(nodes), .nodes = nodes,
 			    .done = json_array(), .failed = json_object(),
+			    .started = hwfs_mono_s(), .ready_s = json_object(),
 			    .deadline = hwfs_mono_s() +
 					HWFS_MIN(HWFS_MAX(proto_int(m, "deadline_ms"),
 							  MIN_COMMIT_DEADLINE_MS),
@@ -999,6 +1039,7 @@ static void on_ready(struct coord *c, const char *from, struct proto_msg *m)
 	if (!c->tx.active || c->tx.phase != 1 || proto_int(m, "txid") != c->tx.txid ||
 	    !tx_answered(c, from))
 		return;
+	json_object_set_new(c->tx.ready_s, from, json_real(hwfs_mono_s() - c->tx.started));
 	if (!proto_bool(m, "ok")) {
 		json_t *why = node_reason(m, "not ready");
 
@@ -1069,9 +1110,51 @@ static void tx_tick(struct coord *c)
 	}
 }
 
-static void on_status(struct coord *c, const char *from, struct proto_msg *m)
+/*
+ * converge_check() - versions now complete on every live node: their time
+ * from the first announce (hwfs_coord_version_converge_seconds, and the
+ * status's "recent_versions").  Run after every message that may complete one.
+ */
+static void converge_check(struct coord *c)
 {
-	json_t *nodes = json_array();
+	double now = hwfs_mono_s();
+
+	for (size_t i = 0; i < c->n_vers; i++) {
+		struct cversion *v = &c->vers[i];
+		size_t live = 0, have = 0;
+
+		if (v->converge_s >= 0)
+			continue;
+		for (size_t k = 0; k < c->n_nodes; k++) {
+			json_t *e = json_object_get(c->nodes[k].versions, v->name);
+
+			if (!alive(&c->nodes[k]))
+				continue;
+			live++;
+			have += e && json_is_true(json_object_get(e, "complete")) &&
+				!strcmp(json_string_value(json_object_get(e, "digest")) ?: "",
+					v->digest);
+		}
+		if (live && have == live) {
+			v->converge_s = now - v->announced;
+			hwfs_hist_observe_ns(&hwfs_cm.converge, (uint64_t)(v->converge_s * 1e9));
+			LOG_INFO("coord: %s is on every live node (%zu), %.3f s after its announce",
+				 v->name, live, v->converge_s);
+		}
+	}
+}
+
+/*
+ * status_json() - the cluster as `hwfs status --cluster` shows it: the
+ * coordinator, the committed version, every node (alive, seconds since it
+ * was last heard, its versions and progress, engines, wire bytes), the last
+ * commits (outcome, duration, each node's time to READY) and the newest
+ * versions with their convergence time.  A new object, NULL without memory.
+ */
+static json_t *status_json(struct coord *c)
+{
+	json_t *nodes = json_array(), *recent = json_array();
+	double now = hwfs_mono_s();
 
 	for (size_t i = 0; i < c->n_nodes; i++) {
 		struct cnode *n = &c->nodes[i];
@@ -1090,21 +1173,49 @@ static void on_status(struct coord *c, const char *from, struct proto_msg *m)
 			json_array_append_new(vers, ve);
 		}
 		/* a dead node's engines are gone with it (their connections ended) */
-		json_array_append_new(nodes, json_pack("{s:s, s:s, s:b, s:I, s:o, s:o}", "name",
-						       n->name, "addr", n->addr ?: "", "alive",
-						       alive(n), "bad_shards",
-						       (json_int_t)n->bad_shards, "versions", vers,
-						       "engines",
-						       n->engines && alive(n)
-							       ? json_deep_copy(n->engines)
-							       : json_array()));
+		json_array_append_new(
+			nodes, json_pack("{s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:o, s:o}", "name",
+					 n->name, "addr", n->addr ?: "", "alive", alive(n),
+					 "last_seen_s", now - n->last_seen, "bad_shards",
+					 (json_int_t)n->bad_shards, "wire_bytes_received",
+					 (json_int_t)n->wire_rx, "wire_bytes_sent",
+					 (json_int_t)n->wire_tx, "versions", vers, "engines",
+					 n->engines && alive(n) ? json_deep_copy(n->engines)
+								: json_array()));
 	}
+	for (size_t i = c->n_vers > COORD_HISTORY ? c->n_vers - COORD_HISTORY : 0; i < c->n_vers;
+	     i++)
+		json_array_append_new(recent, json_pack("{s:s, s:s, s:o}", "name", c->vers[i].name,
+							"origin", c->vers[i].origin, "converge_s",
+							c->vers[i].converge_s >= 0
+								? json_real(c->vers[i].converge_s)
+								: json_null()));
+	return json_pack("{s:s, s:o, s:o, s:I, s:O, s:o}", "coordinator", c->endpoint,
+			 "committed", c->committed ? json_string(c->committed) : json_null(),
+			 "nodes", nodes, "refused_messages", (json_int_t)c->refused, "commits",
+			 c->commits, "recent_versions", recent);
+}
+
+static void on_status(struct coord *c, const char *from, struct proto_msg *m)
+{
 	send_to(c, from, P_STATUS_RES,
-		json_pack("{s:I, s:{s:s, s:o, s:o, s:I}}", "req", (json_int_t)proto_int(m, "req"),
-			  "cluster", "coordinator", c->endpoint, "committed",
-			  c->committed ? json_string(c->committed) : json_null(), "nodes", nodes,
-			  "refused_messages", (json_int_t)c->refused),
+		json_pack("{s:I, s:o}", "req", (json_int_t)proto_int(m, "req"), "cluster",
+			  status_json(c) ?: json_object()),
 		NULL, 0);
+}
+
+/* Hand the status to coord_opts.status every COORD_STATUS_MS (or sooner when asked). */
+static void status_tick(struct coord *c)
+{
+	json_t *st;
+
+	if (!c->o->status || hwfs_mono_s() < c->status_at)
+		return;
+	c->status_at = hwfs_mono_s() + COORD_STATUS_MS / 1000.0;
+	st = status_json(c);
+	if (st)
+		c->o->status(c->o->status_arg, st);
+	json_decref(st);
 }
 
 static void handle(struct coord *c)
@@ -1151,12 +1262,15 @@ static void handle(struct coord *c)
 		switch (m.type) {
 		case P_HELLO:
 			on_hello(c, ident, &m);
+			converge_check(c);
 			break;
 		case P_ANNOUNCE:
 			on_announce(c, ident, &m);
+			converge_check(c);
 			break;
 		case P_HAVE:
 			on_have(c, ident, &m);
+			converge_check(c);
 			break;
 		case P_COMMIT_REQ:
 			on_commit_req(c, ident, &m);
@@ -1181,7 +1295,7 @@ static void handle(struct coord *c)
 
 int coord_run(const struct coord_opts *o)
 {
-	struct coord c = {.o = o};
+	struct coord c = {.o = o, .commits = json_array()};
 	struct sigaction sa = {.sa_handler = on_signal};
 	int linger = 0, r = 0, mandatory = 0;
 	char msg[512];
@@ -1248,6 +1362,7 @@ int coord_run(const struct coord_opts *o)
 		tx_tick(&c);
 		deaths(&c);
 		expire(&c);
+		status_tick(&c);
 	}
 	LOG_INFO("coord: stopped");
 	goto out;
@@ -1271,6 +1386,7 @@ out:
 		cversion_free(&c.vers[i]);
 	free(c.vers);
 	free(c.committed);
+	json_decref(c.commits);
 	if (c.tx.active)
 		tx_free(&c.tx);
 	return r;
