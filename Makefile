@@ -263,7 +263,7 @@ cuda-abi-check:
 # Tests that run once, in the plain pass of `make test`: they check what a real
 # Prometheus and a real browser make of the daemon's pages, not the daemon's
 # memory or threads, and start heavy programs a sanitizer pass would only slow.
-ONCE_TESTS := tests/integration/cluster/test_prometheus.py tests/integration/test_status_page.py
+ONCE_TESTS := tests/integration/cluster/test_prometheus.py tests/integration/cluster/test_status_page.py
 ONCE_IGNORE := $(ONCE_TESTS:%=--ignore=%)
 
 # Under ThreadSanitizer (5-15x slower): the single-node suite and the cluster

@@ -34,7 +34,7 @@ struct coord_http {
 	int relay_fd;  /* our end of the interposed pipe */
 	/* the last status from the coordinator's thread (coord_opts.status) */
 	pthread_mutex_t mu; /* guards status; held only to swap or copy it */
-	char *status;       /* {"ok": true, "cluster": {...}} as text, or NULL */
+	char *status;       /* what `hwfs status --cluster --json` prints, or NULL */
 	uint64_t alive, dead; /* atomic: nodes by state, from the same status */
 };
 
@@ -46,12 +46,11 @@ struct coord_http {
 static void on_status(void *arg, json_t *cluster)
 {
 	struct coord_http *c = arg;
-	json_t *doc = json_pack("{s:b, s:O}", "ok", 1, "cluster", cluster), *n;
-	char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL, *old;
+	char *text = json_dumps(cluster, JSON_COMPACT), *old;
 	uint64_t alive = 0, dead = 0;
+	json_t *n;
 	size_t i;
 
-	json_decref(doc);
 	json_array_foreach(json_object_get(cluster, "nodes"), i, n) {
 		if (json_is_true(json_object_get(n, "alive")))
 			alive++;

@@ -10,6 +10,7 @@ asks for port 0 and the test reads the bound address back (`hwfs status
 --json` "http", the coordinator's "coord: http on" log line).
 """
 
+import json
 import os
 import re
 import resource
@@ -254,6 +255,14 @@ def test_coordinator_metrics_and_health(coord):
     s = samples(text)
     assert value(s, "hwfs_coord_commits_total", outcome="committed") == 0
     assert value(s, "hwfs_coord_commit_duration_seconds_count") == 0
+    assert poll(lambda: get(addr, "/api/status")[0] == 200, timeout=5)
+    st = json.loads(get(addr, "/api/status")[1])
+    assert st["nodes"] == [] and st["committed"] is None and st["commits"] == [], st
+    assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", st["coordinator"]), st
+    s = samples(get(addr, "/metrics")[1])
+    assert value(s, "hwfs_coord_nodes", state="alive") == 0
+    code, page = get(addr, "/")
+    assert code == 200 and page.startswith("<!DOCTYPE html>") and "/api/status" in page
 
 
 def test_coordinator_bad_http_address_is_one_line(tmp_path):

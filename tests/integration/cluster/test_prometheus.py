@@ -112,6 +112,9 @@ def test_prometheus_sees_the_bytes_that_moved(net, tmp_path):
         cur = p.query("hwfs_current_info")
         assert sorted((m["version"], v) for m, v in cur) == [("v1", 1.0), ("v1", 1.0)], cur
         assert p.query("sum(hwfs_commits_total{outcome=\"committed\"})")[0][1] == 2
+        assert p.query("hwfs_coord_commits_total{outcome=\"committed\"}")[0][1] == 1
+        assert p.query("hwfs_coord_version_converge_seconds_count")[0][1] == 1
+        assert p.query("hwfs_coord_nodes{state=\"alive\"}")[0][1] == 2
         arrived = p.query("hwfs_version_arrival_seconds_count")
         assert sorted(v for _, v in arrived) == [0.0, 1.0], arrived  # B received v1, A made it
         served = set()
