@@ -59,6 +59,9 @@ class Prometheus:
             (self.dir / "prometheus.log").read_text()), timeout=30)
         assert m, f"prometheus did not start:\n{self.text_log()}"
         self.addr = m.group(1)
+        # it listens before its storage is open: 503 until /-/ready says so
+        assert poll(lambda: get(self.addr, "/-/ready")[0] == 200, timeout=30), \
+            f"prometheus never became ready:\n{self.text_log()}"
 
     def text_log(self):
         return (self.dir / "prometheus.log").read_text()[-3000:]
