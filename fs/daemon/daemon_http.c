@@ -225,7 +225,8 @@ int daemon_http_start(struct daemon *d, char *msg, size_t len)
 			 r == -EINVAL ? "not HOST:PORT" : strerror(-r));
 		return r;
 	}
-	LOG_INFO("http: serving /metrics, /healthz, /readyz on %s", http_bound(d->http));
+	snprintf(d->http_addr, sizeof(d->http_addr), "%s", http_bound(d->http));
+	LOG_INFO("http: serving /metrics, /healthz, /readyz on %s", d->http_addr);
 	return 0;
 }
 

@@ -61,7 +61,9 @@ struct daemon {
 	char coord_ep[256]; /* the embedded coordinator's bound endpoint (coord_opts.bound) */
 	/* --http (daemon_http.c): the server, and what a scrape reads without the
 	 * namespace lock, refreshed by daemon_http_refresh() when versions change */
-	struct http *http;
+	struct http *http;       /* only start-up and shutdown touch it */
+	char http_addr[128];     /* the address bound, "" without --http; set before the
+				  * control thread starts, never changed (status reads it) */
 	pthread_mutex_t http_mu; /* guards http_current; never held on a data path */
 	char http_current[256];  /* the current version, "" when none */
 	uint64_t http_versions;  /* atomic: sealed and open versions */

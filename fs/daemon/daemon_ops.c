@@ -136,8 +136,8 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		      "current", cur ? json_string(cur) : json_null(), "versions",
 		      versions_json(d));
 	free(cur);
-	if (d->http)
-		json_object_set_new(r, "http", json_string(http_bound(d->http)));
+	if (d->http_addr[0])
+		json_object_set_new(r, "http", json_string(d->http_addr));
 	status_gpu(d, r);
 	json_object_set_new(r, "engines", engines_json(d->engines) ?: json_array());
 	json_object_set_new(r, "leases", engines_leases_json(d->engines) ?: json_array());
