@@ -352,16 +352,19 @@ struct read_reply {
 static int emit_reply(void *arg, const struct iovec *iov, int cnt)
 {
 	struct read_reply *rr = arg;
+	size_t len = 0;
 	int r;
 
+	/* counted before the reply: the reader may look at /metrics as soon as it has it */
+	for (int i = 0; i < cnt; i++)
+		len += iov[i].iov_len;
+	hwfs_count(&hwfs_nm.fuse_read_bytes, len);
 	rr->replied = 1;
 	r = cnt == 0 ? fuse_reply_buf(rr->req, NULL, 0) : fuse_reply_iov(rr->req, iov, cnt);
 	if (r < 0) {
+		__atomic_fetch_sub(&hwfs_nm.fuse_read_bytes, len, __ATOMIC_RELAXED);
 		LOG_ERR("read reply of %d iovecs not sent: %s", cnt, strerror(-r));
-		return r;
 	}
-	for (int i = 0; i < cnt; i++)
-		hwfs_count(&hwfs_nm.fuse_read_bytes, iov[i].iov_len);
 	return r;
 }
 
