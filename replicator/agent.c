@@ -204,7 +204,7 @@ static void announce(struct agent *a, const char *name)
 	    manifest_build(rec, &js, &len) < 0)
 		goto out;
 	agent_send_coord(a, P_ANNOUNCE, json_pack("{s:s, s:o}", "version", name, "digest",
-					    proto_hash_json(&rec->digest)),
+					    hwfs_hash_json(&rec->digest)),
 		   js, len);
 out:
 	free(js);
@@ -229,7 +229,7 @@ static void hello(struct agent *a, json_t *engines)
 
 		if (v && v->state == HWFS_V_SEALED)
 			json_array_append_new(vers, json_pack("{s:s, s:o, s:b}", "name", v->name,
-							      "digest", proto_hash_json(&v->digest),
+							      "digest", hwfs_hash_json(&v->digest),
 							      "complete", 1));
 		free(names[i]);
 	}
@@ -368,7 +368,7 @@ static void on_prepare(struct agent *a, struct proto_msg *m)
 		if (a->prep_version) {
 			a->prep_digest = digest;
 			a->prep_txid = txid;
-			a->prep_started = engines_now_ns();
+			a->prep_started = hwfs_mono_ns();
 			barrier_check(a); /* with no engine: READY right now, as before */
 			return;
 		}
@@ -583,7 +583,7 @@ static long loop_timeout_ms(struct agent *a)
 
 	if (a->prep_version) {
 		uint64_t due = a->prep_started + hwfs_tun.engine_deadline_ms * 1000000ull;
-		uint64_t now = engines_now_ns();
+		uint64_t now = hwfs_mono_ns();
 
 		left = HWFS_MIN(left, due > now ? (double)(due - now) / 1e9 : 0.0);
 	}

@@ -138,7 +138,7 @@ static void send_have(struct agent *a, const char *name, const hwfs_hash_t *dige
 		      uint64_t held, uint64_t needed, const char *bad_donor, const char *waiting)
 {
 	json_t *h = json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", name, "digest",
-			      proto_hash_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
+			      hwfs_hash_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
 			      "bytes_needed", (json_int_t)needed);
 
 	if (h && bad_donor)
@@ -732,13 +732,13 @@ void pull_pump(struct agent *a)
 
 				if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
 					continue;
-				json_array_append_new(hashes, proto_hash_json(&w->hash));
+				json_array_append_new(hashes, hwfs_hash_json(&w->hash));
 				if (want_delta(w) && base_held(a, w)) {
-					json_array_append_new(bases, proto_hash_json(&w->base));
+					json_array_append_new(bases, hwfs_hash_json(&w->base));
 					json_array_append_new(widths, json_integer(w->width));
 					n_based++;
 				} else {
-					json_array_append_new(bases, proto_hash_json(&none));
+					json_array_append_new(bases, hwfs_hash_json(&none));
 					json_array_append_new(widths, json_integer(1));
 				}
 				w->state = W_INFLIGHT;

@@ -48,7 +48,7 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 		      uint64_t total, struct shard *sh, const void *data)
 {
 	json_t *f = json_pack("{s:I, s:o, s:I, s:I, s:I}", "req", (json_int_t)req, "hash",
-			      proto_hash_json(hash), "size", (json_int_t)len, "offset", (json_int_t)pos,
+			      hwfs_hash_json(hash), "size", (json_int_t)len, "offset", (json_int_t)pos,
 			      "total", (json_int_t)total);
 	struct sent_ref *ref = NULL;
 	char *hdr = NULL;
@@ -58,7 +58,7 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 
 	if (f && base) {
 		json_object_set_new(f, "enc", json_string(PROTO_ENC_DELTA));
-		json_object_set_new(f, "base", proto_hash_json(base));
+		json_object_set_new(f, "base", hwfs_hash_json(base));
 	}
 	if (!f || proto_encode(P_SHARD, f, len, &hdr, &hlen) < 0)
 		goto out;
@@ -100,7 +100,7 @@ out:
 static void send_missing(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 			 const hwfs_hash_t *h)
 {
-	json_t *mf = json_pack("{s:I, s:o}", "req", (json_int_t)req, "hash", proto_hash_json(h));
+	json_t *mf = json_pack("{s:I, s:o}", "req", (json_int_t)req, "hash", hwfs_hash_json(h));
 
 	proto_send(a->serve, ident, ident_len, P_MISSING, mf, NULL, 0);
 	json_decref(mf);

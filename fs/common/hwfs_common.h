@@ -137,6 +137,8 @@ int hwfs_parse_size(const char *s, uint64_t *out);
 char *hwfs_fmt_size(uint64_t bytes, char *buf, size_t len);
 /** Wall clock in nanoseconds. */
 int64_t hwfs_now_ns(void);
+/** Monotonic clock (CLOCK_MONOTONIC) in nanoseconds: the engine barrier's clock. */
+uint64_t hwfs_mono_ns(void);
 /** Monotonic clock in seconds. */
 double hwfs_mono_s(void);
 /** xmalloc-style helpers: abort on OOM is NOT used; these return NULL like malloc. */

@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "daemon_i.h"
-#include "proto.h"
+#include "names.h"
 
 /* ----------------------------------------------------------- hooks */
 
@@ -225,7 +225,7 @@ static json_t *map_file(struct daemon *d, const struct hwfs_frec *f, struct map_
 								   t->dtype, "shape", shape, "off",
 								   (json_int_t)t->off, "len",
 								   (json_int_t)t->len, "hash",
-								   proto_hash_json(&t->hash))))
+								   hwfs_hash_json(&t->hash))))
 			goto out;
 	}
 	out = json_pack("{s:s, s:I, s:O, s:O}", "path", f->path, "size", (json_int_t)f->size,
@@ -323,7 +323,7 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 	if (r < 0)
 		goto fail;
 	res = json_pack("{s:b, s:s, s:o, s:I, s:I, s:O}", "ok", 1, "version", v, "digest",
-			proto_hash_json(&rec->digest), "arena_size",
+			hwfs_hash_json(&rec->digest), "arena_size",
 			(json_int_t)arena_capacity(store_arena(d->st)), "page_size",
 			(json_int_t)sysconf(_SC_PAGESIZE), "files", files);
 	if (!res) {
@@ -391,7 +391,7 @@ static json_t *watch_conn(struct daemon *d, struct ctl_reader *rd, const struct 
 	r = engines_watch_gpu(d->engines, rd->fd, peer->pid, name, gpu, &w);
 	if (r == -EINVAL)
 		res = err_reply("invalid engine name (1-%d characters of A-Z a-z 0-9 . _ -)",
-				ENGINE_NAME_MAX);
+				HWFS_ENGINE_NAME_MAX);
 	else if (r == -EEXIST)
 		res = err_reply("an engine named %s is already registered on this node", name);
 	else if (r == -ENOMEM)
