@@ -171,14 +171,12 @@ struct call {
  * "under mu".
  */
 struct agent {
-	char *node, *listen, *coordinator, *mountpoint; /* set before the thread starts */
-	struct ns *ns;
-	struct store *st;
-	int (*flip_current)(void *arg, const char *version, char *err, size_t errlen);
-	void *arg;
-	int (*barrier)(void *arg, const char *version, uint64_t started_ns, char *err,
-		       size_t errlen);
-	json_t *(*engines)(void *arg);
+	/*
+	 * The options agent_start() was given, set before the thread starts:
+	 * the strings are the agent's own copies (o.listen is replaced by the
+	 * endpoint bound, a :* port resolved); o.keys is NULL once started.
+	 */
+	struct agent_opts o;
 
 	void *ctx, *coord, *serve;
 	struct keys *keys;
@@ -231,7 +229,6 @@ struct agent {
 	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
 	double badmsg_logged; /* when a malformed message was last logged */
 	uint64_t badmsg_quiet; /* malformed messages dropped since, not logged */
-	uint64_t import_seq;
 	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */
 	double last_pulls;  /* when the agent thread last rebuilt it */
 };

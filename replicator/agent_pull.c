@@ -21,7 +21,6 @@
 #include "delta_base.h"
 #include "keys.h"
 #include "manifest.h"
-#include "own_mount.h"
 
 /* The donor connection to @addr, or NULL if none was opened yet. */
 static struct peer *peer_find(struct agent *a, const char *addr)
@@ -46,7 +45,7 @@ static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
 	if (p->sock)
 		agent_set_backoff(p->sock);
 	if (!p->addr || !p->sock ||
-	    zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, a->node, strlen(a->node)) < 0 ||
+	    zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, a->o.node, strlen(a->o.node)) < 0 ||
 	    (a->keys && keys_client(a->keys, p->sock, key) < 0) || zmq_connect(p->sock, addr) < 0) {
 		LOG_ERR("agent: cannot connect to donor %s: %s", addr, zmq_strerror(errno));
 		if (p->sock)
@@ -85,7 +84,7 @@ static void drop_partial(struct agent *a, struct want *w)
 	if (w->xs) { /* a whole shard arriving */
 		XXH3_freeState(w->xs);
 		w->xs = NULL;
-		store_stage_free(a->st, w->roff, w->size);
+		store_stage_free(a->o.st, w->roff, w->size);
 	}
 	w->got = 0;
 	w->from = NULL;
@@ -111,7 +110,7 @@ static void fetch_free(struct agent *a, struct fetch *f)
 	for (size_t i = 0; i < f->n; i++) {
 		drop_partial(a, &f->w[i]);
 		if (f->w[i].sh)
-			store_unref(a->st, f->w[i].sh);
+			store_unref(a->o.st, f->w[i].sh);
 	}
 	free_donors(f);
 	free(f->w);
@@ -181,7 +180,7 @@ static void fetch_waiting(struct agent *a, const struct fetch *f, char *buf, siz
 		return;
 	snprintf(buf, len, "waiting for space: need %s, free %s",
 		 hwfs_fmt_size(fetch_missing(f), need, sizeof(need)),
-		 hwfs_fmt_size(store_stage_room(a->st), free_, sizeof(free_)));
+		 hwfs_fmt_size(store_stage_room(a->o.st), free_, sizeof(free_)));
 }
 
 /* HAVE for a fetch in progress (with why it waits, if it does). */
@@ -213,7 +212,7 @@ static void publish_pulls(struct agent *a)
 			json_object_set_new(e, "waiting", json_string(why));
 			json_object_set_new(e, "need_bytes",
 					    json_integer((json_int_t)fetch_missing(f)));
-			json_object_set_new(e, "free_bytes", json_integer((json_int_t)store_stage_room(a->st)));
+			json_object_set_new(e, "free_bytes", json_integer((json_int_t)store_stage_room(a->o.st)));
 		}
 		if (e)
 			json_array_append_new(arr, e);
@@ -247,7 +246,7 @@ static void fetch_wait_space(struct agent *a, struct fetch *f)
 			       ? HWFS_MIN(f->space_backoff * 2, ms_s(hwfs_tun.space_retry_max_ms))
 			       : ms_s(hwfs_tun.space_retry_ms);
 	f->space_retry_at = now_s() + f->space_backoff;
-	f->space_free = store_stage_room(a->st);
+	f->space_free = store_stage_room(a->o.st);
 	if (!f->space_wait) {
 		f->space_wait = 1;
 		fetch_waiting(a, f, why, sizeof(why));
@@ -258,40 +257,17 @@ static void fetch_wait_space(struct agent *a, struct fetch *f)
 	publish_pulls(a);
 }
 
-/* Every shard is here: build the version and rename it in through the mount. */
+/* Every shard is here: build the version and seal it in through the mount (import hook). */
 static void materialize(struct agent *a, struct fetch *f)
 {
-	char hidden[128], from[4096], to[4096];
-	struct version *v;
-	int r, ok = 0;
+	char err[512] = "";
+	int ok = a->o.hooks->import(a->o.arg, f->rec, err, sizeof(err)) == 0;
 
-	snprintf(hidden, sizeof(hidden), NS_HIDDEN_PREFIX "repl-%d-%llu", (int)getpid(),
-		 (unsigned long long)++a->import_seq);
-	r = ns_import(a->ns, hidden, f->rec);
-	if (r < 0) {
-		LOG_ERR("agent: cannot build %s: %s", f->name, strerror(-r));
-		goto out;
-	}
-	snprintf(from, sizeof(from), "%s/versions/%s", a->mountpoint, hidden);
-	snprintf(to, sizeof(to), "%s/versions/%s", a->mountpoint, f->name);
-	if (own_mount_rename(from, to) < 0) {
-		LOG_ERR("agent: cannot seal %s: %s", f->name, strerror(errno));
-		ns_remove_version(a->ns, hidden);
-		goto out;
-	}
-	ns_rdlock(a->ns);
-	v = ns_version(a->ns, f->name);
-	ok = v && !hwfs_hash_cmp(&v->digest, &f->digest);
-	ns_unlock(a->ns);
-	if (!ok) {
-		LOG_ERR("agent: %s arrived with a digest that does not match its manifest; removed",
-			f->name);
-		ns_remove_version(a->ns, f->name);
-		goto out;
-	}
-	LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
-		 (unsigned long long)f->bytes_held);
-out:
+	if (!ok)
+		LOG_ERR("agent: %s", err);
+	else
+		LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
+			 (unsigned long long)f->bytes_held);
 	if (ok) {
 		send_have(a, f->name, &f->digest, 1, f->total, 0, NULL, NULL);
 		agent_flip_pending(a, f->name);
@@ -433,7 +409,7 @@ static void assign_bases(struct agent *a, struct fetch *f, const char *base)
 		memset(&f->w[k].base, 0, sizeof(f->w[k].base));
 		f->w[k].width = 1;
 	}
-	if (!base || !hwfs_tun.delta || ns_snapshot(a->ns, base, &bv) < 0 ||
+	if (!base || !hwfs_tun.delta || a->o.hooks->snapshot(a->o.arg, base, &bv) < 0 ||
 	    bv->state != HWFS_V_SEALED || delta_bases_new(bv, &idx) < 0 ||
 	    !(by_hash = malloc((f->n ? f->n : 1) * sizeof(*by_hash))))
 		goto out;
@@ -467,23 +443,18 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	const char *name = proto_str(m, "version");
 	struct hwfs_vrec *rec = NULL;
 	struct fetch *f;
-	struct version *v;
-	hwfs_hash_t digest, *hs = NULL;
+	enum hwfs_vstate state;
+	hwfs_hash_t digest, here, *hs = NULL;
 	char err[256];
 	size_t total = 0, n = 0;
-	int have;
 
 	if (proto_hash(m, "digest", &digest) < 0)
 		return;
-	ns_rdlock(a->ns);
-	v = ns_version(a->ns, name);
-	have = v && v->state == HWFS_V_SEALED && !hwfs_hash_cmp(&v->digest, &digest);
-	ns_unlock(a->ns);
-	if (have) {
-		send_have(a, name, &digest, 1, 0, 0, NULL, NULL);
-		return;
-	}
-	if (v) {
+	if (a->o.hooks->lookup(a->o.arg, name, &state, &here) == 0) {
+		if (state == HWFS_V_SEALED && !hwfs_hash_cmp(&here, &digest)) {
+			send_have(a, name, &digest, 1, 0, 0, NULL, NULL);
+			return;
+		}
 		LOG_ERR("agent: plan for %s, but a different %s exists here; ignored", name, name);
 		return;
 	}
@@ -541,7 +512,7 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 			f->w[f->n].hash = e->hash;
 			f->w[f->n].size = e->len;
 			f->total += e->len;
-			f->w[f->n].sh = store_get(a->st, &e->hash);
+			f->w[f->n].sh = store_get(a->o.st, &e->hash);
 			if (f->w[f->n].sh) {
 				f->w[f->n].state = W_HELD;
 			} else {
@@ -634,10 +605,10 @@ static int want_delta(const struct want *w)
  */
 static int base_held(struct agent *a, struct want *w)
 {
-	struct shard *bsh = store_get(a->st, &w->base);
+	struct shard *bsh = store_get(a->o.st, &w->base);
 
 	if (bsh)
-		store_unref(a->st, bsh);
+		store_unref(a->o.st, bsh);
 	else
 		w->whole = 1;
 	return bsh != NULL;
@@ -660,7 +631,7 @@ void pull_pump(struct agent *a)
 
 		next = f->next;
 		if (f->space_wait) {
-			uint64_t free_now = store_stage_room(a->st);
+			uint64_t free_now = store_stage_room(a->o.st);
 			char fb[32];
 
 			if (now < f->space_retry_at && free_now <= f->space_free) {
@@ -817,7 +788,7 @@ static void shard_arrived(struct agent *a, struct fetch *f, struct want *w, stru
 static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char *from,
 		    const void *peer)
 {
-	struct shard *bsh = store_get(a->st, &w->base), *sh;
+	struct shard *bsh = store_get(a->o.st, &w->base), *sh;
 	unsigned width = w->width;
 	hwfs_hash_t got;
 	uint64_t t0, roff;
@@ -826,7 +797,7 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 
 	if (!bsh || bsh->size != w->size) { /* its base went while the delta travelled */
 		if (bsh)
-			store_unref(a->st, bsh);
+			store_unref(a->o.st, bsh);
 		LOG_INFO("agent: the base of a shard of %s is gone here; asking for it whole", f->name);
 		drop_partial(a, w);
 		w->whole = 1;
@@ -837,7 +808,7 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 		uint8_t *p = realloc(a->scratch, w->size);
 
 		if (!p) {
-			store_unref(a->st, bsh);
+			store_unref(a->o.st, bsh);
 			fetch_wait_space(a, f);
 			return;
 		}
@@ -845,7 +816,7 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 		a->scratch_len = w->size;
 	}
 	t0 = delta_cpu_ns();
-	r = delta_decode(a->dcx, store_shard_data(a->st, bsh), w->size, w->enc, w->enc_total,
+	r = delta_decode(a->dcx, store_shard_data(a->o.st, bsh), w->size, w->enc, w->enc_total,
 			 a->scratch, err, sizeof(err));
 	__atomic_add_fetch(&a->ds.decode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
 	if (r == 0) {
@@ -857,18 +828,18 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 		delta_peek(w->enc, w->enc_total, NULL, &width, NULL, 0);
 	}
 	if (*err) { /* whose fault: is the base here intact? */
-		hwfs_hash_buf(store_shard_data(a->st, bsh), w->size, &got);
+		hwfs_hash_buf(store_shard_data(a->o.st, bsh), w->size, &got);
 		if (hwfs_hash_cmp(&got, &w->base)) {
 			LOG_ERR("agent: the base of a shard of %s is damaged here (hwfs verify will "
 				"say which version); asking for the shard whole", f->name);
-			store_unref(a->st, bsh);
+			store_unref(a->o.st, bsh);
 			drop_partial(a, w);
 			w->whole = 1;
 			w->state = W_QUEUED;
 			return;
 		}
 	}
-	store_unref(a->st, bsh);
+	store_unref(a->o.st, bsh);
 	if (*err) {
 		LOG_ERR("agent: bad delta from %s for %s (%s); asking for the whole shard", from,
 			f->name, err);
@@ -879,18 +850,18 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 		next_donor(a, f, w);
 		return;
 	}
-	if (store_stage_alloc(a->st, w->size, 1, &roff) < 0) {
+	if (store_stage_alloc(a->o.st, w->size, 1, &roff) < 0) {
 		fetch_wait_space(a, f);
 		return;
 	}
-	r = store_stage_write(a->st, roff, a->scratch, w->size);
+	r = store_stage_write(a->o.st, roff, a->scratch, w->size);
 	if (r < 0) {
 		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
-		store_stage_free(a->st, roff, w->size);
+		store_stage_free(a->o.st, roff, w->size);
 		fetch_wait_space(a, f);
 		return;
 	}
-	sh = store_intern_staged(a->st, &w->hash, roff, w->size);
+	sh = store_intern_staged(a->o.st, &w->hash, roff, w->size);
 	if (!sh) {
 		fetch_fail(a, f, "out of memory");
 		return;
@@ -995,7 +966,7 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 	if (pos == 0) { /* (re)start */
 		drop_partial(a, w);
 		w->xs = XXH3_createState();
-		if (!w->xs || store_stage_alloc(a->st, w->size, 1, &w->roff) < 0) {
+		if (!w->xs || store_stage_alloc(a->o.st, w->size, 1, &w->roff) < 0) {
 			if (w->xs)
 				XXH3_freeState(w->xs);
 			w->xs = NULL;
@@ -1007,7 +978,7 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 	} else if (!w->xs || w->from != peer || pos != w->got) {
 		return; /* a stray piece (an old donor's, or out of order): ignore */
 	}
-	r = store_stage_write(a->st, w->roff + pos, m->payload, len);
+	r = store_stage_write(a->o.st, w->roff + pos, m->payload, len);
 	if (r < 0) {
 		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
 		fetch_wait_space(a, f); /* frees every partial shard */
@@ -1028,14 +999,14 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 		LOG_ERR("agent: bad shard from %s for %s (hash mismatch); asking another donor", from,
 			f->name);
 		report_progress(a, f, f->donor_names[w->donor]);
-		store_stage_free(a->st, w->roff, w->size);
+		store_stage_free(a->o.st, w->roff, w->size);
 		w->got = 0;
 		serve_abort_forwarded(a, &h);
 		donor_failed(a, f, w->donor, "sent a shard that does not match its hash");
 		next_donor(a, f, w);
 		return;
 	}
-	sh = store_intern_staged(a->st, &h, w->roff, w->size);
+	sh = store_intern_staged(a->o.st, &h, w->roff, w->size);
 	w->got = 0;
 	if (!sh) {
 		fetch_fail(a, f, "out of memory");

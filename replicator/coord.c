@@ -260,6 +260,37 @@ static void forget_removed(struct cnode *n, json_t *vers)
 	json_decref(listed);
 }
 
+/*
+ * learn_decision() - the last cluster decision node @from applied (its
+ * HELLO's "applied" and "epoch"), when it is newer than the coordinator's
+ * own: a coordinator restarted without --state (or with an older one) takes
+ * the newest decision any node reports, so `status --cluster` shows the
+ * committed version and the next decision gets an epoch above every one a
+ * node has seen: no (version, epoch) pair is ever decided twice.  An epoch
+ * equal to the coordinator's fills in a committed version it does not know.
+ */
+static void learn_decision(struct coord *c, const char *from, struct proto_msg *m)
+{
+	const char *v = proto_str(m, "applied");
+	uint64_t epoch = proto_int(m, "epoch");
+	char *dup;
+
+	if (!v || !json_object_get(m->h, "epoch") || epoch >= PROTO_MAX_INT ||
+	    strlen(v) > PROTO_MAX_VERSION_NAME || hwfs_has_controls(v))
+		return;
+	if (epoch < c->epoch || (epoch == c->epoch && c->committed))
+		return;
+	dup = strdup(v);
+	if (!dup)
+		return; /* learnt from the next heartbeat */
+	LOG_INFO("coord: %s reports the cluster's decision %s (epoch %llu): committed %s -> %s",
+		 from, v, (unsigned long long)epoch, c->committed ? c->committed : "(none)", v);
+	free(c->committed);
+	c->committed = dup;
+	c->epoch = epoch;
+	coord_save_committed(c);
+}
+
 static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 {
 	struct cnode *n = coord_node(c, from);
@@ -342,6 +373,7 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 			 v ? (json_int_t)v->bytes : 0, 0);
 	}
 	forget_removed(n, vers);
+	learn_decision(c, from, m);
 	if (!fresh) { /* heartbeat answered; the decision is repeated for nodes that missed it */
 		coord_send(c, from, P_PONG, committed_fields(c), NULL, 0);
 		return;
@@ -482,10 +514,11 @@ static void on_status(struct coord *c, const char *from, struct proto_msg *m)
 							       : json_array()));
 	}
 	coord_send(c, from, P_STATUS_RES,
-		json_pack("{s:I, s:{s:s, s:o, s:o, s:I}}", "req", (json_int_t)proto_int(m, "req"),
+		json_pack("{s:I, s:{s:s, s:o, s:I, s:o, s:I}}", "req", (json_int_t)proto_int(m, "req"),
 			  "cluster", "coordinator", c->endpoint, "committed",
-			  c->committed ? json_string(c->committed) : json_null(), "nodes", nodes,
-			  "refused_messages", (json_int_t)c->refused),
+			  c->committed ? json_string(c->committed) : json_null(), "epoch",
+			  (json_int_t)c->epoch, "nodes", nodes, "refused_messages",
+			  (json_int_t)c->refused),
 		NULL, 0);
 }
 

@@ -3,7 +3,7 @@
  * `map` (a read-only descriptor of the arena, the version's extents and
  * tensors, and a lease on its shards), `watch` (events) and `engine` (events,
  * prepare, reports), plus the daemon's hooks that feed the registry
- * (engines.c): seals, the agent's barrier and the engines in its heartbeat.
+ * (engines.c): seals and commits.
  *
  * Each operation runs on its connection's thread (daemon.c, conn_main): it
  * sends its first reply itself, then waits on the connection until the
@@ -56,23 +56,6 @@ void daemon_current(void *arg)
 
 	engines_event(d->engines, "current", NULL);
 	daemon_gpu_current(d);
-}
-
-/* The agent's barrier hook: engines_barrier() on this daemon's registry. */
-int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,
-		   size_t errlen)
-{
-	struct daemon *d = arg;
-
-	return engines_barrier(d->engines, version, started_ns, err, errlen);
-}
-
-/* The agent's HELLO hook: this node's engines, a new array (NULL without memory). */
-json_t *daemon_engines_json(void *arg)
-{
-	struct daemon *d = arg;
-
-	return engines_json(d->engines);
 }
 
 /*
