@@ -5,8 +5,10 @@
  * This file holds HELLO/WELCOME and the heartbeat, PREPARE/COMMIT and the
  * cluster's decisions (flipping current), announcing sealed versions, the
  * loop that polls every socket and dispatches what arrives, and the public
- * API.  Pulling is in agent_pull.c, serving in agent_serve.c; what they share
- * is in agent_i.h.
+ * API.  Pulling is in agent_pull.c and agent_recv.c, serving in
+ * agent_serve.c; what they share is in agent_i.h.  The node itself (its
+ * namespace, mount and engines) is reached only through the hooks of
+ * agent_opts (agent.h).
  *
  * Everything below runs on the agent thread, except agent_sealed(),
  * agent_call(), agent_pulls() and agent_counters(), which only touch the
