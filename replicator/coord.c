@@ -275,8 +275,7 @@ static void learn_decision(struct coord *c, const char *from, struct proto_msg *
 	uint64_t epoch = proto_int(m, "epoch");
 	char *dup;
 
-	if (!v || !json_object_get(m->h, "epoch") || epoch >= PROTO_MAX_INT ||
-	    strlen(v) > PROTO_MAX_VERSION_NAME || hwfs_has_controls(v))
+	if (!proto_version_name_ok(v) || !json_object_get(m->h, "epoch") || epoch >= PROTO_MAX_INT)
 		return;
 	if (epoch < c->epoch || (epoch == c->epoch && c->committed))
 		return;

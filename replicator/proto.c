@@ -633,13 +633,19 @@ int proto_hash(const struct proto_msg *m, const char *key, hwfs_hash_t *out)
 /* HELLO.engines, as the coordinator keeps it                          */
 /* ------------------------------------------------------------------ */
 
-/* @v if it is a plausible version name (1-255 bytes, no control character), else NULL. */
+int proto_version_name_ok(const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+
+	return n >= 1 && n <= PROTO_MAX_VERSION_NAME && !hwfs_has_controls(s);
+}
+
+/* @v if it is a plausible version name (proto_version_name_ok()), else NULL. */
 static const char *version_or_null(json_t *v)
 {
 	const char *s = json_string_value(v);
-	size_t n = s ? strlen(s) : 0;
 
-	return n < 1 || n > PROTO_MAX_VERSION_NAME || hwfs_has_controls(s) ? NULL : s;
+	return proto_version_name_ok(s) ? s : NULL;
 }
 
 /* @v as a JSON integer if it is one in [0, PROTO_MAX_INT], else JSON null. */

@@ -126,6 +126,13 @@ int proto_bool(const struct proto_msg *m, const char *key);
 int proto_hash(const struct proto_msg *m, const char *key, hwfs_hash_t *out);
 
 /**
+ * proto_version_name_ok() - is @s (NULL: no) a plausible version name as a
+ * peer sends one: 1-PROTO_MAX_VERSION_NAME bytes, no control character
+ * (hwfs_has_controls())?  Returns 1 or 0.
+ */
+int proto_version_name_ok(const char *s);
+
+/**
  * proto_hello_engines() - the engines a node reports in its HELLO (@in, the
  * "engines" array, as its `hwfs status` shows them), as a coordinator keeps
  * and shows them: at most PROTO_MAX_ENGINES entries; an entry without a valid
