@@ -649,12 +649,9 @@ int daemon_run(const struct daemon_opts *o)
 	if (o->join) {
 		/* joining our own coordinator: at the port it bound (tcp://HOST:* allowed) */
 		const char *join = o->coordinator && d.coord_ep[0] ? d.coord_ep : o->join;
-		struct agent_opts ao = {o->node, o->listen, join, o->mountpoint, o->keys, d.ns,
-					d.st, flip_current, &d, daemon_barrier, daemon_engines_json};
-
 		struct agent *agent = NULL;
 
-		r = agent_start(&ao, &agent);
+		r = daemon_join(&d, join, &agent);
 		__atomic_store_n(&d.agent, agent, __ATOMIC_RELEASE);
 		if (r < 0) {
 			snprintf(msg, sizeof(msg), "error: cannot join %s: %s\n", o->join,

@@ -45,7 +45,7 @@
 #include "daemon_i.h"
 #include "delta.h"
 #include "delta_base.h"
-#include "proto.h"
+#include "names.h"
 #include "tunables.h"
 
 /* A tensor of A, found by (file path, tensor name). */

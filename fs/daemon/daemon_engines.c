@@ -3,7 +3,7 @@
  * `map` (a read-only descriptor of the arena, the version's extents and
  * tensors, and a lease on its shards), `watch` (events) and `engine` (events,
  * prepare, reports), plus the daemon's hooks that feed the registry
- * (engines.c): seals, the agent's barrier and the engines in its heartbeat.
+ * (engines.c): seals and commits.
  *
  * Each operation runs on its connection's thread (daemon.c, conn_main): it
  * sends its first reply itself, then waits on the connection until the
@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "daemon_i.h"
-#include "proto.h"
+#include "names.h"
 
 /* ----------------------------------------------------------- hooks */
 
@@ -56,23 +56,6 @@ void daemon_current(void *arg)
 
 	engines_event(d->engines, "current", NULL);
 	daemon_gpu_current(d);
-}
-
-/* The agent's barrier hook: engines_barrier() on this daemon's registry. */
-int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,
-		   size_t errlen)
-{
-	struct daemon *d = arg;
-
-	return engines_barrier(d->engines, version, started_ns, err, errlen);
-}
-
-/* The agent's HELLO hook: this node's engines, a new array (NULL without memory). */
-json_t *daemon_engines_json(void *arg)
-{
-	struct daemon *d = arg;
-
-	return engines_json(d->engines);
 }
 
 /*
@@ -225,7 +208,7 @@ static json_t *map_file(struct daemon *d, const struct hwfs_frec *f, struct map_
 								   t->dtype, "shape", shape, "off",
 								   (json_int_t)t->off, "len",
 								   (json_int_t)t->len, "hash",
-								   proto_hash_json(&t->hash))))
+								   hwfs_hash_json(&t->hash))))
 			goto out;
 	}
 	out = json_pack("{s:s, s:I, s:O, s:O}", "path", f->path, "size", (json_int_t)f->size,
@@ -323,7 +306,7 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 	if (r < 0)
 		goto fail;
 	res = json_pack("{s:b, s:s, s:o, s:I, s:I, s:O}", "ok", 1, "version", v, "digest",
-			proto_hash_json(&rec->digest), "arena_size",
+			hwfs_hash_json(&rec->digest), "arena_size",
 			(json_int_t)arena_capacity(store_arena(d->st)), "page_size",
 			(json_int_t)sysconf(_SC_PAGESIZE), "files", files);
 	if (!res) {
@@ -390,7 +373,7 @@ static json_t *watch_conn(struct daemon *d, struct ctl_reader *rd, const struct 
 	r = engines_watch_gpu(d->engines, rd->fd, peer->pid, name, gpu, &w);
 	if (r == -EINVAL)
 		res = err_reply(EINVAL, "invalid engine name (1-%d characters of A-Z a-z 0-9 . _ -)",
-				ENGINE_NAME_MAX);
+				HWFS_ENGINE_NAME_MAX);
 	else if (r == -EEXIST)
 		res = err_reply(EEXIST, "an engine named %s is already registered on this node",
 				name);

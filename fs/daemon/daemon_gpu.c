@@ -32,7 +32,7 @@
 #include "daemon_i.h"
 #include "devload.h"
 #include "gpu.h"
-#include "proto.h"
+#include "names.h"
 #include "tunables.h"
 
 /* ----------------------------------------------------------- requests */
@@ -131,7 +131,7 @@ static json_t *tensor_json(const struct hwfs_frec *f, const struct hwfs_trec *t)
 		return NULL;
 	return json_pack("{s:s, s:s, s:s, s:o, s:I, s:o}", "name", t->name, "file", f->path,
 			 "dtype", t->dtype, "shape", shape, "len", (json_int_t)t->len, "hash",
-			 proto_hash_json(&t->hash));
+			 hwfs_hash_json(&t->hash));
 }
 
 /*

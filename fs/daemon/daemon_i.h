@@ -4,9 +4,10 @@
  * socket and its connections), daemon_ops.c (the table of control operations
  * and their handlers), daemon_publish.c (`hwfs publish`), daemon_diff.c
  * (`hwfs diff --elements`), daemon_engines.c (map, watch and engine: the
- * long-lived operations of docs/engines.md) and daemon_gpu.c (load, unload,
- * gpumap: docs/gpu.md).  Nothing outside those files includes it; the public
- * API is daemon.h.
+ * long-lived operations of docs/engines.md), daemon_gpu.c (load, unload,
+ * gpumap: docs/gpu.md) and daemon_repl.c (joining a cluster: the hooks the
+ * replication agent is handed).  Nothing outside those files includes it;
+ * the public API is daemon.h.
  */
 #ifndef HWFS_DAEMON_I_H
 #define HWFS_DAEMON_I_H
@@ -120,12 +121,12 @@ void daemon_sealed(void *arg, const char *name);
 /** Current hook (daemon_engines.c): {"event": "current"} to the watchers after a commit. */
 void daemon_current(void *arg);
 
-/** The agent's barrier hook: engines_barrier() on the daemon's registry. */
-int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,
-		   size_t errlen);
-
-/** The agent's HELLO hook: this node's engines (engines_json()). */
-json_t *daemon_engines_json(void *arg);
+/**
+ * daemon_join() - start this node's replication agent (daemon_repl.c), joined
+ * to @coordinator, with the hooks that let it reach the namespace, the mount
+ * and the engines.  Returns agent_start()'s 0 or -errno.
+ */
+int daemon_join(struct daemon *d, const char *coordinator, struct agent **out);
 
 /* daemon_engines.c: the long-lived operations (daemon_op_fn) */
 json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer);

@@ -23,7 +23,7 @@
 #include "devload.h"
 #include "manifest.h"
 #include "own_mount.h"
-#include "proto.h"
+#include "names.h"
 #include "tunables.h"
 
 /* ----------------------------------------------------------- helpers */
@@ -66,7 +66,7 @@ static json_t *version_json(struct daemon *d, struct version *v)
 			 hwfs_vstate_name(v->state), "seq", (json_int_t)v->seq, "bytes",
 			 (json_int_t)bytes, "files", (json_int_t)files, "tensors",
 			 (json_int_t)v->tensors, "digest",
-			 v->state == HWFS_V_OPEN ? json_null() : proto_hash_json(&v->digest), "errors", errs);
+			 v->state == HWFS_V_OPEN ? json_null() : hwfs_hash_json(&v->digest), "errors", errs);
 }
 
 static json_t *versions_json(struct daemon *d)
@@ -414,7 +414,7 @@ static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			store_unref(d->st, sh);
 		}
 		if (!sh || hwfs_hash_cmp(&h, &hs[i]))
-			json_array_append_new(bad, proto_hash_json(&hs[i]));
+			json_array_append_new(bad, hwfs_hash_json(&hs[i]));
 	}
 	if (rec->state != HWFS_V_OPEN) {
 		r = ns_set_state(d->ns, v, json_array_size(bad) ? HWFS_V_DAMAGED : HWFS_V_SEALED);
@@ -547,7 +547,7 @@ static json_t *tensor_map(const struct hwfs_vrec *v, json_t *dup)
 			    asprintf(&q, "%s@%s", t->name, v->files[i].path) < 0)
 				q = NULL;
 			json_object_set_new(m, q ? q : t->name,
-					    json_pack("{s:o, s:I}", "hash", proto_hash_json(&t->hash),
+					    json_pack("{s:o, s:I}", "hash", hwfs_hash_json(&t->hash),
 						      "len", (json_int_t)t->len));
 			free(q);
 		}

@@ -31,6 +31,7 @@
 #include "daemon_i.h"
 #include "own_mount.h"
 #include "tunables.h"
+#include "names.h"
 
 struct publish {
 	struct daemon *d;

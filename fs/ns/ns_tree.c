@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "ns_i.h"
+#include "names.h"
 
 /* ---------------------------------------------------------------- changes */
 

@@ -18,6 +18,7 @@
 
 #include "manifest.h"
 #include "ns_i.h"
+#include "names.h"
 
 /* --------------------------------------------------------------- versions */
 
