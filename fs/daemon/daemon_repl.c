@@ -168,7 +168,7 @@ static const struct agent_hooks repl_hooks = {
 	.current = repl_current,
 	.committable = repl_committable,
 	.import = repl_import,
-	.flip_current = flip_current,
+	.flip_current = daemon_flip_current,
 	.barrier = repl_barrier,
 	.engines = repl_engines,
 };
