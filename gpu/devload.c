@@ -403,19 +403,10 @@ static json_t *summary_of(const struct devload *l)
 			 l->seconds, "source", l->pinned ? "pinned" : "pageable");
 }
 
-/* CLOCK_MONOTONIC in nanoseconds (the clock of engines_now_ns()). */
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* @l ends loading in @st (dl->mu taken here); wakes the waiters. */
 static void finish(struct devloads *dl, struct devload *l, enum dl_state st, json_t **summary)
 {
-	uint64_t now = mono_ns();
+	uint64_t now = hwfs_mono_ns();
 
 	pthread_mutex_lock(&dl->mu);
 	l->state = st;

@@ -212,7 +212,7 @@ int devloads_wait(struct devloads *dl, const char *version, int gpu, json_t **su
 /**
  * devloads_ready() - the commit barrier's question: is @version (seq @seq)
  * resident on device @gpu, for the barrier that began at @started_ns
- * (CLOCK_MONOTONIC, engines_now_ns())?  Returns 0 (loaded), -EINPROGRESS
+ * (CLOCK_MONOTONIC, hwfs_mono_ns())?  Returns 0 (loaded), -EINPROGRESS
  * (loading), -ECANCELED with the reason in @err (the load failed at or
  * after @started_ns: every question of this barrier gets the same answer;
  * or the device holds another version of that name), -ENOENT (no load:

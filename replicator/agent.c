@@ -5,8 +5,10 @@
  * This file holds HELLO/WELCOME and the heartbeat, PREPARE/COMMIT and the
  * cluster's decisions (flipping current), announcing sealed versions, the
  * loop that polls every socket and dispatches what arrives, and the public
- * API.  Pulling is in agent_pull.c, serving in agent_serve.c; what they share
- * is in agent_i.h.
+ * API.  Pulling is in agent_pull.c and agent_recv.c, serving in
+ * agent_serve.c; what they share is in agent_i.h.  The node itself (its
+ * namespace, mount and engines) is reached only through the hooks of
+ * agent_opts (agent.h).
  *
  * Everything below runs on the agent thread, except agent_sealed(),
  * agent_call(), agent_pulls() and agent_counters(), which only touch the
@@ -25,7 +27,6 @@
 #include <zmq.h>
 
 #include "agent_i.h"
-#include "engines.h"
 #include "keys.h"
 #include "manifest.h"
 
@@ -80,13 +81,13 @@ void agent_set_backoff(void *sock)
 static int flip_to(struct agent *a, const char *version)
 {
 	char err[256];
-	char *cur = ns_current(a->ns);
+	char *cur = a->o.hooks->current(a->o.arg);
 	int same = cur && !strcmp(cur, version), r = 0;
 
 	free(cur);
 	if (same)
 		goto out;
-	r = a->flip_current(a->arg, version, err, sizeof(err));
+	r = a->o.hooks->flip_current(a->o.arg, version, err, sizeof(err));
 	if (r < 0 && !a->flip_failing)
 		LOG_ERR("agent: cannot flip current to %s, committed by the cluster: %s (retried "
 			"on every heartbeat; logged once)", version, err);
@@ -115,7 +116,7 @@ static void set_applied(struct agent *a, const char *version, uint64_t epoch)
 	a->applied = v;
 	a->applied_epoch = epoch;
 	snprintf(buf, sizeof(buf), "%llu %s", (unsigned long long)epoch, version);
-	if (store_meta_set(a->st, APPLIED_KEY, buf) < 0)
+	if (store_meta_set(a->o.st, APPLIED_KEY, buf) < 0)
 		LOG_WARN("agent: cannot record the applied commit %s in the store", version);
 }
 
@@ -125,7 +126,7 @@ static void load_applied(struct agent *a)
 	char *val = NULL, *sp;
 	unsigned long long epoch;
 
-	if (store_meta_get(a->st, APPLIED_KEY, &val) < 0)
+	if (store_meta_get(a->o.st, APPLIED_KEY, &val) < 0)
 		return;
 	sp = strchr(val, ' ');
 	if (sp && sp[1] && sscanf(val, "%llu ", &epoch) == 1) {
@@ -157,17 +158,14 @@ static void apply_commit(struct agent *a, const char *version, uint64_t epoch)
  */
 static void learn_commit(struct agent *a, const char *committed, uint64_t epoch)
 {
-	struct version *v;
-	int have;
+	enum hwfs_vstate state;
+	hwfs_hash_t digest;
 
 	if (!committed ||
 	    (a->applied && !strcmp(a->applied, committed) && a->applied_epoch == epoch))
 		return;
-	ns_rdlock(a->ns);
-	v = ns_version(a->ns, committed);
-	have = v && v->state == HWFS_V_SEALED;
-	ns_unlock(a->ns);
-	if (!have) {
+	if (a->o.hooks->lookup(a->o.arg, committed, &state, &digest) < 0 ||
+	    state != HWFS_V_SEALED) {
 		if (!a->pending_commit || strcmp(a->pending_commit, committed)) {
 			free(a->pending_commit);
 			a->pending_commit = strdup(committed);
@@ -198,13 +196,11 @@ static void announce(struct agent *a, const char *name)
 	char *js = NULL;
 	size_t len;
 
-	if (!strncmp(name, NS_HIDDEN_PREFIX, strlen(NS_HIDDEN_PREFIX)))
-		return;
-	if (ns_snapshot(a->ns, name, &rec) < 0 || rec->state != HWFS_V_SEALED ||
+	if (a->o.hooks->snapshot(a->o.arg, name, &rec) < 0 || rec->state != HWFS_V_SEALED ||
 	    manifest_build(rec, &js, &len) < 0)
 		goto out;
 	agent_send_coord(a, P_ANNOUNCE, json_pack("{s:s, s:o}", "version", name, "digest",
-					    proto_hash_json(&rec->digest)),
+					    hwfs_hash_json(&rec->digest)),
 		   js, len);
 out:
 	free(js);
@@ -212,31 +208,23 @@ out:
 }
 
 /*
- * hello() - send the heartbeat: this node's versions, current, engines
+ * hello() - send the heartbeat: this node's versions, current, the last
+ * cluster decision it applied (so a coordinator restarted without --state
+ * relearns the committed version and never repeats an epoch), engines
  * (@engines, consumed, when the caller read them already; else read here).
  * The engines sent are kept: an early HELLO is due only when they change.
  */
 static void hello(struct agent *a, json_t *engines)
 {
-	json_t *vers = json_array();
-	char **names = NULL, *cur = ns_current(a->ns);
-	size_t n = 0;
+	json_t *vers = a->o.hooks->versions(a->o.arg), *v;
+	char *cur = a->o.hooks->current(a->o.arg);
+	size_t i;
 
-	ns_list(a->ns, &names, &n);
-	ns_rdlock(a->ns);
-	for (size_t i = 0; i < n; i++) {
-		struct version *v = ns_version(a->ns, names[i]);
-
-		if (v && v->state == HWFS_V_SEALED)
-			json_array_append_new(vers, json_pack("{s:s, s:o, s:b}", "name", v->name,
-							      "digest", proto_hash_json(&v->digest),
-							      "complete", 1));
-		free(names[i]);
-	}
-	ns_unlock(a->ns);
-	free(names);
-	json_t *h = json_pack("{s:s, s:s, s:o, s:o}", "node", a->node, "listen", a->listen,
-			      "versions", vers, "current", cur ? json_string(cur) : json_null());
+	json_array_foreach(vers, i, v)
+		json_object_set_new(v, "complete", json_true());
+	json_t *h = json_pack("{s:s, s:s, s:o, s:o}", "node", a->o.node, "listen", a->o.listen,
+			      "versions", vers ?: json_array(), "current",
+			      cur ? json_string(cur) : json_null());
 
 	json_object_set_new(h, "session", json_string(a->session));
 	/* for the coordinator's status page (wire bytes per node) */
@@ -244,11 +232,15 @@ static void hello(struct agent *a, json_t *engines)
 			    json_integer((json_int_t)__atomic_load_n(&a->wire_rx, __ATOMIC_RELAXED)));
 	json_object_set_new(h, "wire_bytes_sent",
 			    json_integer((json_int_t)__atomic_load_n(&a->wire_tx, __ATOMIC_RELAXED)));
-	if (a->engines && !engines) {
-		__atomic_store_n(&a->engines_changed, 0, __ATOMIC_RELAXED); /* before the read */
-		engines = a->engines(a->arg);
+	if (a->applied) { /* docs/protocol.md, HELLO.applied */
+		json_object_set_new(h, "applied", json_string(a->applied));
+		json_object_set_new(h, "epoch", json_integer((json_int_t)a->applied_epoch));
 	}
-	if (a->engines) { /* the coordinator shows them in `hwfs status --cluster` */
+	if (a->o.hooks->engines && !engines) {
+		__atomic_store_n(&a->engines_changed, 0, __ATOMIC_RELAXED); /* before the read */
+		engines = a->o.hooks->engines(a->o.arg);
+	}
+	if (a->o.hooks->engines) { /* the coordinator shows them in `hwfs status --cluster` */
 		json_decref(a->hello_engines);
 		a->hello_engines = engines ? json_incref(engines) : NULL;
 		json_object_set_new(h, "engines", engines ?: json_array());
@@ -262,17 +254,14 @@ static void hello(struct agent *a, json_t *engines)
 
 static void on_welcome(struct agent *a, struct proto_msg *m)
 {
-	char **names = NULL;
-	size_t n = 0;
+	json_t *vers = a->o.hooks->versions(a->o.arg), *v;
+	size_t i;
 
-	LOG_INFO("agent: joined %s as %s", a->coordinator, a->node);
+	LOG_INFO("agent: joined %s as %s", a->o.coordinator, a->o.node);
 	/* a (re)started coordinator learns our versions from their manifests */
-	ns_list(a->ns, &names, &n);
-	for (size_t i = 0; i < n; i++) {
-		announce(a, names[i]);
-		free(names[i]);
-	}
-	free(names);
+	json_array_foreach(vers, i, v)
+		announce(a, json_string_value(json_object_get(v, "name")));
+	json_decref(vers);
 	learn_commit(a, proto_str(m, "committed"), proto_int(m, "epoch"));
 }
 
@@ -303,18 +292,7 @@ static void prep_clear(struct agent *a)
 static int prepare_check(struct agent *a, const char *name, const hwfs_hash_t *digest, char *err,
 			 size_t errlen)
 {
-	struct version *v;
-	int r;
-
-	ns_rdlock(a->ns);
-	r = ns_check_committable(a->ns, name, err, errlen);
-	v = ns_version(a->ns, name);
-	if (r == 0 && hwfs_hash_cmp(&v->digest, digest)) {
-		r = -EINVAL;
-		snprintf(err, errlen, "%s here differs from the cluster's", name);
-	}
-	ns_unlock(a->ns);
-	return r;
+	return a->o.hooks->committable(a->o.arg, name, digest, err, errlen);
 }
 
 /*
@@ -330,7 +308,7 @@ static void barrier_check(struct agent *a)
 
 	if (!a->prep_version)
 		return;
-	r = a->barrier(a->arg, a->prep_version, a->prep_started, err, sizeof(err));
+	r = a->o.hooks->barrier(a->o.arg, a->prep_version, a->prep_started, err, sizeof(err));
 	if (r == -EINPROGRESS)
 		return;
 	if (r == 0)
@@ -368,12 +346,12 @@ static void on_prepare(struct agent *a, struct proto_msg *m)
 	} else {
 		r = prepare_check(a, name, &digest, err, sizeof(err));
 	}
-	if (r == 0 && a->barrier) {
+	if (r == 0 && a->o.hooks->barrier) {
 		a->prep_version = strdup(name);
 		if (a->prep_version) {
 			a->prep_digest = digest;
 			a->prep_txid = txid;
-			a->prep_started = engines_now_ns();
+			a->prep_started = hwfs_mono_ns();
 			barrier_check(a); /* with no engine: READY right now, as before */
 			return;
 		}
@@ -387,7 +365,7 @@ static void on_commit(struct agent *a, struct proto_msg *m)
 {
 	const char *name = proto_str(m, "version");
 	char err[256] = "flipped";
-	int r = a->flip_current(a->arg, name, err, sizeof(err));
+	int r = a->o.hooks->flip_current(a->o.arg, name, err, sizeof(err));
 
 	if (r == 0) {
 		free(a->pending_commit);
@@ -564,11 +542,11 @@ static void hello_if_due(struct agent *a)
 		hello(a, NULL);
 		return;
 	}
-	if (!a->engines || since < ENGINES_HELLO_GAP_S ||
+	if (!a->o.hooks->engines || since < ENGINES_HELLO_GAP_S ||
 	    !__atomic_load_n(&a->engines_changed, __ATOMIC_RELAXED))
 		return;
 	__atomic_store_n(&a->engines_changed, 0, __ATOMIC_RELAXED); /* before the list is read */
-	eng = a->engines(a->arg);
+	eng = a->o.hooks->engines(a->o.arg);
 	if (eng && a->hello_engines && json_equal(eng, a->hello_engines)) {
 		json_decref(eng);
 		return;
@@ -588,7 +566,7 @@ static long loop_timeout_ms(struct agent *a)
 
 	if (a->prep_version) {
 		uint64_t due = a->prep_started + hwfs_tun.engine_deadline_ms * 1000000ull;
-		uint64_t now = engines_now_ns();
+		uint64_t now = hwfs_mono_ns();
 
 		left = HWFS_MIN(left, due > now ? (double)(due - now) / 1e9 : 0.0);
 	}
@@ -644,18 +622,13 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		return -ENOMEM;
 	a->pipe[0] = a->pipe[1] = -1;
 	pthread_mutex_init(&a->mu, NULL);
-	a->node = strdup(o->node);
-	a->listen = strdup(o->listen);
-	a->coordinator = strdup(o->coordinator);
-	a->mountpoint = strdup(o->mountpoint);
-	a->ns = o->ns;
-	a->st = o->st;
-	a->flip_current = o->flip_current;
-	a->arg = o->arg;
-	a->barrier = o->barrier;
-	a->engines = o->engines;
+	a->o = *o;
+	a->o.keys = NULL; /* used by agent_start() only */
+	a->o.node = strdup(o->node);
+	a->o.listen = strdup(o->listen);
+	a->o.coordinator = strdup(o->coordinator);
 	a->dcx = delta_ctx_new((int)hwfs_tun.delta_level);
-	if (!a->node || !a->listen || !a->coordinator || !a->mountpoint || !a->dcx)
+	if (!a->o.node || !a->o.listen || !a->o.coordinator || !a->dcx)
 		goto fail;
 	load_applied(a);
 	{
@@ -697,15 +670,15 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		if (r < 0)
 			goto fail;
 	}
-	if (zmq_setsockopt(a->coord, ZMQ_ROUTING_ID, a->node, strlen(a->node)) < 0 ||
-	    zmq_connect(a->coord, a->coordinator) < 0) {
+	if (zmq_setsockopt(a->coord, ZMQ_ROUTING_ID, a->o.node, strlen(a->o.node)) < 0 ||
+	    zmq_connect(a->coord, a->o.coordinator) < 0) {
 		r = -errno;
-		LOG_ERR("agent: coordinator %s: %s", a->coordinator, zmq_strerror(errno));
+		LOG_ERR("agent: coordinator %s: %s", a->o.coordinator, zmq_strerror(errno));
 		goto fail;
 	}
-	if (zmq_bind(a->serve, a->listen) < 0) {
+	if (zmq_bind(a->serve, a->o.listen) < 0) {
 		r = -errno;
-		LOG_ERR("agent: cannot listen on %s: %s", a->listen, zmq_strerror(errno));
+		LOG_ERR("agent: cannot listen on %s: %s", a->o.listen, zmq_strerror(errno));
 		goto fail;
 	}
 	{ /* a :* port: tell the coordinator (and status) the one bound */
@@ -714,8 +687,8 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		char *dup;
 
 		if (zmq_getsockopt(a->serve, ZMQ_LAST_ENDPOINT, ep, &len) == 0 && (dup = strdup(ep))) {
-			free(a->listen);
-			a->listen = dup;
+			free((char *)a->o.listen);
+			a->o.listen = dup;
 		}
 	}
 	if (pthread_create(&a->thread, NULL, agent_main, a) != 0) {
@@ -764,10 +737,9 @@ void agent_stop(struct agent *a)
 	json_decref(a->hello_engines);
 	free(a->applied);
 	json_decref(a->pulls);
-	free(a->node);
-	free(a->listen);
-	free(a->coordinator);
-	free(a->mountpoint);
+	free((char *)a->o.node);
+	free((char *)a->o.listen);
+	free((char *)a->o.coordinator);
 	delta_ctx_free(a->dcx);
 	free(a->scratch);
 	pthread_mutex_destroy(&a->mu);
@@ -872,7 +844,7 @@ int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 
 const char *agent_endpoint(const struct agent *a)
 {
-	return a->listen;
+	return a->o.listen;
 }
 
 json_t *agent_pulls(struct agent *a)

@@ -22,33 +22,70 @@
 
 #include <jansson.h>
 
-#include "ns.h"
+#include "hwfs_common.h"
+#include "store.h"
 
 struct agent;
 
-struct agent_opts {
-	const char *node;        /* this node's name (routing id) */
-	const char *listen;      /* data-plane endpoint, tcp://HOST:PORT */
-	const char *coordinator; /* coordinator endpoint */
-	const char *mountpoint;
-	const char *keys;        /* key directory (keys.h), or NULL: no CURVE */
-	struct ns *ns;
-	struct store *st;
-	/* Flip MOUNT/current to versions/@version through the mount (daemon.c). */
+/*
+ * What the agent asks of its node: the namespace, the mount and the engines
+ * live above the replicator (fs/ns, fs/daemon), so the daemon hands the agent
+ * these hooks (fs/daemon/daemon_repl.c) and the replicator includes nothing
+ * of theirs.  Each is called on the agent thread with agent_opts.arg, must
+ * not block for long, and returns 0 or -errno unless it says otherwise.
+ */
+struct agent_hooks {
+	/*
+	 * The versions this node holds sealed, in creation order, as a new JSON
+	 * array of {"name": N, "digest": 32 hex digits} (the daemon's own hidden
+	 * staging versions left out); NULL without memory.
+	 */
+	json_t *(*versions)(void *arg);
+	/* Version @name's state and digest: 0, or -ENOENT when there is none. */
+	int (*lookup)(void *arg, const char *name, enum hwfs_vstate *state, hwfs_hash_t *digest);
+	/* A record of sealed version @name (free with hwfs_vrec_free()); -ENOENT if none. */
+	int (*snapshot)(void *arg, const char *name, struct hwfs_vrec **out);
+	/* The version `current` names (malloc'd), or NULL: none. */
+	char *(*current)(void *arg);
+	/*
+	 * May the node flip to @name, the cluster's version with @digest: is it
+	 * here sealed, intact and with that digest?  0, or -errno with the
+	 * reason in @err.
+	 */
+	int (*committable)(void *arg, const char *name, const hwfs_hash_t *digest, char *err,
+			   size_t errlen);
+	/*
+	 * Every shard of @rec (a checked manifest) is in the store: build version
+	 * rec->name from it and seal it through the mount (inotify watchers see
+	 * it arrive), then check its digest against rec->digest; a version that
+	 * fails is removed.  Takes over @rec's strings and tensors (the caller
+	 * still frees @rec).  0, or -errno with the reason in @err.
+	 */
+	int (*import)(void *arg, struct hwfs_vrec *rec, char *err, size_t errlen);
+	/* Flip current to versions/@version through the mount: 0, or -errno with @err. */
 	int (*flip_current)(void *arg, const char *version, char *err, size_t errlen);
-	void *arg;
 	/*
 	 * The engine barrier (docs/engines.md), or NULL: are the node's engines
 	 * ready for a commit of @version, asked at PREPARE and again on every
 	 * pass of the loop while pending?  Must not block.  Returns 0 (ready),
 	 * -EINPROGRESS (ask again; agent_wake() says when something changed) or
 	 * another -errno with the reason in @err (READY not ok).  @started_ns
-	 * (monotonic) is when the PREPARE arrived.
+	 * (hwfs_mono_ns()) is when the PREPARE arrived.
 	 */
 	int (*barrier)(void *arg, const char *version, uint64_t started_ns, char *err,
 		       size_t errlen);
 	/* This node's engines for the HELLO (a new JSON array), or NULL: none sent. */
 	json_t *(*engines)(void *arg);
+};
+
+struct agent_opts {
+	const char *node;        /* this node's name (routing id) */
+	const char *listen;      /* data-plane endpoint, tcp://HOST:PORT */
+	const char *coordinator; /* coordinator endpoint */
+	const char *keys;        /* key directory (keys.h), or NULL: no CURVE */
+	struct store *st;
+	const struct agent_hooks *hooks; /* every hook but barrier and engines is required */
+	void *arg;                       /* the hooks' first argument */
 };
 
 /**

@@ -1,8 +1,9 @@
 /*
  * agent_i.h — private declarations shared by the files of the replication
  * agent: agent.c (the session with the coordinator, the thread, the public
- * API), agent_pull.c (pulling versions from donors) and agent_serve.c
- * (serving shards to pullers).  Nothing outside those files includes it; the
+ * API), agent_pull.c (pulling versions from donors: the fetch, its donors),
+ * agent_recv.c (what a pull receives: shards, deltas, the version built) and
+ * agent_serve.c (serving shards to pullers).  Nothing outside those files includes it; the
  * public API is agent.h.
  *
  * Everything declared here runs on the agent thread unless its comment says
@@ -172,14 +173,12 @@ struct call {
  * "under mu".
  */
 struct agent {
-	char *node, *listen, *coordinator, *mountpoint; /* set before the thread starts */
-	struct ns *ns;
-	struct store *st;
-	int (*flip_current)(void *arg, const char *version, char *err, size_t errlen);
-	void *arg;
-	int (*barrier)(void *arg, const char *version, uint64_t started_ns, char *err,
-		       size_t errlen);
-	json_t *(*engines)(void *arg);
+	/*
+	 * The options agent_start() was given, set before the thread starts:
+	 * the strings are the agent's own copies (o.listen is replaced by the
+	 * endpoint bound, a :* port resolved); o.keys is NULL once started.
+	 */
+	struct agent_opts o;
 
 	void *ctx, *coord, *serve;
 	struct keys *keys;
@@ -233,7 +232,6 @@ struct agent {
 	uint64_t retries; /* atomic: shard requests moved to another donor (next_donor) */
 	double badmsg_logged; /* when a malformed message was last logged */
 	uint64_t badmsg_quiet; /* malformed messages dropped since, not logged */
-	uint64_t import_seq;
 	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */
 	double last_pulls;  /* when the agent thread last rebuilt it */
 };
@@ -260,14 +258,44 @@ void agent_set_backoff(void *sock);
 /** Version @name is here complete: flip to it if the cluster committed it meanwhile. */
 void agent_flip_pending(struct agent *a, const char *name);
 
-/* agent_pull.c: pulling versions from donors */
+/* agent_pull.c: pulling versions from donors (the fetch, its donors, the GETs) */
 
 /** The want for shard @h in any fetch (and its fetch in *@fp), or NULL. */
 struct want *pull_find_want(struct agent *a, const hwfs_hash_t *h, struct fetch **fp);
 /** PLAN from the coordinator: start pulling a version, or take its new donors. */
 void pull_on_plan(struct agent *a, struct proto_msg *m);
+/** Forget a shard, or its delta, that was arriving in pieces (its staged range goes back). */
+void pull_drop_partial(struct agent *a, struct want *w);
+/**
+ * pull_send_have() - HAVE: progress of @name here.  @bad_donor names a node
+ * that sent a corrupt shard (or NULL), @waiting says why the pull does not
+ * move (NULL or "").
+ */
+void pull_send_have(struct agent *a, const char *name, const hwfs_hash_t *digest, int complete,
+		    uint64_t held, uint64_t needed, const char *bad_donor, const char *waiting);
+/** HAVE for fetch @f in progress (with why it waits, if it does; @bad_donor or NULL). */
+void pull_report(struct agent *a, struct fetch *f, const char *bad_donor);
+/** The store cannot take the next shard of @f: stop asking, retry later (see agent_pull.c). */
+void pull_wait_space(struct agent *a, struct fetch *f);
+/** Is every shard of @f here?  Returns 1 or 0. */
+int pull_complete(const struct fetch *f);
+/** @f is over (built or given up): free it and answer the requests that waited on it. */
+void pull_end(struct agent *a, struct fetch *f);
+/** Give up on @f (@why is logged): report it and end it. */
+void pull_fail(struct agent *a, struct fetch *f, const char *why);
+/** Donor @d of @f failed (@why): back it off, doubling its pause up to donor_backoff_max_ms. */
+void pull_donor_failed(struct agent *a, struct fetch *f, size_t d, const char *why);
+/** The donor on socket @peer sent a good shard: its back-off ends. */
+void pull_donor_ok(struct agent *a, const void *peer);
+/** Give up on @w's current donor: the next one round the ring. */
+void pull_next_donor(struct agent *a, struct fetch *f, struct want *w);
+
+/* agent_recv.c: what a pull receives */
+
 /** A SHARD piece from donor socket @peer (named @from in logs). */
 void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer);
+/** Every shard of @f is here: build and seal the version (import hook), then end @f. */
+void pull_materialize(struct agent *a, struct fetch *f);
 /** MISSING from a donor: ask it again later, or the next donor. */
 void pull_on_missing(struct agent *a, struct proto_msg *m);
 /** Keep every fetch's window full, fail over from silent donors, report progress. */
@@ -296,6 +324,12 @@ void serve_free(struct agent *a);
  */
 void serve_keep_delta(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
 		      unsigned width, uint8_t *enc, size_t len);
+
+/* Is @w to be asked for as a delta (it has a base, no delta of it failed, deltas are on)? */
+static inline int want_delta(const struct want *w)
+{
+	return hwfs_tun.delta && !w->whole && !hwfs_hash_is_zero(&w->base);
+}
 
 /* CPU time of the calling thread, in ns (what the delta counters add up). */
 static inline uint64_t delta_cpu_ns(void)

@@ -1,15 +1,15 @@
 /*
- * agent_pull.c — pulling versions from donors (see agent.h for the model).
+ * agent_pull.c — pulling versions from donors: planning the fetch (see
+ * agent.h for the model).
  *
  * A PLAN from the coordinator becomes a fetch: the version's distinct shards
- * in manifest order (wants), the ones the store lacks queued, and the donors
- * to ask.  pull_pump() keeps a window of GETs in flight per fetch, fails over
- * from silent donors and backs off failing ones (per donor, doubling); SHARD
- * pieces are written into a staged arena range and hashed as they arrive,
- * and the last piece's hash decides whether the shard is interned or another
- * donor is asked.  A fetch that finds no room waits for space.  When every
- * shard is here the version is built and renamed in through the mount
- * (materialize()).  Runs on the agent thread only.
+ * in manifest order (wants), the ones the store lacks queued, the donors to
+ * ask and, per shard, the base to take a delta against.  pull_pump() keeps a
+ * window of GETs in flight per fetch, fails over from silent donors and
+ * backs off failing ones (per donor, doubling); a MISSING answer asks again
+ * later or the next donor.  A fetch that finds no room waits for space.
+ * What arrives (SHARD pieces, deltas rebuilt, the version built once every
+ * shard is here) is agent_recv.c's.  Runs on the agent thread only.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -22,7 +22,6 @@
 #include "keys.h"
 #include "manifest.h"
 #include "metrics.h"
-#include "own_mount.h"
 
 /* The donor connection to @addr, or NULL if none was opened yet. */
 static struct peer *peer_find(struct agent *a, const char *addr)
@@ -47,7 +46,7 @@ static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
 	if (p->sock)
 		agent_set_backoff(p->sock);
 	if (!p->addr || !p->sock ||
-	    zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, a->node, strlen(a->node)) < 0 ||
+	    zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, a->o.node, strlen(a->o.node)) < 0 ||
 	    (a->keys && keys_client(a->keys, p->sock, key) < 0) || zmq_connect(p->sock, addr) < 0) {
 		LOG_ERR("agent: cannot connect to donor %s: %s", addr, zmq_strerror(errno));
 		if (p->sock)
@@ -76,7 +75,7 @@ struct want *pull_find_want(struct agent *a, const hwfs_hash_t *h, struct fetch 
 }
 
 /* Forget a shard, or its delta, that was arriving in pieces (its range goes back). */
-static void drop_partial(struct agent *a, struct want *w)
+void pull_drop_partial(struct agent *a, struct want *w)
 {
 	if (w->enc) { /* a delta arriving */
 		free(w->enc);
@@ -86,7 +85,7 @@ static void drop_partial(struct agent *a, struct want *w)
 	if (w->xs) { /* a whole shard arriving */
 		XXH3_freeState(w->xs);
 		w->xs = NULL;
-		store_stage_free(a->st, w->roff, w->size);
+		store_stage_free(a->o.st, w->roff, w->size);
 	}
 	w->got = 0;
 	w->from = NULL;
@@ -110,9 +109,9 @@ static void free_donors(struct fetch *f)
 static void fetch_free(struct agent *a, struct fetch *f)
 {
 	for (size_t i = 0; i < f->n; i++) {
-		drop_partial(a, &f->w[i]);
+		pull_drop_partial(a, &f->w[i]);
 		if (f->w[i].sh)
-			store_unref(a->st, f->w[i].sh);
+			store_unref(a->o.st, f->w[i].sh);
 	}
 	free_donors(f);
 	free(f->w);
@@ -135,11 +134,11 @@ static void fetch_unlink(struct agent *a, struct fetch *f)
  * HAVE: progress of @name here.  @bad_donor names a node that sent a corrupt
  * shard (or NULL), @waiting says why the pull does not move (NULL or "").
  */
-static void send_have(struct agent *a, const char *name, const hwfs_hash_t *digest, int complete,
+void pull_send_have(struct agent *a, const char *name, const hwfs_hash_t *digest, int complete,
 		      uint64_t held, uint64_t needed, const char *bad_donor, const char *waiting)
 {
 	json_t *h = json_pack("{s:s, s:o, s:b, s:I, s:I}", "version", name, "digest",
-			      proto_hash_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
+			      hwfs_hash_json(digest), "complete", complete, "bytes_held", (json_int_t)held,
 			      "bytes_needed", (json_int_t)needed);
 
 	if (h && bad_donor)
@@ -182,16 +181,16 @@ static void fetch_waiting(struct agent *a, const struct fetch *f, char *buf, siz
 		return;
 	snprintf(buf, len, "waiting for space: need %s, free %s",
 		 hwfs_fmt_size(fetch_missing(f), need, sizeof(need)),
-		 hwfs_fmt_size(store_stage_room(a->st), free_, sizeof(free_)));
+		 hwfs_fmt_size(store_stage_room(a->o.st), free_, sizeof(free_)));
 }
 
 /* HAVE for a fetch in progress (with why it waits, if it does). */
-static void report_progress(struct agent *a, struct fetch *f, const char *bad_donor)
+void pull_report(struct agent *a, struct fetch *f, const char *bad_donor)
 {
 	char why[128];
 
 	fetch_waiting(a, f, why, sizeof(why));
-	send_have(a, f->name, &f->digest, 0, fetch_held(f), fetch_missing(f), bad_donor, why);
+	pull_send_have(a, f->name, &f->digest, 0, fetch_held(f), fetch_missing(f), bad_donor, why);
 }
 
 /*
@@ -214,7 +213,7 @@ static void publish_pulls(struct agent *a)
 			json_object_set_new(e, "waiting", json_string(why));
 			json_object_set_new(e, "need_bytes",
 					    json_integer((json_int_t)fetch_missing(f)));
-			json_object_set_new(e, "free_bytes", json_integer((json_int_t)store_stage_room(a->st)));
+			json_object_set_new(e, "free_bytes", json_integer((json_int_t)store_stage_room(a->o.st)));
 		}
 		if (e)
 			json_array_append_new(arr, e);
@@ -229,18 +228,18 @@ static void publish_pulls(struct agent *a)
 }
 
 /*
- * fetch_wait_space() - the store cannot take the next shard of @f: stop
+ * pull_wait_space() - the store cannot take the next shard of @f: stop
  * asking (what is in flight is dropped, partial shards are freed) and retry
  * after space_retry_ms, doubling up to space_retry_max_ms, or at once when
  * the arena's free bytes grow (rm, gc, another version leaving).  Status
  * and HAVE say why it waits.
  */
-static void fetch_wait_space(struct agent *a, struct fetch *f)
+void pull_wait_space(struct agent *a, struct fetch *f)
 {
 	char why[128];
 
 	for (size_t i = 0; i < f->n; i++) {
-		drop_partial(a, &f->w[i]);
+		pull_drop_partial(a, &f->w[i]);
 		if (f->w[i].state == W_INFLIGHT)
 			f->w[i].state = W_QUEUED;
 	}
@@ -248,73 +247,33 @@ static void fetch_wait_space(struct agent *a, struct fetch *f)
 			       ? HWFS_MIN(f->space_backoff * 2, ms_s(hwfs_tun.space_retry_max_ms))
 			       : ms_s(hwfs_tun.space_retry_ms);
 	f->space_retry_at = now_s() + f->space_backoff;
-	f->space_free = store_stage_room(a->st);
+	f->space_free = store_stage_room(a->o.st);
 	if (!f->space_wait) {
 		f->space_wait = 1;
 		fetch_waiting(a, f, why, sizeof(why));
 		LOG_WARN("agent: %s is %s; retrying every %.1f s or more (space_retry_ms), and at once "
 			 "when space is freed here (hwfs rm, hwfs gc)", f->name, why, f->space_backoff);
 	}
-	report_progress(a, f, NULL);
+	pull_report(a, f, NULL);
 	publish_pulls(a);
 }
 
-/* Every shard is here: build the version and rename it in through the mount. */
-static void materialize(struct agent *a, struct fetch *f)
-{
-	char hidden[128], from[4096], to[4096];
-	struct version *v;
-	int r, ok = 0;
 
-	snprintf(hidden, sizeof(hidden), NS_HIDDEN_PREFIX "repl-%d-%llu", (int)getpid(),
-		 (unsigned long long)++a->import_seq);
-	r = ns_import(a->ns, hidden, f->rec);
-	if (r < 0) {
-		LOG_ERR("agent: cannot build %s: %s", f->name, strerror(-r));
-		goto out;
-	}
-	snprintf(from, sizeof(from), "%s/versions/%s", a->mountpoint, hidden);
-	snprintf(to, sizeof(to), "%s/versions/%s", a->mountpoint, f->name);
-	if (own_mount_rename(from, to) < 0) {
-		LOG_ERR("agent: cannot seal %s: %s", f->name, strerror(errno));
-		ns_remove_version(a->ns, hidden);
-		goto out;
-	}
-	ns_rdlock(a->ns);
-	v = ns_version(a->ns, f->name);
-	ok = v && !hwfs_hash_cmp(&v->digest, &f->digest);
-	ns_unlock(a->ns);
-	if (!ok) {
-		LOG_ERR("agent: %s arrived with a digest that does not match its manifest; removed",
-			f->name);
-		ns_remove_version(a->ns, f->name);
-		goto out;
-	}
-	LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
-		 (unsigned long long)f->bytes_held);
-	hwfs_hist_observe_ns(&hwfs_nm.arrival, hwfs_mono_ns() - f->planned_ns);
-out:
-	if (ok) {
-		send_have(a, f->name, &f->digest, 1, f->total, 0, NULL, NULL);
-		agent_flip_pending(a, f->name);
-	} else {
-		report_progress(a, f, NULL);
-	}
+void pull_end(struct agent *a, struct fetch *f)
+{
 	fetch_unlink(a, f);
 	fetch_free(a, f);
 	serve_flush_deferred(a);
 }
 
-static void fetch_fail(struct agent *a, struct fetch *f, const char *why)
+void pull_fail(struct agent *a, struct fetch *f, const char *why)
 {
 	LOG_ERR("agent: giving up on %s: %s", f->name, why);
-	report_progress(a, f, NULL);
-	fetch_unlink(a, f);
-	fetch_free(a, f);
-	serve_flush_deferred(a);
+	pull_report(a, f, NULL);
+	pull_end(a, f);
 }
 
-static int fetch_complete(const struct fetch *f)
+int pull_complete(const struct fetch *f)
 {
 	for (size_t i = 0; i < f->n; i++)
 		if (f->w[i].state != W_HELD)
@@ -323,11 +282,11 @@ static int fetch_complete(const struct fetch *f)
 }
 
 /*
- * donor_failed() - donor @d of @f failed (@why): back it off, doubling its
+ * pull_donor_failed() - donor @d of @f failed (@why): back it off, doubling its
  * pause up to donor_backoff_max_ms.  Logged when the back-off starts and
  * when it reaches its cap, not on every failure.
  */
-static void donor_failed(struct agent *a, struct fetch *f, size_t d, const char *why)
+void pull_donor_failed(struct agent *a, struct fetch *f, size_t d, const char *why)
 {
 	struct peer *p = d < f->n_donors ? peer_find(a, f->donors[d]) : NULL;
 	double base = ms_s(hwfs_tun.donor_backoff_ms), cap = ms_s(hwfs_tun.donor_backoff_max_ms);
@@ -346,7 +305,7 @@ static void donor_failed(struct agent *a, struct fetch *f, size_t d, const char 
 }
 
 /* Donor @peer sent a good shard: its back-off ends. */
-static void donor_ok(struct agent *a, const void *peer)
+void pull_donor_ok(struct agent *a, const void *peer)
 {
 	for (struct peer *p = a->peers; p; p = p->next)
 		if (p->sock == peer && p->backoff > 0) {
@@ -364,9 +323,9 @@ static int donor_off(struct agent *a, struct fetch *f, size_t d, double now)
 }
 
 /* Give up on @w's current donor: the next one round the ring. */
-static void next_donor(struct agent *a, struct fetch *f, struct want *w)
+void pull_next_donor(struct agent *a, struct fetch *f, struct want *w)
 {
-	drop_partial(a, w);
+	pull_drop_partial(a, w);
 	w->tries++;
 	__atomic_fetch_add(&a->retries, 1, __ATOMIC_RELAXED);
 	w->donor = f->n_donors ? (w->donor + 1) % f->n_donors : 0;
@@ -403,7 +362,7 @@ static int set_donors(struct agent *a, struct fetch *f, json_t *donors, int stri
 	for (size_t k = 0; k < f->n; k++) {
 		if (f->w[k].state == W_INFLIGHT)
 			f->w[k].state = W_QUEUED;
-		drop_partial(a, &f->w[k]);
+		pull_drop_partial(a, &f->w[k]);
 		f->w[k].donor = f->stripe ? k % f->n_donors : 0;
 		f->w[k].tries = 0;
 		f->w[k].misses = 0;
@@ -436,7 +395,7 @@ static void assign_bases(struct agent *a, struct fetch *f, const char *base)
 		memset(&f->w[k].base, 0, sizeof(f->w[k].base));
 		f->w[k].width = 1;
 	}
-	if (!base || !hwfs_tun.delta || ns_snapshot(a->ns, base, &bv) < 0 ||
+	if (!base || !hwfs_tun.delta || a->o.hooks->snapshot(a->o.arg, base, &bv) < 0 ||
 	    bv->state != HWFS_V_SEALED || delta_bases_new(bv, &idx) < 0 ||
 	    !(by_hash = malloc((f->n ? f->n : 1) * sizeof(*by_hash))))
 		goto out;
@@ -470,23 +429,18 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	const char *name = proto_str(m, "version");
 	struct hwfs_vrec *rec = NULL;
 	struct fetch *f;
-	struct version *v;
-	hwfs_hash_t digest, *hs = NULL;
+	enum hwfs_vstate state;
+	hwfs_hash_t digest, here, *hs = NULL;
 	char err[256];
 	size_t total = 0, n = 0;
-	int have;
 
 	if (proto_hash(m, "digest", &digest) < 0)
 		return;
-	ns_rdlock(a->ns);
-	v = ns_version(a->ns, name);
-	have = v && v->state == HWFS_V_SEALED && !hwfs_hash_cmp(&v->digest, &digest);
-	ns_unlock(a->ns);
-	if (have) {
-		send_have(a, name, &digest, 1, 0, 0, NULL, NULL);
-		return;
-	}
-	if (v) {
+	if (a->o.hooks->lookup(a->o.arg, name, &state, &here) == 0) {
+		if (state == HWFS_V_SEALED && !hwfs_hash_cmp(&here, &digest)) {
+			pull_send_have(a, name, &digest, 1, 0, 0, NULL, NULL);
+			return;
+		}
 		LOG_ERR("agent: plan for %s, but a different %s exists here; ignored", name, name);
 		return;
 	}
@@ -545,7 +499,7 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 			f->w[f->n].hash = e->hash;
 			f->w[f->n].size = e->len;
 			f->total += e->len;
-			f->w[f->n].sh = store_get(a->st, &e->hash);
+			f->w[f->n].sh = store_get(a->o.st, &e->hash);
 			if (f->w[f->n].sh) {
 				f->w[f->n].state = W_HELD;
 			} else {
@@ -564,8 +518,8 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	a->fetches = f;
 	LOG_INFO("agent: pulling %s: %llu bytes missing of %zu shards, from %s", name,
 		 (unsigned long long)f->bytes_needed, f->n, f->n_donors ? f->donors[0] : "nobody");
-	if (fetch_complete(f))
-		materialize(a, f);
+	if (pull_complete(f))
+		pull_materialize(a, f);
 	return;
 oom:
 	free(hs);
@@ -582,13 +536,13 @@ oom:
  */
 static void unsend(struct agent *a, struct fetch *f, size_t d, double now)
 {
-	donor_failed(a, f, d, "cannot be reached");
+	pull_donor_failed(a, f, d, "cannot be reached");
 	for (size_t i = 0; i < f->n; i++) {
 		struct want *w = &f->w[i];
 
 		if (w->state == W_INFLIGHT && w->donor == d && !w->xs && w->not_before <= now &&
 		    w->sent_at == now) {
-			next_donor(a, f, w);
+			pull_next_donor(a, f, w);
 			w->not_before = now + ms_s(hwfs_tun.donor_backoff_ms);
 		}
 	}
@@ -625,11 +579,6 @@ static void prefer_donors(struct agent *a, struct fetch *f, double now)
 	free(off);
 }
 
-/* Is @w to be asked for as a delta (it has a base, no delta of it failed, deltas are on)? */
-static int want_delta(const struct want *w)
-{
-	return hwfs_tun.delta && !w->whole && !hwfs_hash_is_zero(&w->base);
-}
 
 /*
  * base_held() - about to ask for @w as a delta: is its base still here?  A
@@ -638,10 +587,10 @@ static int want_delta(const struct want *w)
  */
 static int base_held(struct agent *a, struct want *w)
 {
-	struct shard *bsh = store_get(a->st, &w->base);
+	struct shard *bsh = store_get(a->o.st, &w->base);
 
 	if (bsh)
-		store_unref(a->st, bsh);
+		store_unref(a->o.st, bsh);
 	else
 		w->whole = 1;
 	return bsh != NULL;
@@ -664,12 +613,12 @@ void pull_pump(struct agent *a)
 
 		next = f->next;
 		if (f->space_wait) {
-			uint64_t free_now = store_stage_room(a->st);
+			uint64_t free_now = store_stage_room(a->o.st);
 			char fb[32];
 
 			if (now < f->space_retry_at && free_now <= f->space_free) {
 				if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
-					report_progress(a, f, NULL);
+					pull_report(a, f, NULL);
 					f->last_report = now;
 				}
 				continue;
@@ -684,12 +633,12 @@ void pull_pump(struct agent *a)
 			for (size_t d = 0; d < f->n_donors; d++)
 				for (size_t i = 0; i < f->n; i++)
 					if (f->w[i].state == W_INFLIGHT && f->w[i].donor == d) {
-						donor_failed(a, f, d, "is silent");
+						pull_donor_failed(a, f, d, "is silent");
 						break;
 					}
 			for (size_t i = 0; i < f->n; i++)
 				if (f->w[i].state == W_INFLIGHT)
-					next_donor(a, f, &f->w[i]);
+					pull_next_donor(a, f, &f->w[i]);
 			inflight = 0;
 			f->last_rx = now;
 			LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next "
@@ -736,13 +685,13 @@ void pull_pump(struct agent *a)
 
 				if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
 					continue;
-				json_array_append_new(hashes, proto_hash_json(&w->hash));
+				json_array_append_new(hashes, hwfs_hash_json(&w->hash));
 				if (want_delta(w) && base_held(a, w)) {
-					json_array_append_new(bases, proto_hash_json(&w->base));
+					json_array_append_new(bases, hwfs_hash_json(&w->base));
 					json_array_append_new(widths, json_integer(w->width));
 					n_based++;
 				} else {
-					json_array_append_new(bases, proto_hash_json(&none));
+					json_array_append_new(bases, hwfs_hash_json(&none));
 					json_array_append_new(widths, json_integer(1));
 				}
 				w->state = W_INFLIGHT;
@@ -785,268 +734,12 @@ void pull_pump(struct agent *a)
 		}
 		/* progress for status --cluster */
 		if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
-			report_progress(a, f, NULL);
+			pull_report(a, f, NULL);
 			f->last_report = now;
 		}
 	}
 }
 
-/*
- * shard_arrived() - @w's shard @sh (one reference, kept by @w) is here and
- * verified, from donor socket @peer: count it, answer the requests that
- * waited for it, and build the version if it was the last.
- */
-static void shard_arrived(struct agent *a, struct fetch *f, struct want *w, struct shard *sh,
-			  const void *peer)
-{
-	w->sh = sh;
-	w->state = W_HELD;
-	donor_ok(a, peer);
-	f->bytes_held += w->size;
-	f->space_backoff = 0; /* it fits again: a later shortage starts the back-off afresh */
-	serve_arrived(a, sh);
-	if (fetch_complete(f))
-		materialize(a, f);
-}
-
-/*
- * rebuild() - the whole delta of @w is here (w->enc): rebuild the shard
- * from the base this node holds into the scratch buffer, check its hash,
- * then stage and intern it.  The delta is kept to be sent on as it is.  A
- * base that went meanwhile (hwfs rm) makes it ask for the whole shard; a
- * delta that does not decode or rebuilds other bytes (corrupt, made against
- * another base) is reported as a bad donor and the whole shard is asked of
- * the next donor.  Nothing is staged before the hash matched.
- */
-static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char *from,
-		    const void *peer)
-{
-	struct shard *bsh = store_get(a->st, &w->base), *sh;
-	unsigned width = w->width;
-	hwfs_hash_t got;
-	uint64_t t0, roff;
-	char err[160] = "";
-	int r;
-
-	if (!bsh || bsh->size != w->size) { /* its base went while the delta travelled */
-		if (bsh)
-			store_unref(a->st, bsh);
-		LOG_INFO("agent: the base of a shard of %s is gone here; asking for it whole", f->name);
-		drop_partial(a, w);
-		w->whole = 1;
-		w->state = W_QUEUED;
-		return;
-	}
-	if (a->scratch_len < w->size) {
-		uint8_t *p = realloc(a->scratch, w->size);
-
-		if (!p) {
-			store_unref(a->st, bsh);
-			fetch_wait_space(a, f);
-			return;
-		}
-		a->scratch = p;
-		a->scratch_len = w->size;
-	}
-	t0 = delta_cpu_ns();
-	r = delta_decode(a->dcx, store_shard_data(a->st, bsh), w->size, w->enc, w->enc_total,
-			 a->scratch, err, sizeof(err));
-	__atomic_add_fetch(&a->ds.decode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
-	if (r == 0) {
-		__atomic_add_fetch(&a->ds.decoded, 1, __ATOMIC_RELAXED);
-		__atomic_add_fetch(&a->ds.decode_bytes, w->size, __ATOMIC_RELAXED);
-		hwfs_hash_buf(a->scratch, w->size, &got);
-		if (hwfs_hash_cmp(&got, &w->hash))
-			snprintf(err, sizeof(err), "the rebuilt shard does not match its hash");
-		delta_peek(w->enc, w->enc_total, NULL, &width, NULL, 0);
-	}
-	if (*err) { /* whose fault: is the base here intact? */
-		hwfs_hash_buf(store_shard_data(a->st, bsh), w->size, &got);
-		if (hwfs_hash_cmp(&got, &w->base)) {
-			LOG_ERR("agent: the base of a shard of %s is damaged here (hwfs verify will "
-				"say which version); asking for the shard whole", f->name);
-			store_unref(a->st, bsh);
-			drop_partial(a, w);
-			w->whole = 1;
-			w->state = W_QUEUED;
-			return;
-		}
-	}
-	store_unref(a->st, bsh);
-	if (*err) {
-		LOG_ERR("agent: bad delta from %s for %s (%s); asking for the whole shard", from,
-			f->name, err);
-		__atomic_add_fetch(&a->ds.failed, 1, __ATOMIC_RELAXED);
-		report_progress(a, f, f->donor_names[w->donor]);
-		donor_failed(a, f, w->donor, "sent a delta that does not rebuild its shard");
-		w->whole = 1;
-		next_donor(a, f, w);
-		return;
-	}
-	if (store_stage_alloc(a->st, w->size, 1, &roff) < 0) {
-		fetch_wait_space(a, f);
-		return;
-	}
-	r = store_stage_write(a->st, roff, a->scratch, w->size);
-	if (r < 0) {
-		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
-		store_stage_free(a->st, roff, w->size);
-		fetch_wait_space(a, f);
-		return;
-	}
-	sh = store_intern_staged(a->st, &w->hash, roff, w->size);
-	if (!sh) {
-		fetch_fail(a, f, "out of memory");
-		return;
-	}
-	__atomic_add_fetch(&a->ds.received, 1, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&a->rx, w->size, __ATOMIC_RELAXED);
-	if (w->enc_total <= w->size * hwfs_tun.delta_max_pct / 100) /* else not worth sending on */
-		serve_keep_delta(a, &w->base, &w->hash, width, w->enc, w->enc_total);
-	else
-		free(w->enc);
-	w->enc = NULL;
-	w->enc_total = 0;
-	w->got = 0;
-	w->from = NULL;
-	shard_arrived(a, f, w, sh, peer);
-}
-
-/*
- * on_delta_piece() - a SHARD piece of a delta for @w.  Refused as malformed
- * (the donor backs off, the next one is asked): a delta @w was not asked
- * for as, or against another base, a total under the codec's header or
- * larger than the shard itself (a delta is never worth more), bytes past the
- * total, an empty piece.  Pieces come in order from one donor into a buffer
- * of the declared total; the last one rebuilds the shard.
- */
-static void on_delta_piece(struct agent *a, struct fetch *f, struct want *w, struct proto_msg *m,
-			   const char *from, const void *peer)
-{
-	uint64_t pos = proto_int(m, "offset"), len = m->payload_len;
-	uint64_t total = json_object_get(m->h, "total") ? proto_int(m, "total") : len;
-	const char *why = NULL;
-	hwfs_hash_t base;
-
-	proto_hash(m, "base", &base);
-	if (pos > 0 && (!w->enc || w->from != peer || pos != w->got || total != w->enc_total))
-		return; /* a stray piece (an old request's, an old donor's, out of order): ignore */
-	if (!want_delta(w))
-		why = "a delta that was not asked for";
-	else if (hwfs_hash_cmp(&base, &w->base))
-		why = "a delta against another base";
-	else if (total < DELTA_HDR || total > w->size)
-		why = "a delta of an impossible length";
-	else if (pos + len > total || len == 0)
-		why = "a delta piece outside its delta";
-	if (why) {
-		LOG_ERR("agent: malformed piece from %s for %s: %s; asking another donor", from,
-			f->name, why);
-		donor_failed(a, f, w->donor, "sent a malformed piece");
-		next_donor(a, f, w);
-		return;
-	}
-	if (pos == 0) { /* (re)start */
-		drop_partial(a, w);
-		w->enc = malloc(total);
-		if (!w->enc) {
-			fetch_wait_space(a, f);
-			return;
-		}
-		w->enc_total = total;
-		w->from = peer;
-	}
-	memcpy(w->enc + pos, m->payload, len);
-	w->got += len;
-	if (w->got == w->enc_total)
-		rebuild(a, f, w, from, peer);
-}
-
-/*
- * A SHARD piece.  Pieces of one shard come in order from one donor; the first
- * (offset 0) takes an unbacked staging range (store_stage_alloc()), each is
- * written there (store_stage_write(): pwrite, no zero-filled pages) and added
- * to a running hash, and the last one checks the hash and interns the shard
- * (store_intern_staged()).
- */
-void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer)
-{
-	struct fetch *f = NULL;
-	struct want *w;
-	hwfs_hash_t h;
-	uint64_t pos = proto_int(m, "offset"), len = m->payload_len;
-	uint64_t total = json_object_get(m->h, "total") ? proto_int(m, "total") : len;
-	struct shard *sh;
-	XXH128_canonical_t c;
-	int r;
-
-	if (proto_hash(m, "hash", &h) < 0)
-		return;
-	w = pull_find_want(a, &h, &f);
-	if (!w || w->state != W_INFLIGHT)
-		return; /* late duplicate, or a shard we stopped asking for */
-	f->last_rx = now_s();
-	if (proto_str(m, "enc")) {
-		on_delta_piece(a, f, w, m, from, peer);
-		return;
-	}
-	if (total != w->size || pos + len > total || len == 0) {
-		LOG_ERR("agent: malformed piece from %s for %s; asking another donor", from, f->name);
-		donor_failed(a, f, w->donor, "sent a malformed piece");
-		next_donor(a, f, w);
-		return;
-	}
-	if (pos == 0) { /* (re)start */
-		drop_partial(a, w);
-		w->xs = XXH3_createState();
-		if (!w->xs || store_stage_alloc(a->st, w->size, 1, &w->roff) < 0) {
-			if (w->xs)
-				XXH3_freeState(w->xs);
-			w->xs = NULL;
-			fetch_wait_space(a, f);
-			return;
-		}
-		XXH3_128bits_reset(w->xs);
-		w->from = peer;
-	} else if (!w->xs || w->from != peer || pos != w->got) {
-		return; /* a stray piece (an old donor's, or out of order): ignore */
-	}
-	r = store_stage_write(a->st, w->roff + pos, m->payload, len);
-	if (r < 0) {
-		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
-		fetch_wait_space(a, f); /* frees every partial shard */
-		return;
-	}
-	XXH3_128bits_update(w->xs, m->payload, len);
-	w->got += len;
-	__atomic_add_fetch(&a->rx, len, __ATOMIC_RELAXED);
-	if (w->got < w->size) {
-		serve_forward(a, w);
-		return;
-	}
-	/* the last piece: is it the shard that was asked for? */
-	XXH128_canonicalFromHash(&c, XXH3_128bits_digest(w->xs));
-	XXH3_freeState(w->xs);
-	w->xs = NULL;
-	if (memcmp(c.digest, h.b, HWFS_HASH_LEN)) {
-		LOG_ERR("agent: bad shard from %s for %s (hash mismatch); asking another donor", from,
-			f->name);
-		report_progress(a, f, f->donor_names[w->donor]);
-		store_stage_free(a->st, w->roff, w->size);
-		w->got = 0;
-		serve_abort_forwarded(a, &h);
-		donor_failed(a, f, w->donor, "sent a shard that does not match its hash");
-		next_donor(a, f, w);
-		return;
-	}
-	sh = store_intern_staged(a->st, &h, w->roff, w->size);
-	w->got = 0;
-	if (!sh) {
-		fetch_fail(a, f, "out of memory");
-		return;
-	}
-	shard_arrived(a, f, w, sh, peer);
-}
 
 void pull_on_missing(struct agent *a, struct proto_msg *m)
 {
@@ -1057,10 +750,10 @@ void pull_on_missing(struct agent *a, struct proto_msg *m)
 	if (proto_hash(m, "hash", &h) < 0 || !(w = pull_find_want(a, &h, &f)) || w->state != W_INFLIGHT)
 		return;
 	w->state = W_QUEUED;
-	drop_partial(a, w);
+	pull_drop_partial(a, w);
 	if ((uint64_t)++w->misses >= hwfs_tun.missing_tries) {
-		donor_failed(a, f, w->donor, "does not have a shard it was planned to have");
-		next_donor(a, f, w);
+		pull_donor_failed(a, f, w->donor, "does not have a shard it was planned to have");
+		pull_next_donor(a, f, w);
 	} else
 		w->not_before = now_s() + ms_s(hwfs_tun.missing_retry_ms);
 }
@@ -1083,3 +776,4 @@ void pull_free(struct agent *a)
 		free(p);
 	}
 }
+

@@ -48,7 +48,7 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 		      uint64_t total, struct shard *sh, const void *data)
 {
 	json_t *f = json_pack("{s:I, s:o, s:I, s:I, s:I}", "req", (json_int_t)req, "hash",
-			      proto_hash_json(hash), "size", (json_int_t)len, "offset", (json_int_t)pos,
+			      hwfs_hash_json(hash), "size", (json_int_t)len, "offset", (json_int_t)pos,
 			      "total", (json_int_t)total);
 	struct sent_ref *ref = NULL;
 	char *hdr = NULL;
@@ -58,7 +58,7 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 
 	if (f && base) {
 		json_object_set_new(f, "enc", json_string(PROTO_ENC_DELTA));
-		json_object_set_new(f, "base", proto_hash_json(base));
+		json_object_set_new(f, "base", hwfs_hash_json(base));
 	}
 	if (!f || proto_encode(P_SHARD, f, len, &hdr, &hlen) < 0)
 		goto out;
@@ -69,14 +69,14 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 	}
 	if (sh) {
 		ref = malloc(sizeof(*ref));
-		if (!ref || zmq_msg_init_data(&m, (void *)(store_shard_data(a->st, sh) + pos), len,
+		if (!ref || zmq_msg_init_data(&m, (void *)(store_shard_data(a->o.st, sh) + pos), len,
 					      sent_free, ref) < 0) {
 			free(ref);
 			zmq_send(a->serve, "", 0, 0); /* end the message: the receiver drops it */
 			goto out;
 		}
-		store_ref(a->st, sh);
-		*ref = (struct sent_ref){a->st, sh};
+		store_ref(a->o.st, sh);
+		*ref = (struct sent_ref){a->o.st, sh};
 		if (zmq_msg_send(&m, a->serve, 0) < 0) {
 			r = -errno;
 			zmq_msg_close(&m);
@@ -100,7 +100,7 @@ out:
 static void send_missing(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 			 const hwfs_hash_t *h)
 {
-	json_t *mf = json_pack("{s:I, s:o}", "req", (json_int_t)req, "hash", proto_hash_json(h));
+	json_t *mf = json_pack("{s:I, s:o}", "req", (json_int_t)req, "hash", hwfs_hash_json(h));
 
 	proto_send(a->serve, ident, ident_len, P_MISSING, mf, NULL, 0);
 	json_decref(mf);
@@ -296,29 +296,29 @@ static struct dentry *delta_for(struct agent *a, struct shard *sh, const hwfs_ha
 		dcache_touch(&a->dcache, e);
 		return e->enc ? e : NULL;
 	}
-	bsh = store_get(a->st, base);
+	bsh = store_get(a->o.st, base);
 	if (!bsh)
 		return NULL;
 	if (bsh->size != sh->size || cap <= DELTA_HDR) {
-		store_unref(a->st, bsh);
+		store_unref(a->o.st, bsh);
 		return NULL;
 	}
-	if (!few_changed(store_shard_data(a->st, bsh), store_shard_data(a->st, sh), sh->size, width)) {
-		store_unref(a->st, bsh);
+	if (!few_changed(store_shard_data(a->o.st, bsh), store_shard_data(a->o.st, sh), sh->size, width)) {
+		store_unref(a->o.st, bsh);
 		dcache_put(&a->dcache, base, &sh->hash, width, NULL, 0);
 		return NULL;
 	}
 	if (!(buf = malloc(cap))) {
-		store_unref(a->st, bsh);
+		store_unref(a->o.st, bsh);
 		return NULL;
 	}
 	t0 = delta_cpu_ns();
-	n = delta_encode(a->dcx, store_shard_data(a->st, bsh), store_shard_data(a->st, sh), sh->size,
+	n = delta_encode(a->dcx, store_shard_data(a->o.st, bsh), store_shard_data(a->o.st, sh), sh->size,
 			 width, buf, cap);
 	__atomic_add_fetch(&a->ds.encode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
 	__atomic_add_fetch(&a->ds.encoded, 1, __ATOMIC_RELAXED);
 	__atomic_add_fetch(&a->ds.encode_bytes, sh->size, __ATOMIC_RELAXED);
-	store_unref(a->st, bsh);
+	store_unref(a->o.st, bsh);
 	if (n < 0) {
 		free(buf);
 		if (n == -E2BIG) /* not worth it: remember, do not encode it again */
@@ -360,7 +360,7 @@ static void serve_shard(struct agent *a, const void *ident, size_t ident_len, ui
 			__atomic_add_fetch(&a->ds.whole, 1, __ATOMIC_RELAXED);
 		send_whole(a, ident, ident_len, req, sh, pos);
 	}
-	store_unref(a->st, sh);
+	store_unref(a->o.st, sh);
 }
 
 /*
@@ -377,7 +377,7 @@ void serve_flush_deferred(struct agent *a)
 			pp = &d->next;
 			continue;
 		}
-		sh = store_get(a->st, &d->hash);
+		sh = store_get(a->o.st, &d->hash);
 		if (sh) {
 			serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width, 0);
 		} else {
@@ -398,7 +398,7 @@ void serve_arrived(struct agent *a, struct shard *sh)
 			pp = &d->next;
 			continue;
 		}
-		store_ref(a->st, sh);
+		store_ref(a->o.st, sh);
 		serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width, d->sent);
 		*pp = d->next;
 		free(d);
@@ -414,7 +414,7 @@ void serve_arrived(struct agent *a, struct shard *sh)
  */
 void serve_forward(struct agent *a, struct want *w)
 {
-	const uint8_t *staged = store_stage_data(a->st, w->roff);
+	const uint8_t *staged = store_stage_data(a->o.st, w->roff);
 
 	for (struct deferred *d = a->deferred; d; d = d->next) {
 		if (hwfs_hash_cmp(&d->hash, &w->hash))
@@ -486,7 +486,7 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 		if (hwfs_hash_parse(json_string_value(hj), &h) < 0)
 			continue;
 		get_base(m, i, &base, &width);
-		sh = store_get(a->st, &h);
+		sh = store_get(a->o.st, &h);
 		if (sh) {
 			serve_shard(a, ident, ident_len, req, sh, &base, width, 0);
 			continue;

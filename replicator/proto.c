@@ -63,7 +63,9 @@ static const struct schema schemas[] = {
 		     {{"node", F_STR, 0},
 		      {"listen", F_STR, 0},
 		      {"versions", F_VERSIONS, 0},
-		      {"current", F_STR_NULL, 0}}},
+		      {"current", F_STR_NULL, 0},
+		      {"applied", F_STR, 1},
+		      {"epoch", F_INT, 1}}},
 	[P_ANNOUNCE] = {"ANNOUNCE", 1, {{"version", F_STR, 0}, {"digest", F_HEX, 0}}},
 	[P_HAVE] = {"HAVE",
 		    0,
@@ -612,12 +614,79 @@ int proto_hash(const struct proto_msg *m, const char *key, hwfs_hash_t *out)
 	return hwfs_hash_parse(json_string_value(v), out);
 }
 
-json_t *proto_hash_json(const hwfs_hash_t *h)
-{
-	char hex[HWFS_HASH_HEX];
+/* ------------------------------------------------------------------ */
+/* HELLO.engines, as the coordinator keeps it                          */
+/* ------------------------------------------------------------------ */
 
-	hwfs_hash_hex(h, hex);
-	return json_string(hex);
+int proto_version_name_ok(const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+
+	return n >= 1 && n <= PROTO_MAX_VERSION_NAME && !hwfs_has_controls(s);
+}
+
+/* @v if it is a plausible version name (proto_version_name_ok()), else NULL. */
+static const char *version_or_null(json_t *v)
+{
+	const char *s = json_string_value(v);
+
+	return proto_version_name_ok(s) ? s : NULL;
+}
+
+/* @v as a JSON integer if it is one in [0, PROTO_MAX_INT], else JSON null. */
+static json_t *count_or_null(json_t *v)
+{
+	return json_is_integer(v) && json_integer_value(v) >= 0 &&
+			       (uint64_t)json_integer_value(v) <= PROTO_MAX_INT
+		       ? json_integer(json_integer_value(v))
+		       : json_null();
+}
+
+/*
+ * proto_hello_engines() - the engines a node reports in its HELLO (its
+ * `hwfs status` "engines"), as the coordinator keeps and shows them: at most
+ * PROTO_MAX_ENGINES entries; an entry without a valid engine name is left out;
+ * any other field that is not what it should be (an unknown state,
+ * a version name that cannot be one, a reason over HWFS_ENGINE_REASON_MAX bytes, a
+ * negative or huge number) becomes null; control characters of a reason are
+ * blanked (hwfs_clean_text).  A node is trusted with its own engines, not
+ * with the coordinator's memory, the shape of its answers or the terminal of
+ * whoever runs `hwfs status --cluster`.
+ * Returns a new array (NULL without memory).
+ */
+json_t *proto_hello_engines(json_t *in)
+{
+	json_t *out = json_array(), *e;
+	size_t i;
+
+	json_array_foreach(in, i, e) {
+		const char *name = json_string_value(json_object_get(e, "name"));
+		const char *state = json_string_value(json_object_get(e, "state"));
+		const char *reason = json_string_value(json_object_get(e, "reason"));
+		const char *sv = version_or_null(json_object_get(e, "serving"));
+		const char *sh = version_or_null(json_object_get(e, "shadow"));
+		char *clean;
+
+		if (!out || json_array_size(out) >= PROTO_MAX_ENGINES)
+			break;
+		if (!name || !hwfs_engine_name_valid(name))
+			continue;
+		if (reason && strlen(reason) > HWFS_ENGINE_REASON_MAX)
+			reason = NULL;
+		clean = reason ? hwfs_clean_text(reason, HWFS_ENGINE_REASON_MAX) : NULL;
+		json_array_append_new(
+			out, json_pack("{s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name", name, "pid",
+				       count_or_null(json_object_get(e, "pid")), "serving",
+				       sv ? json_string(sv) : json_null(), "shadow",
+				       sh ? json_string(sh) : json_null(), "state",
+				       hwfs_engine_state_valid(state) ? json_string(state) : json_null(),
+				       "reason", clean ? json_string(clean) : json_null(),
+				       "last_swap_pause_us",
+				       count_or_null(json_object_get(e, "last_swap_pause_us")), "swaps",
+				       count_or_null(json_object_get(e, "swaps"))));
+		free(clean);
+	}
+	return out;
 }
 
 /* ------------------------------------------------------------------ */

@@ -25,6 +25,7 @@
 #include <jansson.h>
 
 #include "hwfs_common.h"
+#include "names.h"
 
 #define PROTO_VERSION 2
 /* SHARD "enc" of a delta against "base" (fs/common/delta.h) */
@@ -36,6 +37,8 @@
 #define PROTO_MAX_STR 4096         /* bytes in a str field */
 #define PROTO_MAX_ARRAY 65536      /* entries in an array field other than "hashes" */
 #define PROTO_MAX_INT (1ull << 53) /* largest int field (exact in a double) */
+#define PROTO_MAX_ENGINES 64       /* HELLO.engines entries a coordinator keeps per node */
+#define PROTO_MAX_VERSION_NAME 255 /* longest version name (fs/ns/ns_tree.c, valid_name) */
 
 enum proto_type {
 	P_HELLO = 1,
@@ -121,8 +124,25 @@ uint64_t proto_int(const struct proto_msg *m, const char *key);
 int proto_bool(const struct proto_msg *m, const char *key);
 /** Parse hex field @key into *@out. Returns 0 or -EINVAL (absent, not 32 lowercase hex). */
 int proto_hash(const struct proto_msg *m, const char *key, hwfs_hash_t *out);
-/** @h as a new JSON string of 32 lowercase hex digits (what proto_hash() reads), or NULL. */
-json_t *proto_hash_json(const hwfs_hash_t *h);
+
+/**
+ * proto_version_name_ok() - is @s (NULL: no) a plausible version name as a
+ * peer sends one: 1-PROTO_MAX_VERSION_NAME bytes, no control character
+ * (hwfs_has_controls())?  Returns 1 or 0.
+ */
+int proto_version_name_ok(const char *s);
+
+/**
+ * proto_hello_engines() - the engines a node reports in its HELLO (@in, the
+ * "engines" array, as its `hwfs status` shows them), as a coordinator keeps
+ * and shows them: at most PROTO_MAX_ENGINES entries; an entry without a valid
+ * engine name is left out; any other field that is not what it should be (an
+ * unknown state, a version name that cannot be one, a reason over
+ * HWFS_ENGINE_REASON_MAX bytes, a negative or huge number) becomes null;
+ * control characters of a reason are blanked.  Returns a new array (NULL
+ * without memory).
+ */
+json_t *proto_hello_engines(json_t *in);
 
 /* zmq helpers: */
 

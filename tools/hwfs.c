@@ -22,6 +22,7 @@
 
 #include "hwfs_api.h" /* first: the public API beside hwfs_common.h */
 #include "hwfs_cli.h"
+#include "names.h"
 
 static const char *g_mount;
 static int g_json;

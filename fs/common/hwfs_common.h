@@ -145,26 +145,14 @@ enum hwfs_err_clean {
  */
 int hwfs_fail(int rc, char *err, size_t errlen, enum hwfs_err_clean how, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-/**
- * hwfs_clean_text() - @s fit for a one-line message or a terminal: at most
- * @max bytes (cut on a UTF-8 boundary), every control character (C0, DEL,
- * C1) a space.  What `hwfs` prints of names and sentences that come from
- * files or peers (tensor names, engine reasons) goes through it.  Returns a
- * malloc'd string, NULL without memory.
- */
-char *hwfs_clean_text(const char *s, size_t max);
-/**
- * hwfs_valid_name() - may @name be a file or version name: 1..255 bytes of
- * valid UTF-8, no '/', no control character (C0, DEL, C1), not "." or ".."
- * (names end up in the manifest's JSON and on terminals)?  Returns 1 or 0.
- */
-int hwfs_valid_name(const char *name);
 /** Parse "123", "4K", "512M", "2G", "1T" (powers of 1024). Returns 0 or -EINVAL. */
 int hwfs_parse_size(const char *s, uint64_t *out);
 /** Format bytes as "1.50 GiB" into @buf. Returns @buf. */
 char *hwfs_fmt_size(uint64_t bytes, char *buf, size_t len);
 /** Wall clock in nanoseconds. */
 int64_t hwfs_now_ns(void);
+/** Monotonic clock (CLOCK_MONOTONIC) in nanoseconds: the engine barrier's clock. */
+uint64_t hwfs_mono_ns(void);
 /** Monotonic clock in seconds. */
 double hwfs_mono_s(void);
 /** xmalloc-style helpers: abort on OOM is NOT used; these return NULL like malloc. */

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "metrics.h"
 
@@ -37,14 +36,6 @@ static const char *const fuse_op_name[HWFS_FOP_N] = {
 	HWFS_FUSE_OPS(HWFS_FOP_NAME)
 #undef HWFS_FOP_NAME
 };
-
-uint64_t hwfs_mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 void hwfs_hist_observe_ns(struct hwfs_hist *h, uint64_t ns)
 {

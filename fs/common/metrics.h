@@ -45,9 +45,6 @@ static inline uint64_t hwfs_load(const uint64_t *c)
 	return __atomic_load_n(c, __ATOMIC_RELAXED);
 }
 
-/** Monotonic clock in ns. */
-uint64_t hwfs_mono_ns(void);
-
 /* The FUSE operations counted (the `op` label of hwfs_fuse_requests_total). */
 #define HWFS_FUSE_OPS(X)                                                                          \
 	X(lookup) X(forget) X(getattr) X(setattr) X(readlink) X(mknod) X(mkdir) X(unlink)         \

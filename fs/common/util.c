@@ -181,76 +181,6 @@ int hwfs_fail(int rc, char *err, size_t errlen, enum hwfs_err_clean how, const c
 	return rc;
 }
 
-/*
- * Text from a client or a peer made fit for a one-line message or a
- * terminal (see hwfs_common.h): cut to @max bytes on a UTF-8 character boundary;
- * C0 controls and DEL become a space, and so does each C1 control (U+0080 to
- * U+009F, two bytes in UTF-8), which some terminals also obey.  Returns a
- * malloc'd string, NULL without memory.
- */
-char *hwfs_clean_text(const char *s, size_t max)
-{
-	size_t n = strlen(s), k = 0;
-	char *c;
-
-	if (n > max) {
-		n = max;
-		while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
-			n--;
-	}
-	c = malloc(n + 1);
-	if (!c)
-		return NULL;
-	for (size_t i = 0; i < n; i++) {
-		unsigned char b = (unsigned char)s[i];
-
-		if (b == 0xC2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 &&
-		    (unsigned char)s[i + 1] <= 0x9F) {
-			c[k++] = ' ';
-			i++;
-		} else {
-			c[k++] = b < 0x20 || b == 0x7f ? ' ' : (char)b;
-		}
-	}
-	c[k] = '\0';
-	return c;
-}
-
-/* Bytes of the UTF-8 sequence at @p, or 0 when it is not valid UTF-8. */
-static int utf8_len(const unsigned char *p)
-{
-	int n = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3
-		: (p[0] & 0xF8) == 0xF0 ? 4 : 0;
-
-	if (n == 2 && p[0] < 0xC2)
-		return 0; /* overlong */
-	for (int i = 1; i < n; i++)
-		if ((p[i] & 0xC0) != 0x80)
-			return 0;
-	return n;
-}
-
-/*
- * Names must survive the manifest (JSON) and a terminal: UTF-8 without
- * control characters (C0, DEL, and C1: U+0080-U+009F, which some terminals
- * obey), 1..255 bytes, no '/', not "." or "..".
- */
-int hwfs_valid_name(const char *name)
-{
-	const unsigned char *p = (const unsigned char *)name;
-
-	if (!*name || !strcmp(name, ".") || !strcmp(name, "..") || strlen(name) > 255)
-		return 0;
-	while (*p) {
-		int n = utf8_len(p);
-
-		if (n == 0 || *p == '/' || *p < 0x20 || *p == 0x7f || (*p == 0xC2 && p[1] <= 0x9F))
-			return 0;
-		p += n;
-	}
-	return 1;
-}
-
 int hwfs_parse_size(const char *s, uint64_t *out)
 {
 	char *end;
@@ -319,6 +249,14 @@ int64_t hwfs_now_ns(void)
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+uint64_t hwfs_mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 double hwfs_mono_s(void)

@@ -168,17 +168,17 @@ static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char 
 		return NULL;
 	if (mutates)
 		return d->group_name[0]
-			       ? err_reply(EACCES, "permission denied: %s needs root, the mount's "
+			       ? daemon_err_reply(EACCES, "permission denied: %s needs root, the mount's "
 					   "owner (uid %u) or group %s", op, (unsigned)d->owner,
 					   d->group_name)
-			       : err_reply(EACCES, "permission denied: %s needs root or the mount's "
+			       : daemon_err_reply(EACCES, "permission denied: %s needs root or the mount's "
 					   "owner (uid %u)", op, (unsigned)d->owner);
 	ns_rdlock(d->ns);
 	bits = daemon_peer_bits(p, ns_root(d->ns));
 	ns_unlock(d->ns);
 	if ((bits & 4) && geteuid() == 0)
 		return NULL;
-	return err_reply(EACCES, "permission denied: %s needs read access to the mount", op);
+	return daemon_err_reply(EACCES, "permission denied: %s needs read access to the mount", op);
 }
 
 /*
@@ -200,26 +200,26 @@ static void *conn_main(void *arg)
 	ctl_reader_init(&rd, c->fd);
 	rd.max = CTL_MAX_REQUEST; /* read before we know the verb: see ctl.h */
 	if (c->peer_r < 0) {
-		res = err_reply(EACCES, "permission denied: cannot tell who is calling");
+		res = daemon_err_reply(EACCES, "permission denied: cannot tell who is calling");
 		goto reply;
 	}
 	if ((r = ctl_recv(&rd, &req)) < 0) {
-		res = r == -EMSGSIZE ? err_reply(EMSGSIZE, "request too long (the limit is %u bytes)",
+		res = r == -EMSGSIZE ? daemon_err_reply(EMSGSIZE, "request too long (the limit is %u bytes)",
 						 CTL_MAX_REQUEST)
-				     : err_reply(EBADMSG, "malformed request");
+				     : daemon_err_reply(EBADMSG, "malformed request");
 		goto reply;
 	}
-	name = req_str(req, "op");
+	name = daemon_req_str(req, "op");
 	op = name ? daemon_op_find(name) : NULL;
 	if (!name)
-		res = err_reply(EINVAL, "request without op");
+		res = daemon_err_reply(EINVAL, "request without op");
 	else if ((res = authorize(c->d, &c->peer, name, op && (op->mutates || op->privileged))))
 		LOG_WARN("control: refused %s to uid %u (pid %d)", name, (unsigned)c->peer.uid,
 			 (int)c->peer.pid);
 	else if (op)
 		res = daemon_op_call(c->d, op, req, &rd, &c->peer);
 	else
-		res = err_reply(EOPNOTSUPP, "unknown op: %s", name);
+		res = daemon_err_reply(EOPNOTSUPP, "unknown op: %s", name);
 reply:
 	if (res) {
 		ctl_send(c->fd, res);
@@ -277,7 +277,7 @@ static void *ctl_main(void *arg)
 		}
 		pthread_mutex_unlock(&d->conn_mu);
 		if (over) {
-			json_t *busy = err_reply(EAGAIN, "too many control connections from this "
+			json_t *busy = daemon_err_reply(EAGAIN, "too many control connections from this "
 						 "user");
 			char *line = busy ? json_dumps(busy, JSON_COMPACT) : NULL;
 
@@ -577,7 +577,7 @@ int daemon_run(const struct daemon_opts *o)
 	}
 	r = engines_create(d.ns, &d.engines);
 	if (r == 0)
-		r = diffs_create(&d.diffs);
+		r = daemon_diffs_create(&d.diffs);
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "error: %s\n", strerror(-r));
 		goto fail;
@@ -657,12 +657,9 @@ int daemon_run(const struct daemon_opts *o)
 	if (o->join) {
 		/* joining our own coordinator: at the port it bound (tcp://HOST:* allowed) */
 		const char *join = o->coordinator && d.coord_ep[0] ? d.coord_ep : o->join;
-		struct agent_opts ao = {o->node, o->listen, join, o->mountpoint, o->keys, d.ns,
-					d.st, flip_current, &d, daemon_barrier, daemon_engines_json};
-
 		struct agent *agent = NULL;
 
-		r = agent_start(&ao, &agent);
+		r = daemon_join(&d, join, &agent);
 		__atomic_store_n(&d.agent, agent, __ATOMIC_RELEASE);
 		if (r < 0) {
 			snprintf(msg, sizeof(msg), "error: cannot join %s: %s\n", o->join,
@@ -760,7 +757,7 @@ out:
 	pthread_cond_destroy(&d.conn_cv);
 	devloads_destroy(d.loads); /* device memory (copied from the arena), before the runtime goes */
 	engines_destroy(d.engines);
-	diffs_destroy(d.diffs);
+	daemon_diffs_destroy(d.diffs);
 	ns_destroy(d.ns);
 	/* unpin, then close the runtime, then unmap the arena */
 	gpu_unpin(d.gpu);

@@ -45,7 +45,7 @@
 #include "daemon_i.h"
 #include "delta.h"
 #include "delta_base.h"
-#include "proto.h"
+#include "names.h"
 #include "tunables.h"
 
 /* A tensor of A, found by (file path, tensor name). */
@@ -491,8 +491,8 @@ static int compare(struct daemon *d, const struct hwfs_vrec *va, const struct hw
 	uint64_t removed;
 	int r = -ENOMEM;
 
-	e.ha = vrec_distinct_shards(va, &e.na);
-	e.hb = vrec_distinct_shards(vb, &e.nb);
+	e.ha = daemon_vrec_distinct_shards(va, &e.na);
+	e.hb = daemon_vrec_distinct_shards(vb, &e.nb);
 	e.counted = calloc(e.nb ? e.nb : 1, 1);
 	e.cx = delta_ctx_new((int)hwfs_tun.delta_level);
 	if (!e.ha || !e.hb || !e.counted || !e.cx || !arr || index_a(&e) < 0 ||
@@ -564,7 +564,7 @@ struct diffs {
 	size_t n_uids;
 };
 
-int diffs_create(struct diffs **out)
+int daemon_diffs_create(struct diffs **out)
 {
 	struct diffs *g = calloc(1, sizeof(*g));
 	pthread_condattr_t ca;
@@ -588,7 +588,7 @@ static void entry_free(struct diff_entry *e)
 	free(e);
 }
 
-void diffs_destroy(struct diffs *g)
+void daemon_diffs_destroy(struct diffs *g)
 {
 	if (!g)
 		return;
@@ -884,24 +884,24 @@ static int compute_limited(struct daemon *d, const struct ctl_peer *peer,
 json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			 const struct ctl_peer *peer)
 {
-	const char *a = req_str(req, "a"), *b = req_str(req, "b");
+	const char *a = daemon_req_str(req, "a"), *b = daemon_req_str(req, "b");
 	struct hwfs_vrec *va = NULL, *vb = NULL;
 	json_t *tensors = NULL, *total = NULL, *res = NULL;
 	char err[640] = "";
 	int r;
 
 	if (!a || !b)
-		return err_reply(EINVAL, "diff: two versions needed");
+		return daemon_err_reply(EINVAL, "diff: two versions needed");
 	if ((r = ns_snapshot(d->ns, a, &va)) < 0) {
-		res = err_reply(-r, "cannot diff: %s: %s", a, snapshot_error(r));
+		res = daemon_err_reply(-r, "cannot diff: %s: %s", a, snapshot_error(r));
 		goto out;
 	}
 	if ((r = ns_snapshot(d->ns, b, &vb)) < 0) {
-		res = err_reply(-r, "cannot diff: %s: %s", b, snapshot_error(r));
+		res = daemon_err_reply(-r, "cannot diff: %s: %s", b, snapshot_error(r));
 		goto out;
 	}
 	if (va->state == HWFS_V_OPEN || vb->state == HWFS_V_OPEN) {
-		res = err_reply(EBUSY, "cannot diff --elements: %s is open (its tensors are "
+		res = daemon_err_reply(EBUSY, "cannot diff --elements: %s is open (its tensors are "
 				"known once it is sealed)", va->state == HWFS_V_OPEN ? a : b);
 		goto out;
 	}
@@ -915,7 +915,7 @@ json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
 								 : strerror(-r));
 	}
 	if (r < 0)
-		res = err_reply(-r, "cannot diff %s %s: %s", a, b, err);
+		res = daemon_err_reply(-r, "cannot diff %s %s: %s", a, b, err);
 	else
 		res = json_pack("{s:b, s:s, s:s, s:O, s:O}", "ok", 1, "a", a, "b", b, "tensors",
 				tensors, "total", total);

@@ -3,7 +3,7 @@
  * `map` (a read-only descriptor of the arena, the version's extents and
  * tensors, and a lease on its shards), `watch` (events) and `engine` (events,
  * prepare, reports), plus the daemon's hooks that feed the registry
- * (engines.c): seals, the agent's barrier and the engines in its heartbeat.
+ * (engines.c): seals and commits.
  *
  * Each operation runs on its connection's thread (daemon.c, conn_main): it
  * sends its first reply itself, then waits on the connection until the
@@ -16,7 +16,7 @@
  * alone tells).  A lease outlives a stopping daemon: its references are not
  * dropped then (see op_map).
  *
- * Error replies carry "errno" (err_reply()), so that clients never guess
+ * Error replies carry "errno" (daemon_err_reply()), so that clients never guess
  * it from the sentence, which may quote their own version names.
  */
 #define _GNU_SOURCE
@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "daemon_i.h"
-#include "proto.h"
+#include "names.h"
 
 /* ----------------------------------------------------------- hooks */
 
@@ -60,33 +60,6 @@ void daemon_current(void *arg)
 	daemon_gpu_current(d);
 }
 
-/* The agent's barrier hook: engines_barrier() on this daemon's registry. */
-int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,
-		   size_t errlen)
-{
-	struct daemon *d = arg;
-	int r = engines_barrier(d->engines, version, started_ns, err, errlen);
-
-	/* a PREPARE is answered: its wait is the commit's prepare phase (/metrics) */
-	__atomic_store_n(&hwfs_nm.preparing, r == -EINPROGRESS, __ATOMIC_RELAXED);
-	if (r != -EINPROGRESS) {
-		uint64_t now = engines_now_ns();
-
-		hwfs_hist_observe_ns(&hwfs_nm.commit_prepare, now > started_ns ? now - started_ns : 0);
-		if (r < 0)
-			hwfs_count(&hwfs_nm.commits[HWFS_COMMIT_REFUSED], 1);
-	}
-	return r;
-}
-
-/* The agent's HELLO hook: this node's engines, a new array (NULL without memory). */
-json_t *daemon_engines_json(void *arg)
-{
-	struct daemon *d = arg;
-
-	return engines_json(d->engines);
-}
-
 /*
  * A descriptor that becomes readable when process @pid exits (pidfd_open),
  * so that a connection ends with the process that opened it, not with the
@@ -95,7 +68,7 @@ json_t *daemon_engines_json(void *arg)
  * namespace we cannot see: pid 0, no descriptors left): the connection alone
  * tells the end then; or -ESRCH when the process exited already.
  */
-int peer_pidfd(pid_t pid)
+int daemon_peer_pidfd(pid_t pid)
 {
 	int fd = -1;
 
@@ -137,7 +110,7 @@ static int wait_conn(int fd, int pidfd)
  * discarded by the kernel).  Returns -ESRCH when the process exited, else 0:
  * every other end (EOF, reset, shutdown) is the end.
  */
-int wait_for_close(int fd, int pidfd)
+int daemon_wait_for_close(int fd, int pidfd)
 {
 	char buf[4096];
 
@@ -156,7 +129,7 @@ int wait_for_close(int fd, int pidfd)
 /* ----------------------------------------------------------- map */
 
 /* Room in @ml for one reference per extent of snapshot @rec (daemon_i.h).  0 or -ENOMEM. */
-int map_lease_init(struct map_lease *ml, const struct hwfs_vrec *rec)
+int daemon_map_lease_init(struct map_lease *ml, const struct hwfs_vrec *rec)
 {
 	size_t total = 0;
 
@@ -173,7 +146,7 @@ int map_lease_init(struct map_lease *ml, const struct hwfs_vrec *rec)
  * Returns 0, -ENOENT (a shard is gone: the version was removed meanwhile) or
  * -EIO (an extent that is not its whole shard); references taken stay in @ml.
  */
-int map_lease_file(struct daemon *d, const struct hwfs_frec *f, struct map_lease *ml)
+int daemon_map_lease_file(struct daemon *d, const struct hwfs_frec *f, struct map_lease *ml)
 {
 	for (size_t i = 0; i < f->n_ext; i++) {
 		const struct hwfs_extent *e = &f->ext[i];
@@ -189,7 +162,7 @@ int map_lease_file(struct daemon *d, const struct hwfs_frec *f, struct map_lease
 }
 
 /* Drop every reference @ml holds and free it. */
-void map_lease_drop(struct daemon *d, struct map_lease *ml)
+void daemon_map_lease_drop(struct daemon *d, struct map_lease *ml)
 {
 	for (size_t i = 0; i < ml->n; i++)
 		store_unref(d->st, ml->sh[i]);
@@ -214,7 +187,7 @@ static json_t *map_file(struct daemon *d, const struct hwfs_frec *f, struct map_
 	*r = -ENOMEM;
 	if (!ext || !tens)
 		goto out;
-	*r = map_lease_file(d, f, ml);
+	*r = daemon_map_lease_file(d, f, ml);
 	if (*r < 0)
 		goto out;
 	*r = -ENOMEM;
@@ -237,7 +210,7 @@ static json_t *map_file(struct daemon *d, const struct hwfs_frec *f, struct map_
 								   t->dtype, "shape", shape, "off",
 								   (json_int_t)t->off, "len",
 								   (json_int_t)t->len, "hash",
-								   proto_hash_json(&t->hash))))
+								   hwfs_hash_json(&t->hash))))
 			goto out;
 	}
 	out = json_pack("{s:s, s:I, s:O, s:O}", "path", f->path, "size", (json_int_t)f->size,
@@ -288,7 +261,7 @@ static int open_arena_ro(struct daemon *d)
  */
 json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer)
 {
-	const char *v = req_str(req, "version");
+	const char *v = daemon_req_str(req, "version");
 	struct map_lease ml = {NULL, 0};
 	struct hwfs_vrec *rec = NULL;
 	struct lease *l = NULL;
@@ -297,13 +270,13 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 	int afd = -1, pidfd = -1, r;
 
 	if (!v)
-		return err_reply(EINVAL, "map: missing version");
+		return daemon_err_reply(EINVAL, "map: missing version");
 	ns_rdlock(d->ns);
 	r = ns_check_committable(d->ns, v, err, sizeof(err));
 	ns_unlock(d->ns);
 	if (r < 0)
-		return err_reply(-r, "cannot map %s: %s", v, err);
-	pidfd = peer_pidfd(peer->pid);
+		return daemon_err_reply(-r, "cannot map %s: %s", v, err);
+	pidfd = daemon_peer_pidfd(peer->pid);
 	if (pidfd == -ESRCH)
 		return NULL; /* the caller is gone: nobody to lease to */
 	r = ns_snapshot(d->ns, v, &rec);
@@ -311,7 +284,7 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 		r = rec->state == HWFS_V_OPEN ? -EBUSY : -EIO; /* changed meanwhile */
 	if (r < 0)
 		goto fail;
-	r = map_lease_init(&ml, rec);
+	r = daemon_map_lease_init(&ml, rec);
 	files = json_array();
 	if (r == 0 && !files)
 		r = -ENOMEM;
@@ -335,7 +308,7 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 	if (r < 0)
 		goto fail;
 	res = json_pack("{s:b, s:s, s:o, s:I, s:I, s:O}", "ok", 1, "version", v, "digest",
-			proto_hash_json(&rec->digest), "arena_size",
+			hwfs_hash_json(&rec->digest), "arena_size",
 			(json_int_t)arena_capacity(store_arena(d->st)), "page_size",
 			(json_int_t)sysconf(_SC_PAGESIZE), "files", files);
 	if (!res) {
@@ -348,12 +321,12 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 	close(afd);
 	afd = -1;
 	/* the lease lives as long as the connection and the process that opened it */
-	if (r == 0 && wait_for_close(rd->fd, pidfd) == -ESRCH)
+	if (r == 0 && daemon_wait_for_close(rd->fd, pidfd) == -ESRCH)
 		LOG_INFO("engines: lease of %s ended: its process %d exited (a child of it may still "
 			 "hold the connection)", v, (int)peer->pid);
 	goto out;
 fail:
-	res = err_reply(-r, "cannot map %s: %s", v,
+	res = daemon_err_reply(-r, "cannot map %s: %s", v,
 			r == -ENOENT   ? "no such version (it was removed)"
 			: r == -EBUSY  ? "version is open (not sealed)"
 			: r == -EIO    ? "version is damaged"
@@ -369,7 +342,7 @@ out:
 		free(ml.sh); /* keep the references: the bytes stay under the client's mapping */
 		ml.sh = NULL;
 	} else {
-		map_lease_drop(d, &ml);
+		daemon_map_lease_drop(d, &ml);
 	}
 	json_decref(files);
 	hwfs_vrec_free(rec);
@@ -395,23 +368,23 @@ static json_t *watch_conn(struct daemon *d, struct ctl_reader *rd, const struct 
 {
 	struct watcher *w = NULL;
 	json_t *res = NULL;
-	int pidfd = name ? peer_pidfd(peer->pid) : -1, logged = 0, r;
+	int pidfd = name ? daemon_peer_pidfd(peer->pid) : -1, logged = 0, r;
 
 	if (pidfd == -ESRCH)
 		return NULL; /* the engine's process is gone already */
 	r = engines_watch_gpu(d->engines, rd->fd, peer->pid, name, gpu, &w);
 	if (r == -EINVAL)
-		res = err_reply(EINVAL, "invalid engine name (1-%d characters of A-Z a-z 0-9 . _ -)",
-				ENGINE_NAME_MAX);
+		res = daemon_err_reply(EINVAL, "invalid engine name (1-%d characters of A-Z a-z 0-9 . _ -)",
+				HWFS_ENGINE_NAME_MAX);
 	else if (r == -EEXIST)
-		res = err_reply(EEXIST, "an engine named %s is already registered on this node",
+		res = daemon_err_reply(EEXIST, "an engine named %s is already registered on this node",
 				name);
 	else if (r == -ENOMEM)
-		res = err_reply(ENOMEM, "out of memory");
+		res = daemon_err_reply(ENOMEM, "out of memory");
 	if (r < 0) /* any other error: the client is gone already */
 		goto close;
 	if (!name) {
-		wait_for_close(rd->fd, -1);
+		daemon_wait_for_close(rd->fd, -1);
 		goto out;
 	}
 	rd->max = CTL_MAX_REQUEST;
@@ -472,13 +445,13 @@ json_t *op_watch(struct daemon *d, json_t *req, struct ctl_reader *rd, const str
 json_t *op_engine(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		  const struct ctl_peer *peer)
 {
-	const char *name = req_str(req, "name");
+	const char *name = daemon_req_str(req, "name");
 	int gpu;
 
 	if (!name)
-		return err_reply(EINVAL, "engine: missing name");
-	if (req_gpu(req, 1, &gpu) < 0)
-		return err_reply(EINVAL, "engine: \"gpu\" must be a device index (an integer "
+		return daemon_err_reply(EINVAL, "engine: missing name");
+	if (daemon_req_gpu(req, 1, &gpu) < 0)
+		return daemon_err_reply(EINVAL, "engine: \"gpu\" must be a device index (an integer "
 				 "0-%d)", DAEMON_GPU_MAX);
 	return watch_conn(d, rd, peer, name, gpu);
 }

@@ -32,13 +32,13 @@
 #include "daemon_i.h"
 #include "devload.h"
 #include "gpu.h"
-#include "proto.h"
+#include "names.h"
 #include "tunables.h"
 
 /* ----------------------------------------------------------- requests */
 
 /* The "gpu" member of @req (daemon_i.h): 0 or -EINVAL. */
-int req_gpu(json_t *req, int optional, int *gpu)
+int daemon_req_gpu(json_t *req, int optional, int *gpu)
 {
 	json_t *g = json_object_get(req, "gpu");
 	json_int_t n;
@@ -111,7 +111,7 @@ struct load_src {
 static void load_src_free(struct daemon *d, struct load_src *ls)
 {
 	if (ls->ml.sh)
-		map_lease_drop(d, &ls->ml);
+		daemon_map_lease_drop(d, &ls->ml);
 	free(ls->lens);
 	free(ls->piece_at);
 	free(ls->pieces);
@@ -131,7 +131,7 @@ static json_t *tensor_json(const struct hwfs_frec *f, const struct hwfs_trec *t)
 		return NULL;
 	return json_pack("{s:s, s:s, s:s, s:o, s:I, s:o}", "name", t->name, "file", f->path,
 			 "dtype", t->dtype, "shape", shape, "len", (json_int_t)t->len, "hash",
-			 proto_hash_json(&t->hash));
+			 hwfs_hash_json(&t->hash));
 }
 
 /*
@@ -165,7 +165,7 @@ static int load_src_make(struct daemon *d, const char *v, uint64_t seq, struct l
 	if (r == 0 && ls->rec->state != HWFS_V_SEALED)
 		r = ls->rec->state == HWFS_V_OPEN ? -EBUSY : -EIO; /* changed meanwhile */
 	if (r == 0)
-		r = map_lease_init(&ls->ml, ls->rec);
+		r = daemon_map_lease_init(&ls->ml, ls->rec);
 	for (size_t i = 0; r == 0 && i < ls->rec->n_files; i++) {
 		const struct hwfs_frec *f = &ls->rec->files[i];
 
@@ -193,7 +193,7 @@ static int load_src_make(struct daemon *d, const char *v, uint64_t seq, struct l
 
 		if (f->kind != HWFS_K_REG)
 			continue;
-		r = map_lease_file(d, f, &ls->ml);
+		r = daemon_map_lease_file(d, f, &ls->ml);
 		if (r < 0)
 			goto fail;
 		for (size_t e = 0; e < f->n_ext; e++)
@@ -339,7 +339,7 @@ static void load_progress(void *arg, uint64_t done, uint64_t total)
 /* load's error reply: "cannot load V on GPU N: <why>" with "errno": @r. */
 static json_t *load_error(const char *v, int gpu, int r, const char *why)
 {
-	return err_reply(-r, "cannot load %s on GPU %d: %s", v, gpu, why);
+	return daemon_err_reply(-r, "cannot load %s on GPU %d: %s", v, gpu, why);
 }
 
 /*
@@ -352,7 +352,7 @@ static json_t *load_error(const char *v, int gpu, int r, const char *why)
 static json_t *load(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		    const struct ctl_peer *peer)
 {
-	const char *v = req_str(req, "version");
+	const char *v = daemon_req_str(req, "version");
 	struct load_progress lp = {rd->fd, 0, 0};
 	struct devload *l = NULL;
 	json_t *sum = NULL, *res;
@@ -361,9 +361,9 @@ static json_t *load(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int gpu, r, already = 0;
 
 	if (!v)
-		return err_reply(EINVAL, "load: missing version");
-	if (req_gpu(req, 0, &gpu) < 0)
-		return err_reply(EINVAL, "load: \"gpu\" must be a device index (an integer "
+		return daemon_err_reply(EINVAL, "load: missing version");
+	if (daemon_req_gpu(req, 0, &gpu) < 0)
+		return daemon_err_reply(EINVAL, "load: \"gpu\" must be a device index (an integer "
 				 "0-%d)", DAEMON_GPU_MAX);
 	/* the version first, then the device: an open, damaged or missing version is
 	 * refused the same way with or without a GPU */
@@ -416,15 +416,15 @@ static json_t *load(struct daemon *d, json_t *req, struct ctl_reader *rd,
 json_t *op_unload(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		  const struct ctl_peer *peer)
 {
-	const char *v = req_str(req, "version");
+	const char *v = daemon_req_str(req, "version");
 	uint64_t freed = 0, pending = 0;
 	char where[64];
 	int gpu, r;
 
 	if (!v)
-		return err_reply(EINVAL, "unload: missing version");
-	if (req_gpu(req, 1, &gpu) < 0)
-		return err_reply(EINVAL, "unload: \"gpu\" must be a device index (an integer "
+		return daemon_err_reply(EINVAL, "unload: missing version");
+	if (daemon_req_gpu(req, 1, &gpu) < 0)
+		return daemon_err_reply(EINVAL, "unload: \"gpu\" must be a device index (an integer "
 				 "0-%d) or -1 for every device", DAEMON_GPU_MAX);
 	if (gpu >= 0)
 		snprintf(where, sizeof(where), "on GPU %d", gpu);
@@ -432,9 +432,9 @@ json_t *op_unload(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		snprintf(where, sizeof(where), "on any GPU");
 	r = devloads_unload(d->loads, v, gpu, &freed, &pending);
 	if (r == -ENOENT)
-		return err_reply(ENOENT, "cannot unload %s: it is not loaded %s", v, where);
+		return daemon_err_reply(ENOENT, "cannot unload %s: it is not loaded %s", v, where);
 	if (r == -EBUSY)
-		return err_reply(EBUSY, "cannot unload %s: it is being loaded %s; unload it "
+		return daemon_err_reply(EBUSY, "cannot unload %s: it is being loaded %s; unload it "
 				 "when the load ends", v, where);
 	LOG_INFO("gpu: %s unloaded %s (%llu bytes freed, %llu map(s) pending)", v, where,
 		 (unsigned long long)freed, (unsigned long long)pending);
@@ -454,21 +454,21 @@ json_t *op_unload(struct daemon *d, json_t *req, struct ctl_reader *rd,
 json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		  const struct ctl_peer *peer)
 {
-	const char *v = req_str(req, "version");
+	const char *v = daemon_req_str(req, "version");
 	struct devload *ref = NULL;
 	json_t *res = NULL;
 	char err[512];
 	int gpu, pidfd, r;
 
 	if (!v)
-		return err_reply(EINVAL, "gpumap: missing version");
-	if (req_gpu(req, 0, &gpu) < 0)
-		return err_reply(EINVAL, "gpumap: \"gpu\" must be a device index (an integer "
+		return daemon_err_reply(EINVAL, "gpumap: missing version");
+	if (daemon_req_gpu(req, 0, &gpu) < 0)
+		return daemon_err_reply(EINVAL, "gpumap: \"gpu\" must be a device index (an integer "
 				 "0-%d)", DAEMON_GPU_MAX);
 	r = gpu_usable(d, gpu, err, sizeof(err));
 	if (r < 0)
-		return err_reply(-r, "cannot map %s on GPU %d: %s", v, gpu, err);
-	pidfd = peer_pidfd(peer->pid);
+		return daemon_err_reply(-r, "cannot map %s on GPU %d: %s", v, gpu, err);
+	pidfd = daemon_peer_pidfd(peer->pid);
 	if (pidfd == -ESRCH)
 		return NULL; /* the caller is gone: nobody to hold it for */
 	r = devloads_map(d->loads, v, gpu, &res, &ref);
@@ -476,9 +476,9 @@ json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		if (pidfd >= 0)
 			close(pidfd);
 		if (r == -ENOENT)
-			return err_reply(ENOENT, "%s is not loaded on GPU %d (hwfs load %s --gpu "
+			return daemon_err_reply(ENOENT, "%s is not loaded on GPU %d (hwfs load %s --gpu "
 					 "%d)", v, gpu, v, gpu);
-		return err_reply(-r, "cannot map %s on GPU %d: %s", v, gpu, strerror(-r));
+		return daemon_err_reply(-r, "cannot map %s on GPU %d: %s", v, gpu, strerror(-r));
 	}
 	{
 		/* the device's PCI bus id: the client finds it in its own numbering */
@@ -495,7 +495,7 @@ json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	r = ctl_send(rd->fd, res);
 	json_decref(res);
 	/* the reference lives as long as the connection and the process that opened it */
-	if (r == 0 && wait_for_close(rd->fd, pidfd) == -ESRCH)
+	if (r == 0 && daemon_wait_for_close(rd->fd, pidfd) == -ESRCH)
 		LOG_INFO("gpu: map of %s on GPU %d ended: its process %d exited", v, gpu,
 			 (int)peer->pid);
 	if (pidfd >= 0)

@@ -4,9 +4,10 @@
  * socket and its connections), daemon_ops.c (the table of control operations
  * and their handlers), daemon_publish.c (`hwfs publish`), daemon_diff.c
  * (`hwfs diff --elements`), daemon_engines.c (map, watch and engine: the
- * long-lived operations of docs/engines.md) and daemon_gpu.c (load, unload,
- * gpumap: docs/gpu.md).  Nothing outside those files includes it; the public
- * API is daemon.h.
+ * long-lived operations of docs/engines.md), daemon_gpu.c (load, unload,
+ * gpumap: docs/gpu.md) and daemon_repl.c (joining a cluster: the hooks the
+ * replication agent is handed).  Nothing outside those files includes it;
+ * the public API is daemon.h.
  */
 #ifndef HWFS_DAEMON_I_H
 #define HWFS_DAEMON_I_H
@@ -110,33 +111,33 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 		       struct ctl_reader *rd, const struct ctl_peer *peer);
 
 /**
- * err_reply() - the one way the daemon builds an error reply: {"ok": false,
+ * daemon_err_reply() - the one way the daemon builds an error reply: {"ok": false,
  * "error": the formatted sentence, "errno": @err}.  @err is the positive
  * errno the client acts on (docs/libhwfs.md, "Errors": clients take it from
  * there and never from the sentence, which may quote their own version
  * name); a value outside 1..4095 (a bug) goes out as EIO, so that no error
  * reply lacks one.  Returns the reply, NULL without memory.
  */
-json_t *err_reply(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+json_t *daemon_err_reply(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /** {"ok": true}. */
-json_t *ok_reply(void);
+json_t *daemon_ok_reply(void);
 /** String member @key of @req, or NULL when it is missing or not a string. */
-const char *req_str(json_t *req, const char *key);
+const char *daemon_req_str(json_t *req, const char *key);
 
 /** Flip `current` to version @v through the mount (daemon_ops.c); the agent's commit hook. */
-int flip_current(void *arg, const char *v, char *err, size_t errlen);
+int daemon_flip_current(void *arg, const char *v, char *err, size_t errlen);
 
 /** The seal hook of the namespace: tell the watchers ("arrived") and the agent. */
 void daemon_sealed(void *arg, const char *name);
 /** Current hook (daemon_engines.c): {"event": "current"} to the watchers after a commit. */
 void daemon_current(void *arg);
 
-/** The agent's barrier hook: engines_barrier() on the daemon's registry. */
-int daemon_barrier(void *arg, const char *version, uint64_t started_ns, char *err,
-		   size_t errlen);
-
-/** The agent's HELLO hook: this node's engines (engines_json()). */
-json_t *daemon_engines_json(void *arg);
+/**
+ * daemon_join() - start this node's replication agent (daemon_repl.c), joined
+ * to @coordinator, with the hooks that let it reach the namespace, the mount
+ * and the engines.  Returns agent_start()'s 0 or -errno.
+ */
+int daemon_join(struct daemon *d, const char *coordinator, struct agent **out);
 
 /* daemon_engines.c: the long-lived operations (daemon_op_fn) */
 json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer);
@@ -154,41 +155,41 @@ struct map_lease {
 	size_t n;
 };
 /** Room in @ml for one reference per extent of snapshot @rec.  Returns 0 or -ENOMEM. */
-int map_lease_init(struct map_lease *ml, const struct hwfs_vrec *rec);
+int daemon_map_lease_init(struct map_lease *ml, const struct hwfs_vrec *rec);
 /**
- * map_lease_file() - reference the shard of every extent of @f into @ml, in
+ * daemon_map_lease_file() - reference the shard of every extent of @f into @ml, in
  * extent order from ml->n on.  Returns 0, -ENOENT (a shard is gone: the
  * version was removed) or -EIO (an extent that is not its whole shard);
  * references taken stay in @ml either way.
  */
-int map_lease_file(struct daemon *d, const struct hwfs_frec *f, struct map_lease *ml);
+int daemon_map_lease_file(struct daemon *d, const struct hwfs_frec *f, struct map_lease *ml);
 /** Drop every reference of @ml and free its array. */
-void map_lease_drop(struct daemon *d, struct map_lease *ml);
+void daemon_map_lease_drop(struct daemon *d, struct map_lease *ml);
 
 /**
- * peer_pidfd() - a descriptor that becomes readable when process @pid exits
+ * daemon_peer_pidfd() - a descriptor that becomes readable when process @pid exits
  * (close-on-exec), -1 when none can be had (the connection alone tells the
  * end then), -ESRCH when the process exited already.
  */
-int peer_pidfd(pid_t pid);
+int daemon_peer_pidfd(pid_t pid);
 /**
- * wait_for_close() - block until the client closes connection @fd (or
+ * daemon_wait_for_close() - block until the client closes connection @fd (or
  * shutdown shuts it down) or the process of @pidfd (-1: none) exits, reading
  * and dropping what it sends.  Returns -ESRCH (the process exited) or 0.
  */
-int wait_for_close(int fd, int pidfd);
+int daemon_wait_for_close(int fd, int pidfd);
 
 /**
- * vrec_distinct_shards() - the distinct shard hashes of snapshot @v, sorted
+ * daemon_vrec_distinct_shards() - the distinct shard hashes of snapshot @v, sorted
  * (hwfs_hash_cmp), their number in *@n.  Returns a malloc'd array or NULL.
  */
-hwfs_hash_t *vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n);
+hwfs_hash_t *daemon_vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n);
 
 struct diffs;
 /** The element diffs' limits and kept results, empty.  Returns 0 or -ENOMEM. */
-int diffs_create(struct diffs **out);
+int daemon_diffs_create(struct diffs **out);
 /** Free @g (NULL: nothing), once no control connection is left. */
-void diffs_destroy(struct diffs *g);
+void daemon_diffs_destroy(struct diffs *g);
 
 /** `hwfs diff A B --elements` (daemon_diff.c), a daemon_op_fn that op_diff hands to. */
 json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,
@@ -203,11 +204,11 @@ json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
 /* The largest device index a request may name. */
 #define DAEMON_GPU_MAX 1023
 /**
- * req_gpu() - the "gpu" member of @req in *@gpu: a device index
+ * daemon_req_gpu() - the "gpu" member of @req in *@gpu: a device index
  * 0..DAEMON_GPU_MAX; when absent, -1 if @optional, else an error; -1 itself
  * is accepted only when @optional.  Returns 0 or -EINVAL.
  */
-int req_gpu(json_t *req, int optional, int *gpu);
+int daemon_req_gpu(json_t *req, int optional, int *gpu);
 /** `current` moved: unload the barrier's device loads of other versions (daemon_gpu.c). */
 void daemon_gpu_current(struct daemon *d);
 /** The engines' device-load hook (engines_set_gpu_hook()); @arg is the daemon. */

@@ -23,11 +23,11 @@
 #include "devload.h"
 #include "manifest.h"
 #include "own_mount.h"
-#include "proto.h"
+#include "names.h"
 #include "tunables.h"
 
 /* ----------------------------------------------------------- helpers */
-json_t *err_reply(int err, const char *fmt, ...)
+json_t *daemon_err_reply(int err, const char *fmt, ...)
 {
 	char buf[1024];
 	va_list ap;
@@ -40,12 +40,12 @@ json_t *err_reply(int err, const char *fmt, ...)
 	return json_pack("{s:b, s:s, s:i}", "ok", 0, "error", buf, "errno", err);
 }
 
-json_t *ok_reply(void)
+json_t *daemon_ok_reply(void)
 {
 	return json_pack("{s:b}", "ok", 1);
 }
 
-const char *req_str(json_t *req, const char *key)
+const char *daemon_req_str(json_t *req, const char *key)
 {
 	json_t *v = json_object_get(req, key);
 
@@ -66,7 +66,7 @@ static json_t *version_json(struct daemon *d, struct version *v)
 			 hwfs_vstate_name(v->state), "seq", (json_int_t)v->seq, "bytes",
 			 (json_int_t)bytes, "files", (json_int_t)files, "tensors",
 			 (json_int_t)v->tensors, "digest",
-			 v->state == HWFS_V_OPEN ? json_null() : proto_hash_json(&v->digest), "errors", errs);
+			 v->state == HWFS_V_OPEN ? json_null() : hwfs_hash_json(&v->digest), "errors", errs);
 }
 
 static json_t *versions_json(struct daemon *d)
@@ -188,17 +188,17 @@ static const char *seal_error(int r)
 static json_t *op_seal(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		       const struct ctl_peer *peer)
 {
-	const char *v = req_str(req, "version");
+	const char *v = daemon_req_str(req, "version");
 	unsigned flags = json_is_true(json_object_get(req, "force")) ? NS_SEAL_FORCE : 0;
 	char err[1024] = "";
 	int r;
 
 	if (!v)
-		return err_reply(EINVAL, "seal: missing version");
+		return daemon_err_reply(EINVAL, "seal: missing version");
 	r = ns_seal(d->ns, v, NULL, flags, err, sizeof(err));
 	if (r < 0)
-		return err_reply(-r, "cannot seal %s: %s", v, err[0] ? err : seal_error(r));
-	return ok_reply();
+		return daemon_err_reply(-r, "cannot seal %s: %s", v, err[0] ? err : seal_error(r));
+	return daemon_ok_reply();
 }
 
 /*
@@ -250,13 +250,13 @@ static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
 }
 
 /*
- * flip_current() - flip_now(), counted for /metrics: the node is "updating"
+ * daemon_flip_current() - flip_now(), counted for /metrics: the node is "updating"
  * meanwhile (readyz), the flip's duration goes to
  * hwfs_commit_duration_seconds{phase="flip"} and its outcome to
  * hwfs_commits_total (committed, or refused when the version cannot be
  * committed, else failed).
  */
-int flip_current(void *arg, const char *v, char *err, size_t errlen)
+int daemon_flip_current(void *arg, const char *v, char *err, size_t errlen)
 {
 	struct daemon *d = arg;
 	uint64_t t0 = hwfs_mono_ns();
@@ -292,14 +292,14 @@ static json_t *commit_reply(const char *v, json_t *res)
 	if (!strcmp(outcome, "committed"))
 		out = json_pack("{s:b, s:s}", "ok", 1, "current", v);
 	else if (!strcmp(outcome, "partial"))
-		out = err_reply(ctl_errno(res) ?: EINPROGRESS,
+		out = daemon_err_reply(ctl_errno(res) ?: EINPROGRESS,
 				"commit of %s is partial: %zu node(s) flipped, %zu failed, %zu did "
 				"not answer (%s); the others flip when they can",
 				v, json_array_size(json_object_get(res, "committed")),
 				json_object_size(json_object_get(res, "failed")),
 				json_array_size(json_object_get(res, "unknown")), why ? why : "?");
 	else
-		out = err_reply(ctl_errno(res) ?: ECANCELED, "commit of %s aborted: %s", v,
+		out = daemon_err_reply(ctl_errno(res) ?: ECANCELED, "commit of %s aborted: %s", v,
 				why ? why : "refused");
 	if (out) {
 		json_object_set_new(out, "outcome", json_string(outcome));
@@ -315,30 +315,30 @@ static json_t *commit_reply(const char *v, json_t *res)
 static json_t *op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			 const struct ctl_peer *peer)
 {
-	const char *v = req_str(req, "version");
+	const char *v = daemon_req_str(req, "version");
 	int local = json_is_true(json_object_get(req, "local"));
 	struct agent *agent = daemon_agent(d);
 	char err[512];
 	json_t *res = NULL;
 
 	if (!v)
-		return err_reply(EINVAL, "commit: missing version");
+		return daemon_err_reply(EINVAL, "commit: missing version");
 	if (agent && !local) {
 		/* two-phase, cluster-wide: the coordinator decides */
 		ns_rdlock(d->ns);
 		int r = ns_check_committable(d->ns, v, err, sizeof(err));
 		ns_unlock(d->ns);
 		if (r < 0)
-			return err_reply(-r, "cannot commit: %s", err);
+			return daemon_err_reply(-r, "cannot commit: %s", err);
 		json_t *call = json_pack("{s:s, s:s}", "op", "commit", "version", v);
 
 		r = agent_call(agent, call, &res, (int)hwfs_tun.commit_wait_ms);
 		json_decref(call);
 		if (r == -EHOSTUNREACH)
-			return err_reply(EHOSTUNREACH,
+			return daemon_err_reply(EHOSTUNREACH,
 					 "cannot commit %s: the coordinator is unreachable", v);
 		if (r < 0) {
-			json_t *e = err_reply(-r, "commit of %s: the coordinator %s; the outcome is "
+			json_t *e = daemon_err_reply(-r, "commit of %s: the coordinator %s; the outcome is "
 					      "unknown until it is back (see hwfs status --cluster)",
 					      v, r == -ECONNRESET ? "went away" : "did not answer");
 
@@ -360,10 +360,10 @@ static json_t *op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	if (r < 0)
 		hwfs_count(&hwfs_nm.commits[HWFS_COMMIT_REFUSED], 1);
 	else
-		r = flip_current(d, v, err, sizeof(err));
+		r = daemon_flip_current(d, v, err, sizeof(err));
 	__atomic_fetch_sub(&hwfs_nm.updating, 1, __ATOMIC_RELAXED);
 	if (r < 0)
-		return err_reply(-r, "cannot commit %s: %s", v, err);
+		return daemon_err_reply(-r, "cannot commit %s: %s", v, err);
 	return json_pack("{s:b, s:s}", "ok", 1, "current", v);
 }
 
@@ -375,13 +375,13 @@ static json_t *op_cluster(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!agent)
-		return err_reply(ENOTCONN, "this node is not part of a cluster (mounted without "
+		return daemon_err_reply(ENOTCONN, "this node is not part of a cluster (mounted without "
 				 "--join)");
 	call = json_pack("{s:s}", "op", "cluster");
 	r = agent_call(agent, call, &res, (int)hwfs_tun.status_wait_ms);
 	json_decref(call);
 	if (r < 0)
-		return err_reply(-r, "the coordinator %s",
+		return daemon_err_reply(-r, "the coordinator %s",
 				 r == -EHOSTUNREACH ? "is unreachable" : "did not answer");
 	out = json_pack("{s:b, s:O}", "ok", 1, "cluster", json_object_get(res, "cluster"));
 	json_decref(res);
@@ -394,7 +394,7 @@ static int cmp_hash(const void *a, const void *b)
 }
 
 /* The distinct shard hashes of snapshot @v, sorted (daemon_i.h). */
-hwfs_hash_t *vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n)
+hwfs_hash_t *daemon_vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n)
 {
 	size_t total = 0, k = 0;
 	hwfs_hash_t *h;
@@ -418,7 +418,7 @@ hwfs_hash_t *vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n)
 static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			 const struct ctl_peer *peer)
 {
-	const char *v = req_str(req, "version");
+	const char *v = daemon_req_str(req, "version");
 	struct hwfs_vrec *rec = NULL;
 	hwfs_hash_t *hs;
 	size_t n = 0;
@@ -427,14 +427,14 @@ static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!v)
-		return err_reply(EINVAL, "verify: missing version");
+		return daemon_err_reply(EINVAL, "verify: missing version");
 	r = ns_snapshot(d->ns, v, &rec);
 	if (r < 0) {
 		json_decref(bad);
-		return err_reply(-r, "cannot verify %s: %s", v,
+		return daemon_err_reply(-r, "cannot verify %s: %s", v,
 				 r == -ENOENT ? "no such version" : strerror(-r));
 	}
-	hs = vrec_distinct_shards(rec, &n);
+	hs = daemon_vrec_distinct_shards(rec, &n);
 	for (size_t i = 0; hs && i < n; i++) {
 		struct shard *sh = store_get(d->st, &hs[i]);
 		hwfs_hash_t h;
@@ -445,7 +445,7 @@ static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			store_unref(d->st, sh);
 		}
 		if (!sh || hwfs_hash_cmp(&h, &hs[i]))
-			json_array_append_new(bad, proto_hash_json(&hs[i]));
+			json_array_append_new(bad, hwfs_hash_json(&hs[i]));
 	}
 	if (rec->state != HWFS_V_OPEN) {
 		r = ns_set_state(d->ns, v, json_array_size(bad) ? HWFS_V_DAMAGED : HWFS_V_SEALED);
@@ -493,15 +493,15 @@ static int remove_and_invalidate(struct daemon *d, const char *v)
 static json_t *op_rm(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		     const struct ctl_peer *peer)
 {
-	const char *v = req_str(req, "version");
+	const char *v = daemon_req_str(req, "version");
 	int r;
 
 	if (!v)
-		return err_reply(EINVAL, "rm: missing version");
+		return daemon_err_reply(EINVAL, "rm: missing version");
 	r = remove_and_invalidate(d, v);
 	if (r < 0)
-		return err_reply(-r, "cannot remove %s: %s", v, rm_error(r));
-	return ok_reply();
+		return daemon_err_reply(-r, "cannot remove %s: %s", v, rm_error(r));
+	return daemon_ok_reply();
 }
 
 static json_t *op_gc(struct daemon *d, json_t *req, struct ctl_reader *rd,
@@ -515,7 +515,7 @@ static json_t *op_gc(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	if (keep < 0) {
 		free(cur);
 		json_decref(removed);
-		return err_reply(EINVAL, "gc: --keep N is required (N >= 0)");
+		return daemon_err_reply(EINVAL, "gc: --keep N is required (N >= 0)");
 	}
 	ns_list(d->ns, &names, &n);
 	/* newest first: keep the first @keep sealed ones, and current */
@@ -579,7 +579,7 @@ static json_t *tensor_map(const struct hwfs_vrec *v, json_t *dup)
 			    asprintf(&q, "%s@%s", t->name, v->files[i].path) < 0)
 				q = NULL;
 			json_object_set_new(m, q ? q : t->name,
-					    json_pack("{s:o, s:I}", "hash", proto_hash_json(&t->hash),
+					    json_pack("{s:o, s:I}", "hash", hwfs_hash_json(&t->hash),
 						      "len", (json_int_t)t->len));
 			free(q);
 		}
@@ -589,7 +589,7 @@ static json_t *tensor_map(const struct hwfs_vrec *v, json_t *dup)
 static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		       const struct ctl_peer *peer)
 {
-	const char *a = req_str(req, "a"), *b = req_str(req, "b");
+	const char *a = daemon_req_str(req, "a"), *b = daemon_req_str(req, "b");
 	struct hwfs_vrec *va = NULL, *vb = NULL;
 	json_t *ma, *mb, *changed, *added, *removed, *val, *res, *first, *dup;
 	size_t same = 0, na = 0, nb = 0;
@@ -599,7 +599,7 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!a || !b)
-		return err_reply(EINVAL, "diff: two versions needed");
+		return daemon_err_reply(EINVAL, "diff: two versions needed");
 	if (json_is_true(json_object_get(req, "elements")))
 		return op_diff_elements(d, req, rd, peer);
 	r = ns_snapshot(d->ns, a, &va);
@@ -607,7 +607,7 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		r = ns_snapshot(d->ns, b, &vb);
 	if (r < 0) {
 		hwfs_vrec_free(va);
-		return err_reply(-r, "cannot diff: %s: %s", va ? b : a,
+		return daemon_err_reply(-r, "cannot diff: %s: %s", va ? b : a,
 				 r == -ENOENT ? "no such version" : strerror(-r));
 	}
 	first = json_object();
@@ -640,8 +640,8 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		if (!json_object_get(mb, key))
 			json_array_append_new(removed, json_string(key));
 	/* bytes of B's distinct shards that A does not have: what moving A -> B costs */
-	ha = vrec_distinct_shards(va, &na);
-	hb = vrec_distinct_shards(vb, &nb);
+	ha = daemon_vrec_distinct_shards(va, &na);
+	hb = daemon_vrec_distinct_shards(vb, &nb);
 	for (size_t i = 0; hb && ha && i < nb; i++)
 		if (!bsearch(&hb[i], ha, na, sizeof(*ha), cmp_hash)) {
 			struct shard *sh = store_get(d->st, &hb[i]);
@@ -670,7 +670,7 @@ static json_t *op_diff(struct daemon *d, json_t *req, struct ctl_reader *rd,
 static json_t *op_manifest(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			   const struct ctl_peer *peer)
 {
-	const char *v = req_str(req, "version");
+	const char *v = daemon_req_str(req, "version");
 	struct hwfs_vrec *rec = NULL;
 	char *js = NULL;
 	size_t len;
@@ -678,7 +678,7 @@ static json_t *op_manifest(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!v)
-		return err_reply(EINVAL, "manifest: missing version");
+		return daemon_err_reply(EINVAL, "manifest: missing version");
 	r = ns_snapshot(d->ns, v, &rec);
 	if (r == 0 && rec->state == HWFS_V_OPEN)
 		r = -EBUSY;
@@ -686,7 +686,7 @@ static json_t *op_manifest(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		r = manifest_build(rec, &js, &len);
 	hwfs_vrec_free(rec);
 	if (r < 0)
-		return err_reply(-r, "no manifest for %s: %s", v,
+		return daemon_err_reply(-r, "no manifest for %s: %s", v,
 				 r == -ENOENT ? "no such version"
 				 : r == -EBUSY ? "version is open" : strerror(-r));
 	res = json_pack("{s:b, s:s%}", "ok", 1, "manifest", js, len);
@@ -800,14 +800,14 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 		       struct ctl_reader *rd, const struct ctl_peer *peer)
 {
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(op->names) && op->names[i]; i++) {
-		const char *v = req_str(req, op->names[i]);
+		const char *v = daemon_req_str(req, op->names[i]);
 
 		if (v && ns_hidden_name(v))
-			return err_reply(EINVAL, "%s %s: reserved name (%s* are the daemon's staging "
+			return daemon_err_reply(EINVAL, "%s %s: reserved name (%s* are the daemon's staging "
 					 "versions)", op->name, v, NS_HIDDEN_PREFIX);
 		if (v && !op->mutates && !daemon_peer_privileged(d, peer) &&
 		    !peer_may_read_version(d, peer, v))
-			return err_reply(EACCES, "permission denied: %s %s needs read access to every "
+			return daemon_err_reply(EACCES, "permission denied: %s %s needs read access to every "
 					 "file of %s", op->name, v, v);
 	}
 	return op->fn(d, req, rd, peer);

@@ -31,6 +31,7 @@
 #include "daemon_i.h"
 #include "own_mount.h"
 #include "tunables.h"
+#include "names.h"
 
 struct publish {
 	struct daemon *d;
@@ -292,7 +293,7 @@ fail:
 static json_t *publish(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		       const struct ctl_peer *peer)
 {
-	const char *src = req_str(req, "src"), *v = req_str(req, "version");
+	const char *src = daemon_req_str(req, "src"), *v = daemon_req_str(req, "version");
 	struct publish p = {.d = d, .fd = rd->fd};
 	char hidden[600], from[4096], to[4096];
 	struct fs_cred cred;
@@ -301,28 +302,28 @@ static json_t *publish(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	int r;
 
 	if (!src || !v)
-		return err_reply(EINVAL, "publish: missing source or version");
+		return daemon_err_reply(EINVAL, "publish: missing source or version");
 	/* before anything is read: a name the namespace would refuse at the very end */
 	if (!hwfs_valid_name(v))
-		return err_reply(EINVAL, "invalid version name (1-255 bytes of UTF-8, no '/', "
+		return daemon_err_reply(EINVAL, "invalid version name (1-255 bytes of UTF-8, no '/', "
 				 "no control character, not . or ..)");
 	if (ns_hidden_name(v))
-		return err_reply(EINVAL, "invalid version name: %s", v);
+		return daemon_err_reply(EINVAL, "invalid version name: %s", v);
 	r = cred_enter(peer, &cred);
 	if (r < 0)
-		return err_reply(-r, "permission denied: this daemon (uid %u) cannot read files as "
+		return daemon_err_reply(-r, "permission denied: this daemon (uid %u) cannot read files as "
 				 "uid %u", (unsigned)geteuid(), (unsigned)peer->uid);
 	r = stat(src, &st) < 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
 	if (r) {
 		cred_leave(&cred);
-		return err_reply(r, "%s: %s", src, strerror(r));
+		return daemon_err_reply(r, "%s: %s", src, strerror(r));
 	}
 	ns_rdlock(d->ns);
 	r = ns_version(d->ns, v) ? -EEXIST : 0;
 	ns_unlock(d->ns);
 	if (r < 0) {
 		cred_leave(&cred);
-		return err_reply(EEXIST, "version %s exists already", v);
+		return daemon_err_reply(EEXIST, "version %s exists already", v);
 	}
 	snprintf(hidden, sizeof(hidden), NS_HIDDEN_PREFIX "publish-%d-%llu", (int)getpid(),
 		 (unsigned long long)__atomic_add_fetch(&d->counter, 1, __ATOMIC_RELAXED));
@@ -332,7 +333,7 @@ static json_t *publish(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	r = ns_mkdir(d->ns, root, hidden, st.st_mode, st.st_uid, st.st_gid, &root);
 	if (r < 0) {
 		cred_leave(&cred);
-		return err_reply(-r, "publish: %s", strerror(-r));
+		return daemon_err_reply(-r, "publish: %s", strerror(-r));
 	}
 	p.total = tree_bytes(src);
 	publish_progress(&p, 1);
@@ -353,7 +354,7 @@ static json_t *publish(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	if (r < 0) {
 		ns_remove_version(d->ns, hidden);
 		ns_forget(d->ns, root, 1);
-		return err_reply(-r, "publish failed: %s", p.err[0] ? p.err : strerror(-r));
+		return daemon_err_reply(-r, "publish failed: %s", p.err[0] ? p.err : strerror(-r));
 	}
 	ns_forget(d->ns, root, 1);
 	return json_pack("{s:b, s:s, s:I}", "ok", 1, "version", v, "bytes", (json_int_t)p.done);

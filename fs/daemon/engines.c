@@ -24,15 +24,13 @@ enum eng_state { ENG_IDLE, ENG_LOADING, ENG_LOADED, ENG_REFUSED };
  */
 #define ENGINE_PREP_SLOTS 4
 
-static const char *const state_names[] = {"idle", "loading", "loaded", "refused"};
-
 struct watcher {
 	int fd;                         /* the connection (owned by its handler) */
 	pid_t pid;
 	int engine;                     /* 1: a registered engine */
 	int gpu;                        /* an engine whose readiness is the device load on
 					 * this GPU (engines_set_gpu_hook()); -1: its reports */
-	char name[ENGINE_NAME_MAX + 1]; /* engines only */
+	char name[HWFS_ENGINE_NAME_MAX + 1]; /* engines only */
 	pthread_mutex_t send_mu;        /* one writer at a time on fd */
 	int dead;                       /* dropped: no more sends, not counted by the barrier */
 	/*
@@ -74,15 +72,6 @@ struct engines {
 	void *gpu_arg;
 	uint64_t current_gen; /* ns_current_gen() when the last "current" event was sent */
 };
-
-/* Monotonic nanoseconds (CLOCK_MONOTONIC, the clock of reg->cv and of every barrier). */
-uint64_t engines_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /*
  * An empty registry for @ns (see engines.h), which has announced every commit
@@ -145,32 +134,6 @@ void engines_set_gpu_hook(struct engines *reg,
 	reg->gpu_ready = ready;
 	reg->gpu_arg = arg;
 	pthread_mutex_unlock(&reg->mu);
-}
-
-/* 1 when @name is 1-ENGINE_NAME_MAX characters of [A-Za-z0-9._-], else 0. */
-int engines_valid_name(const char *name)
-{
-	size_t n = strlen(name);
-
-	if (n < 1 || n > ENGINE_NAME_MAX)
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		char c = name[i];
-
-		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-		      c == '.' || c == '_' || c == '-'))
-			return 0;
-	}
-	return 1;
-}
-
-/* 1 when @state is one of state_names (what engines_json() shows), else 0. */
-int engines_valid_state(const char *state)
-{
-	for (size_t i = 0; state && i < HWFS_ARRAY_SIZE(state_names); i++)
-		if (!strcmp(state, state_names[i]))
-			return 1;
-	return 0;
 }
 
 /* Tell whoever waits on a barrier that something changed (reg->mu held). */
@@ -287,7 +250,7 @@ int engines_watch_gpu(struct engines *reg, int fd, pid_t pid, const char *name, 
 	size_t len;
 	int r = 0;
 
-	if (name && !engines_valid_name(name))
+	if (name && !hwfs_engine_name_valid(name))
 		return -EINVAL;
 	w = calloc(1, sizeof(*w));
 	if (!w)
@@ -383,12 +346,6 @@ static int shadow_is(const struct watcher *w, const char *v, uint64_t seq)
 	return w->shadow && w->shadow_seq == seq && !strcmp(w->shadow, v);
 }
 
-/* Text from a client or a peer fit for a terminal: hwfs_clean_text() (see engines.h). */
-char *engines_clean_text(const char *s, size_t max)
-{
-	return hwfs_clean_text(s, max);
-}
-
 /*
  * The seq of version @v on this node, in *@seq: it must be a sealed (or
  * damaged) version, not open and not a staging name.  Takes the namespace's
@@ -441,7 +398,7 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 		 strcmp(what, "swapped"))
 		bad = "unknown report";
 	if (!bad && !strcmp(what, "refused") &&
-	    !(reason = engines_clean_text(why && *why ? why : "no reason given", ENGINE_REASON_MAX)))
+	    !(reason = hwfs_clean_text(why && *why ? why : "no reason given", HWFS_ENGINE_REASON_MAX)))
 		return -ENOMEM;
 	pthread_mutex_lock(&reg->mu);
 	if (!bad && version_seq(reg, v, &seq) < 0)
@@ -464,13 +421,13 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 				   : !strcmp(what, "loaded") ? ENG_LOADED
 							     : ENG_REFUSED;
 			if (w->state == ENG_REFUSED) {
-				w->refused_ns = engines_now_ns();
+				w->refused_ns = hwfs_mono_ns();
 				hwfs_count(&hwfs_nm.engine_refusals, 1);
 			} else if (w->state == ENG_LOADING) {
-				w->loading_ns = engines_now_ns();
+				w->loading_ns = hwfs_mono_ns();
 			} else if (w->loading_ns) { /* loaded: how long since "loading" */
 				hwfs_hist_observe_ns(&hwfs_nm.engine_load,
-						     engines_now_ns() - w->loading_ns);
+						     hwfs_mono_ns() - w->loading_ns);
 				w->loading_ns = 0;
 			}
 			free(w->reason); /* the refusal's, or none */
@@ -623,7 +580,7 @@ static int barrier_locked(struct engines *reg, const char *v, uint64_t started_n
 {
 	struct watcher *refused = NULL, *waiting = NULL;
 	uint64_t ms = hwfs_tun.engine_deadline_ms, seq = 0;
-	char gpu_why[ENGINE_REASON_MAX] = "";
+	char gpu_why[HWFS_ENGINE_REASON_MAX] = "";
 	int any = 0, r;
 
 	for (struct watcher *w = reg->watchers; w && !any; w = w->next)
@@ -642,7 +599,7 @@ static int barrier_locked(struct engines *reg, const char *v, uint64_t started_n
 		if (!w->engine || w->dead)
 			continue;
 		if (w->gpu >= 0) { /* ready when the device load is: ask the hook */
-			char why[ENGINE_REASON_MAX] = "";
+			char why[HWFS_ENGINE_REASON_MAX] = "";
 
 			if (reg->gpu_ready)
 				g = reg->gpu_ready(reg->gpu_arg, v, w->gpu, started_ns, why,
@@ -674,7 +631,7 @@ static int barrier_locked(struct engines *reg, const char *v, uint64_t started_n
 	}
 	if (!waiting)
 		return 0;
-	if (engines_now_ns() - started_ns >= ms * 1000000ull) {
+	if (hwfs_mono_ns() - started_ns >= ms * 1000000ull) {
 		if (waiting->gpu >= 0)
 			snprintf(err, errlen, "engine %s: %s was not loaded on GPU %d within %llu ms",
 				 waiting->name, v, waiting->gpu, (unsigned long long)ms);
@@ -706,7 +663,7 @@ int engines_barrier(struct engines *reg, const char *version, uint64_t started_n
 /* The barrier from now on, waited for (at most engine_deadline_ms): 0 or -ECANCELED. */
 int engines_barrier_wait(struct engines *reg, const char *version, char *err, size_t errlen)
 {
-	uint64_t started = engines_now_ns();
+	uint64_t started = hwfs_mono_ns();
 	uint64_t until = started + hwfs_tun.engine_deadline_ms * 1000000ull;
 	struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
 	int r;
@@ -775,7 +732,7 @@ json_t *engines_json(struct engines *reg)
 		o = json_pack("{s:s, s:i, s:o, s:o, s:s, s:o, s:o, s:I}", "name", w->name,
 				       "pid", (int)w->pid, "serving", str_or_null(w->serving),
 				       "shadow", str_or_null(w->shadow), "state",
-				       state_names[w->state], "reason", str_or_null(w->reason),
+				       hwfs_engine_states[w->state], "reason", str_or_null(w->reason),
 				       "last_swap_pause_us",
 				       w->swaps ? json_integer((json_int_t)w->last_pause_us)
 						: json_null(),

@@ -35,12 +35,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "names.h"
 #include "ns.h"
-
-/* Longest engine name, and its alphabet (docs/engines.md). */
-#define ENGINE_NAME_MAX 64
-/* Longest refusal reason kept from a report (longer ones are cut). */
-#define ENGINE_REASON_MAX 512
 
 struct engines;
 struct watcher;
@@ -61,11 +57,6 @@ void engines_destroy(struct engines *reg);
  * @wake runs under the registry lock and must not block.
  */
 void engines_set_wake(struct engines *reg, void (*wake)(void *arg), void *arg);
-
-/** Is @name a valid engine name: 1-64 characters of [A-Za-z0-9._-]?  Returns 1 or 0. */
-int engines_valid_name(const char *name);
-/** Is @state (NULL: no) one of the engine states status shows ("idle", ...)?  1 or 0. */
-int engines_valid_state(const char *state);
 
 /**
  * engines_watch() - register the connection @fd of process @pid as a watcher
@@ -90,7 +81,7 @@ int engines_watch_gpu(struct engines *reg, int fd, pid_t pid, const char *name, 
 /**
  * engines_set_gpu_hook() - the barrier's question for an engine registered
  * with a GPU: @ready(@arg, version, gpu, started_ns, err, errlen), asked by
- * the barrier that began at @started_ns (engines_now_ns(); a failure from
+ * the barrier that began at @started_ns (hwfs_mono_ns(); a failure from
  * before it is stale and the hook loads again), returns 0 (the version
  * is resident on that device), -EINPROGRESS (a load was started, or runs, in
  * a worker thread that calls engines_kick() when it ends) or -ECANCELED (the
@@ -155,16 +146,6 @@ int engines_barrier(struct engines *reg, const char *version, uint64_t started_n
  * with the sentence in @err.
  */
 int engines_barrier_wait(struct engines *reg, const char *version, char *err, size_t errlen);
-
-/**
- * engines_clean_text() - hwfs_clean_text() (hwfs_common.h), under the name
- * the coordinator's callers use: engine reasons here, and on the coordinator
- * everything a peer says that `hwfs commit` or `hwfs status --cluster` prints.
- */
-char *engines_clean_text(const char *s, size_t max);
-
-/** Monotonic clock in nanoseconds (the barrier's @started_ns). */
-uint64_t engines_now_ns(void);
 
 /**
  * engines_lease_add() - record that process @pid maps @version (for status).

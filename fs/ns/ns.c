@@ -33,7 +33,7 @@ uint64_t ns_next_ino(struct ns *ns)
 	return __atomic_add_fetch(&ns->next_ino, 1, __ATOMIC_RELAXED);
 }
 
-struct node *node_new(struct ns *ns, enum ntype type, const char *name, uint32_t mode,
+struct node *ns_node_new(struct ns *ns, enum ntype type, const char *name, uint32_t mode,
 		      uint32_t uid, uint32_t gid)
 {
 	struct node *n = calloc(1, sizeof(*n));
@@ -56,7 +56,7 @@ struct node *node_new(struct ns *ns, enum ntype type, const char *name, uint32_t
 	return n;
 }
 
-int is_dir_type(enum ntype t)
+int ns_is_dir_type(enum ntype t)
 {
 	return t == NT_ROOT || t == NT_VERSIONS || t == NT_VROOT || t == NT_DIR || t == NT_TDIR;
 }
@@ -88,13 +88,13 @@ struct node *ns_child(struct node *dir, const char *name)
 	int found;
 	size_t i;
 
-	if (!is_dir_type(dir->type))
+	if (!ns_is_dir_type(dir->type))
 		return NULL;
 	i = kid_pos(dir, name, &found);
 	return found ? dir->kids[i] : NULL;
 }
 
-int kid_insert(struct node *dir, struct node *n)
+int ns_kid_insert(struct node *dir, struct node *n)
 {
 	int found;
 	size_t i = kid_pos(dir, n->name, &found);
@@ -118,7 +118,7 @@ int kid_insert(struct node *dir, struct node *n)
 	return 0;
 }
 
-void kid_remove(struct node *dir, struct node *n)
+void ns_kid_remove(struct node *dir, struct node *n)
 {
 	int found;
 	size_t i = kid_pos(dir, n->name, &found);
@@ -155,7 +155,7 @@ static void node_release_data(struct ns *ns, struct node *n)
 		if (f->detached && __atomic_load_n(&f->nopen, __ATOMIC_ACQUIRE) == 0) {
 			node_release_data(ns, f);
 			if (__atomic_load_n(&f->nlookup, __ATOMIC_ACQUIRE) == 0)
-				node_free(ns, f);
+				ns_node_free(ns, f);
 		}
 	}
 }
@@ -172,7 +172,7 @@ static int node_freeable(const struct node *n)
 	       __atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 0 && n->pins == 0;
 }
 
-void node_free(struct ns *ns, struct node *n)
+void ns_node_free(struct ns *ns, struct node *n)
 {
 	if (n->orph_next) { /* leave the orphan list */
 		n->orph_prev->orph_next = n->orph_next;
@@ -192,21 +192,21 @@ void node_free(struct ns *ns, struct node *n)
 }
 
 /* Detach @n and its whole subtree (exclusive lock held). */
-void detach_tree(struct ns *ns, struct node *n)
+void ns_detach_tree(struct ns *ns, struct node *n)
 {
 	if (n->parent)
-		kid_remove(n->parent, n);
+		ns_kid_remove(n->parent, n);
 	/* atomic: ns_writable() reads it without the namespace lock */
 	__atomic_store_n(&n->detached, 1, __ATOMIC_RELEASE);
 	for (size_t i = 0; i < n->nkids; i++) {
 		n->kids[i]->parent = NULL;
-		detach_tree(ns, n->kids[i]);
+		ns_detach_tree(ns, n->kids[i]);
 	}
 	n->nkids = 0;
 	if (__atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 0)
 		node_release_data(ns, n);
 	if (node_freeable(n)) {
-		node_free(ns, n);
+		ns_node_free(ns, n);
 	} else if (!n->orph_next) { /* still open or known to the kernel */
 		n->orph_next = ns->orphans.orph_next;
 		n->orph_prev = &ns->orphans;
@@ -235,7 +235,7 @@ void ns_forget(struct ns *ns, struct node *n, uint64_t nlookup)
 	while (!__atomic_compare_exchange_n(&n->nlookup, &old, left, 0, __ATOMIC_ACQ_REL,
 					    __ATOMIC_RELAXED));
 	if (node_freeable(n))
-		node_free(ns, n);
+		ns_node_free(ns, n);
 	ns_unlock(ns);
 }
 
@@ -249,7 +249,7 @@ void ns_open_ref(struct node *n)
  * and its data final.  Out of memory there loses the data: that is logged
  * and kept in n->write_error, so the version will not seal without --force.
  */
-void node_finish_writer(struct node *n)
+void ns_node_finish_writer(struct node *n)
 {
 	if (!n->w)
 		return;
@@ -262,7 +262,7 @@ void node_finish_writer(struct node *n)
 
 /*
  * Take an open reference on @n unless it is detached (removed).  The shared
- * lock orders this against detach_tree() (exclusive lock): either the removal
+ * lock orders this against ns_detach_tree() (exclusive lock): either the removal
  * sees the reference and keeps the node's data for this opener, or the opener
  * sees the node detached and gets -ENOENT.  Returns 0 or -ENOENT.
  */
@@ -291,12 +291,12 @@ void ns_release(struct ns *ns, struct node *n)
 	if (n->type == NT_REG) {
 		pthread_mutex_lock(&n->mu);
 		if (__atomic_load_n(&n->nopen, __ATOMIC_ACQUIRE) == 1)
-			node_finish_writer(n);
+			ns_node_finish_writer(n);
 		pthread_mutex_unlock(&n->mu);
 	}
 	/*
 	 * The count drops under the exclusive lock, which excludes ns_open()
-	 * (shared lock) and detach_tree(): the value left is exact, so exactly
+	 * (shared lock) and ns_detach_tree(): the value left is exact, so exactly
 	 * one of "the removal" and "the last close" gives the data back.
 	 */
 	ns_wrlock(ns);
@@ -304,7 +304,7 @@ void ns_release(struct ns *ns, struct node *n)
 	if (n->detached && left == 0) {
 		node_release_data(ns, n);
 		if (node_freeable(n))
-			node_free(ns, n);
+			ns_node_free(ns, n);
 	}
 	ns_unlock(ns);
 }
@@ -362,7 +362,7 @@ void ns_stat(struct ns *ns, struct node *n, struct stat *st)
 	st->st_mode = n->mode;
 	st->st_uid = n->uid;
 	st->st_gid = n->gid;
-	st->st_nlink = is_dir_type(n->type) ? 2 : 1;
+	st->st_nlink = ns_is_dir_type(n->type) ? 2 : 1;
 	switch (n->type) {
 	case NT_REG:
 		if (node_writer(n)) {
@@ -397,7 +397,7 @@ void ns_stat(struct ns *ns, struct node *n, struct stat *st)
 /* ------------------------------------------------------------------ walks */
 
 /* Path of @n relative to its version root, malloc'd. */
-char *node_path(const struct node *n)
+char *ns_node_path(const struct node *n)
 {
 	size_t len = 0, pos;
 	const struct node *p;
@@ -425,9 +425,9 @@ char *node_path(const struct node *n)
 
 /*
  * Collect a version's nodes below @n (tensors/ left out) with their paths, in
- * depth-first order; sort an index array with cmp_idx for path order.
+ * depth-first order; sort an index array with ns_cmp_idx for path order.
  */
-int collect(struct nodelist *l, struct node *n)
+int ns_collect(struct nodelist *l, struct node *n)
 {
 	for (size_t i = 0; i < n->nkids; i++) {
 		struct node *k = n->kids[i];
@@ -447,17 +447,17 @@ int collect(struct nodelist *l, struct node *n)
 				return -ENOMEM;
 			l->cap = ncap;
 		}
-		l->path[l->n] = node_path(k);
+		l->path[l->n] = ns_node_path(k);
 		if (!l->path[l->n])
 			return -ENOMEM;
 		l->v[l->n++] = k;
-		if (k->type == NT_DIR && collect(l, k) < 0)
+		if (k->type == NT_DIR && ns_collect(l, k) < 0)
 			return -ENOMEM;
 	}
 	return 0;
 }
 
-void nodelist_free(struct nodelist *l)
+void ns_nodelist_free(struct nodelist *l)
 {
 	for (size_t i = 0; i < l->n; i++)
 		free(l->path[i]);
@@ -465,7 +465,7 @@ void nodelist_free(struct nodelist *l)
 	free(l->v);
 }
 
-int cmp_idx(const void *a, const void *b, void *ctx)
+int ns_cmp_idx(const void *a, const void *b, void *ctx)
 {
 	const struct nodelist *l = ctx;
 
@@ -489,15 +489,15 @@ int ns_create(struct store *st, struct ns **out)
 	ns->next_ino = 1;
 	ns->next_seq = 1;
 	pthread_rwlock_init(&ns->lock, NULL);
-	ns->root = node_new(ns, NT_ROOT, "", S_IFDIR | 0755, 0, 0);
-	ns->versions = node_new(ns, NT_VERSIONS, "versions", S_IFDIR | 0755, 0, 0);
-	if (!ns->root || !ns->versions || kid_insert(ns->root, ns->versions) < 0)
+	ns->root = ns_node_new(ns, NT_ROOT, "", S_IFDIR | 0755, 0, 0);
+	ns->versions = ns_node_new(ns, NT_VERSIONS, "versions", S_IFDIR | 0755, 0, 0);
+	if (!ns->root || !ns->versions || ns_kid_insert(ns->root, ns->versions) < 0)
 		goto fail;
 	r = store_load_versions(st, &recs, &n_recs, &cur);
 	if (r < 0)
 		goto fail;
 	for (size_t i = 0; i < n_recs; i++) {
-		r = load_version(ns, recs[i]);
+		r = ns_load_version(ns, recs[i]);
 		if (r < 0)
 			LOG_ERR("version %s could not be loaded: %s", recs[i]->name, strerror(-r));
 		hwfs_vrec_free(recs[i]);
@@ -509,7 +509,7 @@ int ns_create(struct store *st, struct ns **out)
 		LOG_INFO("freed %zu unreferenced shards", dropped);
 	arena_trim(store_arena(st));
 	if (cur && ns_version(ns, cur))
-		set_current_node(ns, cur);
+		ns_set_current_node(ns, cur);
 	else if (cur)
 		LOG_ERR("committed version %s is missing from the index", cur);
 	free(cur);
@@ -557,7 +557,7 @@ void ns_destroy(struct ns *ns)
 		struct node *t = ns_child(ns->vers[i]->root, "tensors");
 
 		if (t && t->type == NT_TDIR) {
-			kid_remove(ns->vers[i]->root, t);
+			ns_kid_remove(ns->vers[i]->root, t);
 			free_subtree(ns, t);
 		}
 	}
@@ -580,12 +580,12 @@ void ns_destroy(struct ns *ns)
 		}
 	}
 	for (size_t i = 0; i < ns->nvers; i++)
-		version_free(ns->vers[i]);
+		ns_version_free(ns->vers[i]);
 	while (ns->graveyard) {
 		struct version *v = ns->graveyard;
 
 		ns->graveyard = v->next_dead;
-		version_free(v);
+		ns_version_free(v);
 	}
 	free(ns->vers);
 	pthread_rwlock_destroy(&ns->lock);

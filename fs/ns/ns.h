@@ -102,7 +102,7 @@ struct version {
 	uint64_t bytes, files, tensors;
 	size_t n_errors;
 	struct version_error *errors;
-	struct version *next_dead; /* removed versions (see version_drop) */
+	struct version *next_dead; /* removed versions (see ns_version_drop) */
 };
 
 struct ns;

@@ -23,7 +23,7 @@ struct ns {
 	void *seal_hook_arg;
 	void (*current_hook)(void *arg);
 	void *current_hook_arg;
-	/* set by commit_locked() under the exclusive lock, taken by ns_unlock_commit() */
+	/* set by ns_commit_locked() under the exclusive lock, taken by ns_unlock_commit() */
 	int commit_hook_due;
 	uint64_t commits; /* successful commits (ns_current_gen), under the exclusive lock */
 	uint64_t next_ino; /* atomic */
@@ -33,22 +33,22 @@ struct ns {
 /* ns.c: nodes and directories */
 
 /** A new unattached node with a fresh inode number, or NULL (out of memory). */
-struct node *node_new(struct ns *ns, enum ntype type, const char *name, uint32_t mode,
+struct node *ns_node_new(struct ns *ns, enum ntype type, const char *name, uint32_t mode,
 		      uint32_t uid, uint32_t gid);
 /** Whether nodes of type @t are directories. */
-int is_dir_type(enum ntype t);
+int ns_is_dir_type(enum ntype t);
 /** Attach @n to @dir under its name: 0, -EEXIST or -ENOMEM. */
-int kid_insert(struct node *dir, struct node *n);
+int ns_kid_insert(struct node *dir, struct node *n);
 /** Detach @n from @dir (no-op when it is not there). */
-void kid_remove(struct node *dir, struct node *n);
+void ns_kid_remove(struct node *dir, struct node *n);
 /** Free @n (not its children), leaving the orphan list; a pinned file stays. */
-void node_free(struct ns *ns, struct node *n);
+void ns_node_free(struct ns *ns, struct node *n);
 /** Detach @n and its subtree; free what nothing references, orphan the rest. */
-void detach_tree(struct ns *ns, struct node *n);
+void ns_detach_tree(struct ns *ns, struct node *n);
 /** Path of @n relative to its version root, malloc'd (NULL: out of memory). */
-char *node_path(const struct node *n);
+char *ns_node_path(const struct node *n);
 
-/* ns.c: a version's nodes with their paths (tensors/ left out), see collect() */
+/* ns.c: a version's nodes with their paths (tensors/ left out), see ns_collect() */
 struct nodelist {
 	struct node **v;
 	char **path;
@@ -56,29 +56,29 @@ struct nodelist {
 };
 
 /** Append the nodes below @n to @l, depth first: 0 or -ENOMEM. */
-int collect(struct nodelist *l, struct node *n);
+int ns_collect(struct nodelist *l, struct node *n);
 /** Free @l's arrays and paths. */
-void nodelist_free(struct nodelist *l);
+void ns_nodelist_free(struct nodelist *l);
 /** qsort_r() comparison of indexes into @ctx (a nodelist) by path. */
-int cmp_idx(const void *a, const void *b, void *ctx);
+int ns_cmp_idx(const void *a, const void *b, void *ctx);
 
 /* ns_version.c */
 
 /** Free a version struct (not its tree). */
-void version_free(struct version *v);
+void ns_version_free(struct version *v);
 /** Create version @name with its root under versions/: 0 or -errno. */
-int version_new(struct ns *ns, const char *name, enum hwfs_vstate state, uint64_t seq,
+int ns_version_new(struct ns *ns, const char *name, enum hwfs_vstate state, uint64_t seq,
 		uint32_t mode, uint32_t uid, uint32_t gid, struct version **out);
 /** Forget version @v: detach its tree, keep the struct until shutdown. */
-void version_drop(struct ns *ns, struct version *v);
+void ns_version_drop(struct ns *ns, struct version *v);
 /** Start-up: build a version from its index record: 0 or -errno. */
-int load_version(struct ns *ns, struct hwfs_vrec *rec);
+int ns_load_version(struct ns *ns, struct hwfs_vrec *rec);
 /** Make (or move) `current` to point at version @name: 0 or -ENOMEM. */
-int set_current_node(struct ns *ns, const char *name);
+int ns_set_current_node(struct ns *ns, const char *name);
 /** Commit the version a new `current` symlink's @target names: 0 or -errno. */
-int commit_locked(struct ns *ns, const char *target);
+int ns_commit_locked(struct ns *ns, const char *target);
 /**
- * ns_unlock_commit() - release the exclusive lock, then, when commit_locked()
+ * ns_unlock_commit() - release the exclusive lock, then, when ns_commit_locked()
  * succeeded under it, call the current hook (outside the lock: the hook may
  * take other locks).
  */
@@ -101,16 +101,16 @@ static inline void node_set_writer(struct node *n, struct writer *w)
 }
 
 /** Finish file @n's writer, if any (n->mu held); out of memory sets write_error. */
-void node_finish_writer(struct node *n);
+void ns_node_finish_writer(struct node *n);
 
 /* ns_tensors.c */
 
 /** Whether string @s ends with @suffix. */
-int ends_with(const char *s, const char *suffix);
+int ns_ends_with(const char *s, const char *suffix);
 /** Whether file node @n has a tensor view (valid safetensors content). */
-int exposes_tensors(const struct node *n);
+int ns_exposes_tensors(const struct node *n);
 /** Add tensors/ to sealed version @v and compute its figures. */
-void version_finish_tree(struct ns *ns, struct version *v);
+void ns_version_finish_tree(struct ns *ns, struct version *v);
 
 
 #endif /* HWFS_NS_I_H */

@@ -91,7 +91,7 @@ int ns_truncate(struct ns *ns, struct node *n, uint64_t size)
 	int r;
 
 	if (n->type != NT_REG)
-		return is_dir_type(n->type) ? -EISDIR : -EINVAL;
+		return ns_is_dir_type(n->type) ? -EISDIR : -EINVAL;
 	pthread_mutex_lock(&n->mu);
 	r = ns_writable(n) ? ensure_writer(ns, n) : -EROFS;
 	if (r == 0)
@@ -124,7 +124,7 @@ static int read_bounce(struct ns *ns, const struct ingest_result *d, uint64_t of
 
 	if (!buf)
 		return -ENOMEM;
-	for (i = fext_find(d->ext, d->n_ext, off); iov.iov_len < len && i < d->n_ext; i++) {
+	for (i = ingest_fext_find(d->ext, d->n_ext, off); iov.iov_len < len && i < d->n_ext; i++) {
 		const struct fext *e = &d->ext[i];
 		size_t n = (size_t)HWFS_MIN((uint64_t)(len - iov.iov_len), e->off + e->len - off);
 
@@ -156,7 +156,7 @@ static int read_extents(struct ns *ns, const struct ingest_result *d, uint64_t o
 	if (off >= d->size)
 		return emit(arg, NULL, 0);
 	len0 = len = (size_t)HWFS_MIN((uint64_t)len, d->size - off);
-	i = fext_find(d->ext, d->n_ext, off);
+	i = ingest_fext_find(d->ext, d->n_ext, off);
 	while (len && i < d->n_ext) {
 		const struct fext *e = &d->ext[i++];
 		size_t n = (size_t)HWFS_MIN((uint64_t)len, e->off + e->len - off);

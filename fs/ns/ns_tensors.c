@@ -18,7 +18,7 @@
 
 #include "ns_i.h"
 
-int ends_with(const char *s, const char *suffix)
+int ns_ends_with(const char *s, const char *suffix)
 {
 	size_t a = strlen(s), b = strlen(suffix);
 
@@ -90,13 +90,13 @@ static int tensor_fname_ok(const char *fname)
  * data buffer ending exactly at the file's end; anything else leaves no
  * tensors.  Only *.safetensors files that fail report why (build_vrec).
  */
-int exposes_tensors(const struct node *n)
+int ns_exposes_tensors(const struct node *n)
 {
 	return n->data.tensors && !n->data.st_error;
 }
 
 /* Add tensors/ to a sealed version, and compute its figures (lock held). */
-void version_finish_tree(struct ns *ns, struct version *v)
+void ns_version_finish_tree(struct ns *ns, struct version *v)
 {
 	struct nodelist l = {0};
 	struct node *tdir = NULL;
@@ -110,16 +110,16 @@ void version_finish_tree(struct ns *ns, struct version *v)
 	free(v->errors);
 	v->errors = NULL;
 	v->n_errors = 0;
-	if (collect(&l, v->root) < 0)
+	if (ns_collect(&l, v->root) < 0)
 		goto out;
 	order = malloc((l.n ? l.n : 1) * sizeof(*order));
 	if (!order)
 		goto out;
 	for (size_t i = 0; i < l.n; i++)
 		order[i] = i;
-	qsort_r(order, l.n, sizeof(*order), cmp_idx, &l);
+	qsort_r(order, l.n, sizeof(*order), ns_cmp_idx, &l);
 	if (!ns_child(v->root, "tensors")) {
-		tdir = node_new(ns, NT_TDIR, "tensors", S_IFDIR | 0555, v->root->uid, v->root->gid);
+		tdir = ns_node_new(ns, NT_TDIR, "tensors", S_IFDIR | 0555, v->root->uid, v->root->gid);
 		if (tdir)
 			tdir->mtime_ns = tdir->ctime_ns = v->sealed_ns;
 	}
@@ -131,8 +131,8 @@ void version_finish_tree(struct ns *ns, struct version *v)
 			continue;
 		v->files++;
 		v->bytes += f->data.size;
-		if (!exposes_tensors(f)) {
-			if (ends_with(path, ".safetensors")) {
+		if (!ns_exposes_tensors(f)) {
+			if (ns_ends_with(path, ".safetensors")) {
 				struct version_error *e =
 					realloc(v->errors, (v->n_errors + 1) * sizeof(*e));
 
@@ -178,7 +178,7 @@ void version_finish_tree(struct ns *ns, struct version *v)
 				}
 			}
 			/* a tensor is readable by whoever may read its file, never writable */
-			tn = node_new(ns, NT_TENSOR, fname, S_IFREG | (f->mode & 0444), f->uid,
+			tn = ns_node_new(ns, NT_TENSOR, fname, S_IFREG | (f->mode & 0444), f->uid,
 				      f->gid);
 			free(fname);
 			if (!tn)
@@ -186,20 +186,20 @@ void version_finish_tree(struct ns *ns, struct version *v)
 			tn->tensor = t;
 			tn->tfile = f;
 			tn->mtime_ns = tn->ctime_ns = f->mtime_ns;
-			if (kid_insert(tdir, tn) < 0) {
-				node_free(ns, tn);
+			if (ns_kid_insert(tdir, tn) < 0) {
+				ns_node_free(ns, tn);
 				continue;
 			}
 			f->pins++;
 		}
 	}
-	if (tdir && tdir->nkids && kid_insert(v->root, tdir) == 0)
+	if (tdir && tdir->nkids && ns_kid_insert(v->root, tdir) == 0)
 		tdir = NULL;
 out:
 	if (tdir) {
 		tdir->detached = 1;
-		node_free(ns, tdir);
+		ns_node_free(ns, tdir);
 	}
-	nodelist_free(&l);
+	ns_nodelist_free(&l);
 	free(order);
 }

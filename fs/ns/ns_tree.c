@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "ns_i.h"
+#include "names.h"
 
 /* ---------------------------------------------------------------- changes */
 
@@ -51,7 +52,7 @@ static int may_add_entry(struct ns *ns, struct node *dir, enum ntype type, const
 		return -EEXIST;
 	if (dir->type != NT_ROOT)
 		return may_add(dir);
-	return strcmp(name, "current") ? 0 : commit_locked(ns, target);
+	return strcmp(name, "current") ? 0 : ns_commit_locked(ns, target);
 }
 
 /*
@@ -63,15 +64,15 @@ static int add_child(struct ns *ns, struct node *dir, enum ntype type, const cha
 		     uint32_t mode, uint32_t uid, uint32_t gid, const char *target,
 		     struct node **out)
 {
-	struct node *n = node_new(ns, type, name, mode, uid, gid);
+	struct node *n = ns_node_new(ns, type, name, mode, uid, gid);
 	int r;
 
 	if (!n)
 		return -ENOMEM;
 	n->target = target ? strdup(target) : NULL;
-	r = target && !n->target ? -ENOMEM : kid_insert(dir, n);
+	r = target && !n->target ? -ENOMEM : ns_kid_insert(dir, n);
 	if (r < 0) {
-		node_free(ns, n);
+		ns_node_free(ns, n);
 		return r;
 	}
 	dir->mtime_ns = dir->ctime_ns = n->mtime_ns;
@@ -120,7 +121,7 @@ int ns_mkdir(struct ns *ns, struct node *dir, const char *name, uint32_t mode, u
 		return -EINVAL;
 	ns_wrlock(ns);
 	r = ns_child(dir, name) ? -EEXIST
-				: version_new(ns, name, HWFS_V_OPEN, 0, mode, uid, gid, &v);
+				: ns_version_new(ns, name, HWFS_V_OPEN, 0, mode, uid, gid, &v);
 	if (r == 0) {
 		ns_lookup_ref(v->root);
 		*out = v->root;
@@ -152,11 +153,11 @@ int ns_unlink(struct ns *ns, struct node *dir, const char *name, int is_dir)
 		r = -ENOENT;
 		goto out;
 	}
-	if (is_dir && !is_dir_type(n->type)) {
+	if (is_dir && !ns_is_dir_type(n->type)) {
 		r = -ENOTDIR;
 		goto out;
 	}
-	if (!is_dir && is_dir_type(n->type)) {
+	if (!is_dir && ns_is_dir_type(n->type)) {
 		r = -EISDIR;
 		goto out;
 	}
@@ -172,7 +173,7 @@ int ns_unlink(struct ns *ns, struct node *dir, const char *name, int is_dir)
 		else if (n->nkids)
 			r = -ENOTEMPTY;
 		else
-			version_drop(ns, n->ver);
+			ns_version_drop(ns, n->ver);
 		goto out;
 	default:
 		r = ns_writable(dir) ? 0 : -EROFS;
@@ -180,7 +181,7 @@ int ns_unlink(struct ns *ns, struct node *dir, const char *name, int is_dir)
 			r = -ENOTEMPTY;
 	}
 	if (r == 0) {
-		detach_tree(ns, n);
+		ns_detach_tree(ns, n);
 		dir->mtime_ns = dir->ctime_ns = hwfs_now_ns();
 	}
 out:
@@ -235,7 +236,7 @@ int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *
 			goto out;
 		}
 		if (!strcmp(dname, "current")) {
-			r = commit_locked(ns, s->target);
+			r = ns_commit_locked(ns, s->target);
 			if (r < 0)
 				goto out;
 		}
@@ -250,12 +251,12 @@ int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *
 		}
 		if (s == d)
 			goto out;
-		if (is_dir_type(s->type) && is_ancestor(s, ddir)) {
+		if (ns_is_dir_type(s->type) && is_ancestor(s, ddir)) {
 			r = -EINVAL;
 			goto out;
 		}
-		if (d && is_dir_type(d->type) != is_dir_type(s->type)) {
-			r = is_dir_type(d->type) ? -EISDIR : -ENOTDIR;
+		if (d && ns_is_dir_type(d->type) != ns_is_dir_type(s->type)) {
+			r = ns_is_dir_type(d->type) ? -EISDIR : -ENOTDIR;
 			goto out;
 		}
 		if (d && d->nkids) {
@@ -271,11 +272,11 @@ int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *
 			goto out;
 		}
 		if (d)
-			detach_tree(ns, d);
-		kid_remove(sdir, s);
+			ns_detach_tree(ns, d);
+		ns_kid_remove(sdir, s);
 		free(s->name);
 		s->name = nn;
-		if (kid_insert(ddir, s) < 0) { /* cannot happen: name checked free */
+		if (ns_kid_insert(ddir, s) < 0) { /* cannot happen: name checked free */
 			r = -EIO;
 			goto out;
 		}

@@ -18,10 +18,11 @@
 
 #include "manifest.h"
 #include "ns_i.h"
+#include "names.h"
 
 /* --------------------------------------------------------------- versions */
 
-void version_free(struct version *v)
+void ns_version_free(struct version *v)
 {
 	for (size_t i = 0; i < v->n_errors; i++) {
 		free(v->errors[i].file);
@@ -33,7 +34,7 @@ void version_free(struct version *v)
 }
 
 /* Create a version and its root (exclusive lock held). */
-int version_new(struct ns *ns, const char *name, enum hwfs_vstate state, uint64_t seq,
+int ns_version_new(struct ns *ns, const char *name, enum hwfs_vstate state, uint64_t seq,
 		uint32_t mode, uint32_t uid, uint32_t gid, struct version **out)
 {
 	struct version *v = calloc(1, sizeof(*v));
@@ -43,7 +44,7 @@ int version_new(struct ns *ns, const char *name, enum hwfs_vstate state, uint64_
 	if (!v)
 		return -ENOMEM;
 	v->name = strdup(name);
-	root = node_new(ns, NT_VROOT, name, S_IFDIR | (mode & 07777), uid, gid);
+	root = ns_node_new(ns, NT_VROOT, name, S_IFDIR | (mode & 07777), uid, gid);
 	if (!v->name || !root)
 		goto fail;
 	if (ns->nvers == ns->capvers) {
@@ -56,7 +57,7 @@ int version_new(struct ns *ns, const char *name, enum hwfs_vstate state, uint64_
 		ns->capvers = ncap;
 	}
 	root->ver = v;
-	r = kid_insert(ns->versions, root);
+	r = ns_kid_insert(ns->versions, root);
 	if (r < 0)
 		goto fail;
 	root->ver = v;
@@ -71,14 +72,14 @@ int version_new(struct ns *ns, const char *name, enum hwfs_vstate state, uint64_
 	return 0;
 fail:
 	if (root)
-		node_free(ns, root);
+		ns_node_free(ns, root);
 	if (v)
-		version_free(v);
+		ns_version_free(v);
 	return r;
 }
 
 /* Forget version @v: detach its tree (exclusive lock held). */
-void version_drop(struct ns *ns, struct version *v)
+void ns_version_drop(struct ns *ns, struct version *v)
 {
 	size_t i;
 
@@ -88,7 +89,7 @@ void version_drop(struct ns *ns, struct version *v)
 		memmove(ns->vers + i, ns->vers + i + 1, (ns->nvers - i - 1) * sizeof(*ns->vers));
 		ns->nvers--;
 	}
-	detach_tree(ns, v->root);
+	ns_detach_tree(ns, v->root);
 	/*
 	 * Nodes that survive (open, or still known to the kernel) point at @v,
 	 * and the lock-free read path looks at v->state: keep the struct until
@@ -112,9 +113,9 @@ static struct node *mkdir_p(struct ns *ns, struct version *v, const char *path)
 		struct node *k = ns_child(dir, tok);
 
 		if (!k) {
-			k = node_new(ns, NT_DIR, tok, S_IFDIR | 0755, dir->uid, dir->gid);
-			if (k && kid_insert(dir, k) < 0) {
-				node_free(ns, k);
+			k = ns_node_new(ns, NT_DIR, tok, S_IFDIR | 0755, dir->uid, dir->gid);
+			if (k && ns_kid_insert(dir, k) < 0) {
+				ns_node_free(ns, k);
 				k = NULL;
 			}
 		}
@@ -155,7 +156,7 @@ static int tree_from_rec(struct ns *ns, struct version *v, struct hwfs_vrec *rec
 			old->mtime_ns = old->ctime_ns = f->mtime_ns;
 			continue;
 		}
-		n = node_new(ns, t, base,
+		n = ns_node_new(ns, t, base,
 			     (t == NT_DIR ? S_IFDIR : t == NT_LNK ? S_IFLNK : S_IFREG) | f->mode,
 			     f->uid, f->gid);
 		if (!n)
@@ -169,7 +170,7 @@ static int tree_from_rec(struct ns *ns, struct version *v, struct hwfs_vrec *rec
 			n->data.size = f->size;
 			n->data.ext = calloc(f->n_ext ? f->n_ext : 1, sizeof(struct fext));
 			if (!n->data.ext) {
-				node_free(ns, n);
+				ns_node_free(ns, n);
 				return -ENOMEM;
 			}
 			for (size_t k = 0; k < f->n_ext; k++) {
@@ -196,21 +197,21 @@ static int tree_from_rec(struct ns *ns, struct version *v, struct hwfs_vrec *rec
 			f->n_tensors = 0;
 			f->st_error = NULL;
 		}
-		if (kid_insert(dir, n) < 0) {
+		if (ns_kid_insert(dir, n) < 0) {
 			n->detached = 1;
-			node_free(ns, n);
+			ns_node_free(ns, n);
 			LOG_WARN("version %s: duplicate path %s ignored", rec->name, f->path);
 		}
 	}
 	return 0;
 }
 
-int load_version(struct ns *ns, struct hwfs_vrec *rec)
+int ns_load_version(struct ns *ns, struct hwfs_vrec *rec)
 {
 	struct version *v;
 	int r, missing = 0;
 
-	r = version_new(ns, rec->name, rec->state, rec->seq, 0755, 0, 0, &v);
+	r = ns_version_new(ns, rec->name, rec->state, rec->seq, 0755, 0, 0, &v);
 	if (r < 0)
 		return r;
 	v->created_ns = rec->created_ns;
@@ -220,7 +221,7 @@ int load_version(struct ns *ns, struct hwfs_vrec *rec)
 	r = tree_from_rec(ns, v, rec, &missing);
 	if (missing)
 		v->state = HWFS_V_DAMAGED;
-	version_finish_tree(ns, v);
+	ns_version_finish_tree(ns, v);
 	return r;
 }
 
@@ -232,13 +233,13 @@ int ns_import(struct ns *ns, const char *name, struct hwfs_vrec *rec)
 	ns_wrlock(ns);
 	r = ns_child(ns->versions, name) ? -EEXIST : 0;
 	if (r == 0)
-		r = version_new(ns, name, HWFS_V_OPEN, 0, 0755, 0, 0, &v);
+		r = ns_version_new(ns, name, HWFS_V_OPEN, 0, 0755, 0, 0, &v);
 	if (r == 0) {
 		r = tree_from_rec(ns, v, rec, &missing);
 		if (r == 0 && missing)
 			r = -ENOENT;
 		if (r < 0)
-			version_drop(ns, v);
+			ns_version_drop(ns, v);
 	}
 	ns_unlock(ns);
 	return r;
@@ -258,7 +259,7 @@ static int build_vrec(struct ns *ns, struct version *v, struct hwfs_vrec **out,
 	size_t *order = NULL, nl = 0, capl = 0;
 	int r = -ENOMEM;
 
-	if (!rec || collect(&l, v->root) < 0)
+	if (!rec || ns_collect(&l, v->root) < 0)
 		goto out;
 	order = malloc((l.n ? l.n : 1) * sizeof(*order));
 	rec->files = calloc(l.n ? l.n : 1, sizeof(*rec->files));
@@ -267,7 +268,7 @@ static int build_vrec(struct ns *ns, struct version *v, struct hwfs_vrec **out,
 		goto out;
 	for (size_t i = 0; i < l.n; i++)
 		order[i] = i;
-	qsort_r(order, l.n, sizeof(*order), cmp_idx, &l);
+	qsort_r(order, l.n, sizeof(*order), ns_cmp_idx, &l);
 	rec->state = v->state;
 	rec->seq = v->seq;
 	rec->created_ns = v->created_ns;
@@ -319,7 +320,7 @@ static int build_vrec(struct ns *ns, struct version *v, struct hwfs_vrec **out,
 			}
 			(*locs)[nl++] = (struct hwfs_shardloc){e->sh->hash, e->sh->off, e->sh->size};
 		}
-		if (exposes_tensors(n)) {
+		if (ns_exposes_tensors(n)) {
 			f->tensors = calloc(n->data.n_tensors ? n->data.n_tensors : 1,
 					    sizeof(*f->tensors));
 			if (!f->tensors)
@@ -337,7 +338,7 @@ static int build_vrec(struct ns *ns, struct version *v, struct hwfs_vrec **out,
 					memcpy(t->shape, n->data.tensors[i].shape,
 					       t->ndim * sizeof(uint64_t));
 			}
-		} else if (ends_with(f->path, ".safetensors")) {
+		} else if (ns_ends_with(f->path, ".safetensors")) {
 			f->st_error = strdup(n->data.st_error ? n->data.st_error
 							      : "not a safetensors file");
 			if (!f->st_error)
@@ -350,7 +351,7 @@ static int build_vrec(struct ns *ns, struct version *v, struct hwfs_vrec **out,
 	rec = NULL;
 	r = 0;
 out:
-	nodelist_free(&l);
+	ns_nodelist_free(&l);
 	free(order);
 	hwfs_vrec_free(rec);
 	if (r < 0 && locs) {
@@ -480,13 +481,13 @@ static size_t finish_files(struct node *n, char *err, size_t len, size_t *pos)
 		if (k->type != NT_REG)
 			continue;
 		pthread_mutex_lock(&k->mu);
-		node_finish_writer(k);
+		ns_node_finish_writer(k);
 		e = k->write_error;
 		pthread_mutex_unlock(&k->mu);
 		if (!e)
 			continue;
 		if (*pos < len) {
-			char *path = node_path(k);
+			char *path = ns_node_path(k);
 			int w = snprintf(err + *pos, len - *pos, "%swrite to %s failed (%s)",
 					 count ? ", " : "", path ? path : k->name, strerror(e));
 
@@ -571,17 +572,17 @@ int ns_seal(struct ns *ns, const char *name, const char *new_name, unsigned flag
 			store_delete_version(ns->st, new_name);
 			goto out;
 		}
-		kid_remove(ns->versions, v->root);
+		ns_kid_remove(ns->versions, v->root);
 		free(v->root->name);
 		v->root->name = nn;
 		free(v->name);
 		v->name = vn;
-		kid_insert(ns->versions, v->root);
+		ns_kid_insert(ns->versions, v->root);
 	}
 	v->digest = rec->digest;
 	__atomic_store_n(&v->state, HWFS_V_SEALED, __ATOMIC_RELEASE);
 	v->root->mtime_ns = v->root->ctime_ns = v->sealed_ns;
-	version_finish_tree(ns, v);
+	ns_version_finish_tree(ns, v);
 out:
 	__atomic_store_n(&v->sealing, 0, __ATOMIC_RELAXED);
 	ns_unlock(ns);
@@ -626,7 +627,7 @@ static int current_target_version(const char *target, char *name, size_t len)
 	return 0;
 }
 
-int set_current_node(struct ns *ns, const char *name)
+int ns_set_current_node(struct ns *ns, const char *name)
 {
 	struct node *cur = ns_child(ns->root, "current");
 	char *target;
@@ -634,11 +635,11 @@ int set_current_node(struct ns *ns, const char *name)
 	if (asprintf(&target, "versions/%s", name) < 0)
 		return -ENOMEM;
 	if (!cur) {
-		cur = node_new(ns, NT_RLNK, "current", S_IFLNK | 0777, 0, 0);
-		if (!cur || kid_insert(ns->root, cur) < 0) {
+		cur = ns_node_new(ns, NT_RLNK, "current", S_IFLNK | 0777, 0, 0);
+		if (!cur || ns_kid_insert(ns->root, cur) < 0) {
 			free(target);
 			if (cur)
-				node_free(ns, cur);
+				ns_node_free(ns, cur);
 			return -ENOMEM;
 		}
 	}
@@ -668,7 +669,7 @@ int ns_check_committable(struct ns *ns, const char *name, char *err, size_t errl
 }
 
 /* Make `current` point at the version named by @target (lock held). */
-int commit_locked(struct ns *ns, const char *target)
+int ns_commit_locked(struct ns *ns, const char *target)
 {
 	char name[512], err[256];
 	int r;
@@ -761,7 +762,7 @@ int ns_remove_version(struct ns *ns, const char *name)
 			goto out;
 		r = 0;
 	}
-	version_drop(ns, v);
+	ns_version_drop(ns, v);
 out:
 	ns_unlock(ns);
 	return r;

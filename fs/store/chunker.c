@@ -1,7 +1,7 @@
 /*
  * chunker.c — where shards begin and end.
  *
- * chunk_next_cut() is a pure function of (header, position).  For a parsed
+ * chunker_next_cut() is a pure function of (header, position).  For a parsed
  * safetensors header the file falls into three regions:
  *
  *   [0, data_start)                 the header: one shard;
@@ -40,7 +40,7 @@ static uint64_t next_on_grid(uint64_t start, uint64_t pos, uint64_t step)
 	return cut;
 }
 
-uint64_t chunk_next_cut(const struct st_header *h, uint64_t pos, uint64_t max_shard,
+uint64_t chunker_next_cut(const struct st_header *h, uint64_t pos, uint64_t max_shard,
 			uint64_t fixed_chunk)
 {
 	uint64_t data_end, start, end, cut;

@@ -19,7 +19,7 @@
 #include "safetensors.h"
 
 /**
- * chunk_next_cut() - the first shard boundary strictly after @pos.
+ * chunker_next_cut() - the first shard boundary strictly after @pos.
  * @h: the parsed header, or NULL for a plain file.
  * @pos: a file offset (normally the start of the shard being formed).
  * @max_shard: largest shard for pieces of a big tensor (> 0).
@@ -27,7 +27,7 @@
  *               tensor (> 0).
  * Returns the boundary; the caller clamps it to the file size.
  */
-uint64_t chunk_next_cut(const struct st_header *h, uint64_t pos, uint64_t max_shard,
+uint64_t chunker_next_cut(const struct st_header *h, uint64_t pos, uint64_t max_shard,
 			uint64_t fixed_chunk);
 
 #endif /* HWFS_CHUNKER_H */

@@ -49,7 +49,7 @@ struct writer {
 	char *st_error;
 };
 
-size_t fext_find(const struct fext *ext, size_t n_ext, uint64_t off)
+size_t ingest_fext_find(const struct fext *ext, size_t n_ext, uint64_t off)
 {
 	size_t lo = 0, hi = n_ext;
 
@@ -322,7 +322,7 @@ static int cut_upto(struct writer *w, uint64_t limit, int final)
 	if (w->st_state == ST_UNKNOWN && !final)
 		return 0;
 	while (w->cut_pos < limit) {
-		uint64_t next = chunk_next_cut(w->hdr, w->cut_pos, hwfs_tun.max_shard,
+		uint64_t next = chunker_next_cut(w->hdr, w->cut_pos, hwfs_tun.max_shard,
 					       hwfs_tun.fixed_chunk);
 
 		if (next > limit) {
@@ -441,7 +441,7 @@ size_t writer_read(struct writer *w, uint64_t off, size_t len, uint8_t *buf)
 			memcpy(buf + done, stg_ptr(w, pos), len - done);
 			return len;
 		}
-		size_t i = fext_find(w->ext, w->n_ext, pos);
+		size_t i = ingest_fext_find(w->ext, w->n_ext, pos);
 
 		if (i == w->n_ext)
 			break;
@@ -461,7 +461,7 @@ struct hwfs_trec *ingest_tensor_hashes(struct store *s, const struct st_header *
 		return NULL;
 	for (size_t i = 0; i < hdr->n; i++) {
 		const struct st_tensor *st = &hdr->t[i];
-		size_t k = fext_find(ext, n_ext, st->off);
+		size_t k = ingest_fext_find(ext, n_ext, st->off);
 
 		t[i].name = strdup(st->name);
 		t[i].ndim = st->ndim;

@@ -99,6 +99,6 @@ struct hwfs_trec *ingest_tensor_hashes(struct store *s, const struct st_header *
 					 const struct fext *ext, size_t n_ext);
 
 /** Index of the extent holding @off (binary search), or n_ext if none. */
-size_t fext_find(const struct fext *ext, size_t n_ext, uint64_t off);
+size_t ingest_fext_find(const struct fext *ext, size_t n_ext, uint64_t off);
 
 #endif /* HWFS_INGEST_H */

@@ -5,7 +5,7 @@
  * The input is a whole file image.  It goes through st_header_size(), then
  * st_parse() twice (size known and unknown), and for the unknown-size parse
  * st_check_size() with the real size.  The two parses must agree.  For every
- * header that parses, chunk_next_cut() is walked across the file with a
+ * header that parses, chunker_next_cut() is walked across the file with a
  * small max_shard and fixed_chunk derived from the input; each cut must move
  * forward and, within the tensor data, land on a tensor boundary or a
  * max_shard step.  The walk is bounded so a large file cannot stall the run.
@@ -25,7 +25,7 @@ static void walk(const struct st_header *h, uint64_t size, uint64_t max_shard, u
 	uint64_t pos = 0;
 
 	for (int step = 0; step < MAX_STEPS && pos < size; step++) {
-		uint64_t cut = chunk_next_cut(h, pos, max_shard, fixed);
+		uint64_t cut = chunker_next_cut(h, pos, max_shard, fixed);
 
 		if (cut <= pos)
 			abort();
@@ -34,7 +34,7 @@ static void walk(const struct st_header *h, uint64_t size, uint64_t max_shard, u
 		if (h && pos >= h->data_start && cut - pos > HWFS_MAX(max_shard, fixed))
 			abort();
 		/* A position inside the shard gives the same end. */
-		if (chunk_next_cut(h, cut - 1, max_shard, fixed) != cut)
+		if (chunker_next_cut(h, cut - 1, max_shard, fixed) != cut)
 			abort();
 		pos = cut;
 	}

@@ -1,5 +1,5 @@
 /*
- * test_chunker.c — unit tests for chunk_next_cut().
+ * test_chunker.c — unit tests for chunker_next_cut().
  *
  * Headers come from st_parse() on real file images, so the chunker is tested
  * against exactly what ingest will hand it.  Each test lists the expected
@@ -51,14 +51,14 @@ static void check_cuts(const struct st_header *h, uint64_t file_size, uint64_t m
 	size_t i = 0;
 
 	while (pos < file_size) {
-		uint64_t cut = chunk_next_cut(h, pos, max_shard, fixed);
+		uint64_t cut = chunker_next_cut(h, pos, max_shard, fixed);
 
 		assert_true(i < n);
 		assert_int_equal(cut, want[i]);
 		assert_true(cut > pos);
 		/* Mid-shard positions map to the same end. */
-		assert_int_equal(chunk_next_cut(h, pos + (cut - pos) / 2, max_shard, fixed), cut);
-		assert_int_equal(chunk_next_cut(h, cut - 1, max_shard, fixed), cut);
+		assert_int_equal(chunker_next_cut(h, pos + (cut - pos) / 2, max_shard, fixed), cut);
+		assert_int_equal(chunker_next_cut(h, cut - 1, max_shard, fixed), cut);
 		pos = HWFS_MIN(cut, file_size);
 		i++;
 	}
@@ -70,14 +70,14 @@ static void test_plain_grid(void **state)
 	const uint64_t want[] = {100, 200, 300, 400};
 
 	(void)state;
-	assert_int_equal(chunk_next_cut(NULL, 0, 7, 100), 100);
-	assert_int_equal(chunk_next_cut(NULL, 1, 7, 100), 100);
-	assert_int_equal(chunk_next_cut(NULL, 99, 7, 100), 100);
-	assert_int_equal(chunk_next_cut(NULL, 100, 7, 100), 200);
-	assert_int_equal(chunk_next_cut(NULL, 250, 7, 100), 300);
-	assert_int_equal(chunk_next_cut(NULL, 1ull << 40, 7, 1 << 20), (1ull << 40) + (1 << 20));
+	assert_int_equal(chunker_next_cut(NULL, 0, 7, 100), 100);
+	assert_int_equal(chunker_next_cut(NULL, 1, 7, 100), 100);
+	assert_int_equal(chunker_next_cut(NULL, 99, 7, 100), 100);
+	assert_int_equal(chunker_next_cut(NULL, 100, 7, 100), 200);
+	assert_int_equal(chunker_next_cut(NULL, 250, 7, 100), 300);
+	assert_int_equal(chunker_next_cut(NULL, 1ull << 40, 7, 1 << 20), (1ull << 40) + (1 << 20));
 	/* Saturates instead of wrapping. */
-	assert_int_equal(chunk_next_cut(NULL, UINT64_MAX - 5, 7, 100), UINT64_MAX);
+	assert_int_equal(chunker_next_cut(NULL, UINT64_MAX - 5, 7, 100), UINT64_MAX);
 	check_cuts(NULL, 350, 7, 100, want, 4);
 }
 
@@ -94,19 +94,19 @@ static void test_header_and_small_tensors(void **state)
 	(void)state;
 	assert_int_equal(ds, 8 + strlen(json));
 	/* Header shard. */
-	assert_int_equal(chunk_next_cut(h, 0, 1 << 20, 1 << 20), ds);
-	assert_int_equal(chunk_next_cut(h, 5, 1 << 20, 1 << 20), ds);
-	assert_int_equal(chunk_next_cut(h, ds - 1, 1 << 20, 1 << 20), ds);
+	assert_int_equal(chunker_next_cut(h, 0, 1 << 20, 1 << 20), ds);
+	assert_int_equal(chunker_next_cut(h, 5, 1 << 20, 1 << 20), ds);
+	assert_int_equal(chunker_next_cut(h, ds - 1, 1 << 20, 1 << 20), ds);
 	/* One shard per tensor, regardless of the grid. */
-	assert_int_equal(chunk_next_cut(h, ds, 1 << 20, 1 << 20), ds + 16);
-	assert_int_equal(chunk_next_cut(h, ds + 7, 1 << 20, 1 << 20), ds + 16);
-	assert_int_equal(chunk_next_cut(h, ds + 16, 1 << 20, 1 << 20), ds + 19);
-	assert_int_equal(chunk_next_cut(h, ds + 19, 1 << 20, 1 << 20), ds + 29);
-	assert_int_equal(chunk_next_cut(h, ds + 28, 1 << 20, 1 << 20), ds + 29);
+	assert_int_equal(chunker_next_cut(h, ds, 1 << 20, 1 << 20), ds + 16);
+	assert_int_equal(chunker_next_cut(h, ds + 7, 1 << 20, 1 << 20), ds + 16);
+	assert_int_equal(chunker_next_cut(h, ds + 16, 1 << 20, 1 << 20), ds + 19);
+	assert_int_equal(chunker_next_cut(h, ds + 19, 1 << 20, 1 << 20), ds + 29);
+	assert_int_equal(chunker_next_cut(h, ds + 28, 1 << 20, 1 << 20), ds + 29);
 	check_cuts(h, ds + 29, 1 << 20, 1 << 20, want, 4);
 	/* After the data: the fixed grid counted from the data end. */
-	assert_int_equal(chunk_next_cut(h, ds + 29, 1 << 20, 10), ds + 39);
-	assert_int_equal(chunk_next_cut(h, ds + 40, 1 << 20, 10), ds + 49);
+	assert_int_equal(chunker_next_cut(h, ds + 29, 1 << 20, 10), ds + 39);
+	assert_int_equal(chunker_next_cut(h, ds + 40, 1 << 20, 10), ds + 49);
 	st_free(h);
 }
 
@@ -126,12 +126,12 @@ static void test_big_tensor_pieces(void **state)
 	(void)state;
 	assert_int_equal(h->t[1].len, 100);
 	check_cuts(h, ds + 156, 40, 1 << 20, want, HWFS_ARRAY_SIZE(want));
-	assert_int_equal(chunk_next_cut(h, ds + 6, 40, 1 << 20), ds + 46);
-	assert_int_equal(chunk_next_cut(h, ds + 45, 40, 1 << 20), ds + 46);
-	assert_int_equal(chunk_next_cut(h, ds + 46, 40, 1 << 20), ds + 86);
-	assert_int_equal(chunk_next_cut(h, ds + 90, 40, 1 << 20), ds + 106);
+	assert_int_equal(chunker_next_cut(h, ds + 6, 40, 1 << 20), ds + 46);
+	assert_int_equal(chunker_next_cut(h, ds + 45, 40, 1 << 20), ds + 46);
+	assert_int_equal(chunker_next_cut(h, ds + 46, 40, 1 << 20), ds + 86);
+	assert_int_equal(chunker_next_cut(h, ds + 90, 40, 1 << 20), ds + 106);
 	/* Exactly max_shard: one piece. */
-	assert_int_equal(chunk_next_cut(h, ds + 106, 50, 1 << 20), ds + 156);
+	assert_int_equal(chunker_next_cut(h, ds + 106, 50, 1 << 20), ds + 156);
 	st_free(h);
 }
 
@@ -166,16 +166,16 @@ static void test_no_tensors(void **state)
 	uint64_t ds = h->data_start;
 
 	(void)state;
-	assert_int_equal(chunk_next_cut(h, 0, 64, 100), ds);
-	assert_int_equal(chunk_next_cut(h, ds, 64, 100), ds + 100);
-	assert_int_equal(chunk_next_cut(h, ds + 150, 64, 100), ds + 200);
+	assert_int_equal(chunker_next_cut(h, 0, 64, 100), ds);
+	assert_int_equal(chunker_next_cut(h, ds, 64, 100), ds + 100);
+	assert_int_equal(chunker_next_cut(h, ds + 150, 64, 100), ds + 200);
 	st_free(h);
 
 	/* Only empty tensors: same as no tensors. */
 	h = parse_json("{\"x\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0);
 	ds = h->data_start;
-	assert_int_equal(chunk_next_cut(h, 1, 64, 100), ds);
-	assert_int_equal(chunk_next_cut(h, ds, 64, 100), ds + 100);
+	assert_int_equal(chunker_next_cut(h, 1, 64, 100), ds);
+	assert_int_equal(chunker_next_cut(h, ds, 64, 100), ds + 100);
 	st_free(h);
 }
 
@@ -191,14 +191,14 @@ static void test_large_offsets(void **state)
 	uint64_t shard = 1ull << 30;
 
 	(void)state;
-	assert_int_equal(chunk_next_cut(&h, 100, shard, 4096), 100 + shard);
-	assert_int_equal(chunk_next_cut(&h, 100 + (1ull << 62) - 1, shard, 4096),
+	assert_int_equal(chunker_next_cut(&h, 100, shard, 4096), 100 + shard);
+	assert_int_equal(chunker_next_cut(&h, 100 + (1ull << 62) - 1, shard, 4096),
 			 100 + (1ull << 62));
-	assert_int_equal(chunk_next_cut(&h, 100 + (1ull << 62), shard, 4096),
+	assert_int_equal(chunker_next_cut(&h, 100 + (1ull << 62), shard, 4096),
 			 100 + (1ull << 62) + shard);
-	assert_int_equal(chunk_next_cut(&h, 100 + (1ull << 63), shard, 4096),
+	assert_int_equal(chunker_next_cut(&h, 100 + (1ull << 63), shard, 4096),
 			 100 + (1ull << 63) + 4096);
-	assert_int_equal(chunk_next_cut(&h, UINT64_MAX - 1, shard, 4096), UINT64_MAX);
+	assert_int_equal(chunker_next_cut(&h, UINT64_MAX - 1, shard, 4096), UINT64_MAX);
 }
 
 /* Binary search over many tensors agrees with a linear reference. */
@@ -228,7 +228,7 @@ static void test_many_tensors(void **state)
 				break;
 			}
 		}
-		assert_int_equal(chunk_next_cut(&h, pos, max_shard, 1000), want);
+		assert_int_equal(chunker_next_cut(&h, pos, max_shard, 1000), want);
 	}
 	free(t);
 }

@@ -142,18 +142,18 @@ static int report(struct fx *f, struct cli *k, const char *js)
 
 static void test_names(void **state)
 {
-	char long_name[ENGINE_NAME_MAX + 2];
+	char long_name[HWFS_ENGINE_NAME_MAX + 2];
 
 	(void)state;
 	memset(long_name, 'a', sizeof(long_name) - 1);
 	long_name[sizeof(long_name) - 1] = '\0';
-	assert_true(engines_valid_name("llama-a.v1_2"));
-	assert_false(engines_valid_name(""));
-	assert_false(engines_valid_name("a b"));
-	assert_false(engines_valid_name("a/b"));
-	assert_false(engines_valid_name(long_name));
-	long_name[ENGINE_NAME_MAX] = '\0';
-	assert_true(engines_valid_name(long_name));
+	assert_true(hwfs_engine_name_valid("llama-a.v1_2"));
+	assert_false(hwfs_engine_name_valid(""));
+	assert_false(hwfs_engine_name_valid("a b"));
+	assert_false(hwfs_engine_name_valid("a/b"));
+	assert_false(hwfs_engine_name_valid(long_name));
+	long_name[HWFS_ENGINE_NAME_MAX] = '\0';
+	assert_true(hwfs_engine_name_valid(long_name));
 }
 
 static void test_events_and_duplicates(void **state)
@@ -187,7 +187,7 @@ static void test_barrier_states(void **state)
 	struct fx *f = *state;
 	struct cli e;
 	char buf[700], err[600];
-	uint64_t t0 = engines_now_ns();
+	uint64_t t0 = hwfs_mono_ns();
 	json_t *js;
 
 	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), 0); /* no engine */
@@ -212,12 +212,12 @@ static void test_barrier_states(void **state)
 	json_decref(js);
 	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), -ECANCELED);
 	assert_memory_equal(err, "engine e1 refused v1:  rrr", 26);
-	assert_int_equal(strlen(err), strlen("engine e1 refused v1: ") + ENGINE_REASON_MAX);
+	assert_int_equal(strlen(err), strlen("engine e1 refused v1: ") + HWFS_ENGINE_REASON_MAX);
 	/*
 	 * a new barrier asks again, and the earlier refusal waits for the answer
 	 * (the engine may load it now); it loads it: ready
 	 */
-	t0 = engines_now_ns();
+	t0 = hwfs_mono_ns();
 	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), -EINPROGRESS);
 	assert_string_equal(next_line(&e, buf, sizeof(buf)),
 			    "{\"event\":\"prepare\",\"version\":\"v1\"}\n");
@@ -225,7 +225,7 @@ static void test_barrier_states(void **state)
 	assert_int_equal(engines_barrier(f->reg, "v1", t0, err, sizeof(err)), 0);
 	/* serving it is ready too; swapped to it clears the shadow */
 	assert_int_equal(report(f, &e, "{\"report\":\"swapped\",\"version\":\"v1\",\"pause_us\":7}"), 0);
-	assert_int_equal(engines_barrier(f->reg, "v1", engines_now_ns(), err, sizeof(err)), 0);
+	assert_int_equal(engines_barrier(f->reg, "v1", hwfs_mono_ns(), err, sizeof(err)), 0);
 	js = engines_json(f->reg);
 	assert_string_equal(json_string_value(json_object_get(json_array_get(js, 0), "state")), "idle");
 	assert_true(json_is_null(json_object_get(json_array_get(js, 0), "shadow")));
@@ -245,7 +245,7 @@ static void test_earlier_refusal_is_asked_again(void **state)
 	struct fx *f = *state;
 	struct cli e;
 	char buf[700], err[600];
-	uint64_t t0 = engines_now_ns(), t1;
+	uint64_t t0 = hwfs_mono_ns(), t1;
 	const char *refuse = "{\"report\":\"refused\",\"version\":\"v1\",\"reason\":\"no memory\"}";
 
 	cli_open(f, &e, "e1");
@@ -256,7 +256,7 @@ static void test_earlier_refusal_is_asked_again(void **state)
 	assert_string_equal(next_line(&e, buf, sizeof(buf)),
 			    "{\"event\":\"prepare\",\"version\":\"v1\"}\n");
 	/* the next commit: asked again, pending (not refused from the old answer) */
-	t1 = engines_now_ns();
+	t1 = hwfs_mono_ns();
 	assert_int_equal(engines_barrier(f->reg, "v1", t1, err, sizeof(err)), -EINPROGRESS);
 	assert_string_equal(next_line(&e, buf, sizeof(buf)),
 			    "{\"event\":\"prepare\",\"version\":\"v1\"}\n");
@@ -267,8 +267,8 @@ static void test_earlier_refusal_is_asked_again(void **state)
 	assert_string_equal(err, "engine e1 refused v1: no memory");
 	/* a later barrier whose deadline passed with no new answer: the sentence recalls it */
 	hwfs_tun.engine_deadline_ms = 10;
-	t1 = engines_now_ns();
-	while (engines_now_ns() - t1 < 20000000ull)
+	t1 = hwfs_mono_ns();
+	while (hwfs_mono_ns() - t1 < 20000000ull)
 		usleep(1000);
 	assert_int_equal(engines_barrier(f->reg, "v1", t1, err, sizeof(err)), -ECANCELED);
 	assert_string_equal(err, "engine e1 did not report v1 loaded within 10 ms (it refused v1 "
@@ -285,7 +285,7 @@ static void test_prepare_once_per_barrier(void **state)
 	struct fx *f = *state;
 	struct cli e;
 	char buf[256], err[600];
-	uint64_t ta = engines_now_ns(), tb = ta + 1;
+	uint64_t ta = hwfs_mono_ns(), tb = ta + 1;
 	const char *prep = "{\"event\":\"prepare\",\"version\":\"v1\"}\n";
 
 	cli_open(f, &e, "e1");
@@ -325,7 +325,7 @@ static void test_a_new_version_of_the_same_name_is_not_ready(void **state)
 	cli_open(f, &e, "e1");
 	next_line(&e, buf, sizeof(buf)); /* arrived v2? (no event: sealed before it registered) */
 	assert_int_equal(report(f, &e, "{\"report\":\"loaded\",\"version\":\"v2\"}"), 0);
-	assert_int_equal(engines_barrier(f->reg, "v2", engines_now_ns(), err, sizeof(err)), 0);
+	assert_int_equal(engines_barrier(f->reg, "v2", hwfs_mono_ns(), err, sizeof(err)), 0);
 	remove_version(f, "v2");
 	assert_string_equal(next_line(&e, buf, sizeof(buf)),
 			    "{\"event\":\"removed\",\"version\":\"v2\"}\n");
@@ -334,21 +334,21 @@ static void test_a_new_version_of_the_same_name_is_not_ready(void **state)
 	assert_string_equal(json_string_value(json_object_get(json_array_get(js, 0), "state")), "idle");
 	json_decref(js);
 	assert_int_equal(make_sealed(f, "v2"), 0);
-	assert_int_equal(engines_barrier(f->reg, "v2", engines_now_ns(), err, sizeof(err)),
+	assert_int_equal(engines_barrier(f->reg, "v2", hwfs_mono_ns(), err, sizeof(err)),
 			 -EINPROGRESS);
 	assert_string_equal(next_line(&e, buf, sizeof(buf)), prep);
 	/* serving: the same */
 	assert_int_equal(report(f, &e, "{\"report\":\"swapped\",\"version\":\"v2\"}"), 0);
-	assert_int_equal(engines_barrier(f->reg, "v2", engines_now_ns(), err, sizeof(err)), 0);
+	assert_int_equal(engines_barrier(f->reg, "v2", hwfs_mono_ns(), err, sizeof(err)), 0);
 	remove_version(f, "v2");
 	next_line(&e, buf, sizeof(buf));
 	assert_int_equal(make_sealed(f, "v2"), 0);
-	assert_int_equal(engines_barrier(f->reg, "v2", engines_now_ns(), err, sizeof(err)),
+	assert_int_equal(engines_barrier(f->reg, "v2", hwfs_mono_ns(), err, sizeof(err)),
 			 -EINPROGRESS);
 	assert_string_equal(next_line(&e, buf, sizeof(buf)), prep);
 	/* a barrier of a version removed while it waits ends */
 	remove_version(f, "v2");
-	assert_int_equal(engines_barrier(f->reg, "v2", engines_now_ns(), err, sizeof(err)),
+	assert_int_equal(engines_barrier(f->reg, "v2", hwfs_mono_ns(), err, sizeof(err)),
 			 -ECANCELED);
 	assert_string_equal(err, "no such version: v2");
 	cli_close(f, &e);
@@ -424,7 +424,7 @@ static void test_deadline(void **state)
 	hwfs_tun.engine_deadline_ms = 10;
 	cli_open(f, &e, "slow");
 	/* a barrier that began 20 ms ago with the engine still silent: refused now */
-	assert_int_equal(engines_barrier(f->reg, "v1", engines_now_ns() - 20000000ull, err,
+	assert_int_equal(engines_barrier(f->reg, "v1", hwfs_mono_ns() - 20000000ull, err,
 					 sizeof(err)), -ECANCELED);
 	assert_string_equal(err, "engine slow did not report v1 loaded within 10 ms");
 	/* the blocking form ends by itself */
@@ -500,7 +500,7 @@ static void test_full_socket_drops_the_engine(void **state)
 	}
 	assert_true(i < 100000);
 	/* dropped: it no longer counts for the barrier, and its socket was shut down */
-	assert_int_equal(engines_barrier(f->reg, "v1", engines_now_ns(), err, sizeof(err)), 0);
+	assert_int_equal(engines_barrier(f->reg, "v1", hwfs_mono_ns(), err, sizeof(err)), 0);
 	assert_int_equal(send(e.c, "x", 1, MSG_NOSIGNAL), -1);
 	cli_close(f, &e);
 }

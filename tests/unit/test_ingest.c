@@ -310,12 +310,12 @@ static void check_result(struct fx *f, const struct ingest_result *r, const uint
 		assert_memory_equal(store_shard_data(f->s, e->sh), ref + e->off, e->len);
 		hwfs_hash_buf(ref + e->off, e->len, &h);
 		assert_memory_equal(h.b, e->sh->hash.b, HWFS_HASH_LEN);
-		assert_int_equal(fext_find(r->ext, r->n_ext, e->off), i);
-		assert_int_equal(fext_find(r->ext, r->n_ext, e->off + e->len - 1), i);
+		assert_int_equal(ingest_fext_find(r->ext, r->n_ext, e->off), i);
+		assert_int_equal(ingest_fext_find(r->ext, r->n_ext, e->off + e->len - 1), i);
 		pos += e->len;
 	}
 	assert_int_equal(pos, size);
-	assert_int_equal(fext_find(r->ext, r->n_ext, size), r->n_ext);
+	assert_int_equal(ingest_fext_find(r->ext, r->n_ext, size), r->n_ext);
 }
 
 /* The extents end exactly at the chunker's boundaries for @h (NULL: plain). */
@@ -324,7 +324,7 @@ static void check_cuts(const struct ingest_result *r, const struct st_header *h)
 	uint64_t pos = 0;
 
 	for (size_t i = 0; i < r->n_ext; i++) {
-		uint64_t cut = chunk_next_cut(h, pos, MAX_SHARD, FIXED);
+		uint64_t cut = chunker_next_cut(h, pos, MAX_SHARD, FIXED);
 
 		cut = HWFS_MIN(cut, r->size);
 		assert_int_equal(r->ext[i].off, pos);
@@ -346,7 +346,7 @@ static void check_cuts(const struct ingest_result *r, const struct st_header *h)
 static void check_cuts_weak(const struct ingest_result *r, const struct st_header *h)
 {
 	for (size_t i = 0; i < r->n_ext; i++) {
-		uint64_t cut = chunk_next_cut(h, r->ext[i].off, MAX_SHARD, FIXED);
+		uint64_t cut = chunker_next_cut(h, r->ext[i].off, MAX_SHARD, FIXED);
 
 		assert_true(r->ext[i].off + r->ext[i].len <= cut);
 	}
@@ -462,14 +462,14 @@ static void test_fext_find(void **state)
 	struct fext e[] = {{0, 10, NULL}, {10, 5, NULL}, {15, 100, NULL}};
 
 	(void)state;
-	assert_int_equal(fext_find(e, 3, 0), 0);
-	assert_int_equal(fext_find(e, 3, 9), 0);
-	assert_int_equal(fext_find(e, 3, 10), 1);
-	assert_int_equal(fext_find(e, 3, 14), 1);
-	assert_int_equal(fext_find(e, 3, 15), 2);
-	assert_int_equal(fext_find(e, 3, 114), 2);
-	assert_int_equal(fext_find(e, 3, 115), 3);
-	assert_int_equal(fext_find(e, 0, 0), 0);
+	assert_int_equal(ingest_fext_find(e, 3, 0), 0);
+	assert_int_equal(ingest_fext_find(e, 3, 9), 0);
+	assert_int_equal(ingest_fext_find(e, 3, 10), 1);
+	assert_int_equal(ingest_fext_find(e, 3, 14), 1);
+	assert_int_equal(ingest_fext_find(e, 3, 15), 2);
+	assert_int_equal(ingest_fext_find(e, 3, 114), 2);
+	assert_int_equal(ingest_fext_find(e, 3, 115), 3);
+	assert_int_equal(ingest_fext_find(e, 0, 0), 0);
 }
 
 /* (a) A safetensors image written front to back in 1000-byte writes. */

@@ -415,6 +415,61 @@ static void test_optional_and_nullable(void **state)
 	json_decref(f);
 }
 
+/*
+ * HELLO.applied/epoch (the decision a node applied, relearnt by a coordinator
+ * without --state): optional, a str and an int when given.
+ */
+static void test_hello_applied(void **state)
+{
+	char err[256];
+	json_t *f = valid_fields(P_HELLO);
+
+	json_object_set_new(f, "applied", json_string("v3"));
+	json_object_set_new(f, "epoch", json_integer(4));
+	assert_int_equal(dec_fields(P_HELLO, f, err, sizeof(err)), 0);
+	json_object_set_new(f, "epoch", json_integer(-1));
+	assert_bad(dec_fields(P_HELLO, f, err, sizeof(err)), err);
+	json_object_set_new(f, "epoch", json_integer(4));
+	json_object_set_new(f, "applied", json_integer(3));
+	assert_bad(dec_fields(P_HELLO, f, err, sizeof(err)), err);
+	json_decref(f);
+}
+
+/* What a coordinator keeps of a node's version names and of HELLO.engines. */
+static void test_hello_engines(void **state)
+{
+	char big[PROTO_MAX_VERSION_NAME + 2];
+	json_t *in, *out, *e;
+
+	assert_true(proto_version_name_ok("v1"));
+	assert_false(proto_version_name_ok(NULL));
+	assert_false(proto_version_name_ok(""));
+	assert_false(proto_version_name_ok("v\x1b[2J"));
+	memset(big, 'a', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	assert_false(proto_version_name_ok(big));
+	big[PROTO_MAX_VERSION_NAME] = '\0';
+	assert_true(proto_version_name_ok(big));
+
+	in = json_pack("[{s:s, s:i, s:s, s:s, s:s, s:i}, {s:s}, {s:s, s:i, s:s}]", "name", "e1",
+		       "pid", 7, "serving", "v1", "state", "loaded", "reason", "a\nb", "swaps", -2,
+		       "name", "bad name", "name", "e2", "pid", 1, "state", "dancing");
+	out = proto_hello_engines(in);
+	assert_non_null(out);
+	assert_int_equal(json_array_size(out), 2); /* the entry without a valid name is left out */
+	e = json_array_get(out, 0);
+	assert_string_equal(json_string_value(json_object_get(e, "name")), "e1");
+	assert_int_equal(json_integer_value(json_object_get(e, "pid")), 7);
+	assert_string_equal(json_string_value(json_object_get(e, "serving")), "v1");
+	assert_string_equal(json_string_value(json_object_get(e, "state")), "loaded");
+	assert_string_equal(json_string_value(json_object_get(e, "reason")), "a b");
+	assert_true(json_is_null(json_object_get(e, "swaps")));
+	assert_true(json_is_null(json_object_get(e, "shadow")));
+	assert_true(json_is_null(json_object_get(json_array_get(out, 1), "state")));
+	json_decref(out);
+	json_decref(in);
+}
+
 /* The optional fields added for commit results, commit catch-up and waiting pulls. */
 /*
  * Version 2's delta fields: GET bases/widths (one per hash, widths 1/2/4/8),
@@ -1361,6 +1416,8 @@ int main(void)
 		cmocka_unit_test(test_encode_rules),
 		cmocka_unit_test(test_unknown_fields_ignored),
 		cmocka_unit_test(test_optional_and_nullable),
+		cmocka_unit_test(test_hello_applied),
+		cmocka_unit_test(test_hello_engines),
 		cmocka_unit_test(test_missing_field_every_type),
 		cmocka_unit_test(test_wrong_type_every_type),
 		cmocka_unit_test(test_nested_entries),

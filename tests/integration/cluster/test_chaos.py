@@ -93,6 +93,40 @@ def test_coordinator_kill9_and_restart(net, tmp_path):
 
 
 @pytest.mark.limit(150)
+def test_coordinator_restart_without_state_relearns_commit(net, tmp_path):
+    """A coordinator restarted without --state relearns the committed version and its epoch
+    from the decision each node applied (HELLO "applied"/"epoch"): status --cluster shows v1,
+    not "(none)", and the next commits get epochs above every one a node applied, so no
+    (version, epoch) pair is decided twice."""
+    ring(net, ["A", "B"], state=False)
+    a, b = net["A"], net["B"]
+    m1 = random_model(tmp_path / "m1", 4 << 20, seed=231)
+    net.wait_version("v1", net.publish("A", m1, "v1"))
+    b.run("commit", "v1")
+    before = b.try_cluster_status()
+    assert before["committed"] == "v1", before
+
+    net.coord.kill9()
+    net.coord.start()  # same port, no --state: it starts knowing nothing
+    for viewer in net:
+        cs = net.wait_alive(["A", "B"], viewer=viewer, committed="v1", timeout=15)
+    epoch = cs.get("epoch")
+    assert epoch is not None and epoch == before.get("epoch") and epoch >= 1, \
+        f"epoch before the restart {before.get('epoch')}, relearnt {epoch}"
+    assert net.currents() == {n: ("versions/v1", "v1") for n in "AB"}, net.currents()
+
+    m2 = random_model(tmp_path / "m2", 4 << 20, seed=232)
+    net.wait_version("v2", net.publish("B", m2, "v2"))
+    a.run("commit", "v2")
+    cs = a.try_cluster_status()
+    assert cs["committed"] == "v2" and cs["epoch"] == epoch + 1, cs
+    a.run("commit", "v1")  # v1 again: a new decision, not the (v1, epoch) of before
+    cs = b.try_cluster_status()
+    assert cs["committed"] == "v1" and cs["epoch"] == epoch + 2, cs
+    assert net.currents() == {n: ("versions/v1", "v1") for n in "AB"}, net.currents()
+
+
+@pytest.mark.limit(150)
 @pytest.mark.parametrize("delay", [float(x) for x in os.environ.get("HWFS_RACE", "0.005,0.01").split(",")])
 def test_no_false_commit_when_coordinator_dies(net, tmp_path, delay):
     """hwfs commit v2 racing a kill -9 of the coordinator @delay seconds after the command

@@ -1,0 +1,295 @@
+/*
+ * agent_recv.c — what a pull receives: SHARD pieces, deltas, and the version
+ * built once every shard is here (see agent.h for the model; the fetch and
+ * its donors are agent_pull.c's).
+ *
+ * Pieces of a whole shard are written into a staged arena range and hashed
+ * as they arrive, and the last piece's hash decides whether the shard is
+ * interned or another donor is asked.  A delta is gathered whole, rebuilt
+ * against the base this node holds and checked by its hash before anything
+ * is staged.  When every shard is here the version is built and sealed in
+ * through the mount (the import hook, pull_materialize()).  Runs on the
+ * agent thread only.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent_i.h"
+#include "metrics.h"
+
+/* Every shard is here: build the version and seal it in through the mount (import hook). */
+void pull_materialize(struct agent *a, struct fetch *f)
+{
+	char err[512] = "";
+	int ok = a->o.hooks->import(a->o.arg, f->rec, err, sizeof(err)) == 0;
+
+	if (ok) {
+		LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
+			 (unsigned long long)f->bytes_held);
+		hwfs_hist_observe_ns(&hwfs_nm.arrival, hwfs_mono_ns() - f->planned_ns);
+		pull_send_have(a, f->name, &f->digest, 1, f->total, 0, NULL, NULL);
+		agent_flip_pending(a, f->name);
+	} else {
+		LOG_ERR("agent: %s", err);
+		pull_report(a, f, NULL);
+	}
+	pull_end(a, f);
+}
+
+/*
+ * shard_arrived() - @w's shard @sh (one reference, kept by @w) is here and
+ * verified, from donor socket @peer: count it, answer the requests that
+ * waited for it, and build the version if it was the last.
+ */
+static void shard_arrived(struct agent *a, struct fetch *f, struct want *w, struct shard *sh,
+			  const void *peer)
+{
+	w->sh = sh;
+	w->state = W_HELD;
+	pull_donor_ok(a, peer);
+	f->bytes_held += w->size;
+	f->space_backoff = 0; /* it fits again: a later shortage starts the back-off afresh */
+	serve_arrived(a, sh);
+	if (pull_complete(f))
+		pull_materialize(a, f);
+}
+
+/*
+ * rebuild() - the whole delta of @w is here (w->enc): rebuild the shard
+ * from the base this node holds into the scratch buffer, check its hash,
+ * then stage and intern it.  The delta is kept to be sent on as it is.  A
+ * base that went meanwhile (hwfs rm) makes it ask for the whole shard; a
+ * delta that does not decode or rebuilds other bytes (corrupt, made against
+ * another base) is reported as a bad donor and the whole shard is asked of
+ * the next donor.  Nothing is staged before the hash matched.
+ */
+static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char *from,
+		    const void *peer)
+{
+	struct shard *bsh = store_get(a->o.st, &w->base), *sh;
+	unsigned width = w->width;
+	hwfs_hash_t got;
+	uint64_t t0, roff;
+	char err[160] = "";
+	int r;
+
+	if (!bsh || bsh->size != w->size) { /* its base went while the delta travelled */
+		if (bsh)
+			store_unref(a->o.st, bsh);
+		LOG_INFO("agent: the base of a shard of %s is gone here; asking for it whole", f->name);
+		pull_drop_partial(a, w);
+		w->whole = 1;
+		w->state = W_QUEUED;
+		return;
+	}
+	if (a->scratch_len < w->size) {
+		uint8_t *p = realloc(a->scratch, w->size);
+
+		if (!p) {
+			store_unref(a->o.st, bsh);
+			pull_wait_space(a, f);
+			return;
+		}
+		a->scratch = p;
+		a->scratch_len = w->size;
+	}
+	t0 = delta_cpu_ns();
+	r = delta_decode(a->dcx, store_shard_data(a->o.st, bsh), w->size, w->enc, w->enc_total,
+			 a->scratch, err, sizeof(err));
+	__atomic_add_fetch(&a->ds.decode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
+	if (r == 0) {
+		__atomic_add_fetch(&a->ds.decoded, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&a->ds.decode_bytes, w->size, __ATOMIC_RELAXED);
+		hwfs_hash_buf(a->scratch, w->size, &got);
+		if (hwfs_hash_cmp(&got, &w->hash))
+			snprintf(err, sizeof(err), "the rebuilt shard does not match its hash");
+		delta_peek(w->enc, w->enc_total, NULL, &width, NULL, 0);
+	}
+	if (*err) { /* whose fault: is the base here intact? */
+		hwfs_hash_buf(store_shard_data(a->o.st, bsh), w->size, &got);
+		if (hwfs_hash_cmp(&got, &w->base)) {
+			LOG_ERR("agent: the base of a shard of %s is damaged here (hwfs verify will "
+				"say which version); asking for the shard whole", f->name);
+			store_unref(a->o.st, bsh);
+			pull_drop_partial(a, w);
+			w->whole = 1;
+			w->state = W_QUEUED;
+			return;
+		}
+	}
+	store_unref(a->o.st, bsh);
+	if (*err) {
+		LOG_ERR("agent: bad delta from %s for %s (%s); asking for the whole shard", from,
+			f->name, err);
+		__atomic_add_fetch(&a->ds.failed, 1, __ATOMIC_RELAXED);
+		pull_report(a, f, f->donor_names[w->donor]);
+		pull_donor_failed(a, f, w->donor, "sent a delta that does not rebuild its shard");
+		w->whole = 1;
+		pull_next_donor(a, f, w);
+		return;
+	}
+	if (store_stage_alloc(a->o.st, w->size, 1, &roff) < 0) {
+		pull_wait_space(a, f);
+		return;
+	}
+	r = store_stage_write(a->o.st, roff, a->scratch, w->size);
+	if (r < 0) {
+		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
+		store_stage_free(a->o.st, roff, w->size);
+		pull_wait_space(a, f);
+		return;
+	}
+	sh = store_intern_staged(a->o.st, &w->hash, roff, w->size);
+	if (!sh) {
+		pull_fail(a, f, "out of memory");
+		return;
+	}
+	__atomic_add_fetch(&a->ds.received, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&a->rx, w->size, __ATOMIC_RELAXED);
+	if (w->enc_total <= w->size * hwfs_tun.delta_max_pct / 100) /* else not worth sending on */
+		serve_keep_delta(a, &w->base, &w->hash, width, w->enc, w->enc_total);
+	else
+		free(w->enc);
+	w->enc = NULL;
+	w->enc_total = 0;
+	w->got = 0;
+	w->from = NULL;
+	shard_arrived(a, f, w, sh, peer);
+}
+
+/*
+ * on_delta_piece() - a SHARD piece of a delta for @w.  Refused as malformed
+ * (the donor backs off, the next one is asked): a delta @w was not asked
+ * for as, or against another base, a total under the codec's header or
+ * larger than the shard itself (a delta is never worth more), bytes past the
+ * total, an empty piece.  Pieces come in order from one donor into a buffer
+ * of the declared total; the last one rebuilds the shard.
+ */
+static void on_delta_piece(struct agent *a, struct fetch *f, struct want *w, struct proto_msg *m,
+			   const char *from, const void *peer)
+{
+	uint64_t pos = proto_int(m, "offset"), len = m->payload_len;
+	uint64_t total = json_object_get(m->h, "total") ? proto_int(m, "total") : len;
+	const char *why = NULL;
+	hwfs_hash_t base;
+
+	proto_hash(m, "base", &base);
+	if (pos > 0 && (!w->enc || w->from != peer || pos != w->got || total != w->enc_total))
+		return; /* a stray piece (an old request's, an old donor's, out of order): ignore */
+	if (!want_delta(w))
+		why = "a delta that was not asked for";
+	else if (hwfs_hash_cmp(&base, &w->base))
+		why = "a delta against another base";
+	else if (total < DELTA_HDR || total > w->size)
+		why = "a delta of an impossible length";
+	else if (pos + len > total || len == 0)
+		why = "a delta piece outside its delta";
+	if (why) {
+		LOG_ERR("agent: malformed piece from %s for %s: %s; asking another donor", from,
+			f->name, why);
+		pull_donor_failed(a, f, w->donor, "sent a malformed piece");
+		pull_next_donor(a, f, w);
+		return;
+	}
+	if (pos == 0) { /* (re)start */
+		pull_drop_partial(a, w);
+		w->enc = malloc(total);
+		if (!w->enc) {
+			pull_wait_space(a, f);
+			return;
+		}
+		w->enc_total = total;
+		w->from = peer;
+	}
+	memcpy(w->enc + pos, m->payload, len);
+	w->got += len;
+	if (w->got == w->enc_total)
+		rebuild(a, f, w, from, peer);
+}
+
+/*
+ * A SHARD piece.  Pieces of one shard come in order from one donor; the first
+ * (offset 0) takes an unbacked staging range (store_stage_alloc()), each is
+ * written there (store_stage_write(): pwrite, no zero-filled pages) and added
+ * to a running hash, and the last one checks the hash and interns the shard
+ * (store_intern_staged()).
+ */
+void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer)
+{
+	struct fetch *f = NULL;
+	struct want *w;
+	hwfs_hash_t h;
+	uint64_t pos = proto_int(m, "offset"), len = m->payload_len;
+	uint64_t total = json_object_get(m->h, "total") ? proto_int(m, "total") : len;
+	struct shard *sh;
+	XXH128_canonical_t c;
+	int r;
+
+	if (proto_hash(m, "hash", &h) < 0)
+		return;
+	w = pull_find_want(a, &h, &f);
+	if (!w || w->state != W_INFLIGHT)
+		return; /* late duplicate, or a shard we stopped asking for */
+	f->last_rx = now_s();
+	if (proto_str(m, "enc")) {
+		on_delta_piece(a, f, w, m, from, peer);
+		return;
+	}
+	if (total != w->size || pos + len > total || len == 0) {
+		LOG_ERR("agent: malformed piece from %s for %s; asking another donor", from, f->name);
+		pull_donor_failed(a, f, w->donor, "sent a malformed piece");
+		pull_next_donor(a, f, w);
+		return;
+	}
+	if (pos == 0) { /* (re)start */
+		pull_drop_partial(a, w);
+		w->xs = XXH3_createState();
+		if (!w->xs || store_stage_alloc(a->o.st, w->size, 1, &w->roff) < 0) {
+			if (w->xs)
+				XXH3_freeState(w->xs);
+			w->xs = NULL;
+			pull_wait_space(a, f);
+			return;
+		}
+		XXH3_128bits_reset(w->xs);
+		w->from = peer;
+	} else if (!w->xs || w->from != peer || pos != w->got) {
+		return; /* a stray piece (an old donor's, or out of order): ignore */
+	}
+	r = store_stage_write(a->o.st, w->roff + pos, m->payload, len);
+	if (r < 0) {
+		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
+		pull_wait_space(a, f); /* frees every partial shard */
+		return;
+	}
+	XXH3_128bits_update(w->xs, m->payload, len);
+	w->got += len;
+	__atomic_add_fetch(&a->rx, len, __ATOMIC_RELAXED);
+	if (w->got < w->size) {
+		serve_forward(a, w);
+		return;
+	}
+	/* the last piece: is it the shard that was asked for? */
+	XXH128_canonicalFromHash(&c, XXH3_128bits_digest(w->xs));
+	XXH3_freeState(w->xs);
+	w->xs = NULL;
+	if (memcmp(c.digest, h.b, HWFS_HASH_LEN)) {
+		LOG_ERR("agent: bad shard from %s for %s (hash mismatch); asking another donor", from,
+			f->name);
+		pull_report(a, f, f->donor_names[w->donor]);
+		store_stage_free(a->o.st, w->roff, w->size);
+		w->got = 0;
+		serve_abort_forwarded(a, &h);
+		pull_donor_failed(a, f, w->donor, "sent a shard that does not match its hash");
+		pull_next_donor(a, f, w);
+		return;
+	}
+	sh = store_intern_staged(a->o.st, &h, w->roff, w->size);
+	w->got = 0;
+	if (!sh) {
+		pull_fail(a, f, "out of memory");
+		return;
+	}
+	shard_arrived(a, f, w, sh, peer);
+}
