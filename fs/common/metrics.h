@@ -75,9 +75,29 @@ struct hwfs_node_metrics {
 	uint64_t engine_refusals;         /* "refused" reports */
 	uint64_t retries;                 /* shard requests moved to another donor */
 	uint64_t updating;                /* commits, publishes and loads in progress */
-	uint64_t preparing;               /* 1 while a cluster PREPARE's barrier waits */
+	uint64_t preparing_ns;            /* monotonic ns of the last "not yet" of a cluster
+					   * PREPARE's barrier (0: answered); see hwfs_updating() */
 };
 extern struct hwfs_node_metrics hwfs_nm;
+
+/*
+ * A cluster PREPARE waits for the engine barrier: the agent asks it again at
+ * least once a heartbeat while it waits, so a "not yet" older than this means
+ * the wait ended without an answer (the commit was aborted elsewhere).
+ */
+#define HWFS_PREPARING_NS (2 * 1000000000ull)
+
+/**
+ * hwfs_updating() - is the node busy with an update right now: a commit,
+ * publish or load in progress, or a cluster PREPARE waiting (as of @now_ns,
+ * monotonic)?  1 or 0.
+ */
+static inline int hwfs_updating(uint64_t now_ns)
+{
+	uint64_t p = hwfs_load(&hwfs_nm.preparing_ns);
+
+	return hwfs_load(&hwfs_nm.updating) || (p && now_ns - p < HWFS_PREPARING_NS);
+}
 
 /** Count one FUSE request of @op. */
 static inline void hwfs_count_fuse(enum hwfs_fuse_op op)

@@ -134,7 +134,7 @@ static void node_metrics(struct daemon *d, struct http_resp *r)
 	gauge1(&b, "hwfs_engines", "engines registered on this node", engines);
 	gauge1(&b, "hwfs_leases", "leases held (versions mapped or loaded by a process)", leases);
 	gauge1(&b, "hwfs_updating", "1 while a commit, publish, load or engine shadow-load runs",
-	       hwfs_load(&hwfs_nm.updating) || hwfs_load(&hwfs_nm.preparing) || loading);
+	       hwfs_updating(hwfs_mono_ns()) || loading);
 	replication(&b, daemon_agent(d));
 	metrics_node(&b);
 	if (d->o->coordinator)
@@ -191,7 +191,7 @@ static void readyz(struct daemon *d, struct http_resp *r)
 		return;
 	}
 	engine_counts(d, &engines, &leases, &loading);
-	if (hwfs_load(&hwfs_nm.updating) || hwfs_load(&hwfs_nm.preparing) || loading)
+	if (hwfs_updating(hwfs_mono_ns()) || loading)
 		http_text(r, 200, "ready: updating");
 	else
 		http_text(r, 200, "ready");

@@ -267,9 +267,7 @@ int daemon_flip_current(void *arg, const char *v, char *err, size_t errlen)
 	hwfs_hist_observe_ns(&hwfs_nm.commit_flip, hwfs_mono_ns() - t0);
 	hwfs_count(&hwfs_nm.commits[r == 0 ? HWFS_COMMIT_OK : HWFS_COMMIT_FAILED], 1);
 	__atomic_fetch_sub(&hwfs_nm.updating, 1, __ATOMIC_RELAXED);
-	if (r == 0)
-		daemon_http_refresh(d);
-	return r;
+	return r; /* the current hook refreshed /metrics' snapshot (daemon_current) */
 }
 
 /*

@@ -144,18 +144,20 @@ out:
 	return r;
 }
 
-/* The agent's barrier hook: engines_barrier() on this daemon's registry. */
+/*
+ * The agent's barrier hook: engines_barrier() on this daemon's registry,
+ * timed for /metrics: a "not yet" marks the node updating (hwfs_updating()),
+ * an answer ends the commit's prepare phase (a refusal is counted).
+ */
 static int repl_barrier(void *arg, const char *version, uint64_t started_ns, char *err,
 			size_t errlen)
 {
 	struct daemon *d = arg;
 	int r = engines_barrier(d->engines, version, started_ns, err, errlen);
+	uint64_t now = hwfs_mono_ns();
 
-	/* a PREPARE is answered: its wait is the commit's prepare phase (/metrics) */
-	__atomic_store_n(&hwfs_nm.preparing, r == -EINPROGRESS, __ATOMIC_RELAXED);
+	__atomic_store_n(&hwfs_nm.preparing_ns, r == -EINPROGRESS ? now : 0, __ATOMIC_RELAXED);
 	if (r != -EINPROGRESS) {
-		uint64_t now = hwfs_mono_ns();
-
 		hwfs_hist_observe_ns(&hwfs_nm.commit_prepare, now > started_ns ? now - started_ns : 0);
 		if (r < 0)
 			hwfs_count(&hwfs_nm.commits[HWFS_COMMIT_REFUSED], 1);
