@@ -270,7 +270,7 @@ ONCE_IGNORE := $(ONCE_TESTS:%=--ignore=%)
 # tests that assert no timing (replication, late join, ports).
 TSAN_TESTS := $(filter-out $(ONCE_TESTS),$(wildcard tests/integration/test_*.py)) \
 	tests/integration/cluster/test_replication.py tests/integration/cluster/test_latejoin.py \
-	tests/integration/cluster/test_ports.py
+	tests/integration/cluster/test_ports.py tests/integration/cluster/test_http_cluster.py
 
 SAN_LOG := build-asan/sanitizer-logs
 integration-asan: asan
