@@ -43,6 +43,27 @@ def test_install_ships_helper_units_and_man_pages(installed):
         assert (d / "usr/local/share/man" / page).stat().st_size > 0
 
 
+def test_install_with_a_private_prefix_stays_under_it(tmp_path):
+    """PREFIX outside /usr and /usr/local (a test's, a user's): the helper and the units go
+    under PREFIX, never into the system's /sbin or /lib/systemd/system."""
+    prefix = tmp_path / "prefix"
+    before = [os.path.lexists(p) for p in ("/sbin/mount.hwfs", "/lib/systemd/system/hwfs@.service")]
+    try:
+        sh(["make", "-s", "-C", REPO, "install", f"PREFIX={prefix}"], timeout=600)
+        assert os.readlink(prefix / "sbin/mount.hwfs") == f"{prefix}/bin/hwfs"
+        unit = (prefix / "lib/systemd/system/hwfs@.service").read_text()
+        assert f"ExecStart={prefix}/bin/hwfs mount " in unit
+        assert (prefix / "share/man/man8/mount.hwfs.8").exists()
+    finally:
+        after = [os.path.lexists(p) for p in ("/sbin/mount.hwfs",
+                                              "/lib/systemd/system/hwfs@.service")]
+        for p, was, now in zip(("/sbin/mount.hwfs", "/lib/systemd/system/hwfs@.service"),
+                               before, after):
+            if now and not was:  # ours: put the system back before failing
+                os.unlink(p)
+    assert after == before, "make install PREFIX=... wrote into the system's directories"
+
+
 def test_man_page_names_every_verb(installed):
     page = (installed / "usr/local/share/man/man1/hwfs.1").read_text()
     verbs = re.findall(r'^\s*\{"([a-z]+)", cmd_', (REPO / "tools/hwfs.c").read_text(), re.M)
