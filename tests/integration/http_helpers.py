@@ -49,6 +49,21 @@ def value(s, name, **labels):
     return s[key]
 
 
+def commit_seen_updating(m, addr, e, version):
+    """Commit @version on mount @m while engine connection @e holds it in the barrier:
+    meanwhile @addr's /readyz says "ready: updating" and hwfs_updating is 1; then @e
+    reports it loaded and the commit must succeed."""
+    from conftest import poll
+    from engine_proto import commit_async, finish
+
+    p = commit_async(m, version)
+    assert poll(lambda: get(addr, "/readyz") == (200, "ready: updating\n"), timeout=10)
+    assert value(samples(get(addr, "/metrics")[1]), "hwfs_updating") == 1
+    e.send({"report": "loaded", "version": version})
+    rc, out = finish(p)
+    assert rc == 0, out
+
+
 def promtool_check(text):
     """`promtool check metrics` on @text; fails the test with its output when it complains."""
     tool = shutil.which("promtool")

@@ -15,16 +15,15 @@ import os
 import re
 import resource
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import HWFS, TIMEOUT, poll, random_file, sh, wait_dead
-from engine_proto import commit_async, engine, finish
-from http_helpers import get, promtool_check, samples, value
+from conftest import HWFS, poll, random_file, sh, wait_dead
+from engine_proto import engine
+from http_helpers import commit_seen_updating, get, promtool_check, samples, value
 
 HTTP_ANY = ["--http", "127.0.0.1:0"]
 
@@ -94,12 +93,7 @@ def test_healthz_and_readyz_states(mount_factory, tmp_path):
     publish(m, tmp_path, "v1", 1 << 20, seed=3)
     # a commit waiting for an engine's "loaded": updating, still ready
     with engine(m, "sleepy") as e:
-        p = commit_async(m, "v1")
-        assert poll(lambda: get(addr, "/readyz") == (200, "ready: updating\n"), timeout=10)
-        assert value(samples(get(addr, "/metrics")[1]), "hwfs_updating") == 1
-        e.send({"report": "loaded", "version": "v1"})
-        rc, out = finish(p)
-        assert rc == 0, out
+        commit_seen_updating(m, addr, e, "v1")
     assert poll(lambda: get(addr, "/readyz") == (200, "ready\n"))
     s = samples(get(addr, "/metrics")[1])
     assert value(s, "hwfs_updating") == 0

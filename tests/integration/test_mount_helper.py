@@ -10,7 +10,6 @@ the daemon, and that a plain `umount` stops the daemon cleanly.
 """
 
 import os
-import re
 import subprocess
 from pathlib import Path
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HWFS, REPO, TIMEOUT, is_mounted, sh, wait_dead
+from conftest import HWFS, REPO, TIMEOUT, is_mounted, sh
 
 UNITS = ("hwfs@.service", "hwfs-coord.service")
 

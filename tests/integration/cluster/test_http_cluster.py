@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from engine_proto import commit_async, engine, finish
-from http_helpers import get, samples, value
+from http_helpers import commit_seen_updating, get, samples, value
 from .conftest import poll, random_model
 
 HTTP_ANY = ["--http", "127.0.0.1:0"]
@@ -32,12 +32,7 @@ def test_cluster_commit_states_and_counters(net, tmp_path):
                               "hwfs_coord_version_converge_seconds_count") == 2, timeout=10)
 
     with engine(a, "sleepy") as e:
-        p = commit_async(a, "v1")
-        assert poll(lambda: get(aaddr, "/readyz") == (200, "ready: updating\n"), timeout=10)
-        assert value(samples(get(aaddr, "/metrics")[1]), "hwfs_updating") == 1
-        e.send({"report": "loaded", "version": "v1"})
-        rc, out = finish(p)
-        assert rc == 0, out
+        commit_seen_updating(a, aaddr, e, "v1")
         assert poll(lambda: get(aaddr, "/readyz") == (200, "ready\n"), timeout=10)
         s = samples(get(aaddr, "/metrics")[1])
         assert value(s, "hwfs_updating") == 0

@@ -16,12 +16,10 @@ memory.
 """
 
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.parse
 from pathlib import Path
 

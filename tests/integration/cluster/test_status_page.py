@@ -14,14 +14,11 @@ Runs once in `make test` (the plain pass): Makefile ONCE_TESTS.
 """
 
 import json
-import os
 import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
-
-import pytest
 
 from http_helpers import get
 from .conftest import poll, random_model
