@@ -138,6 +138,8 @@ class Hostile:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft < n + 200:
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 1000), hard))
+        # the huge headers first, alone: the connection limits must not be what stops them
+        self.huge()
         for _ in range(n):
             s = socket.socket()
             s.setblocking(False)
@@ -149,7 +151,8 @@ class Hostile:
             t.start()
 
     def huge(self):
-        """Headers far past the per-connection memory: answered 431 or cut, never served."""
+        """Headers far past the per-connection memory: answered with an error or cut, never
+        served (the first answer is kept in huge_status)."""
         with socket.create_connection(self.target, timeout=10) as s:
             try:
                 s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (4 << 20))
@@ -157,9 +160,11 @@ class Hostile:
             except OSError:
                 pass
             try:
-                self.huge_status = s.recv(64)
+                got = s.recv(64)
             except OSError as e:
-                self.huge_status = repr(e).encode()
+                got = repr(e).encode()
+            if self.huge_status is None:
+                self.huge_status = got
 
     def trickle(self):
         with socket.create_connection(self.target, timeout=30) as s:
