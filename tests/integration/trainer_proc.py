@@ -1,0 +1,152 @@
+"""One rank of the distributed trainer tests (test_trainers.py), started by
+torch.distributed.run or by the test itself (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT in the environment); gloo on the CPU.
+
+    python trainer_proc.py SCENARIO MOUNT OUTDIR [ARGS...]
+
+Every scenario builds the same tiny Llama (seeded) on every rank; rank 0
+writes what the test compares against into OUTDIR (never into the mount).
+Each rank writes OUTDIR/rank<r>.json with what it saw, and exits 0 when its
+part went as the scenario expects.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+torch.set_num_threads(1)
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import hwfs  # noqa: E402
+import hwfs.trainers  # noqa: E402
+from hwfs.torch import PublishError, publish  # noqa: E402
+
+SHARD0 = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
+SHARD1 = ("o_proj", "down_proj")
+
+
+def config():
+    return LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=64, tie_word_embeddings=False)
+
+
+def model(seed=1):
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config())
+
+
+def placement_of(name):
+    """The placements the tests shard a Llama tensor with (1-D mesh)."""
+    from torch.distributed.tensor import Replicate, Shard
+    if any(k in name for k in SHARD0):
+        return [Shard(0)]
+    if any(k in name for k in SHARD1):
+        return [Shard(1)]
+    if "norm" in name and "layers.1" in name:
+        return [Replicate()]
+    return None  # a plain tensor
+
+
+def sharded(sd, mesh, mesh2d=None):
+    """@sd with its weights turned into DTensors over @mesh (from their local
+    chunks: no communication); with @mesh2d, the MLP weights of layer 1 are
+    sharded on both dims of a 2-D mesh."""
+    from torch.distributed.tensor import DTensor, Shard
+    out = {}
+    for name, t in sd.items():
+        if mesh2d is not None and "layers.1.mlp" in name:
+            pl = [Shard(0), Shard(1)]
+            c = mesh2d.get_coordinate()
+            local = torch.chunk(torch.chunk(t, mesh2d.size(0), 0)[c[0]], mesh2d.size(1), 1)[c[1]]
+            out[name] = DTensor.from_local(local.clone(), mesh2d, pl, run_check=False,
+                                           shape=t.shape, stride=t.stride())
+            continue
+        pl = placement_of(name)
+        if pl is None:
+            out[name] = t
+            continue
+        if hasattr(pl[0], "dim"):
+            local = torch.chunk(t, mesh.size(), pl[0].dim)[mesh.get_local_rank()].clone()
+        else:
+            local = t.clone()
+        out[name] = DTensor.from_local(local, mesh, pl, run_check=False, shape=t.shape,
+                                       stride=t.stride())
+    return out
+
+
+def save_reference(sd, path):
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in sd.items()}, path)
+
+
+def main():
+    scenario, mnt, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
+    args = sys.argv[4:]
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (world,))
+    report = {"rank": rank, "world": world}
+    rc = 0
+    if scenario == "publish":
+        version, max_file = args[0], int(args[1])
+        m = model()
+        sd = m.state_dict()
+        mesh2d = init_device_mesh("cpu", (2, world // 2)) if world >= 4 else None
+        if rank == 0:
+            save_reference(sd, os.path.join(outdir, "reference.safetensors"))
+        names = publish(sharded(sd, mesh, mesh2d), version, mnt, max_file_bytes=max_file,
+                        files={"config.json": config().to_json_string()})
+        report["files"] = names
+    elif scenario == "publish_kill":
+        version, victim = args[0], int(args[1])
+        sd = sharded(model().state_dict(), mesh)
+        if rank == victim:
+            calls = [0]
+            real = hwfs.trainers._write_local
+
+            def die_mid_write(fd, e, *a, **kw):
+                calls[0] += 1
+                if calls[0] == 3:
+                    with open(os.path.join(outdir, f"rank{rank}.dying"), "w"):
+                        pass
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(fd, e, *a, **kw)
+            hwfs.trainers._write_local = die_mid_write
+        try:
+            publish(sd, version, mnt)
+            report["error"] = None
+            rc = 1  # it must not succeed
+        except (PublishError, RuntimeError) as e:
+            report["error"] = f"{type(e).__name__}: {e}"
+    elif scenario == "publish_mismatch":
+        version = args[0]
+        sd = model().state_dict()
+        if rank == 1:
+            sd["extra.weight"] = torch.zeros(3)
+        try:
+            publish(sd, version, mnt)
+            rc = 1
+        except PublishError as e:
+            report["error"] = str(e)
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+    if scenario != "publish_kill":
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(rc)  # a dead peer can leave gloo's threads stuck at exit
+
+
+if __name__ == "__main__":
+    t0 = time.monotonic()
+    main()
