@@ -106,6 +106,15 @@ def main():
         names = publish(sharded(sd, mesh, mesh2d), version, mnt, max_file_bytes=max_file,
                         files={"config.json": config().to_json_string()})
         report["files"] = names
+        # a state dict that differs on one rank: refused on every rank, nothing made
+        bad = dict(sd)
+        if rank == 1:
+            bad["extra.weight"] = torch.zeros(3)
+        try:
+            publish(bad, version + "-bad", mnt)
+            rc = 1
+        except PublishError as e:
+            report["mismatch"] = str(e)
     elif scenario == "publish_kill":
         version, victim = args[0], int(args[1])
         sd = sharded(model().state_dict(), mesh)
@@ -127,16 +136,6 @@ def main():
             rc = 1  # it must not succeed
         except (PublishError, RuntimeError) as e:
             report["error"] = f"{type(e).__name__}: {e}"
-    elif scenario == "publish_mismatch":
-        version = args[0]
-        sd = model().state_dict()
-        if rank == 1:
-            sd["extra.weight"] = torch.zeros(3)
-        try:
-            publish(sd, version, mnt)
-            rc = 1
-        except PublishError as e:
-            report["error"] = str(e)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:

@@ -385,6 +385,10 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
                 sorted(files or {})
     except _Sigterm:
         raise PublishError(f"publish {version}: rank {rank}: stopped by SIGTERM") from None
+    except PublishError:
+        raise
+    except Exception as e:  # a collective failed: a peer died or its connection broke
+        raise PublishError(f"publish {version}: rank {rank}: {type(e).__name__}: {e}") from e
     finally:
         for fd in fds.values():
             try:
