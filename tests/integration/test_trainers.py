@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, safetensors_header, xxh3_128_hex
+from conftest import REPO, poll, safetensors_header, xxh3_128_hex
 
 PYDIR = REPO / "tools" / "python"
 PROC = REPO / "tests" / "integration" / "trainer_proc.py"
@@ -184,3 +184,163 @@ def test_concurrent_disjoint_writes(mount):
     for k, a in tensors.items():
         assert os.getxattr(mount.vpath("v1", "tensors", k), "user.hwfs.hash").decode() == \
             xxh3_128_hex(a.tobytes())
+
+
+# ------------------------------------------------------------- tp/N/r views
+
+def llama_like(seed=3, experts=4):
+    """A small Llama/Mixtral-named state dict (float32 numpy): q/k/v/gate/up,
+    o/down, norms, embeddings, lm_head, and MoE experts (w1/w2/w3) with a router."""
+    rng = np.random.default_rng(seed)
+
+    def t(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+    sd = {"model.embed_tokens.weight": t(64, 32), "lm_head.weight": t(64, 32),
+          "model.norm.weight": t(32)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        sd.update({p + "self_attn.q_proj.weight": t(32, 32), p + "self_attn.k_proj.weight": t(16, 32),
+                   p + "self_attn.v_proj.weight": t(16, 32), p + "self_attn.q_proj.bias": t(32),
+                   p + "self_attn.o_proj.weight": t(32, 32), p + "mlp.gate_proj.weight": t(64, 32),
+                   p + "mlp.up_proj.weight": t(64, 32), p + "mlp.down_proj.weight": t(32, 64),
+                   p + "input_layernorm.weight": t(32), p + "post_attention_layernorm.weight": t(32)})
+    # an MoE layer (Mixtral names) and a wide row-parallel weight whose dim-1
+    # slices are more runs than one FUSE reply takes (read through a bounce copy)
+    for e in range(experts):
+        for w, shape in (("w1", (16, 32)), ("w2", (32, 16)), ("w3", (16, 32))):
+            sd[f"model.layers.2.block_sparse_moe.experts.{e}.{w}.weight"] = t(*shape)
+    sd["model.layers.2.block_sparse_moe.gate.weight"] = t(experts, 32)
+    sd["model.layers.3.mlp.down_proj.weight"] = t(4096, 64)
+    return sd
+
+
+def expected_slice(name, a, n, r, experts=4):
+    """What rank r of TP size n must get of tensor @name, with torch.chunk;
+    None when the tensor is not on that rank."""
+    import torch
+    t = torch.from_numpy(a)
+    if ".experts." in name:
+        e = int(name.split(".experts.")[1].split(".")[0])
+        return a if e // (experts // n) == r else None
+    parts = name.split(".")
+    if any(c in parts for c in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj",
+                                "embed_tokens", "lm_head")):
+        return torch.chunk(t, n, 0)[r].numpy()
+    if any(c in parts for c in ("o_proj", "down_proj")) and a.ndim == 2:
+        return torch.chunk(t, n, 1)[r].numpy()
+    return a
+
+
+def write_version(mount, name, sd, extra=None):
+    from safetensors.numpy import save_file
+    os.mkdir(mount.vpath(name))
+    save_file(sd, mount.vpath(name, "model.safetensors"))
+    for fn, text in (extra or {}).items():
+        with open(mount.vpath(name, fn), "w") as f:
+            f.write(text)
+    mount.run("seal", name)
+
+
+def test_tp_views_equal_chunk(mount):
+    """tp/N/r/model.safetensors for N = 1, 2, 4 holds torch.chunk of every
+    split tensor (dim 0, dim 1), the whole replicated ones, and each MoE
+    expert on one rank only; map(V, tp=(N, r)) gives the same slices, the
+    dim-0 ones as views of the arena; `ls tp/` lists the powers of two that
+    work; a size that does not divide is EINVAL, named in tp/README."""
+    import hwfs
+    from safetensors.numpy import load_file
+    sd = llama_like()
+    write_version(mount, "v1", sd)
+    tp = mount.vpath("v1", "tp")
+    assert sorted(os.listdir(tp)) == ["1", "2", "4", "README"]  # 4 experts: N <= 4
+    mnt = hwfs.open(mount.mnt)
+    for n in (1, 2, 4):
+        assert sorted(os.listdir(os.path.join(tp, str(n)))) == [str(r) for r in range(n)]
+        seen_experts = []
+        for r in range(n):
+            path = os.path.join(tp, str(n), str(r), "model.safetensors")
+            # readable by whoever may read the checkpoint, never writable
+            assert os.stat(path).st_mode & 0o777 == \
+                os.stat(mount.vpath("v1", "model.safetensors")).st_mode & 0o444
+            got = load_file(path)
+            want = {k: expected_slice(k, a, n, r) for k, a in sd.items()}
+            want = {k: v for k, v in want.items() if v is not None}
+            assert sorted(got) == sorted(want)
+            for k in want:
+                assert got[k].shape == want[k].shape and np.array_equal(got[k], want[k]), (n, r, k)
+            seen_experts += [k for k in got if ".experts." in k]
+            with mnt.map("v1", tp=(n, r)) as m:
+                assert sorted(m) == sorted(want)
+                for k in want:
+                    assert np.array_equal(m[k], want[k]), (n, r, k)
+                q = m["model.layers.0.self_attn.q_proj.weight"]
+                assert q.flags.c_contiguous and not q.flags.owndata
+        assert sorted(seen_experts) == sorted(k for k in sd if ".experts." in k)
+    # 3 divides nothing here: EINVAL, and README says which tensor
+    with pytest.raises(OSError) as ei:
+        os.stat(os.path.join(tp, "3"))
+    assert ei.value.errno == 22
+    with open(os.path.join(tp, "README")) as f:
+        readme = f.read()
+    import re
+    m3 = re.search(r"^3: EINVAL: (tensor (\S+): dim 0 of size (\d+) does not divide by 3)$", readme,
+                   re.M)
+    assert m3 and int(m3.group(3)) % 3 and m3.group(2) in sd, readme
+    assert "64: EINVAL" in readme and "4: ok" in readme
+    with pytest.raises(ValueError) as ei:
+        mnt.map("v1", tp=(3, 0))
+    assert str(ei.value) == m3.group(1)  # the same tensor, the same words
+    # 8 ranks, 4 experts: the experts cannot be shared out
+    with pytest.raises(OSError):
+        os.stat(os.path.join(tp, "8", "0"))
+    assert "8: EINVAL: tensor model.layers.2.block_sparse_moe.experts.0.w1.weight: 4 experts " \
+           "do not divide by 8" in readme
+    # not stored: the manifest knows only the checkpoint's files
+    man = json.loads(mount.run("manifest", "v1").stdout)
+    assert sorted(f["path"] for f in man["files"]) == ["model.safetensors"]
+    mnt.close()
+
+
+def test_tp_partition_overrides(mount):
+    """hwfs-partition.json: the first matching pattern wins over the built-in
+    rules; a bad rule makes every size EINVAL with the reason in README."""
+    import hwfs
+    from safetensors.numpy import load_file
+    sd = {k: v for k, v in llama_like(experts=2).items() if "layers.3" not in k}
+    rules = json.dumps({"*.q_proj.weight": "replicate", "*norm.weight": 0,
+                        "*.experts.*": "replicate", "*.embed_tokens.weight": 1})
+    write_version(mount, "v1", sd, {"hwfs-partition.json": rules})
+    got = load_file(mount.vpath("v1", "tp", "2", "1", "model.safetensors"))
+    assert np.array_equal(got["model.layers.0.self_attn.q_proj.weight"],
+                          sd["model.layers.0.self_attn.q_proj.weight"])
+    assert np.array_equal(got["model.norm.weight"], sd["model.norm.weight"][16:])
+    assert np.array_equal(got["model.embed_tokens.weight"], sd["model.embed_tokens.weight"][:, 16:])
+    assert "model.layers.2.block_sparse_moe.experts.0.w1.weight" in got
+    with hwfs.open(mount.mnt) as mnt, mnt.map("v1", tp=(2, 1)) as m:
+        for k in got:
+            assert np.array_equal(m[k], got[k]), k
+    write_version(mount, "v2", sd, {"hwfs-partition.json": json.dumps({"*": 2})})
+    with pytest.raises(OSError) as ei:
+        os.listdir(mount.vpath("v2", "tp", "1"))
+    assert ei.value.errno == 22
+    with open(mount.vpath("v2", "tp", "README")) as f:
+        assert 'hwfs-partition.json: pattern "*": the rule must be 0, 1, "replicate" or "expert"' \
+            in f.read()
+
+
+def test_tp_view_outlives_removal(mount):
+    """An open view file keeps its source bytes: `hwfs rm` of the version does
+    not disturb a reader, and the space comes back at its close."""
+    sd = llama_like()
+    before = mount.status()["store"]["used_bytes"]
+    write_version(mount, "v1", sd)
+    path = mount.vpath("v1", "tp", "2", "0", "model.safetensors")
+    with open(path, "rb") as f:
+        head = f.read(8)
+        mount.run("rm", "v1")
+        rest = f.read()
+    from safetensors.numpy import load
+    got = load(head + rest)
+    assert np.array_equal(got["model.layers.3.mlp.down_proj.weight"],
+                          sd["model.layers.3.mlp.down_proj.weight"][:, :32])
+    assert poll(lambda: mount.status()["store"]["used_bytes"] == before, timeout=10)
