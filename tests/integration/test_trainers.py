@@ -344,3 +344,49 @@ def test_tp_view_outlives_removal(mount):
     assert np.array_equal(got["model.layers.3.mlp.down_proj.weight"],
                           sd["model.layers.3.mlp.down_proj.weight"][:, :32])
     assert poll(lambda: mount.status()["store"]["used_bytes"] == before, timeout=10)
+
+
+# ------------------------------------------------------------ TrainerSwap
+
+def swap_versions(mount):
+    """v1 (a seed-1 tiny Llama), v2..v4 each changing one tensor of the one
+    before (trainer_proc.CHANGES), v5 a wrong shape; v1 committed."""
+    import torch
+    from safetensors.torch import save_file
+    sys.path.insert(0, str(REPO / "tests" / "integration"))
+    import trainer_proc
+    sd = {k: v.clone() for k, v in trainer_proc.model(seed=1).state_dict().items()}
+    for i, v in enumerate(("v1", "v2", "v3", "v4", "v5")):
+        if v != "v1":
+            name = trainer_proc.CHANGES[v]
+            if v == "v5":
+                sd[name] = torch.zeros(sd[name].shape[0] + 1, sd[name].shape[1])
+            else:
+                sd[name] = sd[name] + 0.5 * i
+        os.mkdir(mount.vpath(v))
+        save_file(sd, mount.vpath(v, "model.safetensors"))
+        mount.run("seal", v)
+    mount.run("commit", "v1")
+    return trainer_proc
+
+
+@pytest.mark.limit(150)
+@pytest.mark.parametrize("mode,ranks", [("ddp", 2), ("fsdp", 4)])
+def test_trainer_swap(mount, tmp_path, mode, ranks):
+    """DDP (full parameters) and FSDP2 fully_shard (local shards): every rank
+    swaps at the same step, parameters equal to the new version right after;
+    keep / reset / attenuate act on the optimizer state of the changed tensor
+    only; a version with a wrong shape is refused on every rank, naming the
+    tensor, and training goes on untouched."""
+    swap_versions(mount)
+    _, rep = run_ranks(ranks, "swap", mount.mnt, tmp_path / "out", mode, timeout=120)
+    assert sorted(rep) == list(range(ranks))
+    want = [[0, "v1", 21], [3, "v2", 1], [5, "v3", 1], [7, "v4", 1]]
+    for r in range(ranks):
+        assert rep[r]["swaps"] == want, rep[r]
+        assert rep[r]["checks"] == [["v1", "keep"], ["v2", "keep"], ["v3", "reset"],
+                                    ["v4", "attenuate"]]
+        assert "tensor model.layers.0.mlp.gate_proj.weight: shape [129, 64]" in rep[r]["refused"]
+        assert rep[r]["final_version"] == "v4"
+    if mode == "fsdp":
+        assert rep[0]["placements"] == ["(Shard(dim=0),)"]

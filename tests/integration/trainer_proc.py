@@ -87,6 +87,86 @@ def save_reference(sd, path):
     save_file({k: v.contiguous() for k, v in sd.items()}, path)
 
 
+# What the swap scenario does at each step: rank 0 commits a version after the
+# training step, and sets the policy every rank uses for the next swap.
+SCHEDULE = {2: ("v2", "keep"), 4: ("v3", "reset"), 6: ("v4", "attenuate"), 8: ("v5", "keep")}
+# the tensor each version changes (v5 changes a shape: refused)
+CHANGES = {"v2": "model.layers.0.self_attn.q_proj.weight", "v3": "model.layers.1.mlp.down_proj.weight",
+           "v4": "model.embed_tokens.weight", "v5": "model.layers.0.mlp.gate_proj.weight"}
+
+
+def local_of(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def full_of(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def swap_scenario(mode, mnt, mesh, report):
+    """Train a tiny Llama under DDP or FSDP2 while rank 0 commits v2..v5; swap
+    at step boundaries with a policy per swap; check everything on every rank."""
+    from safetensors.torch import load_file
+    from hwfs.torch import TrainerSwap
+    m = model(seed=99)  # not v1: the first swap must change every weight
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        net = DistributedDataParallel(m)
+    else:
+        from torch.distributed.fsdp import fully_shard
+        for layer in m.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        net = m
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    swap = TrainerSwap(net, opt, mnt, policy="keep", factor=0.25)
+    params = dict(m.named_parameters())
+    if mode == "fsdp":
+        report["placements"] = sorted({str(p.placements) for p in params.values()})
+    report["swaps"], report["checks"] = [], []
+    g = torch.Generator().manual_seed(dist.get_rank())
+    policy_next = "keep"
+    for step in range(10):
+        before = {n: {k: local_of(v).clone() for k, v in opt.state[p].items()}
+                  for n, p in params.items() if p in opt.state}
+        pbefore = {n: local_of(p).detach().clone() for n, p in params.items()}
+        swap.policy = policy_next
+        v = swap.maybe_swap(step)
+        if v is not None:
+            report["swaps"].append([step, v, swap.changed])
+            want = load_file(f"{mnt}/versions/{v}/model.safetensors")
+            for n, p in params.items():
+                assert torch.equal(full_of(p.detach()), want[n]), f"{v}: {n} differs after the swap"
+            for n, st in before.items():
+                changed = n == CHANGES.get(v)
+                for k, old in st.items():
+                    new = local_of(opt.state[params[n]][k])
+                    if k == "step" or not changed or swap.policy == "keep":
+                        exp = old
+                    elif swap.policy == "reset":
+                        exp = torch.zeros_like(old)
+                    else:
+                        exp = old * 0.25
+                    assert torch.equal(new, exp), f"{v} {swap.policy}: state {k} of {n}"
+            report["checks"].append([v, swap.policy])
+        elif swap.refused is not None and swap.refused[0] == "v5" and "refused" not in report:
+            report["refused"] = swap.refused[1]
+            for n, p in params.items():
+                assert torch.equal(local_of(p).detach(), pbefore[n]), f"refused swap changed {n}"
+        x = torch.randint(0, 128, (2, 8), generator=g)
+        loss = net(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step in SCHEDULE:
+            ver, policy_next = SCHEDULE[step]
+            if dist.get_rank() == 0:
+                r = swap.mount.call({"op": "commit", "version": ver})
+                assert r.get("ok", True) is not False, r
+    report["final_version"] = swap.version
+    return 0
+
+
 def main():
     scenario, mnt, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
     args = sys.argv[4:]
@@ -136,6 +216,8 @@ def main():
             rc = 1  # it must not succeed
         except (PublishError, RuntimeError) as e:
             report["error"] = f"{type(e).__name__}: {e}"
+    elif scenario == "swap":
+        rc = swap_scenario(args[0], mnt, mesh, report)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:

@@ -498,6 +498,6 @@ class HotSwap:
 
 
 # Trainers (docs/trainers.md): the sharded publish and the distributed swap.
-from hwfs.trainers import PublishError, publish  # noqa: E402
+from hwfs.trainers import PublishError, TrainerSwap, publish  # noqa: E402
 
-__all__ += ["publish", "PublishError"]
+__all__ += ["publish", "PublishError", "TrainerSwap"]

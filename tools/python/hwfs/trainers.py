@@ -20,6 +20,7 @@ is done; any failure (a rank that raises or dies) removes it.
 
 import errno
 import json
+import logging
 import os
 import secrets
 import signal
@@ -32,7 +33,10 @@ import torch.distributed as dist
 
 import hwfs
 
-__all__ = ["publish", "PublishError", "DEFAULT_MAX_FILE_BYTES", "WRITE_BUF_BYTES"]
+log = logging.getLogger("hwfs.trainers")
+
+__all__ = ["publish", "PublishError", "TrainerSwap", "POLICIES", "DEFAULT_MAX_FILE_BYTES",
+           "WRITE_BUF_BYTES"]
 
 # A checkpoint larger than this is split into HF-style numbered files.
 DEFAULT_MAX_FILE_BYTES = 4 << 30
@@ -430,3 +434,155 @@ def _write_extra(root, files, names, plan):
                         break
                     f.write(b)
 
+
+
+# ------------------------------------------------------------- TrainerSwap
+
+POLICIES = ("keep", "reset", "attenuate")
+
+
+class TrainerSwap:
+    """Swap new versions into a training job at step boundaries, on every rank
+    at the same step (docs/trainers.md).
+
+        swap = TrainerSwap(model, optimizer, "/hotweights", policy="reset")
+        for step in range(...):
+            swap.maybe_swap(step)        # every rank, at the same point of the step
+            loss = ...; loss.backward(); optimizer.step()
+
+    @module may be a plain module, a DistributedDataParallel wrapper (every
+    rank copies the full parameters) or a module whose parameters are DTensors
+    (FSDP2 `fully_shard`, tensor parallelism: every rank copies only its local
+    shard, cut from the version's zero-copy mapping; nothing is all-gathered).
+    Parameters are copied in place under no_grad: the parameter objects, and so
+    the optimizer's references to them, are kept.
+
+    @policy says what happens to the optimizer state of the parameters whose
+    tensors changed (their hash differs from the version swapped in before;
+    every tensor counts as changed at the first swap unless @start_version
+    names the version the weights came from): "keep" leaves it, "reset" zeroes
+    every floating-point state tensor (moments; `step` is kept), "attenuate"
+    multiplies them by @factor.
+
+    A version that does not fit (missing parameter, shape, dtype) is refused on
+    every rank, naming the tensor: the module is not touched, maybe_swap()
+    returns None and `refused` holds (version, reason); the version is not
+    tried again.  @group: the process group (None: the default one; a job
+    without torch.distributed works as a single rank)."""
+
+    def __init__(self, module, optimizer=None, mount=None, *, policy="keep", factor=0.1,
+                 group=None, start_version=None):
+        if policy not in POLICIES:
+            raise ValueError(f"policy {policy!r}: one of {', '.join(POLICIES)}")
+        self.module = getattr(module, "module", module) \
+            if type(module).__name__ == "DistributedDataParallel" else module
+        self.optimizer = optimizer
+        self.policy, self.factor = policy, float(factor)
+        self.group = group
+        self.mount = mount if isinstance(mount, hwfs.Mount) else hwfs.open(mount)
+        self.version = start_version  # the version the weights are from (None: unknown)
+        self._hashes = None
+        if start_version is not None:
+            with self.mount.map(start_version) as m:
+                self._hashes = {ti.name: ti.hash for ti in m.tensors()}
+        self.refused = None  # (version, reason) of the last refusal
+        self.swaps = 0
+        self._dist = dist.is_available() and dist.is_initialized()
+
+    # -- collectives (a no-op without torch.distributed)
+    def _rank(self):
+        return dist.get_rank(self.group) if self._dist else 0
+
+    def _bcast(self, obj):
+        if not self._dist:
+            return obj
+        box = [obj]
+        g = self.group if self.group is not None else dist.group.WORLD
+        dist.broadcast_object_list(box, src=dist.get_global_rank(g, 0), group=self.group)
+        return box[0]
+
+    def _gather(self, obj):
+        if not self._dist:
+            return [obj]
+        out = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _decide(self):
+        """Rank 0: the version to swap to now, or None."""
+        cur = self.mount.current()
+        if cur is None or cur == self.version:
+            return None
+        if self.refused is not None and self.refused[0] == cur:
+            return None
+        return cur
+
+    def maybe_swap(self, step=None):
+        """Call at a step boundary, on every rank (a collective).  Rank 0 looks
+        whether `current` moved since the last swap and tells every rank; all
+        swap, or none.  Returns the version swapped in, or None."""
+        version = self._bcast(self._decide() if self._rank() == 0 else None)
+        if version is None:
+            return None
+        from hwfs.torch import Refused, _plan, _targets, _view
+        err, plan, m = None, None, None
+        try:
+            m = self.mount.map(version)
+            plan = _plan(_targets(self.module), m, check_dtype=True)
+        except (Refused, OSError, ValueError, TypeError) as e:
+            err = str(e)
+        errs = self._gather(err)
+        bad = next((e for e in errs if e is not None), None)
+        if bad is not None:
+            if m is not None:
+                m.close()
+            self.refused = (version, bad)
+            log.warning("TrainerSwap: version %s refused at step %s: %s", version, step, bad)
+            return None
+        try:
+            hashes = {ti.name: ti.hash for ti in m.tensors()}
+            changed = []
+            with torch.no_grad():
+                for target, name in plan:
+                    src = _view(m, name)
+                    if _is_dtensor(target):
+                        _copy_local_shard(target, src)
+                    else:
+                        target.copy_(src)
+                    if self._hashes is None or self._hashes.get(name) != hashes[name]:
+                        changed.append(target)
+                self._apply_policy(changed)
+        finally:
+            m.close()
+        self._hashes = hashes
+        self.version = version
+        self.swaps += 1
+        self.changed = len(changed)
+        return version
+
+    def _apply_policy(self, changed):
+        if self.optimizer is None or self.policy == "keep":
+            return
+        for p in changed:
+            st = self.optimizer.state.get(p)
+            for k, v in (st or {}).items():
+                if k == "step" or not torch.is_tensor(v) or not v.is_floating_point():
+                    continue
+                local = v.to_local() if _is_dtensor(v) else v
+                if self.policy == "reset":
+                    local.zero_()
+                else:
+                    local.mul_(self.factor)
+
+
+def _copy_local_shard(target, full):
+    """Copy this rank's box of the full tensor @full (a zero-copy view of the
+    version) into DTensor @target's local shard, in place."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    local = target.to_local()
+    if local.numel() == 0:
+        return
+    lshape, goff = compute_local_shape_and_global_offset(target.shape, target.device_mesh,
+                                                         target.placements)
+    idx = tuple(slice(o, o + n) for o, n in zip(goff, lshape))
+    local.copy_(full[idx])
