@@ -390,3 +390,29 @@ def test_trainer_swap(mount, tmp_path, mode, ranks):
         assert rep[r]["final_version"] == "v4"
     if mode == "fsdp":
         assert rep[0]["placements"] == ["(Shard(dim=0),)"]
+
+
+def test_trainer_swap_engine(mount):
+    """TrainerSwap(engine=NAME) in a job without torch.distributed: a commit
+    waits for the trainer, fails naming the tensor of a version it cannot
+    take, and the swap at the next step is reported with its pause."""
+    import torch
+    from hwfs.torch import TrainerSwap
+    trainer_proc = swap_versions(mount)
+    model = trainer_proc.model(seed=5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with TrainerSwap(model, opt, mount.mnt, engine="trainer") as swap:
+        assert swap.maybe_swap(0) == "v1"
+        assert swap.maybe_swap(1) is None
+        cp = mount.run("commit", "v5", check=False)
+        assert cp.returncode != 0
+        assert "tensor model.layers.0.mlp.gate_proj.weight: shape [129, 64]" in \
+            cp.stdout + cp.stderr
+        assert os.readlink(mount.path("current")).endswith("v1")
+        mount.run("commit", "v2")
+        assert swap.maybe_swap(2) == "v2" and swap.changed == 1
+        def trainer():
+            return [e for e in mount.status()["engines"] if e["name"] == "trainer"][0]
+        assert poll(lambda: trainer()["serving"] == "v2"), trainer()
+        assert trainer()["last_swap_pause_us"] > 0, trainer()
+    assert poll(lambda: not [e for e in mount.status()["engines"] if e["name"] == "trainer"])

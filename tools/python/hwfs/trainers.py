@@ -26,6 +26,7 @@ import secrets
 import signal
 import struct
 import threading
+import time
 
 import numpy as np
 import torch
@@ -468,10 +469,18 @@ class TrainerSwap:
     every rank, naming the tensor: the module is not touched, maybe_swap()
     returns None and `refused` holds (version, reason); the version is not
     tried again.  @group: the process group (None: the default one; a job
-    without torch.distributed works as a single rank)."""
+    without torch.distributed works as a single rank).
+
+    With @engine=NAME, rank 0 also registers the job as engine NAME on its
+    node (docs/engines.md): a background thread checks each version that
+    arrives or is prepared against the module (names, shapes, dtypes) and
+    reports it loaded or refused, so `hwfs commit` waits for the trainer and
+    fails, naming the tensor, on a version it could not take; every swap is
+    reported `swapped` with its duration as the pause.  The swap itself still
+    happens at the next maybe_swap().  close() unregisters."""
 
     def __init__(self, module, optimizer=None, mount=None, *, policy="keep", factor=0.1,
-                 group=None, start_version=None):
+                 group=None, start_version=None, engine=None):
         if policy not in POLICIES:
             raise ValueError(f"policy {policy!r}: one of {', '.join(POLICIES)}")
         self.module = getattr(module, "module", module) \
@@ -479,7 +488,8 @@ class TrainerSwap:
         self.optimizer = optimizer
         self.policy, self.factor = policy, float(factor)
         self.group = group
-        self.mount = mount if isinstance(mount, hwfs.Mount) else hwfs.open(mount)
+        self._own_mount = not isinstance(mount, hwfs.Mount)
+        self.mount = hwfs.open(mount) if self._own_mount else mount
         self.version = start_version  # the version the weights are from (None: unknown)
         self._hashes = None
         if start_version is not None:
@@ -487,7 +497,68 @@ class TrainerSwap:
                 self._hashes = {ti.name: ti.hash for ti in m.tensors()}
         self.refused = None  # (version, reason) of the last refusal
         self.swaps = 0
+        self.changed = 0
         self._dist = dist.is_available() and dist.is_initialized()
+        self._watch = self._thread = None
+        self._stop = threading.Event()
+        if engine and self._rank() == 0:
+            self._watch = self.mount.watch(engine)
+            self._thread = threading.Thread(target=self._engine_loop, daemon=True,
+                                            name=f"hwfs-trainer-{engine}")
+            self._thread.start()
+
+    # -- the engine side (rank 0, engine=NAME)
+    def _fits(self, version):
+        """None when @version fits the module, else the reason."""
+        from hwfs.torch import Refused, _plan, _targets
+        try:
+            with self.mount.map(version) as m:
+                _plan(_targets(self.module), m, check_dtype=True)
+        except Refused as e:
+            return str(e)
+        except OSError as e:
+            return f"cannot load {version}: {e.strerror or e}"
+        return None
+
+    def _engine_loop(self):
+        while not self._stop.is_set():
+            try:
+                ev = self._watch.next(timeout=0.2)
+            except (ValueError, OSError, hwfs.StreamClosed) as e:
+                if not self._stop.is_set():
+                    log.error("TrainerSwap engine: %s", e)
+                return
+            if ev is None or ev.type not in ("arrived", "prepare") or ev.version == self.version:
+                continue
+            try:
+                why = self._fits(ev.version)
+                if why is None:
+                    self._watch.report("loaded", ev.version)
+                else:
+                    self._watch.report("refused", ev.version, reason=why)
+            except (ValueError, OSError) as e:  # closed under us
+                if not self._stop.is_set():
+                    log.error("TrainerSwap engine: %s", e)
+                return
+
+    def close(self):
+        """Unregister the engine (if any) and close the mount handle (idempotent)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+        if self._own_mount and self.mount is not None:
+            self.mount.close()
+            self.mount = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # -- collectives (a no-op without torch.distributed)
     def _rank(self):
@@ -526,6 +597,7 @@ class TrainerSwap:
             return None
         from hwfs.torch import Refused, _plan, _targets, _view
         err, plan, m = None, None, None
+        t0 = time.monotonic()
         try:
             m = self.mount.map(version)
             plan = _plan(_targets(self.module), m, check_dtype=True)
@@ -558,6 +630,12 @@ class TrainerSwap:
         self.version = version
         self.swaps += 1
         self.changed = len(changed)
+        if self._watch is not None:
+            try:
+                self._watch.report("swapped", version,
+                                   pause_us=max(1, int((time.monotonic() - t0) * 1e6)))
+            except (ValueError, OSError) as e:
+                log.error("TrainerSwap engine: cannot report the swap: %s", e)
         return version
 
     def _apply_policy(self, changed):
