@@ -426,7 +426,7 @@ static void hwfs_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 
 			if (reserved_name(n, k->name)) /* staging versions are not listed */
 				continue;
-			if (k->unlisted) /* tp/N other than the powers of two that work */
+			if (k->why) /* a TP size that cannot be served (tp/README) */
 				continue;
 			name = k->name;
 			st.st_ino = k->ino;

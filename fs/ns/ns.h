@@ -88,8 +88,7 @@ struct node {
 			  * was created or last truncated to 0.  ns_seal refuses it. */
 	struct node *orph_prev, *orph_next; /* detached but alive (see ns.c) */
 	struct tp_file *tp; /* NT_TPFILE: its layout (owned; pins its source files) */
-	char *why;          /* NT_TDIR of tp/: why this TP size cannot be served (lookup: EINVAL) */
-	int unlisted;       /* NT_TDIR of tp/: found by lookup, left out of readdir */
+	char *why; /* NT_TDIR of tp/: why this TP size cannot be served (lookup: EINVAL, not listed) */
 };
 
 struct version_error {

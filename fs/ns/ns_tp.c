@@ -2,7 +2,7 @@
  * ns_tp.c — the tp/ view of a sealed version: resharding for tensor
  * parallelism, computed, read-only, never stored nor replicated.
  *
- *   versions/V/tp/README                 what each size 1..64 gives, or why not
+ *   versions/V/tp/README                 each size 1..64: ok, or why not
  *   versions/V/tp/<N>/<r>/model.safetensors
  *                                        rank r's slice of every tensor, TP size N
  *
@@ -23,10 +23,11 @@
  * copy when a reply would take more iovecs than the kernel allows).  A view
  * file pins its source files (as tensors/ does, see ns.c).
  *
- * Sizes: every N in 1..64 is looked up; N that divides every split tensor
- * (and the expert count) has its tree, and readdir lists the powers of two
- * among them; any other N answers EINVAL on lookup, and tp/README names the
- * tensor (also logged once, when the version is sealed or loaded).
+ * Sizes: the powers of two 1..64 that divide every split tensor (and the
+ * expert count) have their tree (one header per size, shared by its ranks
+ * when the version has no experts); any other N in 1..64 answers EINVAL on
+ * lookup, and tp/README says why, naming the tensor (the powers of two up to
+ * 8 that fail are also logged when the version is sealed or loaded).
  */
 #define _GNU_SOURCE
 #include <fnmatch.h>
@@ -52,8 +53,15 @@ struct tp_seg {
 	uint64_t stride;        /* source distance from one run to the next */
 };
 
+/* A header, shared by the view files of one size when they hold the same tensors. */
+struct tp_head {
+	char *buf;
+	uint64_t len;
+	unsigned refs; /* view files using it (changed under the exclusive lock, or at build) */
+};
+
 struct tp_file {
-	char *head;         /* the header (or the text of README) */
+	struct tp_head *head; /* the header (or the text of README) */
 	uint64_t head_len;
 	struct tp_seg *seg; /* in file order */
 	size_t nseg;
@@ -74,7 +82,10 @@ void tp_file_free(struct tp_file *f)
 {
 	if (!f)
 		return;
-	free(f->head);
+	if (f->head && --f->head->refs == 0) {
+		free(f->head->buf);
+		free(f->head);
+	}
 	free(f->seg);
 	free(f->pins);
 	free(f);
@@ -339,14 +350,19 @@ static int tp_file_build(const struct tp_tensor *tt, size_t n, int experts, int 
 		size_t jl = strlen(js), pad = (8 - jl % 8) % 8;
 		uint64_t hl = jl + pad;
 
+		char *buf = malloc(8 + hl);
+
 		f->head_len = 8 + hl;
-		f->head = malloc(f->head_len);
-		if (!f->head)
+		f->head = buf ? calloc(1, sizeof(*f->head)) : NULL;
+		if (!f->head) {
+			free(buf);
 			goto out;
+		}
+		*f->head = (struct tp_head){buf, f->head_len, 1};
 		for (int k = 0; k < 8; k++)
-			f->head[k] = (char)(hl >> (8 * k));
-		memcpy(f->head + 8, js, jl);
-		memset(f->head + 8 + jl, ' ', pad);
+			buf[k] = (char)(hl >> (8 * k));
+		memcpy(buf + 8, js, jl);
+		memset(buf + 8 + jl, ' ', pad);
 	}
 	for (size_t k = 0; k < f->nseg; k++)
 		f->seg[k].off += f->head_len;
@@ -362,17 +378,49 @@ out:
 	return rc;
 }
 
+/*
+ * Rank @r's view file made from rank 0's @f0 of the same size, for a version
+ * without experts (every rank has the same tensors, so the same header,
+ * shared): the split segments start @r runs further.  NULL: out of memory.
+ */
+static struct tp_file *tp_file_clone(const struct tp_file *f0, int r)
+{
+	struct tp_file *f = calloc(1, sizeof(*f));
+
+	if (!f)
+		return NULL;
+	*f = *f0;
+	f->seg = malloc((f0->nseg ? f0->nseg : 1) * sizeof(*f->seg));
+	f->pins = malloc((f0->npins ? f0->npins : 1) * sizeof(*f->pins));
+	if (!f->seg || !f->pins) {
+		free(f->seg);
+		free(f->pins);
+		free(f);
+		return NULL;
+	}
+	memcpy(f->seg, f0->seg, f0->nseg * sizeof(*f->seg));
+	memcpy(f->pins, f0->pins, f0->npins * sizeof(*f->pins));
+	for (size_t i = 0; i < f->nseg; i++)
+		if (f->seg[i].stride) /* split: rank r's runs */
+			f->seg[i].src_off += (uint64_t)r * f->seg[i].run;
+	f->head->refs++;
+	return f;
+}
+
 /* A text file of the view (README): its bytes are its header. */
 static struct tp_file *tp_text(char *text)
 {
 	struct tp_file *f = calloc(1, sizeof(*f));
 
-	if (!f) {
+	if (f)
+		f->head = calloc(1, sizeof(*f->head));
+	if (!f || !f->head) {
+		free(f);
 		free(text);
 		return NULL;
 	}
-	f->head = text;
-	f->head_len = f->size = strlen(text);
+	*f->head = (struct tp_head){text, strlen(text), 1};
+	f->head_len = f->size = f->head->len;
 	return f;
 }
 
@@ -436,6 +484,7 @@ void tp_build(struct ns *ns, struct version *v, struct nodelist *l, const size_t
 	struct node *tpdir = NULL, *part;
 	json_t *js = NULL;
 	char *err = NULL, *readme = NULL;
+	struct tp_file *f0;
 	int experts = 0, n_ok = 0;
 	uint32_t mode = 0444;
 
@@ -506,17 +555,20 @@ void tp_build(struct ns *ns, struct version *v, struct nodelist *l, const size_t
 			why = strdup(err), bad = -EINVAL;
 		else
 			bad = tp_check(tt, n, experts, N, &why);
+		if (!bad && !is_pow2(N)) {
+			why = strdup("every tensor divides, but tp/ serves powers of two only "
+				     "(hwfs.open(m).map(V, tp=(N, r)) takes any N)");
+			bad = -EINVAL;
+		}
 		nd = tp_node(ns, v, NT_TDIR, name, S_IFDIR | 0555);
 		if (!nd)
 			goto out;
 		if (bad) {
 			nd->why = why ? why : strdup("cannot be served");
-			nd->unlisted = 1;
 			text_add(&readme, "%s%d: EINVAL: %s\n", nd->why, N);
 			if (is_pow2(N) && N <= 8)
 				LOG_INFO("version %s: tp/%d: %s", v->name, N, nd->why);
 		} else {
-			nd->unlisted = !is_pow2(N);
 			text_add(&readme, "%s%d: ok\n", "", N);
 			n_ok++;
 		}
@@ -524,6 +576,7 @@ void tp_build(struct ns *ns, struct version *v, struct nodelist *l, const size_t
 			node_free(ns, nd);
 			goto out;
 		}
+		f0 = NULL;
 		for (int r = 0; !bad && r < N; r++) {
 			struct tp_file *f = NULL;
 			struct node *rd;
@@ -536,8 +589,13 @@ void tp_build(struct ns *ns, struct version *v, struct nodelist *l, const size_t
 				node_free(ns, rd);
 				goto out;
 			}
-			if (tp_file_build(tt, n, experts, N, r, &f) < 0 ||
-			    tp_attach_file(ns, v, rd, "model.safetensors", f, mode & 0444) < 0)
+			if (f0 && !experts)
+				f = tp_file_clone(f0, r);
+			else if (tp_file_build(tt, n, experts, N, r, &f) < 0)
+				f = NULL;
+			if (r == 0)
+				f0 = f;
+			if (tp_attach_file(ns, v, rd, "model.safetensors", f, mode & 0444) < 0)
 				goto out;
 		}
 	}
@@ -624,7 +682,7 @@ int tp_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
 		return emit(arg, NULL, 0);
 	end = off + HWFS_MIN((uint64_t)len, f->size - off);
 	if (off < f->head_len)
-		r = iov_add(&io, f->head + off, (size_t)(HWFS_MIN(end, f->head_len) - off));
+		r = iov_add(&io, f->head->buf + off, (size_t)(HWFS_MIN(end, f->head_len) - off));
 	/* the first segment ending after off */
 	for (lo = 0, hi = f->nseg; lo < hi;) {
 		size_t mid = lo + (hi - lo) / 2;

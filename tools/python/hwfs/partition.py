@@ -22,6 +22,8 @@ import json
 import os
 import re
 
+from hwfs import Mapping
+
 __all__ = ["rule", "expert_index", "rules_for", "TPMapping", "PARTITION_FILE"]
 
 PARTITION_FILE = "hwfs-partition.json"
@@ -140,17 +142,12 @@ class TPMapping:
     def __contains__(self, key):
         return key in self._names
 
-    def __iter__(self):
-        return iter(self._names)
+    # the rest of the dict protocol is Mapping's (over self._names and self[key])
+    __iter__, __len__ = Mapping.__iter__, Mapping.__len__
+    keys, values, items = Mapping.keys, Mapping.values, Mapping.items
 
-    def __len__(self):
-        return len(self._names)
-
-    def keys(self):
-        return list(self._names)
-
-    def items(self):
-        return [(k, self[k]) for k in self._names]
+    def get(self, key, default=None):
+        return self[key] if key in self._names else default
 
 
 def read_overrides(mountpoint, version):

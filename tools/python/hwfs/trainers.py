@@ -262,6 +262,33 @@ def _agree(err, group):
     return None
 
 
+def _step(version, group, fn):
+    """Run @fn on this rank, then agree with every rank: PublishError naming
+    the first rank whose @fn raised, on every rank."""
+    err = None
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001  (reported to every rank)
+        err = f"{type(e).__name__}: {e}"
+    bad = _agree(err, group)
+    if bad:
+        raise PublishError(f"publish {version}: rank {bad[0]}: {bad[1]}")
+
+
+def _close_all(fds):
+    """Close every descriptor of dict @fds and empty it (the first error is
+    raised once all are closed)."""
+    err = None
+    for fd in fds.values():
+        try:
+            os.close(fd)
+        except OSError as e:
+            err = err or e
+    fds.clear()
+    if err:
+        raise err
+
+
 def publish(state_dict, version, mount=None, *, group=None, files=None,
             max_file_bytes=DEFAULT_MAX_FILE_BYTES):
     """Publish @state_dict as sealed version @version of the hwfs mount @mount
@@ -350,8 +377,7 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
                 raise PublishError(f"publish {version}: rank 0: {err}")
 
             # 3. every rank writes its shards and its share of the replicated tensors
-            err = None
-            try:
+            def write_mine():
                 mine = [e for e in entries if e.local is not None and
                         (e.kind == "dtensor" or e.writer == rank)]
                 for e in mine:
@@ -359,32 +385,21 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
                         fds[e.file] = os.open(os.path.join(vdir, tmp, e.file), os.O_WRONLY)
                     _write_local(fds[e.file], e)
                 if rank != 0:
-                    for fd in fds.values():
-                        os.close(fd)
-                    fds.clear()
-            except Exception as e:  # noqa: BLE001
-                err = f"{type(e).__name__}: {e}"
-            bad = _agree(err, group)
-            if bad:
-                raise PublishError(f"publish {version}: rank {bad[0]}: {bad[1]}")
+                    _close_all(fds)
+            _step(version, group, write_mine)
 
             # 4. rank 0 writes the headers last (the daemon cuts and hashes each
             #    file then) and seals by renaming the version
-            err = None
-            if rank == 0:
-                try:
-                    for fi, name in enumerate(names):
-                        _pwrite_all(fds[name], headers[fi][0], 0)
-                    for fd in fds.values():
-                        os.close(fd)
-                    fds.clear()
-                    os.rename(os.path.join(vdir, tmp), os.path.join(vdir, version))
-                    tmp = None
-                except Exception as e:  # noqa: BLE001
-                    err = f"{type(e).__name__}: {e}"
-            bad = _agree(err, group)
-            if bad:
-                raise PublishError(f"publish {version}: rank {bad[0]}: {bad[1]}")
+            def seal():
+                nonlocal tmp
+                if rank != 0:
+                    return
+                for fi, name in enumerate(names):
+                    _pwrite_all(fds[name], headers[fi][0], 0)
+                _close_all(fds)
+                os.rename(os.path.join(vdir, tmp), os.path.join(vdir, version))
+                tmp = None
+            _step(version, group, seal)
             ok = True
             return names + (["model.safetensors.index.json"] if len(names) > 1 else []) + \
                 sorted(files or {})
@@ -395,11 +410,10 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
     except Exception as e:  # a collective failed: a peer died or its connection broke
         raise PublishError(f"publish {version}: rank {rank}: {type(e).__name__}: {e}") from e
     finally:
-        for fd in fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        try:
+            _close_all(fds)
+        except OSError:
+            pass
         if not ok and tmp is not None:
             _remove_version(mnt, tmp)
         if opened:
