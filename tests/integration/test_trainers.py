@@ -241,18 +241,23 @@ def write_version(mount, name, sd, extra=None):
     mount.run("seal", name)
 
 
-def test_tp_views_equal_chunk(mount):
+@pytest.mark.parametrize("experts", [4, 0])
+def test_tp_views_equal_chunk(mount, experts):
     """tp/N/r/model.safetensors for N = 1, 2, 4 holds torch.chunk of every
     split tensor (dim 0, dim 1), the whole replicated ones, and each MoE
     expert on one rank only; map(V, tp=(N, r)) gives the same slices, the
     dim-0 ones as views of the arena; `ls tp/` lists the powers of two that
-    work; a size that does not divide is EINVAL, named in tp/README."""
+    work; a size that does not divide is EINVAL, named in tp/README.  Without
+    experts, the ranks of a size share one header (each its own slices)."""
     import hwfs
     from safetensors.numpy import load_file
-    sd = llama_like()
+    sd = llama_like(experts=experts)
     write_version(mount, "v1", sd)
     tp = mount.vpath("v1", "tp")
-    assert sorted(os.listdir(tp)) == ["1", "2", "4", "README"]  # 4 experts: N <= 4
+    if experts:
+        assert sorted(os.listdir(tp)) == ["1", "2", "4", "README"]  # 4 experts: N <= 4
+    else:  # k_proj has 16 rows
+        assert sorted(os.listdir(tp)) == ["1", "16", "2", "4", "8", "README"]
     mnt = hwfs.open(mount.mnt)
     for n in (1, 2, 4):
         assert sorted(os.listdir(os.path.join(tp, str(n)))) == [str(r) for r in range(n)]
@@ -276,6 +281,9 @@ def test_tp_views_equal_chunk(mount):
                 q = m["model.layers.0.self_attn.q_proj.weight"]
                 assert q.flags.c_contiguous and not q.flags.owndata
         assert sorted(seen_experts) == sorted(k for k in sd if ".experts." in k)
+        if not experts:
+            assert len({os.path.getsize(os.path.join(tp, str(n), str(r), "model.safetensors"))
+                        for r in range(n)}) == 1
     # 3 divides nothing here: EINVAL, and README says which tensor
     with pytest.raises(OSError) as ei:
         os.stat(os.path.join(tp, "3"))
@@ -290,11 +298,11 @@ def test_tp_views_equal_chunk(mount):
     with pytest.raises(ValueError) as ei:
         mnt.map("v1", tp=(3, 0))
     assert str(ei.value) == m3.group(1)  # the same tensor, the same words
-    # 8 ranks, 4 experts: the experts cannot be shared out
-    with pytest.raises(OSError):
-        os.stat(os.path.join(tp, "8", "0"))
-    assert "8: EINVAL: tensor model.layers.2.block_sparse_moe.experts.0.w1.weight: 4 experts " \
-           "do not divide by 8" in readme
+    if experts:  # 8 ranks, 4 experts: the experts cannot be shared out
+        with pytest.raises(OSError):
+            os.stat(os.path.join(tp, "8", "0"))
+        assert "8: EINVAL: tensor model.layers.2.block_sparse_moe.experts.0.w1.weight: 4 " \
+               "experts do not divide by 8" in readme
     # not stored: the manifest knows only the checkpoint's files
     man = json.loads(mount.run("manifest", "v1").stdout)
     assert sorted(f["path"] for f in man["files"]) == ["model.safetensors"]
@@ -319,6 +327,14 @@ def test_tp_partition_overrides(mount):
     with hwfs.open(mount.mnt) as mnt, mnt.map("v1", tp=(2, 1)) as m:
         for k in got:
             assert np.array_equal(m[k], got[k]), k
+    # 3 divides every split tensor of v3, but tp/ serves powers of two; map() takes it
+    q = np.arange(24, dtype=np.float32).reshape(6, 4)
+    write_version(mount, "v3", {"a.q_proj.weight": q})
+    assert sorted(os.listdir(mount.vpath("v3", "tp"))) == ["1", "2", "README"]
+    with open(mount.vpath("v3", "tp", "README")) as f:
+        assert "3: EINVAL: every tensor divides, but tp/ serves powers of two only" in f.read()
+    with hwfs.open(mount.mnt) as mnt, mnt.map("v3", tp=(3, 2)) as m:
+        assert np.array_equal(m["a.q_proj.weight"], q[4:])
     write_version(mount, "v2", sd, {"hwfs-partition.json": json.dumps({"*": 2})})
     with pytest.raises(OSError) as ei:
         os.listdir(mount.vpath("v2", "tp", "1"))
