@@ -81,9 +81,9 @@ class _Entry:
     rank) and, on this rank, the local data it has to write (if any)."""
 
     __slots__ = ("name", "dtype", "shape", "itemsize", "nbytes", "kind", "writer",
-                 "local", "offset", "file", "file_off")
+                 "local", "offset", "file", "file_off", "a2a")
 
-    def __init__(self, name, t):
+    def __init__(self, name, t, granks):
         self.name = name
         self.dtype = st_dtype(t.dtype)
         self.shape = tuple(int(x) for x in t.shape)
@@ -91,9 +91,11 @@ class _Entry:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
         self.local = None  # (local tensor, global offset) this rank writes
         self.writer = None  # replicated: the rank that writes it
+        self.a2a = None  # the dim of a Shard(d >= 1) the ranks exchange into whole rows
         if _is_dtensor(t):
             self.kind = "dtensor"
             self._dtensor_local(name, t)
+            self.a2a = self._exchange_dim(t, granks)
         else:
             self.kind = "replicated"
             self.local = (t.detach(), (0,) * len(self.shape))
@@ -121,8 +123,25 @@ class _Entry:
         if local.numel():
             self.local = (local.detach(), tuple(int(x) for x in goff))
 
+    def _exchange_dim(self, t, granks):
+        """d when DTensor @t is Shard(d), d >= 1, over a 1-D mesh of exactly
+        the group's ranks @granks, and both dim d and the rows before it
+        divide by their number: then the ranks trade pieces so that each
+        writes whole rows (_write_exchanged) instead of one small write per
+        row of its shard.  None otherwise."""
+        from torch.distributed.tensor import Shard
+        w = len(granks)
+        pl = t.placements
+        if (w < 2 or t.device_mesh.ndim != 1 or len(pl) != 1 or not isinstance(pl[0], Shard)
+                or t.device_mesh.mesh.flatten().tolist() != list(granks)):
+            return None
+        d = pl[0].dim
+        if d < 1 or self.shape[d] % w or int(np.prod(self.shape[:d], dtype=np.int64)) % w:
+            return None
+        return d
+
     def meta(self):
-        return (self.name, self.dtype, self.shape, self.kind)
+        return (self.name, self.dtype, self.shape, self.kind, self.a2a)
 
 
 def _plan_files(entries, max_file_bytes):
@@ -178,6 +197,34 @@ def _pwrite_all(fd, buf, off):
             raise OSError(errno.EIO, "short write")
         mv = mv[n:]
         off += n
+
+
+def _write_exchanged(fd, e, rank, world, group, buf_bytes=WRITE_BUF_BYTES):
+    """Entry @e (Shard(d), d >= 1, see _Entry._exchange_dim), a collective:
+    block by block of at most @buf_bytes of this rank's shard, the ranks trade
+    the pieces of the block's rows (all_to_all), so that rank k holds the whole
+    rows of the k-th part of the block and writes them with one pwrite.  A
+    failed write is returned (not raised: the other ranks still wait for this
+    one's pieces), as is everything after it skipped; @fd None skips them all."""
+    local, _ = e.local
+    d = e.a2a
+    outer = int(np.prod(e.shape[:d], dtype=np.int64))
+    row = e.nbytes // outer  # bytes of one whole row of the file
+    flat = local.contiguous().reshape(outer, -1)  # this rank's columns of every row
+    per = max(1, buf_bytes // max(1, flat.shape[1] * e.itemsize))  # rows of a block, per rank
+    err = None if fd is not None else OSError(errno.EBADF, "file not open")
+    for a in range(0, outer, per * world):
+        q = min(per, (outer - a) // world)
+        send = [flat[a + j * q:a + (j + 1) * q] for j in range(world)]
+        recv = [torch.empty_like(send[0]) for _ in range(world)]
+        dist.all_to_all(recv, send, group=group)
+        if err is None:
+            whole = torch.cat(recv, dim=1).cpu()  # q whole rows: the bounded buffer
+            try:
+                _pwrite_all(fd, _np_bytes(whole), e.file_off + (a + rank * q) * row)
+            except OSError as x:
+                err = x
+    return err
 
 
 def _write_local(fd, e, buf_bytes=WRITE_BUF_BYTES):
@@ -322,7 +369,8 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
             err = None
             entries = []
             try:
-                entries = [_Entry(str(k), v) for k, v in state_dict.items()]
+                granks = [dist.get_global_rank(group, r) for r in range(world)]
+                entries = [_Entry(str(k), v, granks) for k, v in state_dict.items()]
             except (TypeError, ValueError) as e:
                 err = str(e)
             metas = [None] * world
@@ -353,6 +401,7 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
                 for e in fentries:
                     e.file = names[fi]
 
+            t_open = time.monotonic()
             # 2. rank 0 opens the version and sizes the files (zero-filled, so
             #    that every rank's writes land in place: docs/trainers.md)
             err = None
@@ -378,7 +427,21 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
 
             # 3. every rank writes its shards and its share of the replicated tensors
             def write_mine():
-                mine = [e for e in entries if e.local is not None and
+                # first the exchanged ones, on every rank in the same order (collectives)
+                err = None
+                for e in entries:
+                    if e.a2a is None:
+                        continue
+                    if e.file not in fds and err is None:
+                        try:
+                            fds[e.file] = os.open(os.path.join(vdir, tmp, e.file), os.O_WRONLY)
+                        except OSError as x:
+                            err = x
+                    err = _write_exchanged(None if err else fds[e.file], e, rank, world,
+                                           group) or err
+                if err is not None:
+                    raise err
+                mine = [e for e in entries if e.local is not None and e.a2a is None and
                         (e.kind == "dtensor" or e.writer == rank)]
                 for e in mine:
                     if e.file not in fds:
@@ -386,7 +449,9 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
                     _write_local(fds[e.file], e)
                 if rank != 0:
                     _close_all(fds)
+            t_write = time.monotonic()
             _step(version, group, write_mine)
+            t_seal = time.monotonic()
 
             # 4. rank 0 writes the headers last (the daemon cuts and hashes each
             #    file then) and seals by renaming the version
@@ -400,6 +465,8 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
                 os.rename(os.path.join(vdir, tmp), os.path.join(vdir, version))
                 tmp = None
             _step(version, group, seal)
+            log.debug("publish %s, rank %d: opened %.3f s, written %.3f s, sealed %.3f s",
+                      version, rank, t_write - t_open, t_seal - t_write, time.monotonic() - t_seal)
             ok = True
             return names + (["model.safetensors.index.json"] if len(names) > 1 else []) + \
                 sorted(files or {})
