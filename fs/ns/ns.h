@@ -27,7 +27,7 @@
  *
  * Code layout: ns.c (core: nodes, references, life cycle), ns_version.c
  * (versions: load, import, seal, remove, current, records), ns_tensors.c
- * (the tensors/ view), ns_tree.c (tree changes through FUSE), ns_io.c (file
+ * (the tensors/ view), ns_tp.c (the tp/ resharding views), ns_tree.c (tree changes through FUSE), ns_io.c (file
  * data); they share the private ns_i.h.
  */
 #ifndef HWFS_NS_H

@@ -1,6 +1,6 @@
 /*
  * ns_i.h — private declarations shared by the files of the namespace:
- * ns.c (core), ns_version.c, ns_tensors.c, ns_tree.c and ns_io.c.  Nothing
+ * ns.c (core), ns_version.c, ns_tensors.c, ns_tp.c, ns_tree.c and ns_io.c.  Nothing
  * outside those files includes it; the public API is ns.h.
  *
  * Helpers that read the tree expect the namespace lock held; those that
