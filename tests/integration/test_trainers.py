@@ -324,6 +324,9 @@ def test_tp_partition_overrides(mount):
     assert np.array_equal(got["model.norm.weight"], sd["model.norm.weight"][16:])
     assert np.array_equal(got["model.embed_tokens.weight"], sd["model.embed_tokens.weight"][:, 16:])
     assert "model.layers.2.block_sparse_moe.experts.0.w1.weight" in got
+    mount.remount()  # the views are made again from the index at start-up
+    again = load_file(mount.vpath("v1", "tp", "2", "1", "model.safetensors"))
+    assert sorted(again) == sorted(got) and all(np.array_equal(again[k], got[k]) for k in got)
     with hwfs.open(mount.mnt) as mnt, mnt.map("v1", tp=(2, 1)) as m:
         for k in got:
             assert np.array_equal(m[k], got[k]), k
