@@ -129,12 +129,14 @@ def test_publish_sharded_equals_unsharded(mount, tmp_path, ranks, max_file):
 
 
 @pytest.mark.limit(150)
-def test_publish_rank_killed(mount, tmp_path):
-    """A rank killed (SIGKILL) in the middle of its writes: the version is
-    not made, the partial one is removed and its space given back."""
+@pytest.mark.parametrize("where", ["local", "exchange"])
+def test_publish_rank_killed(mount, tmp_path, where):
+    """A rank killed (SIGKILL) in the middle of its writes, or of the ranks'
+    exchange of Shard(1) rows: its peers do not hang, the version is not
+    made, the partial one is removed and its space given back."""
     before = mount.status()["store"]["used_bytes"]
     out = tmp_path / "out"
-    cp, rep = run_ranks(2, "publish_kill", mount.mnt, out, "v1", 1, check=False)
+    cp, rep = run_ranks(2, "publish_kill", mount.mnt, out, "v1", 1, where, check=False)
     assert cp.returncode != 0
     assert os.path.exists(out / "rank1.dying"), cp.stderr[-3000:]
     assert 1 not in rep

@@ -196,20 +196,23 @@ def main():
         except PublishError as e:
             report["mismatch"] = str(e)
     elif scenario == "publish_kill":
-        version, victim = args[0], int(args[1])
+        # where the victim dies: among its own writes ("local"), or in the
+        # middle of the ranks' exchange of Shard(1) rows ("exchange")
+        version, victim, where = args[0], int(args[1]), args[2]
         sd = sharded(model().state_dict(), mesh)
         if rank == victim:
             calls = [0]
-            real = hwfs.trainers._write_local
+            fn = "_write_local" if where == "local" else "_write_exchanged"
+            real = getattr(hwfs.trainers, fn)
 
-            def die_mid_write(fd, e, *a, **kw):
+            def die_mid_write(*a, **kw):
                 calls[0] += 1
                 if calls[0] == 3:
                     with open(os.path.join(outdir, f"rank{rank}.dying"), "w"):
                         pass
                     os.kill(os.getpid(), signal.SIGKILL)
-                return real(fd, e, *a, **kw)
-            hwfs.trainers._write_local = die_mid_write
+                return real(*a, **kw)
+            setattr(hwfs.trainers, fn, die_mid_write)
         try:
             publish(sd, version, mnt)
             report["error"] = None
