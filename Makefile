@@ -12,6 +12,7 @@
 #   make fuzz     libFuzzer targets (clang) for every parser of untrusted bytes
 #   make bench-cluster  replication benchmark in network namespaces
 #   make bench-engine   engines: zero-copy map vs load_file, commit -> all engines serving
+#   make bench-trainers 4 ranks publishing a 2 GiB model vs gather on rank 0 + save_file
 #   make test-gpu       GPU plane on a real CUDA device (not part of `make test`; fails at
 #                       once without a device): tests/gpu/run.sh
 #   make bench-gpu      host-to-device throughput of `hwfs load` vs cudaMemcpy baselines, IPC
@@ -318,6 +319,13 @@ bench-cluster: deps
 bench-engine: deps
 	$(MAKE) all
 	python3 tools/bench_engine.py
+
+# Trainers (docs/trainers.md): 4 ranks (gloo, CPU) publishing a 2 GiB model
+# shard by shard vs gathering it on rank 0 and save_file into tmpfs (root).
+.PHONY: bench-trainers
+bench-trainers: deps
+	$(MAKE) all
+	python3 tools/bench_trainers.py
 
 # The GPU plane on a real device (docs/gpu.md, "Running on a GPU machine").
 # Its programs are built only by these targets, never by `all`: they use the

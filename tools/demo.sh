@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # demo.sh — the whole mission on one machine: a coordinator and three nodes
 # (A, B, C) on loopback, a C engine registered on each node, a trainer writing
-# v1 into A's mount and publishing v2, replication to B and C, the engines
+# v1 into A's mount and publishing v2, then two trainer ranks publishing v3
+# shard by shard (hwfs.torch.publish), replication to B and C, the engines
 # shadow-loading each version as it arrives, one cluster-wide `hwfs commit`
 # per version, and every engine then answering the committed version (its
 # digest checked against the daemon's).  Prints a timeline: arrival per node,
@@ -368,6 +369,45 @@ for n in "${NODES[@]}"; do "$HWFS" status -m "${MNT[$n]}" | sed -n "s/^engine: *
 f = safe_open(sys.argv[1], framework="numpy")
 print("  C: current/model.safetensors opens with safetensors:", len(list(f.keys())), "tensors")' \
 	"${MNT[C]}/current/model.safetensors"
+
+step "v3: a sharded trainer step: 2 ranks (torch.distributed.run, gloo) publish into A's mount"
+echo "  each rank maps v2 zero-copy, takes its half of every tensor (DTensor Shard(0)), moves it"
+echo "  by one ulp and writes only that half with hwfs.torch.publish; sealed once both are in"
+cat >"$WORK/sharded_step.py" <<'EOF2'
+import sys, numpy as np, torch, torch.distributed as dist, hwfs
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+from hwfs.torch import publish
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+mesh = init_device_mesh("cpu", (world,))
+sd = {}
+with hwfs.open(sys.argv[1]) as m, m.map("v2") as v:
+    for name in v:
+        full = torch.from_numpy(np.array(v[name]))  # (a demo: the copy stands for training)
+        mine = torch.chunk(full, world, 0)[rank]
+        mine = torch.nextafter(mine, torch.tensor(float("inf")))
+        sd[name] = DTensor.from_local(mine, mesh, [Shard(0)], run_check=False,
+                                      shape=full.shape, stride=full.stride())
+files = publish(sd, "v3", sys.argv[1], files={"config.json": open(sys.argv[2], "rb").read()})
+if rank == 0:
+    print(f"  rank 0: published v3 ({', '.join(files)}), each rank wrote "
+          f"{sum(t.to_local().numel() * 4 for t in sd.values()) / 2**20:.0f} MiB")
+dist.destroy_process_group()
+EOF2
+T0=$(now)
+py watch v3 "$T0" "$WORK/watch-v3.json" "${NODES[@]}" >"$WORK/watch-v3.txt" &
+WATCH=$!
+PYTHONPATH="$REPO/tools/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \
+	"$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 \
+	"$WORK/sharded_step.py" "${MNT[A]}" "$SRC2/config.json" 2>"$WORK/sharded.err" ||
+	{ cat "$WORK/sharded.err" >&2; exit 1; }
+wait $WATCH
+cat "$WORK/watch-v3.txt"
+echo "  tensor-parallel views of v3 on C (computed, not stored): ls tp/ -> $(ls "${MNT[C]}/versions/v3/tp" | tr '\n' ' ')"
+py commit "${MNT[B]}" v3 "$WORK/commit-v3.json"
+py check v3 "${CHECK_ARGS[@]}"
 
 step "GPU plane on C: status, hwfs load v2 --gpu 0, v2's tensors as DLPack (no copy)"
 "$HWFS" status -m "${MNT[C]}" | sed -n 's/^gpu: */  gpu: /p'

@@ -707,6 +707,7 @@ static int peer_reads_tree(const struct ctl_peer *p, const struct node *n)
 		return 1;
 	case NT_REG:
 	case NT_TENSOR:
+	case NT_TPFILE:
 		return (daemon_peer_bits(p, n) & 4) != 0;
 	default:
 		if ((daemon_peer_bits(p, n) & 5) != 5)

@@ -38,7 +38,7 @@ fuse_ino_t hwfs_fuse_ino(struct ns *ns, struct node *n)
 
 static double ttl_of(const struct node *n)
 {
-	if (n->type == NT_TENSOR || n->type == NT_TDIR)
+	if (n->type == NT_TENSOR || n->type == NT_TDIR || n->type == NT_TPFILE)
 		return TTL_SEALED;
 	if (n->ver && n->type != NT_VROOT && n->ver->state != HWFS_V_OPEN)
 		return TTL_SEALED;
@@ -82,6 +82,10 @@ static void hwfs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 
 	ns_rdlock(ns);
 	n = ns_child(N(req, parent), name);
+	if (n && n->why) { /* a TP size that cannot be served: tp/README says why */
+		ns_unlock(ns);
+		return (void)fuse_reply_err(req, EINVAL);
+	}
 	if (n) {
 		ns_lookup_ref(n);
 		fill_entry(req, n, &e);
@@ -270,7 +274,7 @@ static int do_open(struct ns *ns, struct node *n, struct fuse_file_info *fi)
 	int wr = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
 	int r;
 
-	if (n->type != NT_REG && n->type != NT_TENSOR)
+	if (n->type != NT_REG && n->type != NT_TENSOR && n->type != NT_TPFILE)
 		return n->type == NT_RLNK || n->type == NT_LNK ? -ELOOP : -EISDIR;
 	r = ns_open(ns, n); /* -ENOENT once removed */
 	if (r < 0)
@@ -451,6 +455,8 @@ static void hwfs_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 			struct node *k = n->kids[i - 2];
 
 			if (reserved_name(n, k->name)) /* staging versions are not listed */
+				continue;
+			if (k->why) /* a TP size that cannot be served (tp/README) */
 				continue;
 			name = k->name;
 			st.st_ino = k->ino;

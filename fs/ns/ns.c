@@ -130,6 +130,8 @@ void ns_kid_remove(struct node *dir, struct node *n)
 	n->parent = NULL;
 }
 
+static void unpin_file(struct ns *ns, struct node *f);
+
 /* Give back the bytes of a detached, closed node. */
 static void node_release_data(struct ns *ns, struct node *n)
 {
@@ -151,12 +153,27 @@ static void node_release_data(struct ns *ns, struct node *n)
 
 		n->tfile = NULL;
 		n->tensor = NULL;
-		f->pins--;
-		if (f->detached && __atomic_load_n(&f->nopen, __ATOMIC_ACQUIRE) == 0) {
-			node_release_data(ns, f);
-			if (__atomic_load_n(&f->nlookup, __ATOMIC_ACQUIRE) == 0)
-				ns_node_free(ns, f);
-		}
+		unpin_file(ns, f);
+	} else if (n->type == NT_TPFILE && n->tp) {
+		struct tp_file *t = n->tp;
+		struct node **pins;
+		size_t np = tp_pins(t, &pins);
+
+		n->tp = NULL;
+		for (size_t i = 0; i < np; i++)
+			unpin_file(ns, pins[i]);
+		tp_file_free(t);
+	}
+}
+
+/* Drop a tensor's or view's pin on file @f; free its data, then it, when nothing holds it. */
+static void unpin_file(struct ns *ns, struct node *f)
+{
+	f->pins--;
+	if (f->detached && __atomic_load_n(&f->nopen, __ATOMIC_ACQUIRE) == 0) {
+		node_release_data(ns, f);
+		if (__atomic_load_n(&f->nlookup, __ATOMIC_ACQUIRE) == 0)
+			ns_node_free(ns, f);
 	}
 }
 
@@ -187,6 +204,7 @@ void ns_node_free(struct ns *ns, struct node *n)
 	}
 	free(n->kids);
 	free(n->target);
+	free(n->why);
 	free(n->name);
 	free(n);
 }
@@ -350,7 +368,7 @@ int ns_writable(const struct node *n)
 	return v && !__atomic_load_n(&n->detached, __ATOMIC_ACQUIRE) &&
 	       __atomic_load_n(&v->state, __ATOMIC_RELAXED) == HWFS_V_OPEN &&
 	       !__atomic_load_n(&v->sealing, __ATOMIC_RELAXED) &&
-	       n->type != NT_TDIR && n->type != NT_TENSOR;
+	       n->type != NT_TDIR && n->type != NT_TENSOR && n->type != NT_TPFILE;
 }
 
 void ns_stat(struct ns *ns, struct node *n, struct stat *st)
@@ -375,6 +393,9 @@ void ns_stat(struct ns *ns, struct node *n, struct stat *st)
 		break;
 	case NT_TENSOR:
 		size = n->tensor ? n->tensor->len : 0;
+		break;
+	case NT_TPFILE:
+		size = tp_size(n);
 		break;
 	case NT_LNK:
 	case NT_RLNK:
@@ -539,6 +560,9 @@ static void free_subtree(struct ns *ns, struct node *n)
 	n->data.n_ext = 0; /* forget, do not unreference */
 	ingest_result_clear(ns->st, &n->data);
 	n->tfile = NULL;
+	tp_file_free(n->tp); /* its pins die with the tree */
+	n->tp = NULL;
+	free(n->why);
 	n->detached = 1;
 	free(n->kids);
 	free(n->target);

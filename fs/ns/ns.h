@@ -5,7 +5,8 @@
  *    |- versions/              NT_VERSIONS
  *    |   |- <v>/               NT_VROOT (one struct version)
  *    |   |   |- a/b.bin        NT_DIR / NT_REG / NT_LNK as written
- *    |   |   '- tensors/NAME   NT_TDIR / NT_TENSOR (sealed versions only)
+ *    |   |   |- tensors/NAME   NT_TDIR / NT_TENSOR (sealed versions only)
+ *    |   |   '- tp/N/r/...     NT_TDIR / NT_TPFILE (sealed versions only, ns_tp.c)
  *    |- current -> versions/v  NT_RLNK (also any temporary symlink made in root)
  *
  * The namespace is the source of truth for reads: everything the FUSE read
@@ -26,7 +27,7 @@
  *
  * Code layout: ns.c (core: nodes, references, life cycle), ns_version.c
  * (versions: load, import, seal, remove, current, records), ns_tensors.c
- * (the tensors/ view), ns_tree.c (tree changes through FUSE), ns_io.c (file
+ * (the tensors/ view), ns_tp.c (the tp/ resharding views), ns_tree.c (tree changes through FUSE), ns_io.c (file
  * data); they share the private ns_i.h.
  */
 #ifndef HWFS_NS_H
@@ -50,7 +51,10 @@ enum ntype {
 	NT_TDIR,
 	NT_TENSOR,
 	NT_RLNK,
+	NT_TPFILE, /* a file of the tp/ view (ns_tp.c) */
 };
+
+struct tp_file;
 
 struct version;
 
@@ -83,6 +87,8 @@ struct node {
 			  * for a writer of an open version; 0 when none since the file
 			  * was created or last truncated to 0.  ns_seal refuses it. */
 	struct node *orph_prev, *orph_next; /* detached but alive (see ns.c) */
+	struct tp_file *tp; /* NT_TPFILE: its layout (owned; pins its source files) */
+	char *why; /* NT_TDIR of tp/: why this TP size cannot be served (lookup: EINVAL, not listed) */
 };
 
 struct version_error {

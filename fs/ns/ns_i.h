@@ -1,6 +1,6 @@
 /*
  * ns_i.h — private declarations shared by the files of the namespace:
- * ns.c (core), ns_version.c, ns_tensors.c, ns_tree.c and ns_io.c.  Nothing
+ * ns.c (core), ns_version.c, ns_tensors.c, ns_tp.c, ns_tree.c and ns_io.c.  Nothing
  * outside those files includes it; the public API is ns.h.
  *
  * Helpers that read the tree expect the namespace lock held; those that
@@ -112,5 +112,18 @@ int ns_exposes_tensors(const struct node *n);
 /** Add tensors/ to sealed version @v and compute its figures. */
 void ns_version_finish_tree(struct ns *ns, struct version *v);
 
+/* ns_tp.c */
+
+/** Add tp/ (the resharding views) to sealed version @v, from its files @l in @order. */
+void tp_build(struct ns *ns, struct version *v, struct nodelist *l, const size_t *order);
+/** Free a view file's layout (not its pins). */
+void tp_file_free(struct tp_file *f);
+/** The source files view file @f pins: their count, the array in *@pins. */
+size_t tp_pins(const struct tp_file *f, struct node ***pins);
+/** Size of view file @n. */
+uint64_t tp_size(const struct node *n);
+/** Read [off, off+len) of view file @n, like ns_read(). */
+int tp_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
+	    int (*emit)(void *, const struct iovec *, int), void *arg);
 
 #endif /* HWFS_NS_I_H */

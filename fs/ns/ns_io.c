@@ -212,6 +212,8 @@ int ns_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
 		len = (size_t)HWFS_MIN((uint64_t)len, t->len - off);
 		return read_extents(ns, &n->tfile->data, t->off + off, len, emit, arg);
 	}
+	if (n->type == NT_TPFILE)
+		return tp_read(ns, n, off, len, emit, arg);
 	if (n->type != NT_REG)
 		return -EISDIR;
 	/* Sealed data never changes: no lock on the hot path. */

@@ -195,6 +195,7 @@ void ns_version_finish_tree(struct ns *ns, struct version *v)
 	}
 	if (tdir && tdir->nkids && ns_kid_insert(v->root, tdir) == 0)
 		tdir = NULL;
+	tp_build(ns, v, &l, order);
 out:
 	if (tdir) {
 		tdir->detached = 1;

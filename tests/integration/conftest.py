@@ -494,9 +494,9 @@ def _entries(root, ignore_top=()):
     return out
 
 
-def assert_tree_equal(src, dst, ignore_top=("tensors",)):
+def assert_tree_equal(src, dst, ignore_top=("tensors", "tp")):
     """Every entry of @src exists in @dst with identical bytes, and nothing else
-    does (a sealed version's synthetic top-level tensors/ dir is ignored)."""
+    does (a sealed version's synthetic top-level tensors/ and tp/ dirs are ignored)."""
     a = _entries(src)
     b = _entries(dst, ignore_top=ignore_top)
     assert sorted(a) == sorted(b), (f"trees differ: only in source {sorted(set(a) - set(b))}, "

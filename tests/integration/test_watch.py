@@ -27,8 +27,13 @@ def read_env(path):
 
 
 def test_watch_prints_events_and_exits_when_the_daemon_goes(mount, src, procs):
+    # a committed v0 first: the watch prints `current v0` once it watches, so
+    # v1 is never published before it subscribed (a slow start under load)
+    publish(mount, src, "v0")
+    mount.run("commit", "v0")
     w = WatchProc(mount.mnt).start()
     procs.append(w)
+    w.wait_line("current v0")
     publish(mount, src, "v1")
     w.wait_line("arrived v1")
     mount.run("commit", "v1")
@@ -37,7 +42,8 @@ def test_watch_prints_events_and_exits_when_the_daemon_goes(mount, src, procs):
     mount.run("commit", "v2")
     mount.run("rm", "v1")
     lines = w.wait_line("removed v1")
-    assert lines == ["arrived v1", "current v1", "arrived v2", "current v2", "removed v1"], lines
+    assert lines == ["current v0", "arrived v1", "current v1", "arrived v2", "current v2",
+                     "removed v1"], lines
     mount.umount()
     assert w.wait_exit() == 1
     assert "hwfs: error:" in w.stderr and "closed the event stream" in w.stderr, w.stderr

@@ -206,8 +206,13 @@ class Mount:
         _lib.check(rc, "hwfs_current")
         return _lib.take_string(out)
 
-    def map(self, version, gpu=None):
+    def map(self, version, gpu=None, tp=None):
         """Map sealed version @version read-only and zero-copy: a Mapping.
+
+        With @tp=(N, r), a hwfs.partition.TPMapping instead: rank r's slice of
+        every tensor for tensor-parallel size N, the same as the mount's
+        versions/V/tp/N/r/model.safetensors (ValueError naming the tensor when
+        N does not divide it).
 
         With @gpu (a device index), map the copy hwfs_load() made on that
         device instead, with CUDA IPC: its tensors are device memory, reached
@@ -217,6 +222,15 @@ class Mount:
         OSError EBUSY (not sealed), EIO (damaged), ENODEV (no CUDA runtime or
         device in this process), PermissionError (not root, the mount's owner
         or the --ctl-group)."""
+        if tp is not None:
+            from hwfs.partition import TPMapping, read_overrides
+            over = read_overrides(self.mountpoint, str(version))
+            m = Mapping(self, version, gpu)
+            try:
+                return TPMapping(m, tp, over)
+            except BaseException:
+                m.close()
+                raise
         return Mapping(self, version, gpu)
 
     def load(self, version, gpu, progress=None):

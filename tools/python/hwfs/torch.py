@@ -495,3 +495,9 @@ class HotSwap:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# Trainers (docs/trainers.md): the sharded publish and the distributed swap.
+from hwfs.trainers import PublishError, TrainerSwap, publish  # noqa: E402
+
+__all__ += ["publish", "PublishError", "TrainerSwap"]
