@@ -156,6 +156,7 @@ class Engine:
     def swap(self, v):
         """Serve @v: hold new requests, drain or abort those in flight, swap, resume."""
         mode = self.args.inflight
+        at = time.time()
         t0 = time.monotonic_ns()
         drained = None
         swap_us = None
@@ -189,7 +190,8 @@ class Engine:
         self.served, self.loaded = v, None
         self.report("swapped", v, pause_us=pause_us)
         self.write_status(state="idle", last_swap_pause_us=pause_us, last_drain_us=drain_us,
-                          last_swap_us=swap_us, swaps=self.stats.get("swaps", 0) + 1)
+                          last_swap_us=swap_us, swaps=self.stats.get("swaps", 0) + 1,
+                          last_pause_at=at, last_resume_at=at + (t3 - t0) / 1e9)
         log(f"serving {v} (paused {pause_us / 1000:.1f} ms: drain {drain_us / 1000:.1f} ms, "
             f"swap {swap_us / 1000:.3f} ms)")
         return True
