@@ -217,6 +217,12 @@ vllm-deps:
 test-vllm: all vllm-deps
 	python3 -m pytest -q -p no:cacheprovider tests/vllm
 
+# The disk-reload recipe and hwfs-vllm side by side, one ~700 MiB Llama, the
+# same client load (tools/bench_vllm.py; about ten minutes on 2 cores).
+.PHONY: bench-vllm
+bench-vllm: all vllm-deps
+	python3 tools/bench_vllm.py
+
 # gpu/cudart.h against the real CUDA headers, where a toolkit is installed
 # (tests/gpu/cuda_abi_check.c: constants, type layouts, every prototype of the
 # function table); a CUDART_ constant of cudart.h that the check does not name
