@@ -102,6 +102,7 @@ class Engine:
         self.mnt = self.mount.mountpoint
         self.watch = None
         self.served = None
+        self.attached = False  # hwfs_attach ran on this server
         self.loaded = None     # the version whose shadow is loaded in the workers
         self.stats = {}
 
@@ -124,6 +125,11 @@ class Engine:
     # -- shadow-load and swap
     def shadow_load(self, v):
         """Load @v beside the served version; True when loaded (reported)."""
+        if not self.attached:  # nothing committed yet: the commit attaches (loads) @v
+            self.loaded = v
+            self.report("loaded", v)
+            log(f"{v}: nothing served from the mount yet; the commit will load it")
+            return True
         self.report("loading", v)
         self.write_status(state="loading", loading=v)
         t0 = time.monotonic()
@@ -171,11 +177,15 @@ class Engine:
                     f"aborting them")
                 self.server.pause("abort", timeout=30.0)
             drained = time.monotonic_ns()
-            if self.args.low_memory:
+            if not self.attached:
+                r = self.server.rpc("hwfs_attach", mount=self.mnt, version=v)
+                self.attached = True
+            elif self.args.low_memory:
                 r = self.server.rpc("hwfs_load_inplace", mount=self.mnt, version=v)
             else:
                 r = self.server.rpc("hwfs_swap", version=v, copy=self.args.copy_swap)
-            swap_us = max(int(x.get("swap_us") or 0) for x in r)
+            swap_us = max(int(x.get("swap_us") or round(x.get("load_s", 0) * 1e6) or 1)
+                          for x in r)
         except RpcError as e:
             log(f"swap to {v} failed: {e}; still serving {self.served}")
             self.write_status(state="swap-failed", reason=str(e))
@@ -231,8 +241,11 @@ class Engine:
         try:
             cur = self.watch.current
             r = self.server.rpc("hwfs_attach", mount=self.mnt, version=cur) if cur else None
+            if r is None:  # nothing committed: attached by an earlier hwfs-vllm?
+                st = self.server.rpc("hwfs_status")[0]
+                self.attached, self.served = bool(st.get("attached")), st.get("served")
             if r is not None:
-                self.served, self.loaded = r[0].get("served"), None
+                self.served, self.loaded, self.attached = r[0].get("served"), None, True
                 if r[0].get("attached"):
                     log(f"attached to {self.server.url} ({len(r)} worker(s)), serving {cur}")
                     self.report("swapped", cur, pause_us=0)
@@ -316,6 +329,7 @@ def main(argv=None):
         except ServerGone as e:
             log(f"{e}: unregistered; waiting for it to come back")
             eng.served = eng.loaded = None
+            eng.attached = False
             eng.write_status(state="no-server")
         except RpcError as e:
             log(f"error: {e}")
