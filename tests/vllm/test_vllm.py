@@ -12,8 +12,9 @@ on loopback from the mount and shared by the tests of this file, in order:
 3. `hwfs status` shows the engine, its shadow state and its pause;
 4. vLLM is killed in the middle of a shadow-load: the commit does not hang;
    a fresh server on v2 answers exactly what the swapped server answered
-   (tokens, and logprobs once both read the same kernels); hwfs-vllm,
-   restarted, brings the new server to `current`.
+   (tokens and logprobs); hwfs-vllm, restarted, brings the new server to
+   `current`;
+5. --low-memory: the arrival only checks, the commit loads in place.
 
 The model is a tiny random Llama made here (hidden 128, two layers); the
 tokenizer is the SentencePiece model that the mistral_common package ships
@@ -321,11 +322,12 @@ def test_answers_are_v1_or_v2_never_mixed(world):
     assert late and all(a[0] == a2[0] for a in late)
     st = json.loads(w.status_file.read_text())
     assert st["served"] == "v2" and st["last_swap_us"] >= 1, st
-    # --inflight wait: the requests running when new ones were held finished
-    # on v1 (there were some: two clients ask all the time)
-    held = st["last_pause_at"]
-    inflight = [a for t0, t1, a in answers if t0 < held < t1]
-    assert inflight and all(a[0] == a1[0] for a in inflight), (len(inflight), kinds)
+    # the swap happened under load: requests were on their way while new
+    # ones were held (from /pause to /resume); each came back whole, from v1
+    # (running when the pause began) or from v2 (held, then run after it)
+    held, resumed = st["last_pause_at"], st["last_resume_at"]
+    inflight = [a for t0, t1, a in answers if t0 < resumed and t1 > held]
+    assert inflight, f"no request overlapped the pause: {kinds}"
     print(f"answers {kinds}, {len(inflight)} in flight at the pause; pause "
           f"{st['last_swap_pause_us']} us (drain {st['last_drain_us']} us, swap "
           f"{st['last_swap_us']} us); longest gap during the shadow-load {gap:.3f} s")
@@ -397,10 +399,10 @@ def test_vllm_killed_during_shadow_load_then_catches_up(world):
     s2 = w.start_server("v2", "server2")
     fresh = s2.complete()
     assert fresh[0] == w.a2[0], "tokens differ from a fresh server's on v2"
-    # vLLM's CPU backend packs linear weights for oneDNN; hwfs.vllm serves them
-    # through torch.nn.functional.linear: same tokens, logprobs to ~1e-5 ...
-    assert all(abs(x - y) < 1e-3 for x, y in zip(fresh[1], w.a2[1])), (fresh[1], w.a2[1])
-    # ... and bit for bit once the fresh server reads the same kernels
+    # logprobs bit for bit: the swapped layers run vLLM's own kernels (on
+    # CPU, repacked by vLLM's dispatch during the shadow-load)
+    assert fresh[1] == w.a2[1], (fresh[1], w.a2[1])
+    # attaching (the first thing hwfs-vllm does) changes nothing either
     r = s2.rpc("hwfs_attach", mount=w.mount.mnt, version="v2")
     assert r[0]["ok"] and r[0]["attached"], r
     assert s2.complete() == w.a2

@@ -36,9 +36,11 @@ The design (docs/engines.md, "hwfs-vllm"):
   layers on CUDA (without CUDA graphs: launch with --enforce-eager, since a
   captured graph keeps the old addresses; or pass "copy" swaps, which copy
   into the live storage).  vLLM's CPU backend repacks linear weights
-  (oneDNN / sgl handlers) after loading and drops the parameter; hwfs_attach
-  puts those layers back on their checkpoint-format parameter with
-  torch.nn.functional.linear (slower on CPU, correct everywhere).
+  (oneDNN / sgl handlers, `layer.cpu_linear`) after loading and drops the
+  parameter; hwfs_attach gives those layers their checkpoint-format
+  parameter back (the storage load_weights writes), and each version's
+  kernels are packed by vLLM's own dispatch on it: after the last tensor of
+  a shadow-load, a slice of layers per call, swapped with the parameters.
   Quantized layers whose parameters are repacked are refused at attach.
 * Low-memory mode (hwfs_load_inplace): no shadow; the version is loaded into
   the live parameters at the commit, while hwfs-vllm holds requests: the
@@ -103,6 +105,13 @@ class _State:
         self.mapping = None
         self.todo = []            # names left to load
         self.filled = set()       # parameters the load wrote so far (load_weights says)
+        # CPU: layers whose forward reads a repacked copy (cpu_linear), as
+        # (module, index of its weight in params); per version, their kernels
+        self.klayers = []
+        self.kern = None          # live kernels, one per klayers entry
+        self.shadow_kern = None
+        self.standby_kern = None
+        self.pack_todo = []       # klayers indices left to pack for the shadow
         self.total = 0
         self.last_swap_us = None
         self.converted = 0
@@ -252,10 +261,14 @@ class WorkerExtension:
                 st.params, st.mapping = [], None
                 mapping.close()
                 raise
+            index = {id(p): i for i, (_, p) in enumerate(st.params)}
+            st.klayers = [(mod, index[id(mod.weight)]) for mod, *_ in made]
+            kern = [self._hwfs_pack(mod, fresh[i]) for mod, i in st.klayers]
             for (_, p), t in zip(st.params, fresh):
                 p.data = t
-            for mod, _pname, _old, _new, _lin in made:
-                mod.cpu_linear = torch.nn.functional.linear
+            for (mod, _i), k in zip(st.klayers, kern):
+                mod.cpu_linear = k
+            st.kern = kern
             mapping.close()
             st.mapping = None
             st.attached, st.served, st.served_sig = True, req["version"], sig
@@ -288,6 +301,7 @@ class WorkerExtension:
                 # the standby is this version (a commit back): loaded as it is
                 self._hwfs_release_mapping(st)
                 st.shadow, st.standby, st.standby_version = st.standby, None, None
+                st.shadow_kern, st.standby_kern = st.standby_kern, None
                 st.shadow_state = "loaded"
                 return {"version": st.shadow_version, "bytes": st.total, "loaded": True,
                         "left": 0}
@@ -299,7 +313,7 @@ class WorkerExtension:
                 st.shadow = spare
             elif st.standby is not None:  # reuse the previous version's memory
                 st.shadow, st.standby, st.standby_version = st.standby, None, None
-                st.standby_digest = None
+                st.standby_digest, st.standby_kern = None, None
             else:
                 st.shadow = [torch.empty_like(p.data) for _, p in st.params]
             return {"version": st.shadow_version, "bytes": st.total, "tensors": len(st.todo)}
@@ -312,6 +326,8 @@ class WorkerExtension:
             if st.shadow_state != "loading" or st.shadow is None:
                 raise ValueError(f"no shadow-load in progress (state {st.shadow_state})")
             limit = int(req.get("slice_bytes") or DEFAULT_SLICE_BYTES)
+            if st.mapping is None:  # loaded: repack the kernels, a slice at a time
+                return self._hwfs_pack_slice(st, limit)
             names, size = [], 0
             while st.todo and (not names or size + st.mapping.info(st.todo[0]).nbytes <= limit):
                 n = st.todo.pop(0)
@@ -327,10 +343,13 @@ class WorkerExtension:
                 self._hwfs_release_mapping(st)
                 raise ValueError(st.reason) from None
             if not st.todo:
-                st.shadow_state = "loaded"
                 self._hwfs_release_mapping(st)
-            return {"version": st.shadow_version, "left": len(st.todo), "loaded": len(names),
-                    "slice_ms": round((time.perf_counter() - t0) * 1000, 3)}
+                st.shadow_kern = [None] * len(st.klayers)
+                st.pack_todo = list(range(len(st.klayers)))
+                if not st.pack_todo:
+                    st.shadow_state = "loaded"
+            return {"version": st.shadow_version, "left": len(st.todo) + len(st.pack_todo),
+                    "loaded": len(names), "slice_ms": round((time.perf_counter() - t0) * 1000, 3)}
         return self._hwfs_call(run, arg)
 
     def hwfs_swap(self, arg=""):
@@ -357,7 +376,9 @@ class WorkerExtension:
                 for (_, p), s in zip(st.params, st.shadow):
                     old.append(p.data)
                     p.data = s
+            old_kern = self._hwfs_set_kern(st, st.shadow_kern)
             t1 = time.perf_counter_ns()
+            st.standby_kern, st.shadow_kern = old_kern, None
             st.standby, st.standby_version = old, st.served
             st.standby_digest, st.served_digest = st.served_digest, st.shadow_digest
             st.served, st.shadow, st.shadow_version, st.shadow_state = v, None, None, "idle"
@@ -376,6 +397,7 @@ class WorkerExtension:
             for (_, p), s in zip(st.params, st.standby):
                 old.append(p.data)
                 p.data = s
+            st.standby_kern = self._hwfs_set_kern(st, st.standby_kern)
             t1 = time.perf_counter_ns()
             st.served, st.standby_version = st.standby_version, st.served
             st.served_digest, st.standby_digest = st.standby_digest, st.served_digest
@@ -396,9 +418,12 @@ class WorkerExtension:
                 self._hwfs_load(st, list(mapping), None)
             finally:
                 self._hwfs_release_mapping(st)
+            self._hwfs_set_kern(st, [self._hwfs_pack(mod, st.params[i][1].data)
+                                     for mod, i in st.klayers])
             t1 = time.perf_counter_ns()
             self._hwfs_drop_shadow(st)
             st.standby, st.standby_version, st.standby_digest = None, None, None
+            st.standby_kern = None
             st.served, st.served_sig, st.served_digest = v, sig, mapping.digest
             st.last_swap_us = max(1, (t1 - t0) // 1000)
             return {"served": v, "swap_us": st.last_swap_us}
@@ -417,6 +442,38 @@ class WorkerExtension:
         return self._hwfs_call(run, arg)
 
     # -- internals
+    def _hwfs_pack(self, mod, weight):
+        """The CPU kernel of layer @mod for @weight: vLLM's own dispatch
+        (oneDNN / sgl packing, or F.linear), run on a stand-in holding @weight."""
+        import types
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+        proxy = types.SimpleNamespace(weight=weight)
+        dispatch_cpu_unquantized_gemm(proxy, remove_weight=False)
+        return proxy.cpu_linear
+
+    def _hwfs_pack_slice(self, st, limit):
+        t0 = time.perf_counter()
+        size = 0
+        while st.pack_todo and (size == 0 or size < limit):
+            k = st.pack_todo.pop(0)
+            mod, i = st.klayers[k]
+            st.shadow_kern[k] = self._hwfs_pack(mod, st.shadow[i])
+            size += st.shadow[i].numel() * st.shadow[i].element_size()
+        if not st.pack_todo:
+            st.shadow_state = "loaded"
+        return {"version": st.shadow_version, "left": len(st.pack_todo),
+                "slice_ms": round((time.perf_counter() - t0) * 1000, 3)}
+
+    def _hwfs_set_kern(self, st, kern):
+        """Point the repacked layers at @kern (None: nothing to do); the old list."""
+        if not st.klayers or kern is None:
+            return None
+        old = st.kern
+        for (mod, _i), k in zip(st.klayers, kern):
+            mod.cpu_linear = k
+        st.kern = kern
+        return old
+
     def _hwfs_release_mapping(self, st):
         if st.mapping is not None:
             st.mapping.close()
@@ -425,4 +482,5 @@ class WorkerExtension:
 
     def _hwfs_drop_shadow(self, st):
         self._hwfs_release_mapping(st)
+        st.pack_todo, st.shadow_kern = [], None
         st.shadow, st.shadow_version, st.shadow_state, st.reason = None, None, "idle", None
