@@ -329,33 +329,34 @@ def main():
     ap.add_argument("--commits", type=int, default=6)
     ap.add_argument("--settle", type=float, default=3.0, help="seconds of load after a swap")
     ap.add_argument("--json", default=None, help="write the results here too")
+    ap.add_argument("--ways", default="recipe-nopause,recipe,hwfs-vllm")
     args = ap.parse_args()
     for f in (HWFS, VPY):
         if not os.path.exists(f):
             sys.exit(f"bench-vllm: {f} missing (make all vllm-deps)")
-    top = tempfile.mkdtemp(prefix="hwfs-bench-vllm-", dir="/dev/shm")
+    # the store on tmpfs (docs/engines.md); the staged copies and logs on disk
+    store = tempfile.mkdtemp(prefix="hwfs-bench-vllm-", dir="/dev/shm")
+    top = tempfile.mkdtemp(prefix="hwfs-bench-vllm-", dir="/var/tmp")
     mnt = tempfile.mkdtemp(prefix="hwfs-bench-vllm-mnt-")
-    subprocess.run([HWFS, "mount", mnt, "--store", os.path.join(top, "store")], check=True,
+    subprocess.run([HWFS, "mount", mnt, "--store", os.path.join(store, "store")], check=True,
                    capture_output=True)
     out = []
     try:
         t = time.time()
-        layers = make_versions(mnt, top, args.mib, ["a1", "a2", "b1", "b2", "c1", "c2"])
-        for v in ("a1", "b1", "c1"):
-            publish(mnt, top, v)
-        size = sum(f.stat().st_size for f in Path(mnt, "versions", "a1").glob("*.safetensors"))
+        # every way serves the same two versions: x2 arrives under load, is
+        # removed after the way, and arrives again (the same bytes) for the next
+        layers = make_versions(mnt, top, args.mib, ["x1", "x2"])
+        publish(mnt, top, "x1")
+        hwfs("commit", "x1", mnt=mnt)
+        size = sum(f.stat().st_size for f in Path(mnt, "versions", "x1").glob("*.safetensors"))
         print(f"model: Llama, {layers} layers, hidden 1024, {size / 2**20:.0f} MiB f32 "
               f"(made in {time.time() - t:.0f} s); {args.clients} clients, {args.tokens} tokens "
               f"greedy; {args.commits} commits per way", flush=True)
-        hwfs("commit", "c1", mnt=mnt)
-        run_way("recipe-nopause", args, mnt, top, "c1", "c2", out)
-        print(json.dumps(out[-1], indent=1), flush=True)
-        hwfs("commit", "a1", mnt=mnt)
-        run_way("recipe", args, mnt, top, "a1", "a2", out)
-        print(json.dumps(out[-1], indent=1), flush=True)
-        hwfs("commit", "b1", mnt=mnt)
-        run_way("hwfs-vllm", args, mnt, top, "b1", "b2", out)
-        print(json.dumps(out[-1], indent=1), flush=True)
+        for way in args.ways.split(","):
+            run_way(way, args, mnt, top, "x1", "x2", out)
+            print(json.dumps(out[-1], indent=1), flush=True)
+            hwfs("commit", "x1", mnt=mnt)
+            hwfs("rm", "x2", mnt=mnt)
         print("\nway             pause p50/p99 ms   drain/swap p50 ms   commit->all new p50/max s  "
               "mixed  gap in load s  vLLM reload s")
         for r in out:
@@ -372,6 +373,7 @@ def main():
     finally:
         subprocess.run([HWFS, "umount", mnt], capture_output=True)
         shutil.rmtree(top, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
         try:
             os.rmdir(mnt)
         except OSError:
