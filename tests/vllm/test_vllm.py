@@ -14,7 +14,14 @@ on loopback from the mount and shared by the tests of this file, in order:
    a fresh server on v2 answers exactly what the swapped server answered
    (tokens and logprobs); hwfs-vllm, restarted, brings the new server to
    `current`;
-5. --low-memory: the arrival only checks, the commit loads in place.
+5. --low-memory: the arrival only checks, the commit loads in place;
+6. (last: it moves the server to another mount) the abort is cluster-wide:
+   a coordinator, node A with hwfs-vllm on this server and node B with the
+   C engine (build/hwfs-engine); a version with a tensor more, which B's
+   engine loads and hwfs-vllm refuses: `hwfs commit` on A and on B fails
+   naming A's refusal, `current` stays on both nodes, vLLM answers the old
+   version's tokens, B's engine serves the old version; hwfs-vllm stopped,
+   the same commit passes.
 
 The model is a tiny random Llama made here (hidden 128, two layers); the
 tokenizer is the SentencePiece model that the mistral_common package ships
@@ -36,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from hwfs_integration_conftest import HwfsMount, _ACTIVE, REPO, poll, wait_dead
+from hwfs_integration_conftest import HWFS, HwfsMount, _ACTIVE, REPO, poll, wait_dead
 
 VENV = Path(os.environ.get("HWFS_VLLM_VENV") or REPO / "build" / "venv-vllm")
 VPY = VENV / "bin" / "python"
@@ -194,23 +201,26 @@ class World:
         self.procs = []
         self.model = tiny_llama()
 
-    def publish(self, version, model=None, drop=None):
-        """Write @model (or the current one) into versions/@version and seal it;
-        @drop: a tensor left out of the file."""
-        d = Path(self.mount.vpath(version))
+    def publish(self, version, model=None, drop=None, extra=None, mount=None):
+        """Write @model (or the current one) into versions/@version of @mount
+        (default: the world's) and seal it; @drop: a tensor left out of the
+        file; @extra: {name: tensor} added to it."""
+        mount = mount or self.mount
+        d = Path(mount.vpath(version))
         m = model if model is not None else self.model
-        if drop is None:
+        if drop is None and not extra:
             m.save_pretrained(d)
         else:
             from safetensors.torch import save_file
             stage = self.top / f"stage-{version}"
             m.save_pretrained(stage)
             sd = {k: v.contiguous() for k, v in m.state_dict().items() if k != drop}
+            sd.update(extra or {})
             save_file(sd, str(stage / "model.safetensors"), metadata={"format": "pt"})
             shutil.copytree(stage, d)
         for f in self.tok.iterdir():
             shutil.copy(f, d / f.name)
-        self.mount.run("seal", version)
+        mount.run("seal", version)
 
     def start_server(self, version, name):
         self.server = Server(self.mount.vpath(version), self.top / f"{name}.log")
@@ -442,3 +452,168 @@ def test_low_memory_mode_loads_at_the_commit(world):
     w.publish("v7", tiny_llama(intermediate=192))
     cp = w.mount.run("commit", "v7", check=False, timeout=60)
     assert cp.returncode != 0 and "shape [128, 192] in v7" in cp.stderr, cp.stderr
+
+
+# --------------------------------------------------------------------------
+# the abort is cluster-wide: a coordinator, node A (hwfs-vllm on this file's
+# server) and node B (the C engine, build/hwfs-engine)
+
+ENGINE_BIN = os.environ.get("HWFS_ENGINE_BIN") or str(Path(HWFS).resolve().parent / "hwfs-engine")
+ANY_PORT = "tcp://127.0.0.1:*"
+
+
+class Coord(Proc):
+    """`hwfs coord --listen tcp://127.0.0.1:* -f`; .url: the endpoint it bound."""
+
+    def __init__(self, top):
+        state = Path(top) / "coord-state"
+        state.mkdir()
+        super().__init__([HWFS, "coord", "--listen", ANY_PORT, "--state", state,
+                          "--insecure", "-f"], Path(top) / "coord.log")
+        import re
+        m = poll(lambda: self.alive() and re.search(r"coord: listening on (tcp://\S+)",
+                                                    self.log.read_text(errors="replace")),
+                 timeout=15)
+        if not m:
+            self.kill()
+            pytest.fail(f"the coordinator did not start:\n{self.tail()}")
+        self.url = m.group(1)
+
+    def kill_daemons(self):  # the watchdog's
+        if self.alive():
+            os.killpg(self.p.pid, signal.SIGKILL)
+
+
+class Node(HwfsMount):
+    """A mount that joins the coordinator at @coord as node @name."""
+
+    def __init__(self, name, coord):
+        super().__init__()
+        self.name, self.coord = name, coord
+
+    def mount_args(self):
+        return super().mount_args() + ["--join", self.coord, "--node", self.name,
+                                       "--listen", ANY_PORT, "--insecure"]
+
+    def current(self):
+        link = os.readlink(self.path("current")) if os.path.lexists(self.path("current")) else None
+        return link, self.status().get("current")
+
+    def engine(self, name):
+        return next((e for e in self.status().get("engines", []) if e["name"] == name), None)
+
+
+def ask_engine(sock):
+    """What hwfs-engine listening on @sock serves ({"version": ..}), or None."""
+    import socket
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(str(sock))
+            s.sendall(b"what do you serve?\n")
+            buf = b""
+            while not buf.endswith(b"\n"):
+                data = s.recv(4096)
+                if not data:
+                    return None
+                buf += data
+            return json.loads(buf)
+    except OSError:
+        return None
+
+
+@pytest.mark.limit(420)
+def test_a_refusal_by_vllm_aborts_the_commit_on_every_node(world, tmp_path):
+    """Runs last (it moves the server to another mount).  Node A's hwfs-vllm
+    refuses a version with a tensor the model lacks; node B's C engine, which
+    only refuses a missing tensor or another shape or dtype, loads it: a
+    commit from either node fails with A's refusal, `current` stays on both,
+    vLLM and B's engine keep serving c1.  Then, hwfs-vllm stopped, the same
+    commit goes through: B alone would have let it in."""
+    w = world
+    if w.cli is not None and w.cli.alive():
+        w.cli.kill(signal.SIGTERM)
+    assert poll(lambda: w.engine() is None, timeout=30), w.engine()
+    coord, nodes, procs = None, [], []
+    try:
+        coord = Coord(tmp_path)
+        _ACTIVE.append(coord)
+        for name in ("A", "B"):
+            n = Node(name, coord.url)
+            nodes.append(n)
+            _ACTIVE.append(n)
+            n.mount()
+        a, b = nodes
+
+        def joined():
+            cs = json.loads(a.run("status", "--cluster", "--json").stdout)
+            return {x["name"] for x in cs.get("nodes", []) if x.get("alive")} == {"A", "B"}
+        assert poll(joined, timeout=30, interval=0.2), a.run("status", "--cluster").stdout
+
+        def sealed_on_b(v):
+            assert poll(lambda: (b.version(v) or {}).get("state") == "sealed", timeout=60,
+                        interval=0.2), f"{v} did not reach B: {b.version(v)}\n{b.log_tail()}"
+
+        w.publish("c1", mount=a)  # the weights the server holds now, or others
+        sealed_on_b("c1")
+        a.run("commit", "c1")
+        # A: hwfs-vllm moves the server to A's mount (c1); B: the C engine on c1
+        cli = Proc([VPY, "-m", "hwfs._vllm_cli", "--server", w.server.url, "--engine", ENGINE,
+                    "-m", a.mnt, "--status-file", tmp_path / "hwfs-vllm-A.json"],
+                   tmp_path / "cli-A.log")
+        procs.append(cli)
+        sock = tmp_path / "e-B.sock"
+        eng = Proc([ENGINE_BIN, "-m", b.mnt, "--name", "e-B", "--listen", sock],
+                   tmp_path / "e-B.log")
+        procs.append(eng)
+        assert poll(lambda: (a.engine(ENGINE) or {}).get("serving") == "c1", timeout=90,
+                    interval=0.2), f"{a.engine(ENGINE)}\n{cli.tail()}"
+        assert poll(lambda: (ask_engine(sock) or {}).get("version") == "c1", timeout=30), \
+            eng.tail()
+        a1 = w.server.complete()
+        assert w.server.complete() == a1
+
+        # c2: other weights and one tensor more
+        import torch
+        perturb(w.model, 8)
+        extra = "model.layers.1.mlp.extra_proj.weight"
+        w.publish("c2", mount=a, extra={extra: torch.zeros(64, 128)})
+        sealed_on_b("c2")
+        assert poll(lambda: "loaded c2" in eng.tail(100), timeout=30), eng.tail()
+        why = f"tensor {extra}: "
+        for node in (a, b):
+            cp = node.run("commit", "c2", check=False, timeout=90)
+            assert cp.returncode != 0, f"commit c2 on {node.name} passed: {cp.stdout}"
+            assert f"node A is not ready: engine {ENGINE} refused c2: {why}" in cp.stderr and \
+                "in c2, not in the served model" in cp.stderr, cp.stderr
+            for n in nodes:
+                assert n.current() == ("versions/c1", "c1"), f"{n.name}: {n.current()}"
+            assert w.server.complete()[0] == a1[0], "vLLM does not serve c1's tokens"
+            assert ask_engine(sock)["version"] == "c1", eng.tail()
+            assert a.engine(ENGINE)["serving"] == "c1" and b.engine("e-B")["serving"] == "c1"
+        assert "refused" not in eng.tail(200), eng.tail()  # B's engine had c2 loaded
+
+        # without A's refusal, B's loaded engine lets c2 in
+        cli.kill(signal.SIGTERM)
+        assert poll(lambda: a.engine(ENGINE) is None, timeout=30), a.engine(ENGINE)
+        cp = b.run("commit", "c2", check=False, timeout=90)
+        assert cp.returncode == 0, cp.stderr
+        for n in nodes:
+            assert n.current() == ("versions/c2", "c2"), f"{n.name}: {n.current()}"
+        assert poll(lambda: (ask_engine(sock) or {}).get("version") == "c2", timeout=30), \
+            eng.tail()
+    finally:
+        for p in reversed(procs):
+            if p.alive():
+                p.kill(signal.SIGTERM)
+        for n in reversed(nodes):
+            try:
+                n.cleanup()
+            finally:
+                _ACTIVE.remove(n)
+        if coord is not None:
+            try:
+                if coord.alive():
+                    coord.kill(signal.SIGTERM)
+            finally:
+                _ACTIVE.remove(coord)
