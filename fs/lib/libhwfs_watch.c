@@ -216,8 +216,9 @@ int hwfs_watch_next(struct hwfs_watch *w, int timeout_ms, struct hwfs_event *ev)
 	}
 }
 
-int hwfs_engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *version,
-		       const char *reason, uint64_t pause_us)
+/* One report; @drain_us and @swap_us (SWAPPED only) are left out when negative. */
+static int engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *version,
+			 const char *reason, uint64_t pause_us, int64_t drain_us, int64_t swap_us)
 {
 	static const char *const names[] = {
 		[HWFS_LOADING] = "loading",
@@ -238,6 +239,10 @@ int hwfs_engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *
 		json_object_set_new(msg, "reason", json_string(reason ? reason : "no reason given"));
 	if (msg && what == HWFS_SWAPPED)
 		json_object_set_new(msg, "pause_us", json_integer((json_int_t)pause_us));
+	if (msg && what == HWFS_SWAPPED && drain_us >= 0)
+		json_object_set_new(msg, "drain_us", json_integer((json_int_t)drain_us));
+	if (msg && what == HWFS_SWAPPED && swap_us >= 0)
+		json_object_set_new(msg, "swap_us", json_integer((json_int_t)swap_us));
 	if (!msg)
 		return lib_fail(-ENOMEM, "out of memory");
 	pthread_mutex_lock(&w->send_lock);
@@ -252,6 +257,20 @@ int hwfs_engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *
 			 : r == -ENOMEM ? "out of memory"
 					: strerror(-r));
 	return r;
+}
+
+int hwfs_engine_report(struct hwfs_watch *w, enum hwfs_report what, const char *version,
+		       const char *reason, uint64_t pause_us)
+{
+	return engine_report(w, what, version, reason, pause_us, -1, -1);
+}
+
+int hwfs_engine_report_swap(struct hwfs_watch *w, const char *version, uint64_t pause_us,
+			    uint64_t drain_us, uint64_t swap_us)
+{
+	return engine_report(w, HWFS_SWAPPED, version, NULL, pause_us,
+			     drain_us > INT64_MAX ? INT64_MAX : (int64_t)drain_us,
+			     swap_us > INT64_MAX ? INT64_MAX : (int64_t)swap_us);
 }
 
 void hwfs_watch_close(struct hwfs_watch *w)

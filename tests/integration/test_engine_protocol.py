@@ -269,6 +269,32 @@ def test_local_commit_waits_for_the_engine_to_load(mount, tmp_path):
     e.close()
 
 
+def test_swapped_report_may_split_its_pause(mount, tmp_path):
+    """drain_us and swap_us (hwfs-vllm's drain and swap) are kept beside
+    pause_us and shown by hwfs status; a later report without them drops them."""
+    m = mount
+    v1_current_v2_published(m, tmp_path, seed=62)
+    e = engine(m, "llama-s")
+    e.send({"report": "swapped", "version": "v1", "pause_us": 0})
+    assert poll(lambda: engines_of(m)["llama-s"]["serving"] == "v1")
+    e.send({"report": "loaded", "version": "v2"})
+    assert poll(lambda: engines_of(m)["llama-s"]["state"] == "loaded")
+    assert finish(commit_async(m, "v2"))[0] == 0
+    e.send({"report": "swapped", "version": "v2", "pause_us": 31800, "drain_us": 27500,
+            "swap_us": 191})
+    assert poll(lambda: engines_of(m)["llama-s"]["swaps"] == 1)
+    st = engines_of(m)["llama-s"]
+    assert (st["last_swap_pause_us"], st["last_drain_us"], st["last_swap_us"]) == (31800, 27500, 191)
+    out = m.run("status").stdout
+    assert "last swap paused 31800 us (1 swaps), drain 27500 us, swap 191 us" in out, out
+    e.send({"report": "swapped", "version": "v1", "pause_us": 150, "drain_us": -3})
+    assert poll(lambda: engines_of(m)["llama-s"]["swaps"] == 2)
+    st = engines_of(m)["llama-s"]
+    assert st["last_swap_pause_us"] == 150 and "last_drain_us" not in st and \
+        "last_swap_us" not in st, st
+    e.close()
+
+
 def test_local_commit_refused_by_an_engine(mount, tmp_path):
     m = mount
     v1_current_v2_published(m, tmp_path, seed=71)

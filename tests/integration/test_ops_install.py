@@ -39,7 +39,7 @@ def test_install_ships_helper_units_and_man_pages(installed):
         text = (d / "lib/systemd/system" / u).read_text()
         assert "@BINDIR@" not in text and "/usr/local/bin/hwfs " in text
         assert re.search(r"^Type=notify$", text, re.M), u
-    for page in ("man1/hwfs.1", "man1/hwfs-engine.1", "man8/mount.hwfs.8"):
+    for page in ("man1/hwfs.1", "man1/hwfs-engine.1", "man1/hwfs-vllm.1", "man8/mount.hwfs.8"):
         assert (d / "usr/local/share/man" / page).stat().st_size > 0
 
 

@@ -524,6 +524,23 @@ class Event:
         return f"Event({self.type!r}, {self.version!r})"
 
 
+_REPORT_SWAP = []
+
+
+def _report_swap():
+    """libhwfs's hwfs_engine_report_swap, or None when the library predates it."""
+    if not _REPORT_SWAP:
+        try:
+            f = _lib.lib.hwfs_engine_report_swap
+            f.restype = ctypes.c_int
+            f.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64,
+                          ctypes.c_uint64]
+        except AttributeError:
+            f = None
+        _REPORT_SWAP.append(f)
+    return _REPORT_SWAP[0]
+
+
 class Watch:
     """A live event stream from the daemon; with an engine name, the
     registration of this process as that engine (it lasts until close()).
@@ -610,16 +627,26 @@ class Watch:
             except (StreamClosed, ValueError):
                 return
 
-    def report(self, what, version, reason=None, pause_us=0):
+    def report(self, what, version, reason=None, pause_us=0, drain_us=None, swap_us=None):
         """Tell the node about @version: @what is "loading", "loaded",
-        "refused" (with @reason) or "swapped" (with @pause_us).  ValueError
-        once the watch is closed (or while close() runs)."""
+        "refused" (with @reason) or "swapped" (with @pause_us, and optionally
+        its split: @drain_us waiting for the requests in flight, @swap_us the
+        swap itself; `hwfs status` shows them).  ValueError once the watch is
+        closed (or while close() runs)."""
         if what not in _lib.REPORTS:
             raise ValueError(f"report must be one of {sorted(_lib.REPORTS)}, not {what!r}")
+        split = what == "swapped" and (drain_us is not None or swap_us is not None)
+        fn = _report_swap() if split else None
         with self._use() as w:
-            rc = _lib.hwfs_engine_report(w, _lib.REPORTS[what], _cstr(version, "version name"),
-                                         _cstr(reason, "reason") if reason else None,
-                                         int(pause_us))
+            if fn is not None:
+                rc = fn(w, _cstr(version, "version name"), int(pause_us),
+                        int(drain_us if drain_us is not None else 0),
+                        int(swap_us if swap_us is not None else 0))
+            else:
+                rc = _lib.hwfs_engine_report(w, _lib.REPORTS[what],
+                                             _cstr(version, "version name"),
+                                             _cstr(reason, "reason") if reason else None,
+                                             int(pause_us))
         if rc < 0 and self._closing:
             raise ValueError("hwfs.Watch is closed")
         _lib.check(rc, f"report {what} {version}")
