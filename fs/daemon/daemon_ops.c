@@ -270,6 +270,14 @@ int daemon_flip_current(void *arg, const char *v, char *err, size_t errlen)
 	return r; /* the current hook refreshed /metrics' snapshot (daemon_current) */
 }
 
+/* @out[@key] = @res[@key] (a reference), or a new empty one from @empty() when @res lacks it. */
+static void copy_member(json_t *out, json_t *res, const char *key, json_t *(*empty)(void))
+{
+	json_t *v = json_object_get(res, key);
+
+	json_object_set_new(out, key, v ? json_incref(v) : empty());
+}
+
 /*
  * commit_reply() - the control reply for the coordinator's COMMIT_RES @res
  * (consumed): "outcome" (committed / partial / aborted) and the nodes that
@@ -301,10 +309,12 @@ static json_t *commit_reply(const char *v, json_t *res)
 				why ? why : "refused");
 	if (out) {
 		json_object_set_new(out, "outcome", json_string(outcome));
-		json_object_set(out, "nodes", json_object_get(res, "nodes") ?: json_array());
-		json_object_set(out, "committed", json_object_get(res, "committed") ?: json_array());
-		json_object_set(out, "failed", json_object_get(res, "failed") ?: json_object());
-		json_object_set(out, "unknown", json_object_get(res, "unknown") ?: json_array());
+		/* a member the answer lacks (a refused request has no committed, failed or
+		 * unknown) is an empty one: made here and given to @out (set_new), not set */
+		copy_member(out, res, "nodes", json_array);
+		copy_member(out, res, "committed", json_array);
+		copy_member(out, res, "failed", json_object);
+		copy_member(out, res, "unknown", json_array);
 	}
 	json_decref(res);
 	return out;
