@@ -279,10 +279,14 @@ static json_t *commit_reply(const char *v, json_t *res)
 				why ? why : "refused");
 	if (out) {
 		json_object_set_new(out, "outcome", json_string(outcome));
-		json_object_set(out, "nodes", json_object_get(res, "nodes") ?: json_array());
-		json_object_set(out, "committed", json_object_get(res, "committed") ?: json_array());
-		json_object_set(out, "failed", json_object_get(res, "failed") ?: json_object());
-		json_object_set(out, "unknown", json_object_get(res, "unknown") ?: json_array());
+		/* the coordinator's lists, or empty ones it did not send (one reference each) */
+		json_object_set_new(out, "nodes", json_incref(json_object_get(res, "nodes")) ?: json_array());
+		json_object_set_new(out, "committed",
+				    json_incref(json_object_get(res, "committed")) ?: json_array());
+		json_object_set_new(out, "failed",
+				    json_incref(json_object_get(res, "failed")) ?: json_object());
+		json_object_set_new(out, "unknown",
+				    json_incref(json_object_get(res, "unknown")) ?: json_array());
 	}
 	json_decref(res);
 	return out;
@@ -392,11 +396,12 @@ static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	hwfs_hash_t *hs;
 	size_t n = 0;
 	uint64_t bytes = 0;
-	json_t *bad = json_array(), *res;
+	json_t *bad, *res;
 	int r;
 
 	if (!v)
 		return daemon_err_reply(EINVAL, "verify: missing version");
+	bad = json_array();
 	r = ns_snapshot(d->ns, v, &rec);
 	if (r < 0) {
 		json_decref(bad);
