@@ -270,14 +270,6 @@ int daemon_flip_current(void *arg, const char *v, char *err, size_t errlen)
 	return r; /* the current hook refreshed /metrics' snapshot (daemon_current) */
 }
 
-/* @out[@key] = @res[@key] (a reference), or a new empty one from @empty() when @res lacks it. */
-static void copy_member(json_t *out, json_t *res, const char *key, json_t *(*empty)(void))
-{
-	json_t *v = json_object_get(res, key);
-
-	json_object_set_new(out, key, v ? json_incref(v) : empty());
-}
-
 /*
  * commit_reply() - the control reply for the coordinator's COMMIT_RES @res
  * (consumed): "outcome" (committed / partial / aborted) and the nodes that
@@ -309,12 +301,14 @@ static json_t *commit_reply(const char *v, json_t *res)
 				why ? why : "refused");
 	if (out) {
 		json_object_set_new(out, "outcome", json_string(outcome));
-		/* a member the answer lacks (a refused request has no committed, failed or
-		 * unknown) is an empty one: made here and given to @out (set_new), not set */
-		copy_member(out, res, "nodes", json_array);
-		copy_member(out, res, "committed", json_array);
-		copy_member(out, res, "failed", json_object);
-		copy_member(out, res, "unknown", json_array);
+		/* the coordinator's lists, or empty ones it did not send (one reference each) */
+		json_object_set_new(out, "nodes", json_incref(json_object_get(res, "nodes")) ?: json_array());
+		json_object_set_new(out, "committed",
+				    json_incref(json_object_get(res, "committed")) ?: json_array());
+		json_object_set_new(out, "failed",
+				    json_incref(json_object_get(res, "failed")) ?: json_object());
+		json_object_set_new(out, "unknown",
+				    json_incref(json_object_get(res, "unknown")) ?: json_array());
 	}
 	json_decref(res);
 	return out;
@@ -431,11 +425,12 @@ static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	hwfs_hash_t *hs;
 	size_t n = 0;
 	uint64_t bytes = 0;
-	json_t *bad = json_array(), *res;
+	json_t *bad, *res;
 	int r;
 
 	if (!v)
 		return daemon_err_reply(EINVAL, "verify: missing version");
+	bad = json_array();
 	r = ns_snapshot(d->ns, v, &rec);
 	if (r < 0) {
 		json_decref(bad);
