@@ -277,8 +277,14 @@ def test_coordinator_blanks_control_characters_of_ready_and_ack_reasons(net, tmp
 def test_a_version_damaged_while_the_engines_load_it_is_not_ready(net, tmp_path):
     """B's engine gets PREPARE of v2; meanwhile v2 is found damaged on B (`hwfs verify`);
     then the engine reports v2 loaded.  B re-checks v2 before it answers READY: not ready,
-    the commit aborts and no node flips (not a partial commit with B unable to flip)."""
-    ring(net, ["A", "B"])
+    the commit aborts and no node flips (not a partial commit with B unable to flip).
+    The deadlines are long: the corruption and `hwfs verify` happen inside the barrier, and
+    under a sanitizer on a loaded machine they took longer than the default 8 s engine
+    deadline, which aborts the commit for another reason."""
+    net.start_coord(tunables={"commit_deadline_ms": 40000})
+    for name in ("A", "B"):
+        net.add(name, extra=["-o", "engine_deadline_ms=30000", "-o", "commit_deadline_ms=40000"])
+    net.wait_alive(["A", "B"], viewer=net["A"])
     src = {v: random_model(tmp_path / v, 3 * CHUNK, seed=s) for v, s in (("v1", 81), ("v2", 82))}
     for v in ("v1", "v2"):
         net.wait_version(v, net.publish("A", src[v], v))
