@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -616,3 +617,21 @@ def flip_byte(path, off):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+def ask_engine(sock, timeout=5.0):
+    """What the C engine (hwfs-engine) listening on unix socket @sock serves: its
+    answer to "what do you serve?" (a dict), or None when it does not answer."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(str(sock))
+            s.sendall(b"what do you serve?\n")
+            buf = b""
+            while not buf.endswith(b"\n"):
+                data = s.recv(4096)
+                if not data:
+                    return None
+                buf += data
+            return json.loads(buf)
+    except OSError:
+        return None

@@ -11,11 +11,9 @@ The ``procs`` fixture (import it into a test module) stops every process a
 test started, whatever happened.
 """
 
-import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HWFS, pid_alive, poll, read_text
+from conftest import HWFS, ask_engine, pid_alive, poll, read_text
 
 ENGINE = os.environ.get("HWFS_ENGINE_BIN") or str(Path(HWFS).resolve().parent / "hwfs-engine")
 STOP_GRACE = 10  # seconds a SIGTERMed process gets before SIGKILL
@@ -80,20 +78,7 @@ class EngineProc:
 
     def ask(self, timeout=5.0):
         """One request: the engine's answer (a dict), or None when it does not answer."""
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(timeout)
-                s.connect(self.sock)
-                s.sendall(b"what do you serve?\n")
-                buf = b""
-                while not buf.endswith(b"\n"):
-                    data = s.recv(4096)
-                    if not data:
-                        return None
-                    buf += data
-                return json.loads(buf)
-        except OSError:
-            return None
+        return ask_engine(self.sock, timeout)
 
     def wait_serving(self, version, timeout=20.0):
         """Poll until the engine answers @version; returns that answer."""

@@ -34,7 +34,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -43,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from hwfs_integration_conftest import HWFS, HwfsMount, _ACTIVE, REPO, poll, wait_dead
+from hwfs_integration_conftest import HWFS, HwfsMount, _ACTIVE, REPO, ask_engine, poll
 
 VENV = Path(os.environ.get("HWFS_VLLM_VENV") or REPO / "build" / "venv-vllm")
 VPY = VENV / "bin" / "python"
@@ -501,25 +500,6 @@ class Node(HwfsMount):
 
     def engine(self, name):
         return next((e for e in self.status().get("engines", []) if e["name"] == name), None)
-
-
-def ask_engine(sock):
-    """What hwfs-engine listening on @sock serves ({"version": ..}), or None."""
-    import socket
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(5)
-            s.connect(str(sock))
-            s.sendall(b"what do you serve?\n")
-            buf = b""
-            while not buf.endswith(b"\n"):
-                data = s.recv(4096)
-                if not data:
-                    return None
-                buf += data
-            return json.loads(buf)
-    except OSError:
-        return None
 
 
 @pytest.mark.limit(420)
