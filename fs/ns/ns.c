@@ -374,6 +374,7 @@ int ns_writable(const struct node *n)
 void ns_stat(struct ns *ns, struct node *n, struct stat *st)
 {
 	uint64_t size = 0;
+	int64_t mtime, ctime;
 
 	memset(st, 0, sizeof(*st));
 	st->st_ino = n->ino;
@@ -407,10 +408,13 @@ void ns_stat(struct ns *ns, struct node *n, struct stat *st)
 	st->st_size = (off_t)size;
 	st->st_blksize = 1 << 20;
 	st->st_blocks = (blkcnt_t)((size + 511) / 512);
-	st->st_mtim.tv_sec = n->mtime_ns / 1000000000;
-	st->st_mtim.tv_nsec = n->mtime_ns % 1000000000;
-	st->st_ctim.tv_sec = n->ctime_ns / 1000000000;
-	st->st_ctim.tv_nsec = n->ctime_ns % 1000000000;
+	/* atomic: a write to an open file updates them under the file's mutex only */
+	mtime = __atomic_load_n(&n->mtime_ns, __ATOMIC_RELAXED);
+	ctime = __atomic_load_n(&n->ctime_ns, __ATOMIC_RELAXED);
+	st->st_mtim.tv_sec = mtime / 1000000000;
+	st->st_mtim.tv_nsec = mtime % 1000000000;
+	st->st_ctim.tv_sec = ctime / 1000000000;
+	st->st_ctim.tv_nsec = ctime % 1000000000;
 	st->st_atim = st->st_mtim;
 	(void)ns;
 }

@@ -126,4 +126,15 @@ uint64_t tp_size(const struct node *n);
 int tp_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
 	    int (*emit)(void *, const struct iovec *, int), void *arg);
 
+/*
+ * ns_touch() - set @n's mtime and ctime to @ns_now after a change of its data.
+ * Writes to an open file hold only the file's mutex, not the namespace lock
+ * that ns_stat() reads under, so both sides are atomic.
+ */
+static inline void ns_touch(struct node *n, int64_t ns_now)
+{
+	__atomic_store_n(&n->mtime_ns, ns_now, __ATOMIC_RELAXED);
+	__atomic_store_n(&n->ctime_ns, ns_now, __ATOMIC_RELAXED);
+}
+
 #endif /* HWFS_NS_I_H */

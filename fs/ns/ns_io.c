@@ -69,7 +69,7 @@ static int write_common(struct ns *ns, struct node *n, uint64_t off, const void 
 			r = writer_commit(n->w, off, done) ?: r;
 	}
 	if (r == 0)
-		n->mtime_ns = n->ctime_ns = hwfs_now_ns();
+		ns_touch(n, (int64_t)hwfs_now_ns());
 	else if (r != -EROFS) /* the writer was told its bytes are not there */
 		n->write_error = -r;
 	pthread_mutex_unlock(&n->mu);
@@ -97,7 +97,7 @@ int ns_truncate(struct ns *ns, struct node *n, uint64_t size)
 	if (r == 0)
 		r = writer_truncate(n->w, size);
 	if (r == 0)
-		n->mtime_ns = n->ctime_ns = hwfs_now_ns();
+		ns_touch(n, (int64_t)hwfs_now_ns());
 	if (r == 0 && size == 0) /* a full rewrite starts here */
 		n->write_error = 0;
 	else if (r < 0 && r != -EROFS)
