@@ -89,8 +89,8 @@ struct snode {
 	size_t ring_head, ring_len, ring_cap;
 	int up_busy;
 	double up_free_at, down_free, up_busy_s, down_busy_s;
-	struct pool agent, codec, cores;
-	double recv_s, rebuild_s, encode_s, send_s; /* CPU seconds by kind */
+	struct pool io, agent, codec, cores;
+	double net_s, recv_s, rebuild_s, encode_s, send_s; /* CPU seconds by kind */
 	uint64_t bytes_in, bytes_out;
 };
 
@@ -426,7 +426,7 @@ static void up_kick(struct sim *s, struct snode *d, double now)
 		if (s->p->r.net_send_s > 0) {
 			double c = (double)len / GIB * s->p->r.net_send_s;
 
-			reserve(s, d, NULL, now, c);
+			reserve(s, d, &d->io, now, c);
 			d->send_s += c;
 		}
 		push(s, start + dur, EV_UP_FREE, (uint32_t)(d - s->n), 0, 0, 0, 0);
@@ -572,11 +572,14 @@ static void on_arrive(struct sim *s, const struct ev *e)
 	if (e->gen != n->gen || !n->alive || n->sh[e->shard].done)
 		return;
 	len = piece_len(s, e->shard, e->piece, n->delta);
-	c = (double)len / GIB * s->p->r.net_recv_s;
-	if (!n->delta)
-		c += (double)len / GIB / s->p->r.hash;
-	n->recv_s += c;
-	end = reserve(s, n, &n->agent, e->t, c);
+	c = (double)len / GIB * s->p->r.net_recv_s; /* the socket: an I/O thread */
+	n->net_s += c;
+	end = reserve(s, n, &n->io, e->t, c);
+	if (!n->delta) { /* the agent thread copies it into the staged shard and hashes it */
+		c = (double)len / GIB / s->p->r.hash + (double)len / GIB / s->p->r.copy;
+		n->recv_s += c;
+		end = reserve(s, n, &n->agent, end, c);
+	}
 	n->sh[e->shard].from = (uint16_t)e->from;
 	push(s, end, EV_READY, e->node, e->shard, e->piece, e->gen, e->from);
 }
@@ -650,7 +653,8 @@ static int add_node(struct sim *s, const char *name, double t)
 	n->t_done = -1;
 	n->t_die = -1;
 	n->sh = calloc(s->n_shards, sizeof(*n->sh));
-	if (!n->sh || pool_init(&n->agent, 1) || pool_init(&n->codec, s->p->codec_workers) ||
+	if (!n->sh || pool_init(&n->io, s->p->io_threads ? s->p->io_threads : 1) ||
+	    pool_init(&n->agent, 1) || pool_init(&n->codec, s->p->codec_workers) ||
 	    pool_init(&n->cores, s->p->host_cores ? 0 : s->p->node_cores))
 		return -ENOMEM;
 	s->nn++;
@@ -718,8 +722,9 @@ static json_t *result(struct sim *s, double makespan)
 	json_t *util = json_object(), *params = json_object();
 	const struct sim_params *p = s->p;
 	struct snode *last = NULL;
-	double cpu = 0, up = 0, agent = 0, codec = 0, enc = 0;
-	const char *up_n = "", *agent_n = "", *codec_n = "", *what = "", *agent_what = "hash";
+	double cpu = 0, up = 0, agent = 0, codec = 0, enc = 0, io = 0;
+	const char *up_n = "", *agent_n = "", *codec_n = "", *io_n = "", *what = "";
+	const char *agent_what = "receive: copy + hash";
 	uint64_t sh_last = 0;
 	size_t converged = 0, expected = 0;
 
@@ -734,8 +739,8 @@ static json_t *result(struct sim *s, double makespan)
 			n->complete ? json_real(n->t_done) : json_null(), "joined_s", n->t_join,
 			"bytes_in", (json_int_t)n->bytes_in, "bytes_out", (json_int_t)n->bytes_out,
 			"donors", dn, "delta", n->delta, "alive", n->alive,
-			"cpu_s", n->recv_s + n->rebuild_s + n->encode_s + n->send_s));
-		cpu += n->recv_s + n->rebuild_s + n->encode_s + n->send_s;
+			"cpu_s", n->net_s + n->recv_s + n->rebuild_s + n->encode_s + n->send_s));
+		cpu += n->net_s + n->recv_s + n->rebuild_s + n->encode_s + n->send_s;
 		if (!n->origin && n->alive) {
 			expected++;
 			if (n->complete) {
@@ -752,7 +757,11 @@ static json_t *result(struct sim *s, double makespan)
 			agent = n->agent.busy;
 			agent_n = n->name;
 			agent_what = n->encode_s > n->recv_s && n->encode_s > n->rebuild_s ? "encode" :
-				     n->rebuild_s > n->recv_s ? "rebuild" : "hash";
+				     n->rebuild_s > n->recv_s ? "rebuild" : "receive: copy + hash";
+		}
+		if (n->io.busy > io) {
+			io = n->io.busy;
+			io_n = n->name;
 		}
 		if (n->codec.busy > codec) {
 			codec = n->codec.busy;
@@ -787,6 +796,7 @@ static json_t *result(struct sim *s, double makespan)
 	}
 	if (makespan > 0) {
 		double lu = up / makespan, au = agent / makespan, cu = codec / makespan;
+		double iu = io / makespan / (p->io_threads ? p->io_threads : 1);
 		double hu = p->host_cores ? s->host.busy / p->host_cores / makespan : 0;
 		double best = lu;
 
@@ -798,12 +808,18 @@ static json_t *result(struct sim *s, double makespan)
 			json_object_set_new(util, "busiest_codec_pool",
 					    json_pack("{s:s, s:f}", "node", codec_n, "busy",
 						      cu / p->codec_workers));
+		json_object_set_new(util, "busiest_io_threads", json_pack("{s:s, s:f}", "node", io_n,
+									"busy", iu));
 		json_object_set_new(util, "encode_s", json_real(enc));
 		if (p->host_cores)
 			json_object_set_new(util, "host_cores", json_real(hu));
 		if (au > best) {
 			best = au;
 			what = agent_what;
+		}
+		if (iu > best) {
+			best = iu;
+			what = "socket I/O threads";
 		}
 		if (p->codec_workers && cu / p->codec_workers > best) {
 			best = cu / p->codec_workers;
@@ -833,6 +849,7 @@ static json_t *result(struct sim *s, double makespan)
 	json_object_set_new(params, "encode", json_string(p->encode == SIM_ENCODE_AHEAD ? "ahead" :
 							  "first-request"));
 	json_object_set_new(params, "codec_workers", json_integer(p->codec_workers));
+	json_object_set_new(params, "io_threads", json_integer(p->io_threads ? p->io_threads : 1));
 	json_object_set_new(params, "host_cores", json_integer(p->host_cores));
 	json_object_set_new(params, "node_cores", json_integer(p->node_cores));
 	json_object_set_new(params, "rates", json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "hash_gibps",
@@ -873,6 +890,7 @@ void sim_defaults(struct sim_params *p)
 	p->overhead = 1.046;
 	p->fanout = 1;
 	p->changed = 0.02;
+	p->io_threads = 1;
 	p->control_s = 0.005;
 	p->finish_s = 0.02;
 	p->r.net_send_s = p->r.net_recv_s = SIM_NET_CPU_S;
@@ -886,6 +904,7 @@ static void sim_free(struct sim *s)
 		free(s->n[i].donors);
 		free(s->n[i].kids);
 		free(s->n[i].ring);
+		free(s->n[i].io.free);
 		free(s->n[i].agent.free);
 		free(s->n[i].codec.free);
 		free(s->n[i].cores.free);
@@ -911,12 +930,12 @@ int sim_run(const struct sim_params *p, json_t **out, char *err, size_t errlen)
 	int r = -ENOMEM;
 
 	*out = NULL;
-	if (p->nodes < 1 || p->nodes + p->n_late + 1 > MAX_NODES || p->size == 0 ||
+	if (p->nodes < 1 || p->nodes + p->n_late > MAX_NODES || p->size == 0 ||
 	    p->shard_bytes == 0 || p->piece_bytes == 0 || p->link_bps <= 0 || p->overhead < 1 ||
 	    p->r.hash <= 0 || p->r.copy <= 0 || (p->delta && (p->r.encode <= 0 ||
 	    p->r.decode <= 0 || p->r.delta_ratio <= 0))) {
-		hwfs_set_err(err, errlen, "bad parameters: 1 to %d nodes, sizes > 0, rates > 0",
-			  MAX_NODES - 1);
+		hwfs_set_err(err, errlen, "bad parameters: 1 to %d receivers, sizes > 0, rates > 0",
+			  MAX_NODES);
 		return -EINVAL;
 	}
 	s.n_shards = (p->size + p->shard_bytes - 1) / p->shard_bytes;
@@ -1052,7 +1071,7 @@ static uint16_t bf16_of(float f)
 
 int sim_calibrate(struct sim_rates *r, double changed, unsigned mib)
 {
-	size_t len = (size_t)(mib ? mib : 256) << 20, n = len / 2;
+	size_t len = (size_t)(mib ? mib : 128) << 20, n = len / 2;
 	uint16_t *a = malloc(len), *b = malloc(len);
 	uint8_t *enc = malloc(len + 4096), *out = malloc(len);
 	struct delta_ctx *cx = delta_ctx_new(hwfs_tun.delta_level);

@@ -9,8 +9,8 @@
  * What it models: every node's link (rate each way, latency), pieces
  * forwarded cut-through by relays, the publisher's encode, each receiver's
  * rebuild of a delta (store-and-forward or cut-through relays, on the agent
- * thread or a pool of codec workers), the per-byte CPU of receiving, sending
- * and hashing, and cores shared by every node of one host (--host-cores) or
+ * thread or a pool of codec workers), the per-byte CPU of the sockets (on
+ * ZeroMQ's I/O threads) and of copying and hashing (the agent thread), and cores shared by every node of one host (--host-cores) or
  * each node's own.  Results: each node's convergence time, bytes per link,
  * the critical path and what bounds the run.
  */
@@ -54,6 +54,7 @@ struct sim_params {
 	enum sim_relay relay;
 	enum sim_encode encode;
 	unsigned codec_workers; /* per node; 0: the agent thread does the codec work (today) */
+	unsigned io_threads;    /* per node: ZeroMQ's I/O threads (the sockets' CPU) */
 	unsigned host_cores;    /* > 0: every node on one host of this many cores */
 	unsigned node_cores;    /* with host_cores 0: cores per node (0: never short) */
 	double control_s;       /* announce -> plan -> first request */

@@ -29,7 +29,7 @@
 	"hwfs sim [--nodes N] [--size BYTES] [--link RATE] [--latency TIME]\n"                 \
 	"                [--topology chain|tree:K|star] [--shard BYTES] [--piece BYTES]\n"      \
 	"                [--delta FRACTION] [--delta-ratio R] [--relay store|cut]\n"            \
-	"                [--encode first-request|ahead] [--codec-workers N]\n"                  \
+	"                [--encode first-request|ahead] [--codec-workers N] [--io-threads N]\n" \
 	"                [--host-cores N | --node-cores N] [--hash GIB/S] [--copy GIB/S]\n"     \
 	"                [--encode-rate GIB/S] [--decode GIB/S] [--net-cpu S/GIB]\n"            \
 	"                [--overhead F] [--control TIME] [--finish TIME]\n"                     \
@@ -57,6 +57,7 @@ static void help(void)
 	       "                       the publisher encodes the whole version at the first\n"
 	       "                       request (today) or each shard ahead, in codec workers\n"
 	       "  --codec-workers N    codec threads per node; 0: the agent thread (today)\n"
+	       "  --io-threads N       ZeroMQ I/O threads per node, the sockets' CPU (default 1)\n"
 	       "  --host-cores N       every node on one host of N cores (make bench-cluster: 2)\n"
 	       "  --node-cores N       else cores per node (default 0: never short)\n"
 	       "  --hash, --copy, --encode-rate, --decode GIB/S   CPU rates of one core\n"
@@ -67,7 +68,7 @@ static void help(void)
 	       "  --late-join TIME     a node joins then (striped from the complete holders)\n"
 	       "  --kill NODE@TIME     receiver NODE (r3) dies then; the coordinator notices\n"
 	       "                       node_dead_ms later and re-plans\n"
-	       "  --calibrate-mib N    MiB the calibration runs over (default 256)\n"
+	       "  --calibrate-mib N    MiB the calibration runs over (default 128)\n"
 	       "  --json               the whole result as JSON\n",
 	       SIM_USAGE);
 }
@@ -155,11 +156,11 @@ static void print_human(json_t *res, double cpu)
 	size_t i, np = json_array_size(path), nn = json_array_size(nodes);
 	char b1[32];
 
-	printf("simulated: %s of %s to %lld receivers over %s links of %.4g Gbit/s (%s)\n",
+	printf("simulated: %s, %s, %s, to %lld receivers; links %.4g Gbit/s; %s\n",
 	       json_string_value(json_object_get(p, "topology")),
 	       gib(json_integer_value(json_object_get(p, "size")), b1, sizeof(b1)),
+	       json_is_true(json_object_get(p, "delta")) ? "deltas" : "whole shards",
 	       (long long)json_integer_value(json_object_get(p, "nodes")),
-	       json_is_true(json_object_get(p, "delta")) ? "delta" : "whole-shard",
 	       json_real_value(json_object_get(p, "link_bps")) / 1e9,
 	       json_integer_value(json_object_get(p, "host_cores")) ? "all nodes on one host"
 								      : "a host per node");
@@ -240,9 +241,10 @@ int cmd_sim(int argc, char **argv)
 		{"control", required_argument, NULL, 'T'},    {"finish", required_argument, NULL, 'F'},
 		{"late-join", required_argument, NULL, 'j'},  {"kill", required_argument, NULL, 'k'},
 		{"calibrate-mib", required_argument, NULL, 'M'}, {"json", no_argument, NULL, 'J'},
+		{"io-threads", required_argument, NULL, 'I'},
 		{"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0}};
 	struct sim_params p;
-	unsigned cal_mib = 256;
+	unsigned cal_mib = 128;
 	int json = 0, c, r;
 	double t0 = cpu_now();
 	char err[256];
@@ -307,6 +309,9 @@ int cmd_sim(int argc, char **argv)
 			break;
 		case 'w':
 			p.codec_workers = (unsigned)num("--codec-workers", optarg, 0);
+			break;
+		case 'I':
+			p.io_threads = (unsigned)num("--io-threads", optarg, 1);
 			break;
 		case 'H':
 			p.host_cores = (unsigned)num("--host-cores", optarg, 0);
