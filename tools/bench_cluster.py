@@ -1279,9 +1279,9 @@ def sim_compare(row, run, cores):
         params.update({k: run.pop(k) for k in list(run) if k in params})
         res = sim_model.predict(HWFS, params, run)
         row["sim_s"] = res["converged_s"]
-        row["sim_err"] = row["replication_s"] / res["converged_s"] - 1
-        print(f"{'':11}sim: {res['converged_s']:.2f} s, measured {row['sim_err'] * 100:+.1f}% "
-              f"({res['bottleneck']})")
+        row["sim_err"] = res["converged_s"] / row["replication_s"] - 1
+        print(f"{'':11}sim: {res['converged_s']:.2f} s, error {row['sim_err'] * 100:+.1f}% of the measured "
+              f"(bottleneck: {res['bottleneck']})")
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as e:
         print(f"{'':11}sim: n/a ({type(e).__name__}: {str(e)[:80]})")
 
