@@ -724,7 +724,9 @@ static json_t *result(struct sim *s, double makespan)
 	struct snode *last = NULL;
 	double cpu = 0, up = 0, agent = 0, codec = 0, enc = 0, io = 0;
 	const char *up_n = "", *agent_n = "", *codec_n = "", *io_n = "", *what = "";
-	const char *agent_what = "receive: copy + hash";
+	const char *agent_what = "receive: copy + hash", *agent2_n = "", *agent2_what = "";
+	double agent2 = 0;
+	char serial[160];
 	uint64_t sh_last = 0;
 	size_t converged = 0, expected = 0;
 
@@ -753,11 +755,22 @@ static json_t *result(struct sim *s, double makespan)
 			up = n->up_busy_s;
 			up_n = n->name;
 		}
-		if (n->agent.busy > agent) {
-			agent = n->agent.busy;
-			agent_n = n->name;
-			agent_what = n->encode_s > n->recv_s && n->encode_s > n->rebuild_s ? "encode" :
-				     n->rebuild_s > n->recv_s ? "rebuild" : "receive: copy + hash";
+		if (n->agent.busy > agent2) { /* the two busiest agent threads */
+			const char *w = n->encode_s > n->recv_s && n->encode_s > n->rebuild_s ? "encode" :
+					n->rebuild_s > n->recv_s ? "rebuild" : "receive: copy + hash";
+
+			if (n->agent.busy > agent) {
+				agent2 = agent;
+				agent2_n = agent_n;
+				agent2_what = agent_what;
+				agent = n->agent.busy;
+				agent_n = n->name;
+				agent_what = w;
+			} else {
+				agent2 = n->agent.busy;
+				agent2_n = n->name;
+				agent2_what = w;
+			}
 		}
 		if (n->io.busy > io) {
 			io = n->io.busy;
@@ -829,8 +842,14 @@ static json_t *result(struct sim *s, double makespan)
 			best = hu;
 			what = "host CPU";
 		}
-		if (best < 0.6)
+		if (best < 0.6 && au + agent2 / makespan >= 0.8) {
+			/* two threads, each busy half the run: one's work waits for the other's */
+			snprintf(serial, sizeof(serial), "%s on %s, then %s on %s (in series)",
+				 agent_what, agent_n, agent2_what, agent2_n);
+			what = serial;
+		} else if (best < 0.6) {
 			what = "critical path depth (latency and pipeline fill per hop)";
+		}
 	}
 	json_object_set_new(params, "nodes", json_integer(p->nodes));
 	json_object_set_new(params, "size", json_integer((json_int_t)p->size));
