@@ -40,7 +40,6 @@
 #include "tunables.h"
 
 #define GIB 1073741824.0
-#define SIM_NET_CPU_S 0.375 /* CPU s per GiB through the sockets, each side (DESIGN.md §8: 0.75 both) */
 
 enum { EV_UP_FREE, EV_ARRIVE, EV_READY, EV_SHARD, EV_DONE, EV_ENCODED, EV_JOIN, EV_DIE,
        EV_NOTICE };
@@ -905,13 +904,13 @@ void sim_defaults(struct sim_params *p)
 	p->shard_bytes = hwfs_tun.max_shard;
 	p->piece_bytes = hwfs_tun.piece_bytes;
 	p->link_bps = 1e9;
-	p->latency_s = 50e-6;
-	p->overhead = 1.046;
+	p->latency_s = SIM_LATENCY_S;
+	p->overhead = SIM_OVERHEAD;
 	p->fanout = 1;
 	p->changed = 0.02;
 	p->io_threads = 1;
-	p->control_s = 0.005;
-	p->finish_s = 0.02;
+	p->control_s = SIM_CONTROL_S;
+	p->finish_s = SIM_FINISH_S;
 	p->r.net_send_s = p->r.net_recv_s = SIM_NET_CPU_S;
 	p->r.delta_ratio = -1;
 }
@@ -963,7 +962,7 @@ int sim_run(const struct sim_params *p, json_t **out, char *err, size_t errlen)
 	while ((p->size / s.piece) * (uint64_t)(p->nodes + p->n_late) > SIM_MAX_EVENTS_PER_RUN &&
 	       s.piece < p->shard_bytes)
 		s.piece = 2 * s.piece < p->shard_bytes ? 2 * s.piece : p->shard_bytes;
-	if (s.piece > 65535ull * s.piece || p->shard_bytes / s.piece > 65535) {
+	if (p->shard_bytes / s.piece > 65535) {
 		hwfs_set_err(err, errlen, "more than 65535 pieces in a shard");
 		return -EINVAL;
 	}
@@ -1090,7 +1089,7 @@ static uint16_t bf16_of(float f)
 
 int sim_calibrate(struct sim_rates *r, double changed, unsigned mib)
 {
-	size_t len = (size_t)(mib ? mib : 128) << 20, n = len / 2;
+	size_t len = (size_t)(mib ? mib : SIM_CALIBRATE_MIB) << 20, n = len / 2;
 	uint16_t *a = malloc(len), *b = malloc(len);
 	uint8_t *enc = malloc(len + 4096), *out = malloc(len);
 	struct delta_ctx *cx = delta_ctx_new(hwfs_tun.delta_level);

@@ -21,6 +21,17 @@
 #include <stdint.h>
 
 #define SIM_MAX_EVENTS_PER_RUN (1ull << 25) /* piece-hops before pieces are coarsened */
+/*
+ * The model's defaults (sim_defaults(); docs/sim.md says where each comes from).
+ * They describe the simulated cluster, not this daemon: the daemon's own knobs
+ * (piece_bytes, max_shard, node_dead_ms) are read from hwfs_tun.
+ */
+#define SIM_LATENCY_S 50e-6     /* one way per hop */
+#define SIM_OVERHEAD 1.046      /* wire bytes per payload byte: bench-cluster's tbf count */
+#define SIM_NET_CPU_S 0.375     /* socket CPU s per GiB each side: the VM's raw TCP link check / 2 */
+#define SIM_CONTROL_S 0.005     /* a plan to its first request */
+#define SIM_FINISH_S 0.020      /* a node's last shard to its version visible */
+#define SIM_CALIBRATE_MIB 128   /* what sim_calibrate() runs over by default */
 #define SIM_MAX_LATE 64                     /* late joiners of one run */
 #define SIM_MAX_KILLS 64                    /* deaths of one run */
 

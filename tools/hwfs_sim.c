@@ -40,7 +40,7 @@ static void help(void)
 	printf("usage: %s\n\n"
 	       "Simulates replicating one version from `pub` to N receivers with the\n"
 	       "coordinator's own planner (docs/sim.md).  Defaults: 1 receiver, 1GiB, 1gbit\n"
-	       "links, 50us latency, chain, shards of max_shard, pieces of piece_bytes,\n"
+	       "links, %gus latency, chain, shards of max_shard, pieces of piece_bytes,\n"
 	       "whole shards; rates not given are measured here first.\n\n"
 	       "  --nodes N            receivers (the publisher is one more)\n"
 	       "  --size BYTES         the version (K/M/G/T suffixes, powers of 2)\n"
@@ -61,16 +61,16 @@ static void help(void)
 	       "  --host-cores N       every node on one host of N cores (make bench-cluster: 2)\n"
 	       "  --node-cores N       else cores per node (default 0: never short)\n"
 	       "  --hash, --copy, --encode-rate, --decode GIB/S   CPU rates of one core\n"
-	       "  --net-cpu S/GIB      socket CPU per GiB, each side (default 0.375)\n"
-	       "  --overhead F         wire bytes per payload byte (default 1.046)\n"
-	       "  --control TIME       announce -> first request (default 5ms)\n"
-	       "  --finish TIME        last shard -> version visible (default 20ms)\n"
+	       "  --net-cpu S/GIB      socket CPU per GiB, each side (default %g)\n"
+	       "  --overhead F         wire bytes per payload byte (default %g)\n"
+	       "  --control TIME       announce -> first request (default %gs)\n"
+	       "  --finish TIME        last shard -> version visible (default %gs)\n"
 	       "  --late-join TIME     a node joins then (striped from the complete holders)\n"
 	       "  --kill NODE@TIME     receiver NODE (r3) dies then; the coordinator notices\n"
 	       "                       node_dead_ms later and re-plans\n"
-	       "  --calibrate-mib N    MiB the calibration runs over (default 128)\n"
+	       "  --calibrate-mib N    MiB the calibration runs over (default %d)\n"
 	       "  --json               the whole result as JSON\n",
-	       SIM_USAGE);
+	       SIM_USAGE, SIM_LATENCY_S * 1e6, SIM_NET_CPU_S, SIM_OVERHEAD, SIM_CONTROL_S, SIM_FINISH_S, SIM_CALIBRATE_MIB);
 }
 
 /* "100gbit", "400g", "800mbit", "1e9": bits per second. */
@@ -244,7 +244,7 @@ int cmd_sim(int argc, char **argv)
 		{"io-threads", required_argument, NULL, 'I'},
 		{"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0}};
 	struct sim_params p;
-	unsigned cal_mib = 128;
+	unsigned cal_mib = SIM_CALIBRATE_MIB;
 	int json = 0, c, r;
 	double t0 = cpu_now();
 	char err[256];
