@@ -614,7 +614,7 @@ static void on_done(struct sim *s, const struct ev *e)
 {
 	struct snode *n = &s->n[e->node];
 
-	if (e->gen != n->gen || !n->alive || n->complete)
+	if (!n->alive || n->complete || n->shards_done < s->n_shards) /* a re-plan keeps done shards */
 		return;
 	n->complete = 1;
 	n->t_done = e->t;
