@@ -567,14 +567,14 @@ static void handle(struct coord *c)
 }
 
 /* Where the planner's plans go here: a PLAN to the node, with the version's manifest. */
-static void send_plan(struct coord *c, struct cnode *to, struct cversion *v, json_t *fields)
+static void plan_send_msg(struct coord *c, struct cnode *to, struct cversion *v, json_t *fields)
 {
 	coord_send(c, to->name, P_PLAN, fields, v->manifest, v->mlen);
 }
 
 int coord_run(const struct coord_opts *o)
 {
-	struct coord c = {.o = o, .commits = json_array(), .plan_out = send_plan};
+	struct coord c = {.o = o, .commits = json_array(), .plan_out = plan_send_msg};
 	struct sigaction sa = {.sa_handler = on_signal};
 	int linger = 0, r = 0, mandatory = 0;
 	char msg[512];
