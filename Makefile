@@ -38,7 +38,7 @@ REQ_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -pthread \
               -D_FILE_OFFSET_BITS=64 $(PKG_CFLAGS)
 ALL_CFLAGS  = $(CFLAGS) $(EXTRA_CFLAGS) $(REQ_CFLAGS) $(LAYER_INC)
 ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS) -pthread
-LIBS    := $(PKG_LIBS) -ldl
+LIBS    := $(PKG_LIBS) -ldl -lm
 
 # Layers (docs/design.md, "Module map").  Each folder sees only its own
 # headers and those of the layers below it, so the compiler keeps the

@@ -1,7 +1,7 @@
 /*
  * hwfs_cli.h — what the files of the `hwfs` command share: the error exits
- * (hwfs.c), the verbs that start and stop processes (hwfs_daemon.c) and
- * `hwfs watch` (hwfs_watch.c), which main()'s table of verbs in hwfs.c
+ * (hwfs.c), the verbs that start and stop processes (hwfs_daemon.c),
+ * `hwfs watch` (hwfs_watch.c) and `hwfs sim` (hwfs_sim.c), which main()'s table of verbs in hwfs.c
  * dispatches to.
  */
 #ifndef HWFS_CLI_H
@@ -36,5 +36,8 @@ int mount_helper_main(int argc, char **argv);
 
 /* hwfs_watch.c */
 int cmd_watch(int argc, char **argv);
+
+/* hwfs_sim.c: `hwfs sim`, the replication simulator (replicator/sim.h) */
+int cmd_sim(int argc, char **argv);
 
 #endif /* HWFS_CLI_H */
