@@ -71,6 +71,12 @@ static uint8_t *stg_ptr(struct writer *w, uint64_t file_off)
 	return arena_base(w->ar) + w->stg_off + (file_off - w->cut_pos);
 }
 
+/* The arena offset of file offset @file_off (>= cut_pos), in staging. */
+static uint64_t stg_off_of(const struct writer *w, uint64_t file_off)
+{
+	return w->stg_off + (file_off - w->cut_pos);
+}
+
 int writer_create(struct store *s, struct writer **out)
 {
 	struct writer *w = calloc(1, sizeof(*w));
@@ -353,7 +359,7 @@ int writer_reserve(struct writer *w, uint64_t off, size_t len, uint8_t **ptr)
 	if (r < 0)
 		return r;
 	if (off > w->size) /* zero the gap now: staging never shows stale bytes */
-		memset(stg_ptr(w, w->size), 0, off - w->size);
+		arena_zero(w->ar, stg_off_of(w, w->size), off - w->size);
 	*ptr = stg_ptr(w, off);
 	return 0;
 }
@@ -383,7 +389,8 @@ int writer_write(struct writer *w, uint64_t off, const void *buf, size_t len)
 	r = writer_reserve(w, off, len, &p);
 	if (r < 0)
 		return r;
-	memcpy(p, buf, len);
+	/* pwrite, not memcpy: no page fault per fresh staging page (arena_write) */
+	arena_write(w->ar, stg_off_of(w, off), buf, len);
 	return writer_commit(w, off, len);
 }
 
@@ -411,7 +418,7 @@ int writer_truncate(struct writer *w, uint64_t size)
 		r = stg_ensure(w, size - w->cut_pos);
 		if (r < 0)
 			return r;
-		memset(stg_ptr(w, w->size), 0, size - w->size);
+		arena_zero(w->ar, stg_off_of(w, w->size), size - w->size);
 	}
 	w->size = size;
 	if (w->wmax > size)
