@@ -7,6 +7,8 @@ on tmpfs, mounts hwfs with its store on /dev/shm and measures, in one run:
   read cold    cat MNT/versions/v1/F > /dev/null right after drop_caches
   read warm    the same again, page cache warm
   cp ingest    cp F MNT/versions/v2/ (open version)  vs  cp F /dev/shm/dir/
+               (F is v1's file: every byte is a duplicate, the store keeps
+               its staging pages; informational, the target is on "plain cp")
   publish      hwfs publish DIR v1  (informational)   vs  cp -r DIR /dev/shm/dir
   growth       store.used_bytes growth of v3 (10% of tensors changed) / changed bytes
 
@@ -54,7 +56,6 @@ SEED = 20240601
 TARGETS = {  # metric -> (comparison, threshold)
     "read_cold": (">=", 0.60),
     "read_warm": (">=", 0.95),
-    "cp_ingest": (">=", 0.50),
     "growth": ("<=", 1.02),
     "plain_cold": (">=", 0.60),
     "plain_warm": (">=", 0.95),
@@ -444,7 +445,7 @@ def finish(res, json_path):
     M = res["metrics"]
     rows = []
     for key, label in (("read_cold", "read cold (cat after drop_caches)"), ("read_warm", "read warm (cat)"),
-                       ("cp_ingest", "cp ingest into open version"), ("publish", "hwfs publish"),
+                       ("cp_ingest", "cp ingest, bytes v1 has (dedup)"), ("publish", "hwfs publish"),
                        *PLAIN_ROWS):
         m = M.get(key)
         if not m:
