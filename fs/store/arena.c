@@ -41,6 +41,11 @@
  * version of the weights many times a day wants; the price is the whole
  * capacity in RAM from the start.
  *
+ * Writers fill fresh ranges with arena_write()/arena_zero(): pwrite() on the
+ * arena file, so a fallocate()d page is filled in place without a page fault
+ * (and without the zeroing the fault would do first); in a preallocated arena
+ * those are memcpy()/memset() through the mapping, whose pages are all there.
+ *
  * Reserve (start-up: ranges the index says hold shards) takes a range out of
  * the free list without fallocate(): those bytes already exist in the file.
  * Free pages that held data from an earlier run of the daemon and are never

@@ -25,8 +25,11 @@
  * free — the common case, since a sequential writer sits at the arena's
  * high-water mark — and otherwise moves, copying only the bytes of the piece
  * in progress.  Staging ranges come from the store's staging calls; ingest
- * never calls the arena's allocator, only writes its staged bytes through the
- * mapping (arena_base), its fast path.
+ * never calls the arena's allocator.  A write's bytes and the zero-fill go
+ * into staging with arena_write()/arena_zero() (pwrite on the arena file: the
+ * fresh fallocate()d pages are never faulted in and zeroed only to be
+ * overwritten); hashing, readers and the moves within staging use the
+ * mapping (arena_base), which shows the same pages.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -44,7 +47,7 @@ enum st_state { ST_UNKNOWN, ST_YES, ST_NO };
 
 struct writer {
 	struct store *st;
-	struct arena *ar; /* for arena_base(): staging bytes are written through the mapping */
+	struct arena *ar; /* arena_write()/arena_zero() into staging, arena_base() to read it */
 	struct fext *ext;
 	size_t n_ext, cap_ext;
 	uint64_t cut_pos;
