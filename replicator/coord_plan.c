@@ -306,8 +306,11 @@ static const char *names_str(json_t *a, char *buf, size_t len)
  * replan_orphan() - @to pulls @v after @plan's donors lost someone: the new
  * donors are the stand-ins of the old ones, in order (a relay's parent takes
  * the relay's place, still receiving: it serves what it has and forwards the
- * rest as it comes, docs/protocol.md); striped when every one of them is
- * complete.  With no stand-in left, every alive complete holder.
+ * rest as it comes, docs/protocol.md).  The plan keeps its shape: a chain or
+ * tree plan stays one (the first donor asked, the others its fallbacks, so
+ * the announcer's uplink is not shared with orphans), a striped one (a late
+ * joiner's) stays striped if every stand-in is complete.  With no stand-in
+ * left, every alive complete holder, striped.
  */
 static void replan_orphan(struct coord *c, struct cnode *to, struct cversion *v, json_t *plan,
 			  unsigned char *seen)
@@ -342,7 +345,9 @@ static void replan_orphan(struct coord *c, struct cnode *to, struct cversion *v,
 	LOG_INFO("coord: %s lost a donor of %s: now pulls from %s (was %s)", to->name, v->name,
 		 names_str(names, now, sizeof(now)), was);
 	json_decref(names);
-	send_plan(c, to, v, donors, complete && json_array_size(donors) > 1);
+	send_plan(c, to, v, donors,
+		  json_is_true(json_object_get(plan, "stripe")) && complete &&
+			  json_array_size(donors) > 1);
 }
 
 /*
