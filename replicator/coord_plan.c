@@ -364,7 +364,7 @@ static void replan_orphan(struct coord *c, struct cnode *to, struct cversion *v,
  */
 void plan_deaths(struct coord *c)
 {
-	unsigned char *seen;
+	unsigned char seen[MAX_NODES]; /* stand_ins()'s, per orphan (n_nodes <= MAX_NODES) */
 	int died = 0;
 
 	for (size_t i = 0; i < c->n_nodes; i++) {
@@ -377,7 +377,7 @@ void plan_deaths(struct coord *c)
 		}
 		c->nodes[i].was_alive = a;
 	}
-	if (!died || !(seen = malloc(c->n_nodes)))
+	if (!died)
 		return;
 	for (size_t i = 0; i < c->n_nodes; i++) {
 		struct cnode *n = &c->nodes[i];
@@ -412,7 +412,6 @@ void plan_deaths(struct coord *c)
 			}
 		}
 	}
-	free(seen);
 }
 
 /*
