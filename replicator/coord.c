@@ -168,6 +168,7 @@ void coord_cnode_free(struct cnode *n)
 	free(n->bound_key);
 	free(n->session);
 	json_decref(n->versions);
+	json_decref(n->plans);
 	json_decref(n->engines);
 }
 

@@ -35,6 +35,7 @@ struct cnode {
 	uint64_t bad_shards; /* reported by its pullers */
 	uint64_t join_seq;
 	json_t *versions; /* name -> {digest, complete, bytes_held, bytes_needed} */
+	json_t *plans;    /* name -> {donors: [node names], stripe}: the last PLAN it was sent */
 	json_t *engines;  /* its engines as of its last HELLO (checked: proto_hello_engines) */
 	uint64_t wire_rx, wire_tx; /* its replication wire bytes, as of its last HELLO */
 };
@@ -128,7 +129,10 @@ void plan_all(struct coord *c, struct cversion *v);
 void plan_for(struct coord *c, struct cnode *to);
 /** Forget the versions @n was still pulling: they are re-planned from scratch. */
 void plan_forget_pulls(struct coord *c, struct cnode *n);
-/** Notice nodes that stopped answering; re-plan whoever pulls from the survivors. */
+/**
+ * Notice nodes that stopped answering; re-plan only the nodes that pulled from
+ * one of them (its orphans), onto the dead node's own live upstream donors.
+ */
 void plan_deaths(struct coord *c);
 /** @holder (re)joined: re-plan every alive node still pulling a version it holds. */
 void plan_rejoined(struct coord *c, struct cnode *holder);

@@ -6,9 +6,12 @@
  * that lack it, in join order, are its receivers.  chain: receiver i pulls
  * from receiver i-1 (the first from the announcer), with the announcer as
  * fallback; tree:K: position p pulls from position (p-1)/K; star: everyone
- * pulls from the announcer.  A node that asks later (late join, a rejoin, a
- * donor's death) gets every complete holder as donor, striped.  Each plan
- * names the version to take deltas against (pick_base(), docs/delta.md).
+ * pulls from the announcer.  A node that asks later (late join, a rejoin)
+ * gets every complete holder as donor, striped.  Each plan names the version
+ * to take deltas against (pick_base(), docs/delta.md).  The donors of the
+ * last plan each node was sent are kept (cnode.plans): when a node dies, only
+ * the nodes that pulled from it (its orphans) are re-planned, onto the dead
+ * node's own donors (plan_deaths()): the chain or tree closes over the gap.
  *
  * Nothing here does I/O: a plan goes to struct coord's plan_out hook, which
  * the coordinator (coord.c) sends as a PLAN and the simulator (sim.c, `hwfs
@@ -138,6 +141,20 @@ static const char *pick_base(struct coord *c, struct cversion *v, struct cnode *
 	return NULL;
 }
 
+/* Keep the donors (names) of the plan @to is sent for @v: plan_deaths() reads them. */
+static void record_plan(struct cnode *to, struct cversion *v, json_t *donors, int stripe)
+{
+	json_t *names = json_array(), *d;
+	size_t i;
+
+	if (!to->plans)
+		to->plans = json_object();
+	json_array_foreach(donors, i, d)
+		json_array_append(names, json_object_get(d, "node"));
+	json_object_set_new(to->plans, v->name,
+			    json_pack("{s:o, s:b}", "donors", names, "stripe", stripe));
+}
+
 /*
  * @stripe: every donor is complete, so the receiver spreads its requests over
  * all of them (late join); otherwise it asks the first and falls back in order.
@@ -152,6 +169,7 @@ static void send_plan(struct coord *c, struct cnode *to, struct cversion *v, jso
 
 	if (f && base)
 		json_object_set_new(f, "base", json_string(base));
+	record_plan(to, v, donors, stripe);
 	c->plan_out(c, to, v, f);
 }
 
@@ -194,26 +212,32 @@ void plan_all(struct coord *c, struct cversion *v)
 			 origin->name);
 }
 
+/*
+ * plan_holders() - plan @v for @to with every alive complete holder as donor,
+ * striped.  Returns 1 if a plan went out, 0 if nobody alive holds @v.
+ */
+static int plan_holders(struct coord *c, struct cnode *to, struct cversion *v)
+{
+	json_t *donors = json_array();
+
+	for (size_t i = 0; i < c->n_nodes; i++)
+		if (&c->nodes[i] != to && coord_alive(&c->nodes[i]) && coord_node_has(&c->nodes[i], v))
+			json_array_append_new(donors, donor(&c->nodes[i]));
+	if (json_array_size(donors) == 0) {
+		json_decref(donors);
+		return 0;
+	}
+	send_plan(c, to, v, donors, 1);
+	coord_set_have(to, v->name, v->digest, 0, 0, 0);
+	return 1;
+}
+
 /* A node that (re)joined: plan every version it lacks, donors = all holders. */
 void plan_for(struct coord *c, struct cnode *to)
 {
-	for (size_t k = 0; k < c->n_vers; k++) {
-		struct cversion *v = &c->vers[k];
-		json_t *donors;
-
-		if (coord_node_has(to, v))
-			continue;
-		donors = json_array();
-		for (size_t i = 0; i < c->n_nodes; i++)
-			if (&c->nodes[i] != to && coord_alive(&c->nodes[i]) && coord_node_has(&c->nodes[i], v))
-				json_array_append_new(donors, donor(&c->nodes[i]));
-		if (json_array_size(donors) == 0) {
-			json_decref(donors);
-			continue;
-		}
-		send_plan(c, to, v, donors, 1);
-		coord_set_have(to, v->name, v->digest, 0, 0, 0);
-	}
+	for (size_t k = 0; k < c->n_vers; k++)
+		if (!coord_node_has(to, &c->vers[k]))
+			plan_holders(c, to, &c->vers[k]);
 }
 
 /* Forget the versions @n was still pulling: they are re-planned from scratch. */
@@ -222,18 +246,125 @@ void plan_forget_pulls(struct coord *c, struct cnode *n)
 	for (size_t k = 0; k < c->n_vers; k++) {
 		json_t *e = json_object_get(n->versions, c->vers[k].name);
 
-		if (e && !json_is_true(json_object_get(e, "complete")))
+		if (e && !json_is_true(json_object_get(e, "complete"))) {
 			json_object_del(n->versions, c->vers[k].name);
+			if (n->plans)
+				json_object_del(n->plans, c->vers[k].name);
+		}
 	}
 }
 
 /*
- * A node that stopped answering: every node still pulling a version gets a
- * new plan from the complete holders that are alive, so nobody waits on a
- * dead donor.  (A puller also gives up on a silent donor by itself.)
+ * stand_ins() - append to @out (node names, each once) the live nodes that
+ * stand in for donor @d of @to's pull of @v: @d itself if it is alive, else,
+ * in order, the stand-ins of the donors of @d's own last plan for @v (its
+ * upstream: in a chain its parent then the announcer).  A dead node with no
+ * plan for @v (a complete holder, the announcer) has none.  @seen (one byte
+ * per node) stops a node being walked twice, so a cycle or a diamond costs
+ * nothing more.
+ */
+static void stand_ins(struct coord *c, struct cnode *to, struct cversion *v, struct cnode *d,
+		      json_t *out, unsigned char *seen)
+{
+	json_t *p, *name;
+	size_t i;
+
+	if (d == to || seen[d - c->nodes])
+		return;
+	seen[d - c->nodes] = 1;
+	if (coord_alive(d)) {
+		json_array_append_new(out, json_string(d->name));
+		return;
+	}
+	p = d->plans ? json_object_get(json_object_get(d->plans, v->name), "donors") : NULL;
+	json_array_foreach(p, i, name) {
+		struct cnode *up = coord_node(c, json_string_value(name));
+
+		if (up)
+			stand_ins(c, to, v, up, out, seen);
+	}
+}
+
+/* "a, b, c": the names of @a (JSON strings) for a log line, into @buf. */
+static const char *names_str(json_t *a, char *buf, size_t len)
+{
+	json_t *e;
+	size_t i, o = 0;
+
+	buf[0] = '\0';
+	json_array_foreach(a, i, e) {
+		int w = snprintf(buf + o, len - o, "%s%s", i ? ", " : "", json_string_value(e));
+
+		if (w < 0 || (size_t)w >= len - o)
+			break;
+		o += (size_t)w;
+	}
+	return buf;
+}
+
+/*
+ * replan_orphan() - @to pulls @v after @plan's donors lost someone: the new
+ * donors are the stand-ins of the old ones, in order (a relay's parent takes
+ * the relay's place, still receiving: it serves what it has and forwards the
+ * rest as it comes, docs/protocol.md).  The plan keeps its shape: a chain or
+ * tree plan stays one (the first donor asked, the others its fallbacks, so
+ * the announcer's uplink is not shared with orphans), a striped one (a late
+ * joiner's) stays striped if every stand-in is complete.  With no stand-in
+ * left, every alive complete holder, striped.
+ */
+static void replan_orphan(struct coord *c, struct cnode *to, struct cversion *v, json_t *plan,
+			  unsigned char *seen)
+{
+	json_t *old = json_object_get(plan, "donors"), *names = json_array(), *donors, *e;
+	char was[512], now[512];
+	int complete = 1;
+	size_t i;
+
+	memset(seen, 0, c->n_nodes);
+	json_array_foreach(old, i, e) {
+		struct cnode *d = coord_node(c, json_string_value(e));
+
+		if (d)
+			stand_ins(c, to, v, d, names, seen);
+	}
+	names_str(old, was, sizeof(was));
+	if (json_array_size(names) == 0) {
+		json_decref(names);
+		LOG_INFO("coord: %s lost its donors of %s (%s): re-planned from the complete holders",
+			 to->name, v->name, was);
+		plan_holders(c, to, v);
+		return;
+	}
+	donors = json_array();
+	json_array_foreach(names, i, e) {
+		struct cnode *d = coord_node(c, json_string_value(e));
+
+		complete = complete && coord_node_has(d, v);
+		json_array_append_new(donors, donor(d));
+	}
+	LOG_INFO("coord: %s lost a donor of %s: now pulls from %s (was %s)", to->name, v->name,
+		 names_str(names, now, sizeof(now)), was);
+	json_decref(names);
+	send_plan(c, to, v, donors,
+		  json_is_true(json_object_get(plan, "stripe")) && complete &&
+			  json_array_size(donors) > 1);
+}
+
+/*
+ * plan_deaths() - notice the nodes that stopped answering, and re-plan their
+ * orphans: each alive node still pulling a version whose plan's first donor
+ * (the one it pulls from) is dead, or, for a striped plan, any donor.  Its
+ * new donors are the dead node's own donors (stand_ins()): in a chain, the
+ * orphan pulls from the relay before the dead one and the chain closes over
+ * the gap; in a tree, the dead node's children go to its parent.  Nobody
+ * else is re-planned: a plan whose only dead donor is a fallback stays (the
+ * puller moves past a silent donor by itself, and a later death re-plans
+ * around both).  A node pulling with no plan recorded here (planned by an
+ * earlier coordinator) gets the complete holders, as a late joiner.
  */
 void plan_deaths(struct coord *c)
 {
+	unsigned char seen[MAX_NODES]; /* stand_ins()'s, per orphan (n_nodes <= MAX_NODES) */
 	int died = 0;
 
 	for (size_t i = 0; i < c->n_nodes; i++) {
@@ -253,8 +384,33 @@ void plan_deaths(struct coord *c)
 
 		if (!coord_alive(n))
 			continue;
-		plan_forget_pulls(c, n);
-		plan_for(c, n); /* donors: the alive complete holders, striped */
+		for (size_t k = 0; k < c->n_vers; k++) {
+			struct cversion *v = &c->vers[k];
+			json_t *e = json_object_get(n->versions, v->name), *plan, *ds, *d;
+			int orphan = 0;
+			size_t j;
+
+			if (!e || json_is_true(json_object_get(e, "complete")))
+				continue;
+			plan = n->plans ? json_object_get(n->plans, v->name) : NULL;
+			ds = json_object_get(plan, "donors");
+			if (!plan) { /* not planned by us: as before, the complete holders */
+				plan_holders(c, n, v);
+				continue;
+			}
+			json_array_foreach(ds, j, d) {
+				struct cnode *dn = coord_node(c, json_string_value(d));
+
+				if ((j == 0 || json_is_true(json_object_get(plan, "stripe"))) &&
+				    (!dn || !coord_alive(dn)))
+					orphan = 1;
+			}
+			if (orphan) {
+				json_incref(plan); /* send_plan() replaces it */
+				replan_orphan(c, n, v, plan, seen);
+				json_decref(plan);
+			}
+		}
 	}
 }
 

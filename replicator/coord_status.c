@@ -77,6 +77,10 @@ static json_t *node_json(const struct cnode *n, double now)
 
 		if (ve && json_object_get(e, "waiting"))
 			json_object_set(ve, "waiting", json_object_get(e, "waiting"));
+		if (ve && !json_is_true(json_object_get(e, "complete")) && n->plans &&
+		    json_object_get(n->plans, k)) /* whom it pulls from: its last plan's donors */
+			json_object_set(ve, "donors",
+					json_object_get(json_object_get(n->plans, k), "donors"));
 		json_array_append_new(vers, ve);
 	}
 	/* a dead node's engines are gone with it (their connections ended) */

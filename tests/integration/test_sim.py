@@ -59,15 +59,61 @@ def test_planner_topologies():
     assert star["converged_s"] > 3 * chain["converged_s"]
 
 
-def test_kill_replans_from_complete_holders():
-    """A relay that dies: after node_dead_ms the coordinator re-plans every puller from
-    the complete holders (striped), and the survivors converge."""
+def test_kill_replans_orphan_onto_upstream():
+    """A relay that dies: after node_dead_ms the coordinator re-plans only its orphan, onto
+    the dead relay's own donors (the relay before it, still receiving); the others keep
+    their plans, and the survivors converge."""
     res = sim("--nodes", "4", "--size", "1GiB", "--kill", "r2@3", *RATES)
     assert node(res, "r2")["alive"] is False and node(res, "r2")["converged_s"] is None
     assert res["converged_nodes"] == 3 and res["converged_s"] is not None
-    assert node(res, "r3")["donors"] == ["pub"] and node(res, "r4")["donors"] == ["pub"]
-    # r3 and r4 got nothing more from r2 after it died; pub sent them the rest
-    assert node(res, "pub")["bytes_out"] > 2 * (1 << 30)
+    assert node(res, "r3")["donors"] == ["r1", "pub"] and node(res, "r4")["donors"] == ["r3", "pub"]
+    # the chain closed over the gap: pub sent one copy, r1 fed r2 then r3
+    assert node(res, "pub")["bytes_out"] < 1.2 * (1 << 30)
+    assert {l["from"] for l in res["links"] if l["to"] == "r3"} <= {"r1", "r2"}
+
+
+def test_kill_relay_mid_broadcast_keeps_the_chain():
+    """A relay killed mid-broadcast in a 64-node chain costs about node_dead_ms, not a star
+    from the publisher: the survivors converge within 2x the no-kill time."""
+    args = ("--nodes", "64", "--size", "16GiB", "--link", "10gbit", *RATES)
+    base = sim(*args)
+    res = sim(*args, "--kill", "r32@4")
+    assert res["converged_nodes"] == 63 and res["converged_s"] is not None
+    assert node(res, "r33")["donors"] == ["r31", "pub"]
+    assert all(node(res, f"r{i}")["donors"] == [f"r{i - 1}", "pub"] for i in (2, 31, 34, 64))
+    assert node(res, "pub")["bytes_out"] < 1.2 * (16 << 30)
+    assert res["converged_s"] < 2 * base["converged_s"], (res["converged_s"], base["converged_s"])
+
+
+def test_kill_publishers_only_child_and_several_relays():
+    """The publisher's only child dies: its orphan pulls from the publisher.  Two adjacent
+    relays and a third die at once: each orphan goes to the nearest live relay upstream."""
+    res = sim("--nodes", "8", "--size", "1GiB", "--kill", "r1@2", *RATES)
+    assert node(res, "r2")["donors"] == ["pub"] and node(res, "r3")["donors"] == ["r2", "pub"]
+    assert res["converged_nodes"] == 7
+    res = sim("--nodes", "8", "--size", "1GiB", "--kill", "r3@2", "--kill", "r4@2", "--kill", "r6@2",
+              *RATES)
+    assert node(res, "r5")["donors"] == ["r2", "pub"] and node(res, "r7")["donors"] == ["r5", "pub"]
+    assert node(res, "r8")["donors"] == ["r7", "pub"] and res["converged_nodes"] == 5
+
+
+def test_kill_tree_node_children_go_to_its_parent():
+    """tree:2: the children of a dead inner node pull from its parent; its sibling's
+    subtree is not re-planned."""
+    res = sim("--nodes", "14", "--topology", "tree:2", "--size", "1GiB", "--kill", "r3@2", *RATES)
+    # r3 pulled from r1; its children r7, r8 now do
+    assert node(res, "r7")["donors"] == ["r1", "pub"] and node(res, "r8")["donors"] == ["r1", "pub"]
+    assert node(res, "r5")["donors"] == ["r2", "pub"] and node(res, "r9")["donors"] == ["r4", "pub"]
+    assert res["converged_nodes"] == 13
+
+
+def test_kill_striped_late_joiners_donor():
+    """A late joiner striped over the complete holders loses one: it keeps the others,
+    still striped."""
+    res = sim("--nodes", "3", "--size", "256MiB", "--shard", "16MiB", "--late-join", "30",
+              "--kill", "r2@30.1", *RATES)
+    j = node(res, "j1")
+    assert sorted(j["donors"]) == ["pub", "r1", "r3"] and j["converged_s"] > 30
 
 
 def test_late_joiner_striped_over_holders():
