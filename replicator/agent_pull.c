@@ -74,10 +74,17 @@ struct want *pull_find_want(struct agent *a, const hwfs_hash_t *h, struct fetch 
 	return NULL;
 }
 
-/* Forget a shard, or its delta, that was arriving in pieces (its range goes back). */
+/*
+ * Forget a shard, or its delta, that was arriving in pieces (its range goes
+ * back; the pullers a delta was forwarded to get MISSING).  A want being
+ * rebuilt is left to its job (pull_on_rebuilt()).
+ */
 void pull_drop_partial(struct agent *a, struct want *w)
 {
+	if (w->state == W_REBUILD)
+		return;
 	if (w->enc) { /* a delta arriving */
+		serve_abort_forwarded(a, &w->hash, 1);
 		free(w->enc);
 		w->enc = NULL;
 		w->enc_total = 0;
@@ -603,11 +610,6 @@ void pull_pump(struct agent *a)
 
 	if (now - a->last_pulls >= PULLS_SNAPSHOT_S)
 		publish_pulls(a);
-	if (!a->fetches && a->scratch) { /* nothing to rebuild: give the largest shard's buffer back */
-		free(a->scratch);
-		a->scratch = NULL;
-		a->scratch_len = 0;
-	}
 	for (struct fetch *f = a->fetches, *next; f; f = next) {
 		uint64_t inflight;
 
