@@ -137,13 +137,17 @@ static void run_encode(struct worker *w, struct pool_job *j)
  * rebuild_decode() - rebuild @len bytes into @out from @base and the delta
  * @enc (@enc_len bytes) and hash them into *@got: the one step of a rebuild
  * that touches every byte (a fused decode that hashes as it writes can
- * replace the two calls here).  0, or -errno with the reason in @err.
+ * replace the two calls here).  0, or -errno with the reason in @err;
+ * *@decode_ns gets the thread CPU time it took (delta.decode_cpu_s).
  */
 static int rebuild_decode(struct delta_ctx *cx, const void *base, size_t len, const void *enc,
-			  size_t enc_len, void *out, hwfs_hash_t *got, char *err, size_t errlen)
+			  size_t enc_len, void *out, hwfs_hash_t *got, char *err, size_t errlen,
+			  uint64_t *decode_ns)
 {
+	uint64_t t0 = delta_cpu_ns();
 	int r = delta_decode(cx, base, len, enc, enc_len, out, err, errlen);
 
+	*decode_ns = delta_cpu_ns() - t0; /* the decode, as delta.decode_cpu_s always counted */
 	if (r == 0)
 		hwfs_hash_buf(out, len, got);
 	return r;
@@ -159,7 +163,7 @@ static void run_rebuild(struct worker *w, struct pool_job *j)
 	struct store *st = w->p->st;
 	const uint8_t *base = store_shard_data(st, j->bsh);
 	hwfs_hash_t got;
-	uint64_t t0;
+	uint64_t ns;
 	int r;
 
 	if (w->scratch_len < j->size) {
@@ -172,10 +176,9 @@ static void run_rebuild(struct worker *w, struct pool_job *j)
 		w->scratch = p;
 		w->scratch_len = j->size;
 	}
-	t0 = delta_cpu_ns();
 	r = rebuild_decode(w->cx, base, j->size, j->enc, j->enc_len, w->scratch, &got, j->err,
-			   sizeof(j->err));
-	__atomic_add_fetch(&w->p->ds->decode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
+			   sizeof(j->err), &ns);
+	__atomic_add_fetch(&w->p->ds->decode_ns, ns, __ATOMIC_RELAXED);
 	if (r == -ENOMEM) {
 		j->r = r;
 		return;
