@@ -404,7 +404,9 @@ void serve_free(struct agent *a);
 /**
  * serve_keep_delta() - a delta received from a donor rebuilt shard @hash
  * against @base: keep it (ownership of @enc, malloc'd, @len bytes, passes
- * here) to send as it is to the next puller with that base.
+ * here) to send as it is to the next puller with that base.  @enc NULL with
+ * @len 0: never send @hash as a delta against @base (the base here is
+ * damaged: such a delta would not rebuild); it goes whole.
  */
 void serve_keep_delta(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
 		      unsigned width, uint8_t *enc, size_t len);

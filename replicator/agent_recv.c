@@ -123,6 +123,8 @@ static struct want *rebuilt_want(struct agent *a, uint64_t id, struct fetch **fp
  * is staged: intern it, finish forwarding the delta to the pullers that had
  * it as it arrived, keep it to send on as it is.  Else nothing was staged:
  * a base damaged here makes it ask for the shard whole; a delta that does
+ * (and marks that delta "not worth it", so pullers of this node get the
+ * shard whole, not a delta made against the damaged base); a delta that does
  * not decode or rebuilds other bytes (corrupt, made against another base)
  * reports the donor as bad and asks the next one for the whole shard; no
  * room waits for space.  The pullers the delta was being forwarded to get
@@ -151,6 +153,8 @@ void pull_on_rebuilt(struct agent *a, struct pool_job *j)
 	if (j->r == -EBADMSG && j->base_bad) {
 		LOG_ERR("agent: the base of a shard of %s is damaged here (hwfs verify will "
 			"say which version); asking for the shard whole", f->name);
+		/* and never encode a delta against it for a puller: it would not rebuild */
+		serve_keep_delta(a, &j->base, &j->hash, j->width, NULL, 0);
 		w->whole = 1;
 		w->state = W_QUEUED;
 		goto out;
