@@ -388,8 +388,9 @@ static int cmp_want_hash(const void *x, const void *y)
  * shard of @f still to fetch its base shard by the rule of delta_base.h,
  * when deltas are on and this node holds @base sealed; else none (asked for
  * whole).  A re-plan calls it again: the bases follow the newest plan
- * (requests in flight were put back in the queue by set_donors()).  Shards
- * a delta of which failed stay whole.
+ * (requests in flight were put back in the queue by set_donors()), except
+ * those being rebuilt from a delta, which keep theirs.  Shards a delta of
+ * which failed stay whole.
  */
 static void assign_bases(struct agent *a, struct fetch *f, const char *base)
 {
@@ -399,6 +400,8 @@ static void assign_bases(struct agent *a, struct fetch *f, const char *base)
 	size_t mapped = 0;
 
 	for (size_t k = 0; k < f->n; k++) {
+		if (f->w[k].state == W_REBUILD)
+			continue; /* its delta (against that base) is being rebuilt, and forwarded */
 		memset(&f->w[k].base, 0, sizeof(f->w[k].base));
 		f->w[k].width = 1;
 	}
