@@ -4,15 +4,17 @@
  *
  * A fixed set of threads takes jobs from two FIFO queues under one mutex:
  * demand jobs (a puller waits, a shard is being pulled) first, then
- * encode-ahead ones.  Each worker owns a codec context and a scratch buffer
- * the size of the largest shard it rebuilt, given back after codec_idle_ms
- * without work.  A finished job goes on the done list and the eventfd is
- * signalled; the agent thread takes the list (pool_take_done()).
+ * encode-ahead ones.  Each worker owns a codec context and, when the arena
+ * is not preallocated, a scratch buffer the size of the largest shard it
+ * rebuilt, given back after codec_idle_ms without work.  A finished job goes
+ * on the done list and the eventfd is signalled; the agent thread takes the
+ * list (pool_take_done()).
  *
  * What a worker does to the node is limited to reading shards it holds a
- * reference on and, for a rebuild whose hash matched, staging the bytes in
- * a fresh arena range (thread-safe store calls): it never interns, so no
- * shard becomes visible that the agent thread did not accept.
+ * reference on and, for a rebuild, staging bytes in a fresh arena range
+ * (thread-safe store calls) that stays staged only when their hash matched:
+ * it never interns, so no shard becomes visible that the agent thread did
+ * not accept.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -154,34 +156,52 @@ static int rebuild_decode(struct delta_ctx *cx, const void *base, size_t len, co
 }
 
 /*
- * Rebuild job: decode j->enc against j->bsh into the worker's scratch,
- * check the hash, and stage the bytes (j->roff) only when it matched.  A
- * mismatch looks at the base too, so the agent knows whose fault it is.
+ * Rebuild job: decode j->enc against j->bsh, check the hash, and leave the
+ * bytes staged (j->roff) only when it matched.  In a preallocated arena the
+ * shard is rebuilt straight into its staged range (every page is backed
+ * already: no fault, and no copy afterwards); otherwise into the worker's
+ * scratch, then written in with store_stage_write() (a write through the
+ * mapping of an unbacked range could fault on a full filesystem).  A staged
+ * range is not a shard: nothing reads it before the agent interns it, and a
+ * mismatch gives it back.  A mismatch looks at the base too, so the agent
+ * knows whose fault it is.
  */
 static void run_rebuild(struct worker *w, struct pool_job *j)
 {
 	struct store *st = w->p->st;
 	const uint8_t *base = store_shard_data(st, j->bsh);
+	int direct = arena_preallocated(store_arena(st));
 	hwfs_hash_t got;
+	uint8_t *out;
 	uint64_t ns;
 	int r;
 
-	if (w->scratch_len < j->size) {
-		uint8_t *p = realloc(w->scratch, j->size);
-
-		if (!p) {
-			j->r = -ENOMEM;
+	if (direct) {
+		if (store_stage_alloc(st, j->size, 1, &j->roff) < 0) {
+			j->r = -ENOSPC;
 			return;
 		}
-		w->scratch = p;
-		w->scratch_len = j->size;
+		j->staged = 1;
+		out = arena_base(store_arena(st)) + j->roff;
+	} else {
+		if (w->scratch_len < j->size) {
+			uint8_t *p = realloc(w->scratch, j->size);
+
+			if (!p) {
+				j->r = -ENOMEM;
+				return;
+			}
+			w->scratch = p;
+			w->scratch_len = j->size;
+		}
+		out = w->scratch;
 	}
-	r = rebuild_decode(w->cx, base, j->size, j->enc, j->enc_len, w->scratch, &got, j->err,
+	r = rebuild_decode(w->cx, base, j->size, j->enc, j->enc_len, out, &got, j->err,
 			   sizeof(j->err), &ns);
 	__atomic_add_fetch(&w->p->ds->decode_ns, ns, __ATOMIC_RELAXED);
 	if (r == -ENOMEM) {
 		j->r = r;
-		return;
+		return; /* (a staged range is given back by pool_job_free()) */
 	}
 	if (r == 0) {
 		__atomic_add_fetch(&w->p->ds->decoded, 1, __ATOMIC_RELAXED);
@@ -194,21 +214,27 @@ static void run_rebuild(struct worker *w, struct pool_job *j)
 		hwfs_hash_buf(base, j->size, &got);
 		j->base_bad = hwfs_hash_cmp(&got, &j->base) != 0;
 		j->r = -EBADMSG;
+		if (j->staged) { /* wrong bytes: give them back now */
+			store_stage_free(st, j->roff, j->size);
+			j->staged = 0;
+		}
 		return;
 	}
-	r = store_stage_alloc(st, j->size, 1, &j->roff);
-	if (r < 0) {
-		j->r = -ENOSPC;
-		return;
+	if (!direct) {
+		r = store_stage_alloc(st, j->size, 1, &j->roff);
+		if (r < 0) {
+			j->r = -ENOSPC;
+			return;
+		}
+		r = store_stage_write(st, j->roff, w->scratch, j->size);
+		if (r < 0) {
+			LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
+			store_stage_free(st, j->roff, j->size);
+			j->r = -ENOSPC;
+			return;
+		}
+		j->staged = 1;
 	}
-	r = store_stage_write(st, j->roff, w->scratch, j->size);
-	if (r < 0) {
-		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
-		store_stage_free(st, j->roff, j->size);
-		j->r = -ENOSPC;
-		return;
-	}
-	j->staged = 1;
 	j->r = 0;
 }
 

@@ -18,9 +18,9 @@
  * own references on the shards it reads, so it stays valid whatever the
  * agent does meanwhile (a fetch ended, a version removed); the agent tells a
  * stale result by the job's id and drops it.  Nothing a worker does is
- * visible to the node before the agent acts on the result: a rebuilt shard
- * is only staged (store_stage_write()), never interned, by a worker, and
- * only once its hash matched.
+ * visible to the node before the agent acts on the result: a worker only
+ * stages a rebuilt shard (a staged range is no shard: nothing reads it), it
+ * never interns, and it keeps the range staged only when the hash matched.
  */
 #ifndef HWFS_AGENT_POOL_H
 #define HWFS_AGENT_POOL_H

@@ -3,7 +3,8 @@
  * (replicator/agent_pool.c).
  *
  * Each test opens a real store under /dev/shm, makes base and new shards in
- * it, and runs jobs through a pool of real threads, waiting on the pool's
+ * it (preallocated or not: a rebuild goes straight into a preallocated
+ * arena), and runs jobs through a pool of real threads, waiting on the pool's
  * eventfd as the agent's loop does.  What is checked: a rebuild stages
  * exactly the new shard's bytes and nothing when the delta is wrong (and
  * says whether the base was to blame), an encode's delta rebuilds the shard,
@@ -36,7 +37,8 @@ struct fx {
 	struct pool *p;
 };
 
-static int fx_setup(void **state)
+/* A store (preallocated with @prealloc: rebuilds go straight into the arena) and a pool. */
+static int fx_open(void **state, int prealloc)
 {
 	struct fx *f = calloc(1, sizeof(*f));
 
@@ -44,10 +46,21 @@ static int fx_setup(void **state)
 		return -1;
 	snprintf(f->dir, sizeof(f->dir), "/dev/shm/hwfs-test-pool-XXXXXX");
 	if (!mkdtemp(f->dir) || store_open(f->dir, 64ull << 20, &f->s) < 0 ||
+	    (prealloc && arena_preallocate(store_arena(f->s), 0) < 0) ||
 	    pool_new(f->s, 2, 1, &f->ds, &f->p) < 0)
 		return -1;
 	*state = f;
 	return 0;
+}
+
+static int fx_setup(void **state)
+{
+	return fx_open(state, 0);
+}
+
+static int fx_setup_prealloc(void **state)
+{
+	return fx_open(state, 1);
 }
 
 static int fx_teardown(void **state)
@@ -181,6 +194,7 @@ static void test_rebuild_of_a_wrong_delta_stages_nothing(void **state)
 	struct shard *bsh, *sh, *other;
 	uint8_t *n, *enc, *ob = malloc(LEN);
 	size_t len;
+	uint64_t room;
 	struct pool_job *j;
 
 	pair(f, 1000, &bsh, &sh, &n);
@@ -190,10 +204,12 @@ static void test_rebuild_of_a_wrong_delta_stages_nothing(void **state)
 	other = mk_shard(f->s, ob, LEN);
 	/* made against another base: decodes, but to other bytes */
 	enc = encode_here(f, other, sh, &len);
+	room = store_stage_room(f->s);
 	pool_submit(f->p, rebuild_job(f, bsh, &bsh->hash, &sh->hash, enc, len));
 	j = wait_done(f->p, 1);
 	assert_int_equal(j->r, -EBADMSG);
 	assert_false(j->staged);
+	assert_int_equal(store_stage_room(f->s), room); /* nothing stays staged */
 	assert_false(j->base_bad);
 	assert_non_null(strstr(j->err, "does not match"));
 	pool_job_free(f->s, j);
@@ -313,6 +329,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_rebuild_stages_the_shard, fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_rebuild_of_a_wrong_delta_stages_nothing,
 						fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_rebuild_stages_the_shard, fx_setup_prealloc,
+						fx_teardown),
+		cmocka_unit_test_setup_teardown(test_rebuild_of_a_wrong_delta_stages_nothing,
+						fx_setup_prealloc, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_encode_and_not_worth_it, fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_cancelled_jobs_do_not_run_and_many_come_back,
 						fx_setup, fx_teardown),

@@ -99,8 +99,12 @@ def test_relay_that_catches_a_bad_delta_does_not_pass_it_on(net, tmp_path):
     rebuild is checked: the check fails, C gets MISSING for it (never the whole bad delta)
     and B asks A for the shard whole; C gets it whole from B.  B counts the failed delta
     and reports A; C counts none and nobody reports B or C.  Every other tensor still went
-    cut-through, and v2 is identical on B, C and D."""
-    start(net, ["A", "B", "C", "D"], coord=COORD, extra=NODE_OPTS)
+    cut-through, and v2 is identical on B, C and D.  The arenas are preallocated: the
+    relays rebuild straight into their staged ranges, and B's bad one is given back."""
+    net.start_coord(**COORD)
+    for name in "ABCD":
+        net.add(name, capacity="256M", extra=NODE_OPTS + ["--preallocate"])
+    net.wait_alive(list("ABCD"), viewer=net["A"])
     a, b, c = net["A"], net["B"], net["C"]
     v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
