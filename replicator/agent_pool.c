@@ -170,7 +170,7 @@ static void run_rebuild(struct worker *w, struct pool_job *j)
 {
 	struct store *st = w->p->st;
 	const uint8_t *base = store_shard_data(st, j->bsh);
-	int direct = arena_preallocated(store_arena(st));
+	int direct = store_stage_dest(st, 0) != NULL;
 	hwfs_hash_t got;
 	uint8_t *out;
 	uint64_t ns;
@@ -182,7 +182,7 @@ static void run_rebuild(struct worker *w, struct pool_job *j)
 			return;
 		}
 		j->staged = 1;
-		out = arena_base(store_arena(st)) + j->roff;
+		out = store_stage_dest(st, j->roff);
 	} else {
 		if (w->scratch_len < j->size) {
 			uint8_t *p = realloc(w->scratch, j->size);
