@@ -37,6 +37,7 @@
 #define DCACHE_MAX_ENTRIES 65536 /* deltas (and "not worth it" marks) kept, whatever their bytes */
 #define DELTA_PROBES 64          /* windows few_changed() looks at before encoding a shard */
 #define DELTA_PROBE_BYTES 4096   /* bytes of each (a multiple of every element width) */
+#define ENCODE_WAIT_MAX 4096     /* requests waiting on encodes; more are answered whole */
 #define AHEAD_CANDIDATES 8       /* newest versions here encode-ahead compares (as pick_base()) */
 #define IMPORTED_KEEP 8          /* versions pulled here remembered (not encoded ahead) */
 
@@ -280,6 +281,7 @@ struct agent {
 	struct pool *pool;     /* the codec workers (agent_pool.h) */
 	uint64_t next_job;     /* the last job id given (agent thread) */
 	struct penc *pencs;    /* encodes pullers wait for (agent thread) */
+	size_t n_waiting;      /* requests waiting on them (agent thread) */
 	struct ahead *aheads;  /* encode-ahead runs, oldest first (agent thread) */
 	char *imported[IMPORTED_KEEP]; /* versions pulled here lately (agent thread) */
 	size_t n_imported;

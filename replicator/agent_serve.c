@@ -356,15 +356,21 @@ static struct penc *encode_submit(struct agent *a, struct shard *sh, struct shar
  * kept: have the codec workers make it (or join the job making it) and
  * answer the request (@ident, @req) then (serve_on_encoded()).  Returns 0,
  * or -errno when the shard goes whole now: this node does not hold the
- * base, or it has another length, or no memory.
+ * base, or it has another length, or ENCODE_WAIT_MAX requests wait on
+ * encodes already (a flood of GETs naming bases cannot queue work and
+ * memory without bound), or no memory.
  */
 static int encode_start(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 			struct shard *sh, const hwfs_hash_t *base, unsigned width)
 {
-	struct penc *pe = penc_find(a, base, &sh->hash, width);
-	struct deferred *d = deferred_new(ident, ident_len, req, &sh->hash, base, width);
+	struct penc *pe;
+	struct deferred *d;
 	struct shard *bsh;
 
+	if (a->n_waiting >= ENCODE_WAIT_MAX)
+		return -EAGAIN;
+	pe = penc_find(a, base, &sh->hash, width);
+	d = deferred_new(ident, ident_len, req, &sh->hash, base, width);
 	if (!d)
 		return -ENOMEM;
 	if (!pe) {
@@ -386,6 +392,7 @@ static int encode_start(struct agent *a, const void *ident, size_t ident_len, ui
 	}
 	d->next = pe->waiters;
 	pe->waiters = d;
+	a->n_waiting++;
 	return 0;
 }
 
@@ -448,6 +455,7 @@ void serve_on_encoded(struct agent *a, struct pool_job *j)
 		struct shard *sh = store_get(a->o.st, &d->hash);
 
 		pe->waiters = d->next;
+		a->n_waiting--;
 		if (!sh) {
 			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
 		} else if (e && e->enc) {
@@ -897,6 +905,7 @@ void serve_free(struct agent *a)
 		}
 		free(pe);
 	}
+	a->n_waiting = 0;
 	while (a->aheads)
 		ahead_end(a, a->aheads);
 	for (size_t i = 0; i < a->n_imported; i++)
