@@ -19,9 +19,9 @@ import pytest
 
 from conftest import poll
 
-from .conftest import assert_identical
+from .conftest import Rogue, assert_identical
 from .test_delta import (TENSORS, bad_shards, bf16_model, corrupt_tensor, grew, log_text, model_dir,
-                         replication, rl_step, rl_versions, start)
+                         replication, rl_step, rl_versions, shard_map, start)
 
 # the stopped nodes must not be declared dead, nor their pullers fail over from them
 COORD = {"tunables": {"node_dead_ms": 60000}}
@@ -187,3 +187,55 @@ def test_version_removed_while_its_deltas_are_encoded_ahead(net, tmp_path):
     assert grew(mid, end, "delta", "ahead_cancelled") == 0, end["delta"]
     # v3 is v2: what the cancelled run made is kept, the rest was made now
     assert grew(before, end, "delta", "ahead_encoded") >= n_tensors, end["delta"]
+
+
+@pytest.mark.limit(120)
+def test_a_get_flood_naming_bases_is_bounded(net, tmp_path):
+    """A puller (a raw ZeroMQ peer on the --insecure data port) sends 5 GETs of 1024
+    entries each, every one naming a base for a shard of v2, while A is stopped, so that
+    they are taken together.  A has one codec thread, and the first entry is a 32 MiB
+    shard, whose encode keeps the small ones queued behind it meanwhile: at most
+    ENCODE_WAIT_MAX (4096) requests wait on encodes, the rest are answered with the whole
+    (small) shard at once (delta.whole grows); every request is answered and A stays
+    healthy."""
+    start(net, ["A"], extra=["-o", "delta_ahead=0", "-o", "codec_threads=1"])
+    a = net["A"]
+    w1 = bf16_model(1, n=TENSORS, nbytes=64 << 10)  # small shards: the whole answers stay small
+    w1["big.weight"] = bf16_model(3, n=1, nbytes=32 << 20)["layers.0.weight"]
+    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
+    a.run("publish", v1, "v1")
+    a.run("publish", v2, "v2")
+    m1 = shard_map(a.run("manifest", "v1").stdout.encode(), "")
+    m2 = shard_map(a.run("manifest", "v2").stdout.encode(), "")
+    at1 = {(p, off): h for h, (p, off, _) in m1.items()}
+    pairs = [(h, at1[(p, off)], n) for h, (p, off, n) in m2.items()
+             if (p, off) in at1 and at1[(p, off)] != h]
+    big = [(h, b) for h, b, n in pairs if n == 32 << 20]
+    small = [(h, b) for h, b, n in pairs if n == 64 << 10]
+    assert len(big) == 1 and len(small) == TENSORS, pairs
+    before = replication(a)
+    n_get, per_get = 5, 1024
+    pid = int(a.status()["pid"])
+    with Rogue(a.url, "flood") as r:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for g in range(n_get):
+                sel = [small[(g * per_get + i) % len(small)] for i in range(per_get)]
+                if g == 0:
+                    sel[0] = big[0]
+                r.send("GET", req=g + 1, hashes=[h for h, _ in sel], bases=[b for _, b in sel],
+                       widths=[2] * per_get)
+            time.sleep(0.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert poll(lambda: grew(before, replication(a), "delta", "sent") +
+                    grew(before, replication(a), "delta", "whole") >= n_get * per_get,
+                    timeout=30, interval=0.1), replication(a)["delta"]
+        r.received(timeout_ms=100)  # (what reached it: a ROUTER drops past its high-water mark)
+    after = replication(a)
+    d = {k: grew(before, after, "delta", k) for k in after["delta"]}
+    print("A:", d)
+    assert d["whole"] >= 1, f"no request beyond the cap was answered whole: {d}"
+    assert d["sent"] + d["whole"] == n_get * per_get, f"requests left unanswered: {d}"
+    assert a.healthy()
