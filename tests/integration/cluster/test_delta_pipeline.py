@@ -159,7 +159,7 @@ def test_version_removed_while_its_deltas_are_encoded_ahead(net, tmp_path):
     encoded every delta, the daemon stays healthy, and a v3 published after is encoded
     ahead in full."""
     n_tensors = 64
-    start(net, ["A"], extra=["-o", "codec_threads=1"])
+    start(net, ["A"], extra=["-o", "codec_threads=1", "-o", "delta_level=3"])
     a = net["A"]
     w1 = bf16_model(1, n=n_tensors)
     w2 = rl_step(w1, 0.02, 2)
