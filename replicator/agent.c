@@ -13,9 +13,10 @@
  * Everything below runs on the agent thread, except agent_sealed(),
  * agent_call(), agent_pulls() and agent_counters(), which only touch the
  * queues under a->mu and the atomic fields.  The loop polls the coordinator
- * socket, the serving ROUTER, one DEALER per donor and the wake-up pipe; each
- * pass also refills the request windows, sends the heartbeat (HELLO) and
- * fails over from silent donors.
+ * socket, the serving ROUTER, one DEALER per donor, the wake-up pipe and the
+ * codec workers' eventfd (agent_pool.h: encodes and rebuilds finished); each
+ * pass also refills the request windows, feeds the encode-ahead runs, sends
+ * the heartbeat (HELLO) and fails over from silent donors.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -443,12 +444,27 @@ static void drain_queues(struct agent *a)
 	pthread_mutex_unlock(&a->mu);
 	for (size_t i = 0; i < n; i++) {
 		announce(a, sealed[i]);
+		serve_ahead_sealed(a, sealed[i]);
 		free(sealed[i]);
 	}
 	free(sealed);
 }
 
 /* ------------------------------------------------------------- the loop */
+
+/* The codec workers finished jobs: act on them (agent_serve.c, agent_recv.c). */
+static void pool_results(struct agent *a)
+{
+	struct pool_job *j = pool_take_done(a->pool), *next;
+
+	for (; j; j = next) {
+		next = j->next;
+		if (j->kind == POOL_ENCODE)
+			serve_on_encoded(a, j);
+		else
+			pull_on_rebuilt(a, j);
+	}
+}
 
 static void handle(struct agent *a, void *sock, int is_router, const char *what)
 {
@@ -588,25 +604,29 @@ static void *agent_main(void *arg)
 
 		for (p = a->peers; p; p = p->next)
 			np++;
-		items = calloc(3 + np, sizeof(*items));
+		items = calloc(4 + np, sizeof(*items));
 		if (!items)
 			break;
 		items[0] = (zmq_pollitem_t){a->coord, 0, ZMQ_POLLIN, 0};
 		items[1] = (zmq_pollitem_t){a->serve, 0, ZMQ_POLLIN, 0};
 		items[2] = (zmq_pollitem_t){NULL, a->pipe[0], ZMQ_POLLIN, 0};
-		for (p = a->peers, i = 3; p; p = p->next, i++)
+		items[3] = (zmq_pollitem_t){NULL, pool_fd(a->pool), ZMQ_POLLIN, 0};
+		for (p = a->peers, i = 4; p; p = p->next, i++)
 			items[i] = (zmq_pollitem_t){p->sock, 0, ZMQ_POLLIN, 0};
-		if (zmq_poll(items, (int)(3 + np), loop_timeout_ms(a)) < 0 && errno != EINTR) {
+		if (zmq_poll(items, (int)(4 + np), loop_timeout_ms(a)) < 0 && errno != EINTR) {
 			free(items);
 			break;
 		}
 		free(items);
 		drain_queues(a);
+		pool_results(a);
 		handle(a, a->coord, 0, "the coordinator");
 		handle(a, a->serve, 1, "a puller");
 		for (p = a->peers; p; p = p->next)
 			handle(a, p->sock, 0, p->addr);
+		pool_results(a); /* (what finished while the sockets were handled) */
 		pull_pump(a);
+		serve_ahead_pump(a);
 		barrier_check(a);
 		hello_if_due(a);
 	}
@@ -627,9 +647,13 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 	a->o.node = strdup(o->node);
 	a->o.listen = strdup(o->listen);
 	a->o.coordinator = strdup(o->coordinator);
-	a->dcx = delta_ctx_new((int)hwfs_tun.delta_level);
-	if (!a->o.node || !a->o.listen || !a->o.coordinator || !a->dcx)
+	if (!a->o.node || !a->o.listen || !a->o.coordinator)
 		goto fail;
+	r = pool_new(o->st, (unsigned)hwfs_tun.codec_threads, (int)hwfs_tun.delta_level, &a->ds,
+		     &a->pool);
+	if (r < 0)
+		goto fail;
+	r = -ENOMEM;
 	load_applied(a);
 	{
 		hwfs_hash_t h;
@@ -713,6 +737,8 @@ void agent_stop(struct agent *a)
 		wake(a);
 		pthread_join(a->thread, NULL);
 	}
+	pool_free(a->pool); /* first: its jobs hold what the fetches and requests point to */
+	a->pool = NULL;
 	pull_free(a);
 	serve_free(a);
 	if (a->coord)
@@ -740,8 +766,6 @@ void agent_stop(struct agent *a)
 	free((char *)a->o.node);
 	free((char *)a->o.listen);
 	free((char *)a->o.coordinator);
-	delta_ctx_free(a->dcx);
-	free(a->scratch);
 	pthread_mutex_destroy(&a->mu);
 	free(a);
 }
@@ -874,7 +898,7 @@ json_t *agent_counters(struct agent *a)
 	struct delta_stats *d = &a->ds;
 
 	return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, "
-			 "s:o}}",
+			 "s:o, s:o, s:o, s:o, s:o}}",
 			 "bytes_received", counter(&a->rx), "wire_bytes_received", counter(&a->wire_rx),
 			 "bytes_sent", counter(&a->tx), "wire_bytes_sent", counter(&a->wire_tx),
 			 "requests_received", counter(&a->req_rx), "retries", counter(&a->retries), "delta", "encoded",
@@ -883,5 +907,7 @@ json_t *agent_counters(struct agent *a)
 			 "decode_bytes", counter(&d->decode_bytes), "decode_cpu_s",
 			 seconds(&d->decode_ns), "sent", counter(&d->sent), "received",
 			 counter(&d->received), "failed", counter(&d->failed), "whole",
-			 counter(&d->whole));
+			 counter(&d->whole), "ahead_encoded", counter(&d->ahead_encoded),
+			 "ahead_hits", counter(&d->ahead_hits), "ahead_cancelled",
+			 counter(&d->ahead_cancelled), "forwarded", counter(&d->forwarded));
 }

@@ -135,7 +135,8 @@ json_t *agent_pulls(struct agent *a);
  * "requests_received" (each hash of each GET received), "retries" (shard
  * requests moved to another donor), and "delta"
  * {encoded, encode_bytes, encode_cpu_s, decoded, decode_bytes, decode_cpu_s,
- * sent, received, failed, whole} (docs/delta.md).  NULL without memory.
+ * sent, received, failed, whole, ahead_encoded, ahead_hits, ahead_cancelled,
+ * forwarded} (docs/delta.md).  NULL without memory.
  */
 json_t *agent_counters(struct agent *a);
 /** Has the coordinator answered the heartbeats lately (coord_silence_ms)?  1 or 0, any thread. */

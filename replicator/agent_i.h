@@ -3,8 +3,9 @@
  * agent: agent.c (the session with the coordinator, the thread, the public
  * API), agent_pull.c (pulling versions from donors: the fetch, its donors),
  * agent_recv.c (what a pull receives: shards, deltas, the version built) and
- * agent_serve.c (serving shards to pullers).  Nothing outside those files includes it; the
- * public API is agent.h.
+ * agent_serve.c (serving shards to pullers, the deltas kept and encoded
+ * ahead) and agent_pool.c (the codec workers).  Nothing outside those files
+ * includes it; the public API is agent.h.
  *
  * Everything declared here runs on the agent thread unless its comment says
  * otherwise.
@@ -17,6 +18,7 @@
 #include <xxhash.h>
 
 #include "agent.h"
+#include "agent_pool.h"
 #include "delta.h"
 #include "proto.h"
 #include "store.h"
@@ -35,9 +37,16 @@
 #define DCACHE_MAX_ENTRIES 65536 /* deltas (and "not worth it" marks) kept, whatever their bytes */
 #define DELTA_PROBES 64          /* windows few_changed() looks at before encoding a shard */
 #define DELTA_PROBE_BYTES 4096   /* bytes of each (a multiple of every element width) */
+#define ENCODE_WAIT_MAX 4096     /* requests waiting on encodes; more are answered whole */
+#define AHEAD_CANDIDATES 8       /* newest versions here encode-ahead compares (as pick_base()) */
+#define IMPORTED_KEEP 8          /* versions pulled here remembered (not encoded ahead) */
 
-/* Where one shard of a version being pulled stands. */
-enum want_state { W_QUEUED, W_INFLIGHT, W_HELD };
+/*
+ * Where one shard of a version being pulled stands.  W_REBUILD: its whole
+ * delta is here and a codec worker rebuilds it (job @job); nothing is asked
+ * of a donor for it meanwhile.
+ */
+enum want_state { W_QUEUED, W_INFLIGHT, W_REBUILD, W_HELD };
 
 /* One distinct shard of a version being pulled (agent_pull.c). */
 struct want {
@@ -63,9 +72,11 @@ struct want {
 	uint64_t got;       /* bytes received (of the shard, or of its delta) */
 	uint64_t roff;      /* its staging range (unbacked, store_stage_write()) */
 	XXH3_state_t *xs;   /* running hash, NULL when no whole shard is arriving */
-	uint8_t *enc;       /* a delta arriving: its bytes (NULL when none is) */
+	uint8_t *enc;       /* a delta arriving: its bytes (NULL when none is); in W_REBUILD
+			       the job's (borrowed: read-only, to forward it) */
 	uint64_t enc_total; /* its length, as the first piece declared */
 	const void *from;   /* the peer the pieces come from */
+	uint64_t job;       /* W_REBUILD: the id of its rebuild job */
 };
 
 /* A version being pulled: its shards, donors and progress (agent_pull.c). */
@@ -102,6 +113,12 @@ struct deferred {
 	hwfs_hash_t base; /* the base the puller holds (zero: none), and its width */
 	unsigned width;
 	uint64_t sent; /* bytes of it forwarded already while it was arriving */
+	/*
+	 * @dmode: the delta this node receives (against the same base) is
+	 * forwarded to it as it arrives, @sent counting the delta's bytes; the
+	 * last byte goes only once this node rebuilt and verified the shard.
+	 */
+	int dmode;
 	struct deferred *next;
 };
 
@@ -115,6 +132,7 @@ struct dentry {
 	unsigned width;
 	uint8_t *enc;
 	size_t len;
+	int ahead; /* encoded ahead of demand and not sent yet */
 	struct dentry *chain;      /* next in its hash bucket */
 	struct dentry *newer, *older; /* the recency list */
 };
@@ -139,6 +157,42 @@ struct delta_stats {
 	uint64_t sent, received;                    /* deltas that crossed the wire */
 	uint64_t failed;  /* received deltas that did not rebuild the shard (asked whole again) */
 	uint64_t whole;   /* shards asked for with a base but sent whole (not worth it, no base) */
+	uint64_t ahead_encoded;  /* deltas encoded ahead of demand (a version sealed here) */
+	uint64_t ahead_hits;     /* deltas sent that encode-ahead had made (or was making) */
+	uint64_t ahead_cancelled; /* encode-ahead runs given up: their version went */
+	uint64_t forwarded; /* deltas sent on cut-through: pieces went before the rebuild here */
+};
+
+/*
+ * An encode a puller waits for (agent_serve.c): the job in the pool, and
+ * the requests answered when it is done.  @batch: the encode-ahead run
+ * that submitted it (NULL: a GET did, or its run was cancelled).
+ */
+struct penc {
+	struct pool_job *job;
+	struct deferred *waiters;
+	struct ahead *batch;
+	struct penc *next;
+};
+
+/* A shard to encode ahead of demand: its delta against @base, by @width. */
+struct ahead_item {
+	hwfs_hash_t base, hash;
+	unsigned width;
+};
+
+/*
+ * An encode-ahead run (agent_serve.c): version @name (sealed here with
+ * @digest) against the version its receivers hold, shard by shard, at most
+ * one job per codec worker in flight.
+ */
+struct ahead {
+	char *name, *base_name;
+	hwfs_hash_t digest;
+	struct ahead_item *items;
+	size_t n, next, inflight, done;
+	uint64_t enc_bytes; /* of the deltas made: their mean sizes the next one */
+	struct ahead *next_run;
 };
 
 /* A DEALER to one donor's serving socket, with its back-off (agent_pull.c). */
@@ -224,9 +278,13 @@ struct agent {
 	uint64_t rx, tx; /* atomic: shard bytes received and sent (a delta counts its shard) */
 	uint64_t wire_rx, wire_tx; /* atomic: SHARD payload bytes that crossed the wire */
 	struct delta_stats ds;
-	struct delta_ctx *dcx; /* the codec (agent thread) */
-	uint8_t *scratch;      /* a rebuilt shard before it is checked (agent thread) */
-	size_t scratch_len;
+	struct pool *pool;     /* the codec workers (agent_pool.h) */
+	uint64_t next_job;     /* the last job id given (agent thread) */
+	struct penc *pencs;    /* encodes pullers wait for (agent thread) */
+	size_t n_waiting;      /* requests waiting on them (agent thread) */
+	struct ahead *aheads;  /* encode-ahead runs, oldest first (agent thread) */
+	char *imported[IMPORTED_KEEP]; /* versions pulled here lately (agent thread) */
+	size_t n_imported;
 	struct dcache dcache;  /* deltas kept to send again (agent thread) */
 	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
 	uint64_t retries; /* atomic: shard requests moved to another donor (next_donor) */
@@ -296,6 +354,8 @@ void pull_next_donor(struct agent *a, struct fetch *f, struct want *w);
 void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer);
 /** Every shard of @f is here: build and seal the version (import hook), then end @f. */
 void pull_materialize(struct agent *a, struct fetch *f);
+/** A rebuild job finished (pool_take_done()): intern the shard, or fall back; frees @j. */
+void pull_on_rebuilt(struct agent *a, struct pool_job *j);
 /** MISSING from a donor: ask it again later, or the next donor. */
 void pull_on_missing(struct agent *a, struct proto_msg *m);
 /** Keep every fetch's window full, fail over from silent donors, report progress. */
@@ -313,14 +373,42 @@ void serve_flush_deferred(struct agent *a);
 void serve_arrived(struct agent *a, struct shard *sh);
 /** A piece of @w arrived: forward it (cut-through) to the requests waiting for it. */
 void serve_forward(struct agent *a, struct want *w);
-/** Shard @h arrived bad: requests that had part of it forwarded get MISSING. */
-void serve_abort_forwarded(struct agent *a, const hwfs_hash_t *h);
+/**
+ * serve_abort_forwarded() - shard @h arrived bad, or (with @delta_only) the
+ * delta of it this node was receiving and forwarding was dropped: requests
+ * that had part of it forwarded get MISSING (they ask again).
+ */
+void serve_abort_forwarded(struct agent *a, const hwfs_hash_t *h, int delta_only);
+/**
+ * serve_forward_delta() - a piece of @w's delta arrived (or its rebuild
+ * started): forward it to requests for @w that named the same base, all
+ * but the delta's last byte, which goes only once the shard was rebuilt and
+ * verified here (serve_finish_delta()).
+ */
+void serve_forward_delta(struct agent *a, struct want *w);
+/**
+ * serve_finish_delta() - shard @h (@size bytes) was rebuilt here from @enc
+ * (@len bytes) and verified: the requests it was being forwarded to get the
+ * rest of it.
+ */
+void serve_finish_delta(struct agent *a, const hwfs_hash_t *h, uint64_t size, const uint8_t *enc,
+			size_t len);
+/** An encode job finished (pool_take_done()): keep the delta, answer its waiters; frees @j. */
+void serve_on_encoded(struct agent *a, struct pool_job *j);
+/** Version @name was sealed here: encode its deltas ahead of demand (delta_ahead). */
+void serve_ahead_sealed(struct agent *a, const char *name);
+/** Feed the codec workers from the encode-ahead runs; cancel runs whose version went. */
+void serve_ahead_pump(struct agent *a);
+/** Version @name is being pulled here (not sealed by a writer here): not encoded ahead. */
+void serve_note_imported(struct agent *a, const char *name);
 /** agent_stop(): forget the requests still waiting, and the deltas kept. */
 void serve_free(struct agent *a);
 /**
  * serve_keep_delta() - a delta received from a donor rebuilt shard @hash
  * against @base: keep it (ownership of @enc, malloc'd, @len bytes, passes
- * here) to send as it is to the next puller with that base.
+ * here) to send as it is to the next puller with that base.  @enc NULL with
+ * @len 0: never send @hash as a delta against @base (the base here is
+ * damaged: such a delta would not rebuild); it goes whole.
  */
 void serve_keep_delta(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
 		      unsigned width, uint8_t *enc, size_t len);

@@ -74,10 +74,17 @@ struct want *pull_find_want(struct agent *a, const hwfs_hash_t *h, struct fetch 
 	return NULL;
 }
 
-/* Forget a shard, or its delta, that was arriving in pieces (its range goes back). */
+/*
+ * Forget a shard, or its delta, that was arriving in pieces (its range goes
+ * back; the pullers a delta was forwarded to get MISSING).  A want being
+ * rebuilt is left to its job (pull_on_rebuilt()).
+ */
 void pull_drop_partial(struct agent *a, struct want *w)
 {
+	if (w->state == W_REBUILD)
+		return;
 	if (w->enc) { /* a delta arriving */
+		serve_abort_forwarded(a, &w->hash, 1);
 		free(w->enc);
 		w->enc = NULL;
 		w->enc_total = 0;
@@ -381,8 +388,9 @@ static int cmp_want_hash(const void *x, const void *y)
  * shard of @f still to fetch its base shard by the rule of delta_base.h,
  * when deltas are on and this node holds @base sealed; else none (asked for
  * whole).  A re-plan calls it again: the bases follow the newest plan
- * (requests in flight were put back in the queue by set_donors()).  Shards
- * a delta of which failed stay whole.
+ * (requests in flight were put back in the queue by set_donors()), except
+ * those being rebuilt from a delta, which keep theirs.  Shards a delta of
+ * which failed stay whole.
  */
 static void assign_bases(struct agent *a, struct fetch *f, const char *base)
 {
@@ -392,6 +400,8 @@ static void assign_bases(struct agent *a, struct fetch *f, const char *base)
 	size_t mapped = 0;
 
 	for (size_t k = 0; k < f->n; k++) {
+		if (f->w[k].state == W_REBUILD)
+			continue; /* its delta (against that base) is being rebuilt, and forwarded */
 		memset(&f->w[k].base, 0, sizeof(f->w[k].base));
 		f->w[k].width = 1;
 	}
@@ -603,11 +613,6 @@ void pull_pump(struct agent *a)
 
 	if (now - a->last_pulls >= PULLS_SNAPSHOT_S)
 		publish_pulls(a);
-	if (!a->fetches && a->scratch) { /* nothing to rebuild: give the largest shard's buffer back */
-		free(a->scratch);
-		a->scratch = NULL;
-		a->scratch_len = 0;
-	}
 	for (struct fetch *f = a->fetches, *next; f; f = next) {
 		uint64_t inflight;
 

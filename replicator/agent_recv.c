@@ -5,11 +5,14 @@
  *
  * Pieces of a whole shard are written into a staged arena range and hashed
  * as they arrive, and the last piece's hash decides whether the shard is
- * interned or another donor is asked.  A delta is gathered whole, rebuilt
- * against the base this node holds and checked by its hash before anything
- * is staged.  When every shard is here the version is built and sealed in
- * through the mount (the import hook, pull_materialize()).  Runs on the
- * agent thread only.
+ * interned or another donor is asked.  A delta is gathered whole (and
+ * forwarded to the pullers waiting for it as it arrives: agent_serve.c),
+ * then rebuilt against the base this node holds by a codec worker
+ * (agent_pool.h), which checks its hash before anything is staged; the
+ * agent interns it when the job comes back (pull_on_rebuilt()), while
+ * other shards keep arriving.  When every shard is here the version is
+ * built and sealed in through the mount (the import hook,
+ * pull_materialize()).  Runs on the agent thread only.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -22,7 +25,10 @@
 void pull_materialize(struct agent *a, struct fetch *f)
 {
 	char err[512] = "";
-	int ok = a->o.hooks->import(a->o.arg, f->rec, err, sizeof(err)) == 0;
+	int ok;
+
+	serve_note_imported(a, f->name); /* its seal is not this node's to encode ahead */
+	ok = a->o.hooks->import(a->o.arg, f->rec, err, sizeof(err)) == 0;
 
 	if (ok) {
 		LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
@@ -55,24 +61,27 @@ static void shard_arrived(struct agent *a, struct fetch *f, struct want *w, stru
 		pull_materialize(a, f);
 }
 
-/*
- * rebuild() - the whole delta of @w is here (w->enc): rebuild the shard
- * from the base this node holds into the scratch buffer, check its hash,
- * then stage and intern it.  The delta is kept to be sent on as it is.  A
- * base that went meanwhile (hwfs rm) makes it ask for the whole shard; a
- * delta that does not decode or rebuilds other bytes (corrupt, made against
- * another base) is reported as a bad donor and the whole shard is asked of
- * the next donor.  Nothing is staged before the hash matched.
- */
-static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char *from,
-		    const void *peer)
+/* The address of donor socket @peer (for the logs), or "a donor". */
+static const char *peer_addr(struct agent *a, const void *peer)
 {
-	struct shard *bsh = store_get(a->o.st, &w->base), *sh;
-	unsigned width = w->width;
-	hwfs_hash_t got;
-	uint64_t t0, roff;
-	char err[160] = "";
-	int r;
+	for (struct peer *p = a->peers; p; p = p->next)
+		if (p->sock == peer)
+			return p->addr;
+	return "a donor";
+}
+
+/*
+ * rebuild_start() - the whole delta of @w is here (w->enc): hand it to a
+ * codec worker, which rebuilds the shard from the base this node holds,
+ * checks its hash and stages it (pull_on_rebuilt() takes it from there).
+ * The want waits in W_REBUILD; its delta stays readable (w->enc, now the
+ * job's) for the pullers it is forwarded to.  A base that went meanwhile
+ * (hwfs rm) makes it ask for the whole shard.
+ */
+static void rebuild_start(struct agent *a, struct fetch *f, struct want *w)
+{
+	struct shard *bsh = store_get(a->o.st, &w->base);
+	struct pool_job *j;
 
 	if (!bsh || bsh->size != w->size) { /* its base went while the delta travelled */
 		if (bsh)
@@ -83,78 +92,105 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 		w->state = W_QUEUED;
 		return;
 	}
-	if (a->scratch_len < w->size) {
-		uint8_t *p = realloc(a->scratch, w->size);
+	j = calloc(1, sizeof(*j));
+	if (!j) {
+		store_unref(a->o.st, bsh);
+		pull_wait_space(a, f);
+		return;
+	}
+	*j = (struct pool_job){.kind = POOL_REBUILD, .id = ++a->next_job, .bsh = bsh,
+			       .base = w->base, .hash = w->hash, .width = w->width, .size = w->size,
+			       .enc = w->enc, .enc_len = w->enc_total};
+	w->state = W_REBUILD;
+	w->job = j->id;
+	pool_submit(a->pool, j);
+}
 
-		if (!p) {
-			store_unref(a->o.st, bsh);
-			pull_wait_space(a, f);
-			return;
-		}
-		a->scratch = p;
-		a->scratch_len = w->size;
+/* The want rebuilt by job @id (W_REBUILD), and its fetch in *@fp; NULL: it went. */
+static struct want *rebuilt_want(struct agent *a, uint64_t id, struct fetch **fp)
+{
+	for (struct fetch *f = a->fetches; f; f = f->next)
+		for (size_t i = 0; i < f->n; i++)
+			if (f->w[i].state == W_REBUILD && f->w[i].job == id) {
+				*fp = f;
+				return &f->w[i];
+			}
+	return NULL;
+}
+
+/*
+ * pull_on_rebuilt() - a rebuild job is back.  Its shard matched its hash and
+ * is staged: intern it, finish forwarding the delta to the pullers that had
+ * it as it arrived, keep it to send on as it is.  Else nothing was staged:
+ * a base damaged here makes it ask for the shard whole; a delta that does
+ * (and marks that delta "not worth it", so pullers of this node get the
+ * shard whole, not a delta made against the damaged base); a delta that does
+ * not decode or rebuilds other bytes (corrupt, made against another base)
+ * reports the donor as bad and asks the next one for the whole shard; no
+ * room waits for space.  The pullers the delta was being forwarded to get
+ * MISSING in all those cases (they never had its last byte).  A job whose
+ * want went meanwhile (the fetch ended) is dropped, its staged range given
+ * back.
+ */
+void pull_on_rebuilt(struct agent *a, struct pool_job *j)
+{
+	struct fetch *f = NULL;
+	struct want *w = rebuilt_want(a, j->id, &f);
+	const void *peer;
+	struct shard *sh;
+
+	if (!w)
+		goto out;
+	peer = w->from;
+	w->enc = NULL; /* the job's */
+	w->enc_total = 0;
+	w->got = 0;
+	w->from = NULL;
+	w->job = 0;
+	w->state = W_INFLIGHT; /* (as it was before its rebuild: the fallbacks expect it) */
+	if (j->r < 0)
+		serve_abort_forwarded(a, &w->hash, 1);
+	if (j->r == -EBADMSG && j->base_bad) {
+		LOG_ERR("agent: the base of a shard of %s is damaged here (hwfs verify will "
+			"say which version); asking for the shard whole", f->name);
+		/* and never encode a delta against it for a puller: it would not rebuild */
+		serve_keep_delta(a, &j->base, &j->hash, j->width, NULL, 0);
+		w->whole = 1;
+		w->state = W_QUEUED;
+		goto out;
 	}
-	t0 = delta_cpu_ns();
-	r = delta_decode_hash(a->dcx, store_shard_data(a->o.st, bsh), w->size, w->enc, w->enc_total,
-			      a->scratch, &got, err, sizeof(err));
-	__atomic_add_fetch(&a->ds.decode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
-	if (r == 0) {
-		__atomic_add_fetch(&a->ds.decoded, 1, __ATOMIC_RELAXED);
-		__atomic_add_fetch(&a->ds.decode_bytes, w->size, __ATOMIC_RELAXED);
-		if (hwfs_hash_cmp(&got, &w->hash))
-			snprintf(err, sizeof(err), "the rebuilt shard does not match its hash");
-		delta_peek(w->enc, w->enc_total, NULL, &width, NULL, 0);
-	}
-	if (*err) { /* whose fault: is the base here intact? */
-		hwfs_hash_buf(store_shard_data(a->o.st, bsh), w->size, &got);
-		if (hwfs_hash_cmp(&got, &w->base)) {
-			LOG_ERR("agent: the base of a shard of %s is damaged here (hwfs verify will "
-				"say which version); asking for the shard whole", f->name);
-			store_unref(a->o.st, bsh);
-			pull_drop_partial(a, w);
-			w->whole = 1;
-			w->state = W_QUEUED;
-			return;
-		}
-	}
-	store_unref(a->o.st, bsh);
-	if (*err) {
-		LOG_ERR("agent: bad delta from %s for %s (%s); asking for the whole shard", from,
-			f->name, err);
+	if (j->r == -EBADMSG) {
+		LOG_ERR("agent: bad delta from %s for %s (%s); asking for the whole shard",
+			peer_addr(a, peer), f->name, j->err);
 		__atomic_add_fetch(&a->ds.failed, 1, __ATOMIC_RELAXED);
 		pull_report(a, f, f->donor_names[w->donor]);
 		pull_donor_failed(a, f, w->donor, "sent a delta that does not rebuild its shard");
 		w->whole = 1;
 		pull_next_donor(a, f, w);
-		return;
+		goto out;
 	}
-	if (store_stage_alloc(a->o.st, w->size, 1, &roff) < 0) {
+	if (j->r < 0) { /* -ENOSPC, -ENOMEM */
+		w->state = W_QUEUED;
 		pull_wait_space(a, f);
-		return;
+		goto out;
 	}
-	r = store_stage_write(a->o.st, roff, a->scratch, w->size);
-	if (r < 0) {
-		LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
-		store_stage_free(a->o.st, roff, w->size);
-		pull_wait_space(a, f);
-		return;
-	}
-	sh = store_intern_staged(a->o.st, &w->hash, roff, w->size);
+	sh = store_intern_staged(a->o.st, &w->hash, j->roff, w->size);
+	j->staged = 0; /* given back by store_intern_staged() if it failed */
 	if (!sh) {
+		serve_abort_forwarded(a, &w->hash, 1);
 		pull_fail(a, f, "out of memory");
-		return;
+		goto out;
 	}
 	__atomic_add_fetch(&a->ds.received, 1, __ATOMIC_RELAXED);
 	__atomic_add_fetch(&a->rx, w->size, __ATOMIC_RELAXED);
-	if (w->enc_total <= w->size * hwfs_tun.delta_max_pct / 100) /* else not worth sending on */
-		serve_keep_delta(a, &w->base, &w->hash, width, w->enc, w->enc_total);
-	else
-		free(w->enc);
-	w->enc = NULL;
-	w->enc_total = 0;
-	w->got = 0;
-	w->from = NULL;
+	serve_finish_delta(a, &w->hash, w->size, j->enc, j->enc_len);
+	if (j->enc_len <= w->size * hwfs_tun.delta_max_pct / 100) { /* else not worth sending on */
+		serve_keep_delta(a, &j->base, &j->hash, j->enc_width, j->enc, j->enc_len);
+		j->enc = NULL;
+	}
 	shard_arrived(a, f, w, sh, peer);
+out:
+	pool_job_free(a->o.st, j);
 }
 
 /*
@@ -163,7 +199,8 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
  * for as, or against another base, a total under the codec's header or
  * larger than the shard itself (a delta is never worth more), bytes past the
  * total, an empty piece.  Pieces come in order from one donor into a buffer
- * of the declared total; the last one rebuilds the shard.
+ * of the declared total, forwarded on to the pullers waiting for it as they
+ * come; the last one starts the shard's rebuild on a codec worker.
  */
 static void on_delta_piece(struct agent *a, struct fetch *f, struct want *w, struct proto_msg *m,
 			   const char *from, const void *peer)
@@ -203,8 +240,9 @@ static void on_delta_piece(struct agent *a, struct fetch *f, struct want *w, str
 	}
 	memcpy(w->enc + pos, m->payload, len);
 	w->got += len;
+	serve_forward_delta(a, w);
 	if (w->got == w->enc_total)
-		rebuild(a, f, w, from, peer);
+		rebuild_start(a, f, w);
 }
 
 /*
@@ -279,7 +317,7 @@ void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 		pull_report(a, f, f->donor_names[w->donor]);
 		store_stage_free(a->o.st, w->roff, w->size);
 		w->got = 0;
-		serve_abort_forwarded(a, &h);
+		serve_abort_forwarded(a, &h, 0);
 		pull_donor_failed(a, f, w->donor, "sent a shard that does not match its hash");
 		pull_next_donor(a, f, w);
 		return;

@@ -15,7 +15,25 @@
  * delta_cache_bytes, least recently sent first out), so a delta is encoded
  * once however many pullers ask for it, and a delta this node received is
  * sent on as it came (serve_keep_delta()): down a chain only the first node
- * encodes.  Runs on the agent thread only.
+ * encodes.
+ *
+ * Encoding is never done here: a GET whose delta is not kept yet waits on
+ * an encode job of the codec workers (agent_pool.h; struct penc, several
+ * pullers of one delta share the job) and is answered when it is done
+ * (serve_on_encoded()).  When a version is sealed here (not pulled), its
+ * deltas against the version its receivers will name as their base (the
+ * newest here with most bytes matched by the rule of delta_base.h, as the
+ * coordinator's pick_base()) are encoded ahead of demand, a few jobs at a
+ * time, into the same cache (serve_ahead_sealed(), serve_ahead_pump()): the
+ * first GET finds them made, or joins the job making them.  A run stops at
+ * delta_cache_bytes of deltas made, and is cancelled when its version goes.
+ *
+ * A relay forwards a delta it receives to the pullers that named the same
+ * base as its pieces arrive (serve_forward_delta()), rebuilding it on the
+ * workers meanwhile; the delta's last byte goes only once the rebuild here
+ * matched the shard's hash (serve_finish_delta()), so a bad delta reaches no
+ * puller whole from a relay that caught it: they get MISSING and ask again.
+ * Runs on the agent thread only.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -23,6 +41,7 @@
 #include <zmq.h>
 
 #include "agent_i.h"
+#include "delta_base.h"
 
 struct sent_ref {
 	struct store *st;
@@ -250,117 +269,416 @@ void serve_keep_delta(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_
 	dcache_put(&a->dcache, base, hash, width, enc, len);
 }
 
-/*
- * few_changed() - a cheap look before encoding: do at most half the elements
- * of DELTA_PROBES evenly spaced windows of DELTA_PROBE_BYTES differ between
- * @base and @new_ (@len bytes, elements of @width)?  Most do in a
- * fine-tuning step or an unrelated tensor, whose delta would not be worth
- * sending: those are sent whole without spending the encoding on them.
- */
-static int few_changed(const uint8_t *base, const uint8_t *new_, uint64_t len, unsigned width)
+/* A request (@ident, @req) for shard @hash, as a waiter or a deferred GET; NULL without memory. */
+static struct deferred *deferred_new(const void *ident, size_t ident_len, uint64_t req,
+				     const hwfs_hash_t *hash, const hwfs_hash_t *base, unsigned width)
 {
-	uint64_t step = len / DELTA_PROBES, seen = 0, changed = 0;
+	struct deferred *d;
 
-	if (len <= DELTA_PROBES * DELTA_PROBE_BYTES)
-		return 1; /* small: encoding it costs no more than looking */
-	for (uint64_t off = 0; off + DELTA_PROBE_BYTES <= len; off += step) {
-		uint64_t at = off - off % width;
+	if (ident_len > sizeof(d->ident) || !(d = calloc(1, sizeof(*d))))
+		return NULL;
+	memcpy(d->ident, ident, ident_len);
+	d->ident_len = ident_len;
+	d->req = req;
+	d->hash = *hash;
+	d->base = *base;
+	d->width = width;
+	return d;
+}
 
-		changed += delta_count_diff(base + at, new_ + at, DELTA_PROBE_BYTES, width);
-		seen += DELTA_PROBE_BYTES / width;
+/* Send the kept delta @e of @sh (against @base) to puller @ident, in pieces, and count it. */
+static void send_delta(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+		       struct shard *sh, const hwfs_hash_t *base, struct dentry *e)
+{
+	uint64_t off = 0;
+
+	while (off < e->len) {
+		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, e->len - off);
+
+		if (send_piece(a, ident, ident_len, req, &sh->hash, base, off, len, e->len, NULL,
+			       e->enc + off) < 0)
+			break;
+		off += len;
 	}
-	return changed * 2 <= seen;
+	if (off == e->len) { /* all of it went */
+		__atomic_add_fetch(&a->ds.sent, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&a->tx, sh->size, __ATOMIC_RELAXED);
+		if (e->ahead) {
+			__atomic_add_fetch(&a->ds.ahead_hits, 1, __ATOMIC_RELAXED);
+			e->ahead = 0;
+		}
+	}
+}
+
+/* The encode of @hash against @base by @width pullers wait for (or that runs ahead), or NULL. */
+static struct penc *penc_find(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
+			      unsigned width)
+{
+	for (struct penc *pe = a->pencs; pe; pe = pe->next)
+		if (pe->job->width == width && !hwfs_hash_cmp(&pe->job->hash, hash) &&
+		    !hwfs_hash_cmp(&pe->job->base, base))
+			return pe;
+	return NULL;
 }
 
 /*
- * delta_for() - the delta to send for @sh to a puller holding @base (width
- * @width): the one kept, or encoded now and kept.  NULL: send it whole —
- * deltas are off, there is no base, this node does not hold the base or it
- * has another length, or the delta would be larger than delta_max_pct of
- * the shard, or few_changed() says it would be (remembered either way, so
- * it is not looked at again).
+ * encode_submit() - queue an encode of @sh against @bsh (@base, by @width)
+ * on the codec workers: a demand job, or with @batch an encode-ahead one.
+ * Takes over the caller's reference on @bsh and takes one on @sh.  Returns
+ * the pending encode, or NULL (out of memory; @bsh's reference dropped).
  */
-static struct dentry *delta_for(struct agent *a, struct shard *sh, const hwfs_hash_t *base,
-				unsigned width)
+static struct penc *encode_submit(struct agent *a, struct shard *sh, struct shard *bsh,
+				  const hwfs_hash_t *base, unsigned width, struct ahead *batch)
 {
-	uint64_t cap = sh->size * hwfs_tun.delta_max_pct / 100, t0;
-	struct dentry *e;
-	struct shard *bsh;
-	uint8_t *buf;
-	ssize_t n;
+	struct penc *pe = calloc(1, sizeof(*pe));
+	struct pool_job *j = calloc(1, sizeof(*j));
 
-	if (!hwfs_tun.delta || hwfs_hash_is_zero(base) || !hwfs_hash_cmp(base, &sh->hash))
-		return NULL;
-	e = dcache_find(&a->dcache, base, &sh->hash, width);
-	if (e) {
-		dcache_touch(&a->dcache, e);
-		return e->enc ? e : NULL;
-	}
-	bsh = store_get(a->o.st, base);
-	if (!bsh)
-		return NULL;
-	if (bsh->size != sh->size || cap <= DELTA_HDR) {
+	if (!pe || !j) {
+		free(pe);
+		free(j);
 		store_unref(a->o.st, bsh);
 		return NULL;
 	}
-	if (!few_changed(store_shard_data(a->o.st, bsh), store_shard_data(a->o.st, sh), sh->size, width)) {
-		store_unref(a->o.st, bsh);
-		dcache_put(&a->dcache, base, &sh->hash, width, NULL, 0);
-		return NULL;
+	store_ref(a->o.st, sh);
+	*j = (struct pool_job){.kind = POOL_ENCODE, .id = ++a->next_job, .ahead = batch != NULL,
+			       .bsh = bsh, .sh = sh, .base = *base, .hash = sh->hash,
+			       .width = width, .size = sh->size};
+	pe->job = j;
+	pe->batch = batch;
+	pe->next = a->pencs;
+	a->pencs = pe;
+	pool_submit(a->pool, j);
+	return pe;
+}
+
+/*
+ * encode_start() - the delta of @sh against @base (width @width) is not
+ * kept: have the codec workers make it (or join the job making it) and
+ * answer the request (@ident, @req) then (serve_on_encoded()).  Returns 0,
+ * or -errno when the shard goes whole now: this node does not hold the
+ * base, or it has another length, or ENCODE_WAIT_MAX requests wait on
+ * encodes already (a flood of GETs naming bases cannot queue work and
+ * memory without bound), or no memory.
+ */
+static int encode_start(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+			struct shard *sh, const hwfs_hash_t *base, unsigned width)
+{
+	struct penc *pe;
+	struct deferred *d;
+	struct shard *bsh;
+
+	if (a->n_waiting >= ENCODE_WAIT_MAX)
+		return -EAGAIN;
+	pe = penc_find(a, base, &sh->hash, width);
+	d = deferred_new(ident, ident_len, req, &sh->hash, base, width);
+	if (!d)
+		return -ENOMEM;
+	if (!pe) {
+		bsh = store_get(a->o.st, base);
+		if (!bsh || bsh->size != sh->size ||
+		    sh->size * hwfs_tun.delta_max_pct / 100 <= DELTA_HDR) {
+			if (bsh)
+				store_unref(a->o.st, bsh);
+			free(d);
+			return -ENOENT;
+		}
+		pe = encode_submit(a, sh, bsh, base, width, NULL);
+		if (!pe) {
+			free(d);
+			return -ENOMEM;
+		}
+	} else if (pe->job->ahead) { /* made ahead of demand: a puller waits for it now */
+		pool_promote(a->pool, pe->job);
 	}
-	if (!(buf = malloc(cap))) {
-		store_unref(a->o.st, bsh);
-		return NULL;
-	}
-	t0 = delta_cpu_ns();
-	n = delta_encode(a->dcx, store_shard_data(a->o.st, bsh), store_shard_data(a->o.st, sh), sh->size,
-			 width, buf, cap);
-	__atomic_add_fetch(&a->ds.encode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&a->ds.encoded, 1, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&a->ds.encode_bytes, sh->size, __ATOMIC_RELAXED);
-	store_unref(a->o.st, bsh);
-	if (n < 0) {
-		free(buf);
-		if (n == -E2BIG) /* not worth it: remember, do not encode it again */
-			dcache_put(&a->dcache, base, &sh->hash, width, NULL, 0);
-		return NULL;
-	}
-	e = dcache_put(&a->dcache, base, &sh->hash, width, realloc(buf, (size_t)n) ?: buf,
-		       (size_t)n);
-	return e && e->enc ? e : NULL;
+	d->next = pe->waiters;
+	pe->waiters = d;
+	a->n_waiting++;
+	return 0;
 }
 
 /*
  * serve_shard() - answer a request for @sh: as a delta against @base (width
- * @width) when delta_for() has one, else whole from byte @pos on.  Drops
+ * @width) when one is kept, or encoded for it on the codec workers (the
+ * answer then comes from serve_on_encoded()), else whole from byte @pos on:
+ * deltas are off, there is no base, this node does not hold the base or it
+ * has another length, or the delta is not worth it (remembered).  Drops
  * the caller's reference on @sh.
  */
 static void serve_shard(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 			struct shard *sh, const hwfs_hash_t *base, unsigned width, uint64_t pos)
 {
-	struct dentry *e = pos == 0 ? delta_for(a, sh, base, width) : NULL;
+	int based = hwfs_tun.delta && !hwfs_hash_is_zero(base);
 
-	if (e) {
-		uint64_t off = 0;
+	if (pos == 0 && based && hwfs_hash_cmp(base, &sh->hash)) {
+		struct dentry *e = dcache_find(&a->dcache, base, &sh->hash, width);
 
-		while (off < e->len) {
-			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, e->len - off);
-
-			if (send_piece(a, ident, ident_len, req, &sh->hash, base, off, len, e->len,
-				       NULL, e->enc + off) < 0)
-				break;
-			off += len;
+		if (e) {
+			dcache_touch(&a->dcache, e);
+			if (e->enc) {
+				send_delta(a, ident, ident_len, req, sh, base, e);
+				store_unref(a->o.st, sh);
+				return;
+			}
+		} else if (encode_start(a, ident, ident_len, req, sh, base, width) == 0) {
+			store_unref(a->o.st, sh);
+			return;
 		}
-		if (off == e->len) { /* all of it went */
-			__atomic_add_fetch(&a->ds.sent, 1, __ATOMIC_RELAXED);
-			__atomic_add_fetch(&a->tx, sh->size, __ATOMIC_RELAXED);
-		}
-	} else {
-		if (!hwfs_hash_is_zero(base) && hwfs_tun.delta)
-			__atomic_add_fetch(&a->ds.whole, 1, __ATOMIC_RELAXED);
-		send_whole(a, ident, ident_len, req, sh, pos);
 	}
+	if (based)
+		__atomic_add_fetch(&a->ds.whole, 1, __ATOMIC_RELAXED);
+	send_whole(a, ident, ident_len, req, sh, pos);
 	store_unref(a->o.st, sh);
+}
+
+static void ahead_done(struct agent *a, struct ahead *r, const struct pool_job *j);
+
+void serve_on_encoded(struct agent *a, struct pool_job *j)
+{
+	struct penc **pp = &a->pencs, *pe;
+	struct dentry *e = NULL;
+
+	while (*pp && (*pp)->job != j)
+		pp = &(*pp)->next;
+	pe = *pp;
+	if (pe)
+		*pp = pe->next;
+	if (j->r == 0) {
+		e = dcache_put(&a->dcache, &j->base, &j->hash, j->width, j->enc, j->enc_len);
+		j->enc = NULL;
+		if (e && j->ahead)
+			e->ahead = 1;
+	} else if (j->r == -E2BIG) { /* not worth it: remember, do not encode it again */
+		dcache_put(&a->dcache, &j->base, &j->hash, j->width, NULL, 0);
+	}
+	while (pe && pe->waiters) {
+		struct deferred *d = pe->waiters;
+		struct shard *sh = store_get(a->o.st, &d->hash);
+
+		pe->waiters = d->next;
+		a->n_waiting--;
+		if (!sh) {
+			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
+		} else if (e && e->enc) {
+			send_delta(a, d->ident, d->ident_len, d->req, sh, &d->base, e);
+		} else {
+			__atomic_add_fetch(&a->ds.whole, 1, __ATOMIC_RELAXED);
+			send_whole(a, d->ident, d->ident_len, d->req, sh, 0);
+		}
+		if (sh)
+			store_unref(a->o.st, sh);
+		free(d);
+	}
+	if (pe && pe->batch)
+		ahead_done(a, pe->batch, j);
+	free(pe);
+	pool_job_free(a->o.st, j);
+}
+
+/* ------------------------------------------------------------ encode ahead */
+
+void serve_note_imported(struct agent *a, const char *name)
+{
+	char *dup = strdup(name);
+
+	if (!dup)
+		return;
+	if (a->n_imported == IMPORTED_KEEP) {
+		free(a->imported[0]);
+		memmove(a->imported, a->imported + 1, (IMPORTED_KEEP - 1) * sizeof(char *));
+		a->n_imported--;
+	}
+	a->imported[a->n_imported++] = dup;
+}
+
+static int was_imported(struct agent *a, const char *name)
+{
+	for (size_t i = 0; i < a->n_imported; i++)
+		if (!strcmp(a->imported[i], name))
+			return 1;
+	return 0;
+}
+
+/*
+ * ahead_match() - the shard bytes of @v that have a base in @b by the rule
+ * of delta_base.h (and differ from it); with @items, each such shard is
+ * appended there (*@n of them).
+ */
+static uint64_t ahead_match(const struct hwfs_vrec *v, const struct hwfs_vrec *b,
+			    struct ahead_item *items, size_t *n)
+{
+	struct delta_bases *idx = NULL;
+	uint64_t bytes = 0;
+
+	if (delta_bases_new(b, &idx) < 0)
+		return 0;
+	for (size_t i = 0; i < v->n_files; i++)
+		for (size_t k = 0; k < v->files[i].n_ext; k++) {
+			const struct hwfs_extent *e = &v->files[i].ext[k], *be;
+			unsigned width;
+
+			be = delta_base_of(idx, &v->files[i], e, &width, NULL);
+			if (!be || !hwfs_hash_cmp(&be->hash, &e->hash))
+				continue;
+			bytes += e->len;
+			if (items)
+				items[(*n)++] = (struct ahead_item){be->hash, e->hash, width};
+		}
+	delta_bases_free(idx);
+	return bytes;
+}
+
+void serve_ahead_sealed(struct agent *a, const char *name)
+{
+	struct hwfs_vrec *v = NULL, *best = NULL;
+	struct ahead *r = NULL, **tail;
+	uint64_t best_bytes = 0;
+	size_t seen = 0, total = 0;
+	json_t *vers;
+
+	if (!hwfs_tun.delta || !hwfs_tun.delta_ahead || was_imported(a, name) ||
+	    a->o.hooks->snapshot(a->o.arg, name, &v) < 0 || v->state != HWFS_V_SEALED)
+		goto out;
+	/* the base its receivers will name: the coordinator's pick_base() over what is here */
+	vers = a->o.hooks->versions(a->o.arg);
+	for (size_t i = json_array_size(vers); i-- > 0 && seen < AHEAD_CANDIDATES;) {
+		const char *bn = json_string_value(json_object_get(json_array_get(vers, i), "name"));
+		struct hwfs_vrec *b = NULL;
+		uint64_t bytes;
+
+		if (!bn || !strcmp(bn, name) || a->o.hooks->snapshot(a->o.arg, bn, &b) < 0)
+			continue;
+		seen++;
+		bytes = ahead_match(v, b, NULL, NULL);
+		if (bytes > best_bytes) {
+			hwfs_vrec_free(best);
+			best = b;
+			best_bytes = bytes;
+		} else {
+			hwfs_vrec_free(b);
+		}
+	}
+	json_decref(vers);
+	if (!best)
+		goto out;
+	for (size_t i = 0; i < v->n_files; i++)
+		total += v->files[i].n_ext;
+	r = calloc(1, sizeof(*r));
+	if (!r || !(r->items = calloc(total ? total : 1, sizeof(*r->items))) ||
+	    !(r->name = strdup(name)) || !(r->base_name = strdup(best->name)))
+		goto out;
+	ahead_match(v, best, r->items, &r->n);
+	r->digest = v->digest;
+	for (tail = &a->aheads; *tail; tail = &(*tail)->next_run)
+		;
+	*tail = r;
+	LOG_INFO("agent: %s: encoding %zu delta(s) against %s ahead of demand", name, r->n,
+		 best->name);
+	r = NULL;
+	serve_ahead_pump(a);
+out:
+	if (r) {
+		free(r->items);
+		free(r->name);
+		free(r->base_name);
+		free(r);
+	}
+	hwfs_vrec_free(best);
+	hwfs_vrec_free(v);
+}
+
+/* Take run @r off the list and free it (its jobs in flight no longer point to it). */
+static void ahead_end(struct agent *a, struct ahead *r)
+{
+	for (struct ahead **pp = &a->aheads; *pp; pp = &(*pp)->next_run)
+		if (*pp == r) {
+			*pp = r->next_run;
+			break;
+		}
+	for (struct penc *pe = a->pencs; pe; pe = pe->next)
+		if (pe->batch == r)
+			pe->batch = NULL;
+	free(r->items);
+	free(r->name);
+	free(r->base_name);
+	free(r);
+}
+
+/* Is @r's version still here, sealed, with the digest it had? */
+static int ahead_alive(struct agent *a, const struct ahead *r)
+{
+	enum hwfs_vstate state;
+	hwfs_hash_t digest;
+
+	return a->o.hooks->lookup(a->o.arg, r->name, &state, &digest) == 0 &&
+	       state == HWFS_V_SEALED && !hwfs_hash_cmp(&digest, &r->digest);
+}
+
+/* An encode job of run @r finished (@j): count it, feed the workers the next. */
+static void ahead_done(struct agent *a, struct ahead *r, const struct pool_job *j)
+{
+	r->inflight--;
+	r->done++;
+	if (j->r == 0)
+		r->enc_bytes += j->enc_len;
+	serve_ahead_pump(a);
+}
+
+void serve_ahead_pump(struct agent *a)
+{
+	size_t inflight = 0, cap = a->pool ? pool_threads(a->pool) : 0;
+
+	for (struct ahead *r = a->aheads; r; r = r->next_run)
+		inflight += r->inflight;
+	for (struct ahead *r = a->aheads, *next; r; r = next) {
+		next = r->next_run;
+		if (!ahead_alive(a, r)) { /* removed (or replaced): stop, drop what is queued */
+			for (struct penc *pe = a->pencs; pe; pe = pe->next)
+				if (pe->batch == r && !pe->waiters)
+					__atomic_store_n(&pe->job->cancel, 1, __ATOMIC_RELEASE);
+			__atomic_add_fetch(&a->ds.ahead_cancelled, 1, __ATOMIC_RELAXED);
+			LOG_INFO("agent: %s went: encoding ahead stopped (%zu of %zu deltas made)",
+				 r->name, r->done, r->n);
+			inflight -= r->inflight;
+			ahead_end(a, r);
+			continue;
+		}
+		while (inflight < cap && r->next < r->n) {
+			struct ahead_item *it = &r->items[r->next];
+			uint64_t mean = r->done ? r->enc_bytes / r->done : 0;
+			struct shard *sh, *bsh;
+
+			if (r->enc_bytes + mean > hwfs_tun.delta_cache_bytes) {
+				LOG_INFO("agent: %s: delta_cache_bytes of deltas encoded ahead; the "
+					 "other %zu are encoded on demand", r->name, r->n - r->next);
+				r->next = r->n;
+				break;
+			}
+			r->next++;
+			if (dcache_find(&a->dcache, &it->base, &it->hash, it->width) ||
+			    penc_find(a, &it->base, &it->hash, it->width))
+				continue; /* kept or being made (a shard used twice) */
+			sh = store_get(a->o.st, &it->hash);
+			bsh = store_get(a->o.st, &it->base);
+			if (!sh || !bsh || bsh->size != sh->size ||
+			    sh->size * hwfs_tun.delta_max_pct / 100 <= DELTA_HDR) {
+				if (sh)
+					store_unref(a->o.st, sh);
+				if (bsh)
+					store_unref(a->o.st, bsh);
+				continue;
+			}
+			if (encode_submit(a, sh, bsh, &it->base, it->width, r)) {
+				r->inflight++;
+				inflight++;
+			}
+			store_unref(a->o.st, sh);
+		}
+		if (r->next >= r->n && !r->inflight) {
+			LOG_INFO("agent: %s: %zu delta(s) against %s encoded ahead of demand", r->name,
+				 r->done, r->base_name);
+			ahead_end(a, r);
+		}
+	}
 }
 
 /*
@@ -377,7 +695,7 @@ void serve_flush_deferred(struct agent *a)
 			pp = &d->next;
 			continue;
 		}
-		sh = store_get(a->o.st, &d->hash);
+		sh = d->dmode ? NULL : store_get(a->o.st, &d->hash);
 		if (sh) {
 			serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width, 0);
 		} else {
@@ -398,8 +716,13 @@ void serve_arrived(struct agent *a, struct shard *sh)
 			pp = &d->next;
 			continue;
 		}
-		store_ref(a->o.st, sh);
-		serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width, d->sent);
+		if (d->dmode) { /* (serve_finish_delta() answers these first) */
+			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
+		} else {
+			store_ref(a->o.st, sh);
+			serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width,
+				    d->sent);
+		}
 		*pp = d->next;
 		free(d);
 	}
@@ -409,15 +732,14 @@ void serve_arrived(struct agent *a, struct shard *sh)
  * Cut-through: a piece of @w just arrived; pass what waiting pullers have not
  * had yet straight on, before the whole shard is here and verified (they
  * verify it themselves).  This makes a chain a pipeline of pieces, not of
- * shards.  (Only a shard arriving whole is cut through; one arriving as a
- * delta is sent on as that delta once it is rebuilt.)
+ * shards.  (A shard arriving as a delta: serve_forward_delta().)
  */
 void serve_forward(struct agent *a, struct want *w)
 {
 	const uint8_t *staged = store_stage_data(a->o.st, w->roff);
 
 	for (struct deferred *d = a->deferred; d; d = d->next) {
-		if (hwfs_hash_cmp(&d->hash, &w->hash))
+		if (hwfs_hash_cmp(&d->hash, &w->hash) || d->dmode)
 			continue;
 		/*
 		 * A puller that named a base gets the pieces too: this node gets
@@ -437,13 +759,68 @@ void serve_forward(struct agent *a, struct want *w)
 	}
 }
 
-/* A shard that was forwarded in part turned out bad: those pullers must start over. */
-void serve_abort_forwarded(struct agent *a, const hwfs_hash_t *h)
+void serve_forward_delta(struct agent *a, struct want *w)
+{
+	uint64_t limit;
+
+	if (!w->enc || !w->got)
+		return;
+	limit = HWFS_MIN(w->got, w->enc_total - 1); /* the last byte waits for the check */
+	for (struct deferred *d = a->deferred; d; d = d->next) {
+		if (hwfs_hash_cmp(&d->hash, &w->hash))
+			continue;
+		if (!d->dmode) {
+			if (d->sent || !hwfs_tun.delta || hwfs_hash_cmp(&d->base, &w->base) ||
+			    d->width != w->width)
+				continue; /* another base: answered once the shard is here */
+			d->dmode = 1;
+		}
+		while (d->sent < limit) {
+			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, limit - d->sent);
+
+			if (send_piece(a, d->ident, d->ident_len, d->req, &w->hash, &w->base, d->sent,
+				       len, w->enc_total, NULL, w->enc + d->sent) < 0)
+				break;
+			d->sent += len;
+		}
+	}
+}
+
+void serve_finish_delta(struct agent *a, const hwfs_hash_t *h, uint64_t size, const uint8_t *enc,
+			size_t len)
+{
+	for (struct deferred **pp = &a->deferred; *pp;) {
+		struct deferred *d = *pp;
+		uint64_t off;
+
+		if (hwfs_hash_cmp(&d->hash, h) || !d->dmode) {
+			pp = &d->next;
+			continue;
+		}
+		for (off = d->sent; off < len;) {
+			uint64_t n = HWFS_MIN(hwfs_tun.piece_bytes, len - off);
+
+			if (send_piece(a, d->ident, d->ident_len, d->req, h, &d->base, off, n, len, NULL,
+				       enc + off) < 0)
+				break;
+			off += n;
+		}
+		if (off == len) {
+			__atomic_add_fetch(&a->ds.sent, 1, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&a->ds.forwarded, 1, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&a->tx, size, __ATOMIC_RELAXED);
+		}
+		*pp = d->next;
+		free(d);
+	}
+}
+
+void serve_abort_forwarded(struct agent *a, const hwfs_hash_t *h, int delta_only)
 {
 	for (struct deferred **pp = &a->deferred; *pp;) {
 		struct deferred *d = *pp;
 
-		if (hwfs_hash_cmp(&d->hash, h) || d->sent == 0) {
+		if (hwfs_hash_cmp(&d->hash, h) || d->sent == 0 || (delta_only && !d->dmode)) {
 			pp = &d->next;
 			continue;
 		}
@@ -492,20 +869,16 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 			continue;
 		}
 		w = pull_find_want(a, &h, NULL);
-		if (w && ident_len <= sizeof(((struct deferred *)0)->ident)) {
-			struct deferred *d = calloc(1, sizeof(*d));
+		if (w) {
+			struct deferred *d = deferred_new(ident, ident_len, req, &h, &base, width);
 
 			if (d) {
-				memcpy(d->ident, ident, ident_len);
-				d->ident_len = ident_len;
-				d->req = req;
-				d->hash = h;
-				d->base = base;
-				d->width = width;
 				d->next = a->deferred;
 				a->deferred = d;
 				if (w->xs && w->got) /* arriving: pass on what is here */
 					serve_forward(a, w);
+				else if (w->enc && w->got) /* its delta arriving, or rebuilding */
+					serve_forward_delta(a, w);
 				continue;
 			}
 		}
@@ -513,9 +886,31 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 	}
 }
 
-/* agent_stop(), after the thread ended: forget the requests still waiting (no answer). */
+/*
+ * agent_stop(), after the thread ended and the codec workers were freed
+ * (with their jobs): forget the requests still waiting (no answer), the
+ * encodes they waited on, the encode-ahead runs and the deltas kept.
+ */
 void serve_free(struct agent *a)
 {
+	while (a->pencs) {
+		struct penc *pe = a->pencs;
+
+		a->pencs = pe->next;
+		while (pe->waiters) {
+			struct deferred *d = pe->waiters;
+
+			pe->waiters = d->next;
+			free(d);
+		}
+		free(pe);
+	}
+	a->n_waiting = 0;
+	while (a->aheads)
+		ahead_end(a, a->aheads);
+	for (size_t i = 0; i < a->n_imported; i++)
+		free(a->imported[i]);
+	a->n_imported = 0;
 	while (a->deferred) {
 		struct deferred *d = a->deferred;
 

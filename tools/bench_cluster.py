@@ -660,7 +660,7 @@ RL_WIRE_TARGET = 1.3         # wire bytes per receiver <= 1.3 x zstd -1 of XOR(v
 RL_DECODE_TARGET = 1.0       # decode CPU seconds per GiB rebuilt
 RL_V1, RL_V2 = "rl-v1", "rl-v2"
 DELTA_KEYS = ("encoded", "encode_bytes", "encode_cpu_s", "decoded", "decode_bytes", "decode_cpu_s", "sent",
-              "received", "failed", "whole")
+              "received", "failed", "whole", "ahead_encoded", "ahead_hits", "forwarded")
 
 
 def rl_layout(hidden, layers):
@@ -1048,7 +1048,8 @@ def print_rl(rl):
         dc = r["delta_counters"]
         if dc:
             print(f"  delta counters, all nodes (last run), deltas {'on' if r['delta'] else 'off'} N={r['n']}: "
-                  + ", ".join(f"{k} {dc[k]}" for k in ("encoded", "sent", "received", "decoded", "whole", "failed")
+                  + ", ".join(f"{k} {dc[k]}" for k in ("encoded", "sent", "received", "decoded", "whole", "failed",
+                                                   "ahead_encoded", "ahead_hits", "forwarded")
                      if k in dc))
     v = verdicts
     val = lambda x, f, unit="": "n/a" if x["value"] is None else format(x["value"], f) + unit  # noqa: E731

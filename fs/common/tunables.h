@@ -112,6 +112,13 @@
 	  "deltas and cost seconds per shard on the replication thread)") \
 	X(delta_cache_bytes, 64ull << 20, 0, 1ull << 40, \
 	  "encoded deltas a node keeps to send again to the next receiver (encode once)") \
+	X(delta_ahead, 1, 0, 1, \
+	  "1: when a version is sealed here, encode its deltas against the version its " \
+	  "receivers hold, in the background, into the delta cache (up to delta_cache_bytes)") \
+	X(codec_threads, 0, 0, 256, \
+	  "threads that encode and rebuild deltas for the replicator; 0: one per online CPU") \
+	X(codec_idle_ms, 1000, 1, 3600000, \
+	  "a codec thread idle this long gives its rebuild buffer (a shard's size) back") \
 	/* `hwfs diff --elements` (fs/daemon/daemon_diff.c) */ \
 	X(diff_threads, 1, 1, 256, \
 	  "hwfs diff --elements: diffs computing at once in the whole daemon; more wait " \

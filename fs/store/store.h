@@ -113,6 +113,19 @@ static inline const uint8_t *store_stage_data(struct store *s, uint64_t off)
 	return arena_base(store_arena(s)) + off;
 }
 
+/**
+ * store_stage_dest() - where to write the staged range at @off in place (a
+ * shard rebuilt straight into it, no copy), or NULL when the arena is not
+ * preallocated: its pages may not be backed yet, and a write through the
+ * mapping could then fault on a full filesystem (use store_stage_write()).
+ */
+static inline uint8_t *store_stage_dest(struct store *s, uint64_t off)
+{
+	struct arena *a = store_arena(s);
+
+	return arena_preallocated(a) ? arena_base(a) + off : NULL;
+}
+
 /** Free bytes of the arena: how much more staging can take now. */
 uint64_t store_stage_room(struct store *s);
 

@@ -1,0 +1,435 @@
+/*
+ * agent_pool.c — the codec workers of the replication agent (see
+ * agent_pool.h for the model).
+ *
+ * A fixed set of threads takes jobs from two FIFO queues under one mutex:
+ * demand jobs (a puller waits, a shard is being pulled) first, then
+ * encode-ahead ones.  Each worker owns a codec context and, when the arena
+ * is not preallocated, a scratch buffer the size of the largest shard it
+ * rebuilt, given back after codec_idle_ms without work.  A finished job goes
+ * on the done list and the eventfd is signalled; the agent thread takes the
+ * list (pool_take_done()).
+ *
+ * What a worker does to the node is limited to reading shards it holds a
+ * reference on and, for a rebuild, staging bytes in a fresh arena range
+ * (thread-safe store calls) that stays staged only when their hash matched:
+ * it never interns, so no shard becomes visible that the agent thread did
+ * not accept.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "agent_i.h"
+#include "agent_pool.h"
+
+struct worker {
+	struct pool *p;
+	pthread_t thread;
+	struct delta_ctx *cx;
+	uint8_t *scratch;
+	size_t scratch_len;
+};
+
+struct pool {
+	struct store *st;
+	struct delta_stats *ds;
+	pthread_mutex_t mu; /* guards everything below */
+	pthread_cond_t cv;  /* a job was queued, or stop */
+	struct pool_job *hi, *hi_tail, *lo, *lo_tail; /* queued: demand, encode-ahead */
+	struct pool_job *done, *done_tail;
+	size_t pending; /* submitted, not taken back */
+	int stop;
+	int efd;
+	struct worker *w;
+	unsigned n;
+};
+
+/* Append @j to the queue (@head, @tail). */
+static void q_push(struct pool_job **head, struct pool_job **tail, struct pool_job *j)
+{
+	j->next = NULL;
+	if (*tail)
+		(*tail)->next = j;
+	else
+		*head = j;
+	*tail = j;
+}
+
+/* Take @j out of the queue (@head, @tail); 1 if it was there. */
+static int q_remove(struct pool_job **head, struct pool_job **tail, struct pool_job *j)
+{
+	struct pool_job *prev = NULL;
+
+	for (struct pool_job *x = *head; x; prev = x, x = x->next) {
+		if (x != j)
+			continue;
+		if (prev)
+			prev->next = x->next;
+		else
+			*head = x->next;
+		if (*tail == x)
+			*tail = prev;
+		x->next = NULL;
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * few_changed() - a cheap look before encoding: do at most half the elements
+ * of DELTA_PROBES evenly spaced windows of DELTA_PROBE_BYTES differ between
+ * @base and @new_ (@len bytes, elements of @width)?  Most do in a
+ * fine-tuning step or an unrelated tensor, whose delta would not be worth
+ * sending: those are sent whole without spending the encoding on them.
+ */
+static int few_changed(const uint8_t *base, const uint8_t *new_, uint64_t len, unsigned width)
+{
+	uint64_t step = len / DELTA_PROBES, seen = 0, changed = 0;
+
+	if (len <= DELTA_PROBES * DELTA_PROBE_BYTES)
+		return 1; /* small: encoding it costs no more than looking */
+	for (uint64_t off = 0; off + DELTA_PROBE_BYTES <= len; off += step) {
+		uint64_t at = off - off % width;
+
+		changed += delta_count_diff(base + at, new_ + at, DELTA_PROBE_BYTES, width);
+		seen += DELTA_PROBE_BYTES / width;
+	}
+	return changed * 2 <= seen;
+}
+
+/* Encode job: the delta of j->sh against j->bsh, or -E2BIG when it is not worth sending. */
+static void run_encode(struct worker *w, struct pool_job *j)
+{
+	struct store *st = w->p->st;
+	const uint8_t *base = store_shard_data(st, j->bsh), *new_ = store_shard_data(st, j->sh);
+	uint64_t cap = j->size * hwfs_tun.delta_max_pct / 100, t0;
+	ssize_t n;
+
+	if (!few_changed(base, new_, j->size, j->width)) {
+		j->r = -E2BIG;
+		return;
+	}
+	j->enc = malloc(cap);
+	if (!j->enc) {
+		j->r = -ENOMEM;
+		return;
+	}
+	t0 = delta_cpu_ns();
+	n = delta_encode(w->cx, base, new_, j->size, j->width, j->enc, cap);
+	__atomic_add_fetch(&w->p->ds->encode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&w->p->ds->encoded, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&w->p->ds->encode_bytes, j->size, __ATOMIC_RELAXED);
+	if (j->ahead)
+		__atomic_add_fetch(&w->p->ds->ahead_encoded, 1, __ATOMIC_RELAXED);
+	if (n < 0) {
+		free(j->enc);
+		j->enc = NULL;
+		j->r = (int)n;
+		return;
+	}
+	j->enc_len = (size_t)n;
+	j->enc = realloc(j->enc, (size_t)n) ?: j->enc;
+	j->r = 0;
+}
+
+/*
+ * rebuild_decode() - rebuild @len bytes into @out from @base and the delta
+ * @enc (@enc_len bytes) and hash them into *@got, in the one pass
+ * delta_decode_hash() makes over every byte.  0, or -errno with the reason
+ * in @err; *@decode_ns gets the thread CPU time it took
+ * (delta.decode_cpu_s: the rebuild and its hash).
+ */
+static int rebuild_decode(struct delta_ctx *cx, const void *base, size_t len, const void *enc,
+			  size_t enc_len, void *out, hwfs_hash_t *got, char *err, size_t errlen,
+			  uint64_t *decode_ns)
+{
+	uint64_t t0 = delta_cpu_ns();
+	int r = delta_decode_hash(cx, base, len, enc, enc_len, out, got, err, errlen);
+
+	*decode_ns = delta_cpu_ns() - t0;
+	return r;
+}
+
+/*
+ * Rebuild job: decode j->enc against j->bsh, check the hash, and leave the
+ * bytes staged (j->roff) only when it matched.  In a preallocated arena the
+ * shard is rebuilt straight into its staged range (every page is backed
+ * already: no fault, and no copy afterwards); otherwise into the worker's
+ * scratch, then written in with store_stage_write() (a write through the
+ * mapping of an unbacked range could fault on a full filesystem).  A staged
+ * range is not a shard: nothing reads it before the agent interns it, and a
+ * mismatch gives it back.  A mismatch looks at the base too, so the agent
+ * knows whose fault it is.
+ */
+static void run_rebuild(struct worker *w, struct pool_job *j)
+{
+	struct store *st = w->p->st;
+	const uint8_t *base = store_shard_data(st, j->bsh);
+	int direct = store_stage_dest(st, 0) != NULL;
+	hwfs_hash_t got;
+	uint8_t *out;
+	uint64_t ns;
+	int r;
+
+	if (direct) {
+		if (store_stage_alloc(st, j->size, 1, &j->roff) < 0) {
+			j->r = -ENOSPC;
+			return;
+		}
+		j->staged = 1;
+		out = store_stage_dest(st, j->roff);
+	} else {
+		if (w->scratch_len < j->size) {
+			uint8_t *p = realloc(w->scratch, j->size);
+
+			if (!p) {
+				j->r = -ENOMEM;
+				return;
+			}
+			w->scratch = p;
+			w->scratch_len = j->size;
+		}
+		out = w->scratch;
+	}
+	r = rebuild_decode(w->cx, base, j->size, j->enc, j->enc_len, out, &got, j->err,
+			   sizeof(j->err), &ns);
+	__atomic_add_fetch(&w->p->ds->decode_ns, ns, __ATOMIC_RELAXED);
+	if (r == -ENOMEM) {
+		j->r = r;
+		return; /* (a staged range is given back by pool_job_free()) */
+	}
+	if (r == 0) {
+		__atomic_add_fetch(&w->p->ds->decoded, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&w->p->ds->decode_bytes, j->size, __ATOMIC_RELAXED);
+		if (hwfs_hash_cmp(&got, &j->hash))
+			snprintf(j->err, sizeof(j->err), "the rebuilt shard does not match its hash");
+		delta_peek(j->enc, j->enc_len, NULL, &j->enc_width, NULL, 0);
+	}
+	if (j->err[0]) { /* whose fault: is the base here intact? */
+		hwfs_hash_buf(base, j->size, &got);
+		j->base_bad = hwfs_hash_cmp(&got, &j->base) != 0;
+		j->r = -EBADMSG;
+		if (j->staged) { /* wrong bytes: give them back now */
+			store_stage_free(st, j->roff, j->size);
+			j->staged = 0;
+		}
+		return;
+	}
+	if (!direct) {
+		r = store_stage_alloc(st, j->size, 1, &j->roff);
+		if (r < 0) {
+			j->r = -ENOSPC;
+			return;
+		}
+		r = store_stage_write(st, j->roff, w->scratch, j->size);
+		if (r < 0) {
+			LOG_ERR("agent: writing a shard into the arena: %s", strerror(-r));
+			store_stage_free(st, j->roff, j->size);
+			j->r = -ENOSPC;
+			return;
+		}
+		j->staged = 1;
+	}
+	j->r = 0;
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct pool *p = w->p;
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&p->mu);
+	for (;;) {
+		struct pool_job *j;
+
+		while (!p->stop && !p->hi && !p->lo) {
+			struct timespec dl;
+
+			if (!w->scratch) {
+				pthread_cond_wait(&p->cv, &p->mu);
+				continue;
+			}
+			clock_gettime(CLOCK_REALTIME, &dl);
+			dl.tv_sec += (time_t)(hwfs_tun.codec_idle_ms / 1000);
+			dl.tv_nsec += (long)(hwfs_tun.codec_idle_ms % 1000) * 1000000L;
+			if (dl.tv_nsec >= 1000000000L) {
+				dl.tv_sec++;
+				dl.tv_nsec -= 1000000000L;
+			}
+			if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT && !p->hi &&
+			    !p->lo) { /* idle: give the largest shard's buffer back */
+				free(w->scratch);
+				w->scratch = NULL;
+				w->scratch_len = 0;
+			}
+		}
+		if (p->stop)
+			break;
+		j = p->hi ? p->hi : p->lo;
+		if (j == p->hi)
+			q_remove(&p->hi, &p->hi_tail, j);
+		else
+			q_remove(&p->lo, &p->lo_tail, j);
+		pthread_mutex_unlock(&p->mu);
+		if (__atomic_load_n(&j->cancel, __ATOMIC_ACQUIRE))
+			j->r = -ECANCELED;
+		else if (j->kind == POOL_ENCODE)
+			run_encode(w, j);
+		else
+			run_rebuild(w, j);
+		pthread_mutex_lock(&p->mu);
+		q_push(&p->done, &p->done_tail, j);
+		if (write(p->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+			LOG_WARN("agent: codec pool eventfd: %s", strerror(errno));
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+int pool_new(struct store *st, unsigned threads, int level, struct delta_stats *ds,
+	     struct pool **out)
+{
+	struct pool *p = calloc(1, sizeof(*p));
+	long ncpu;
+	int r = -ENOMEM;
+
+	if (!p)
+		return -ENOMEM;
+	if (!threads) {
+		ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+		threads = ncpu > 0 ? (unsigned)ncpu : 1;
+	}
+	p->st = st;
+	p->ds = ds;
+	p->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->cv, NULL);
+	p->w = calloc(threads, sizeof(*p->w));
+	if (p->efd < 0 || !p->w) {
+		r = p->efd < 0 ? -errno : -ENOMEM;
+		goto fail;
+	}
+	for (unsigned i = 0; i < threads; i++) {
+		struct worker *w = &p->w[i];
+
+		w->p = p;
+		w->cx = delta_ctx_new(level);
+		if (!w->cx)
+			goto fail;
+		if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+			delta_ctx_free(w->cx);
+			w->cx = NULL;
+			r = -EAGAIN;
+			goto fail;
+		}
+		p->n++;
+	}
+	*out = p;
+	return 0;
+fail:
+	pool_free(p);
+	return r;
+}
+
+void pool_free(struct pool *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->stop = 1;
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	for (unsigned i = 0; i < p->n; i++)
+		pthread_join(p->w[i].thread, NULL);
+	for (unsigned i = 0; p->w && i < p->n; i++) {
+		delta_ctx_free(p->w[i].cx);
+		free(p->w[i].scratch);
+	}
+	for (struct pool_job **q[] = {&p->hi, &p->lo, &p->done}, ***l = q; l < q + 3; l++)
+		while (**l) {
+			struct pool_job *j = **l;
+
+			**l = j->next;
+			pool_job_free(p->st, j);
+		}
+	if (p->efd >= 0)
+		close(p->efd);
+	pthread_cond_destroy(&p->cv);
+	pthread_mutex_destroy(&p->mu);
+	free(p->w);
+	free(p);
+}
+
+int pool_fd(const struct pool *p)
+{
+	return p->efd;
+}
+
+unsigned pool_threads(const struct pool *p)
+{
+	return p->n;
+}
+
+void pool_submit(struct pool *p, struct pool_job *j)
+{
+	pthread_mutex_lock(&p->mu);
+	if (j->ahead)
+		q_push(&p->lo, &p->lo_tail, j);
+	else
+		q_push(&p->hi, &p->hi_tail, j);
+	p->pending++;
+	pthread_cond_signal(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+}
+
+void pool_promote(struct pool *p, struct pool_job *j)
+{
+	pthread_mutex_lock(&p->mu);
+	if (q_remove(&p->lo, &p->lo_tail, j))
+		q_push(&p->hi, &p->hi_tail, j);
+	pthread_mutex_unlock(&p->mu);
+}
+
+size_t pool_pending(struct pool *p)
+{
+	size_t n;
+
+	pthread_mutex_lock(&p->mu);
+	n = p->pending;
+	pthread_mutex_unlock(&p->mu);
+	return n;
+}
+
+struct pool_job *pool_take_done(struct pool *p)
+{
+	struct pool_job *list;
+	uint64_t v;
+
+	if (read(p->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		LOG_WARN("agent: codec pool eventfd: %s", strerror(errno));
+	pthread_mutex_lock(&p->mu);
+	list = p->done;
+	for (struct pool_job *j = list; j; j = j->next)
+		p->pending--;
+	p->done = p->done_tail = NULL;
+	pthread_mutex_unlock(&p->mu);
+	return list;
+}
+
+void pool_job_free(struct store *st, struct pool_job *j)
+{
+	if (!j)
+		return;
+	if (j->staged)
+		store_stage_free(st, j->roff, j->size);
+	if (j->bsh)
+		store_unref(st, j->bsh);
+	if (j->sh)
+		store_unref(st, j->sh);
+	free(j->enc);
+	free(j);
+}

@@ -1,0 +1,241 @@
+"""Deltas at link speed (docs/delta.md, "Codec workers", "Encode ahead", "Cut-through
+deltas"): the publisher encodes a sealed version's deltas ahead of demand, relays forward
+delta pieces as they arrive while their codec workers rebuild, and a bad delta is still
+caught by every node's own hash check — a relay that caught one never passes it on whole.
+
+Order is made deterministic with SIGSTOP rather than timing: a relay stopped while its
+puller's GETs queue up, the publisher stopped while its relays' GETs wait, so the GETs of
+the next hop are waiting at each relay when the deltas start to flow.  The status counters
+(replication.delta: ahead_encoded, ahead_hits, ahead_cancelled, forwarded) say what
+happened.  Clusters come from the ``net`` fixture of cluster/conftest.py.
+"""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from conftest import poll
+
+from .conftest import Rogue, assert_identical
+from .test_delta import (TENSORS, bad_shards, bf16_model, corrupt_tensor, grew, log_text, model_dir,
+                         replication, rl_step, rl_versions, shard_map, start)
+
+# the stopped nodes must not be declared dead, nor their pullers fail over from them
+COORD = {"tunables": {"node_dead_ms": 60000}}
+NODE_OPTS = ["-o", "donor_silence_ms=60000"]
+
+
+def planned(node, version):
+    return f"{version}: {TENSORS} shard(s) can come as deltas against v1" in log_text(node)
+
+
+def flow_through_stopped_chain(net, v2, before_a, version="v2"):
+    """Publish @v2 on A with B stopped until C (fed by B) planned it and asked B, and A
+    stopped (once it encoded v2's deltas ahead: A's delta counters were @before_a) while
+    B's own GETs wait: so B, and C after it, hold their pullers' requests when A's deltas
+    start to flow.  Returns v2's digest once every node has it."""
+    a, b, c = net["A"], net["B"], net["C"]
+    a_pid, b_pid = int(a.status()["pid"]), int(b.status()["pid"])
+    stopped = []
+    try:
+        os.kill(b_pid, signal.SIGSTOP)
+        stopped.append(b_pid)
+        digest = net.publish("A", v2, version)
+        # A has sealed it and encodes ahead; C asked B, which sleeps
+        assert poll(lambda: planned(c, version), timeout=15, interval=0.05), c.log_tail()
+        assert poll(lambda: grew(before_a, replication(a), "delta", "ahead_encoded") >= TENSORS,
+                    timeout=30, interval=0.05), replication(a)["delta"]
+        os.kill(a_pid, signal.SIGSTOP)
+        stopped.append(a_pid)
+        os.kill(b_pid, signal.SIGCONT)
+        stopped.remove(b_pid)
+        assert poll(lambda: planned(b, version), timeout=15, interval=0.05), b.log_tail()
+        time.sleep(1.0)  # (C's GETs answered MISSING before B's plan came are asked again)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    net.wait_version(version, digest, timeout=60)
+    return digest
+
+
+@pytest.mark.limit(150)
+def test_chain_relays_forward_deltas_cut_through(net, tmp_path):
+    """A -> B -> C -> D.  A encodes v2's deltas when v2 is sealed (before any GET): every
+    delta it encodes is made ahead and the GETs are served from those (ahead_hits).  B and
+    C forward A's delta pieces to their pullers as they arrive (forwarded), before their
+    own rebuild of each shard is done, and encode nothing.  v2 is identical everywhere and
+    no delta failed."""
+    start(net, ["A", "B", "C", "D"], coord=COORD, extra=NODE_OPTS)
+    v1, v2 = rl_versions(tmp_path)
+    net.wait_version("v1", net.publish("A", v1, "v1"))
+    before = {n: replication(net[n]) for n in "ABCD"}
+
+    flow_through_stopped_chain(net, v2, before["A"])
+    after = {n: replication(net[n]) for n in "ABCD"}
+    for n in "BCD":
+        assert_identical(v2, net[n], "v2")
+        assert grew(before[n], after[n], "delta", "received") >= TENSORS, after[n]["delta"]
+    da = {k: grew(before["A"], after["A"], "delta", k) for k in after["A"]["delta"]}
+    print("A:", da)
+    assert da["ahead_encoded"] >= TENSORS and da["encoded"] == da["ahead_encoded"], \
+        f"A encoded on demand, not ahead: {da}"
+    assert da["ahead_hits"] >= TENSORS, f"A's GETs were not served from the deltas made ahead: {da}"
+    for n in "BC":
+        d = {k: grew(before[n], after[n], "delta", k) for k in after[n]["delta"]}
+        print(f"{n}:", d)
+        assert d["forwarded"] >= TENSORS, f"{n} did not forward the deltas cut-through: {d}"
+        assert d["encoded"] == 0, f"{n} re-encoded deltas it received: {d}"
+    for n in "ABCD":
+        assert after[n]["delta"]["failed"] == 0, f"{n}: {after[n]['delta']}"
+
+
+@pytest.mark.limit(150)
+def test_relay_that_catches_a_bad_delta_does_not_pass_it_on(net, tmp_path):
+    """A's copy of one tensor of v1 is corrupt, so its delta of that tensor is against a
+    wrong base.  B forwards it to C as it arrives but holds its last byte until its own
+    rebuild is checked: the check fails, C gets MISSING for it (never the whole bad delta)
+    and B asks A for the shard whole; C gets it whole from B.  B counts the failed delta
+    and reports A; C counts none and nobody reports B or C.  Every other tensor still went
+    cut-through, and v2 is identical on B, C and D.  The arenas are preallocated: the
+    relays rebuild straight into their staged ranges, and B's bad one is given back."""
+    net.start_coord(**COORD)
+    for name in "ABCD":
+        net.add(name, capacity="256M", extra=NODE_OPTS + ["--preallocate"])
+    net.wait_alive(list("ABCD"), viewer=net["A"])
+    a, b, c = net["A"], net["B"], net["C"]
+    v1, v2 = rl_versions(tmp_path)
+    net.wait_version("v1", net.publish("A", v1, "v1"))
+    assert corrupt_tensor(a, os.path.join(v1, "model.safetensors"), "layers.3.weight") == 1
+    before = {n: replication(net[n]) for n in "ABCD"}
+    bad0 = bad_shards(b, "A")
+
+    flow_through_stopped_chain(net, v2, before["A"])
+    after = {n: replication(net[n]) for n in "ABCD"}
+    for n in "BCD":
+        assert_identical(v2, net[n], "v2")
+        assert net[n].run("verify", "v2", check=False).returncode == 0, f"{n}'s v2 does not verify"
+    assert grew(before["B"], after["B"], "delta", "failed") >= 1, after["B"]["delta"]
+    assert f"bad delta from {a.url} for v2" in log_text(b), b.log_tail()
+    assert grew(before["B"], after["B"], "delta", "forwarded") >= TENSORS - 1, after["B"]["delta"]
+    for n in "CD":
+        assert grew(before[n], after[n], "delta", "failed") == 0, \
+            f"{n} was passed the bad delta whole: {after[n]['delta']}"
+    assert poll(lambda: (bad_shards(b, "A") or 0) > bad0, timeout=10, interval=0.2), \
+        f"the coordinator counts no bad shard against A ({bad0} before): {b.try_cluster_status()}"
+    assert bad_shards(b, "B") == 0 and bad_shards(b, "C") == 0
+
+
+@pytest.mark.limit(150)
+def test_downstream_check_catches_what_the_relay_could_not(net, tmp_path):
+    """C's own copy of one tensor of v1 is corrupt: the delta B forwards cut-through is
+    good (B rebuilt it and checked it), but what C rebuilds from it against its damaged
+    base is not.  C's check catches it: nothing of it is interned, C says its base is
+    damaged and asks for the shard whole; v2 ends identical on C and on D after it."""
+    start(net, ["A", "B", "C", "D"], coord=COORD, extra=NODE_OPTS)
+    c = net["C"]
+    v1, v2 = rl_versions(tmp_path)
+    net.wait_version("v1", net.publish("A", v1, "v1"))
+    assert corrupt_tensor(c, os.path.join(v1, "model.safetensors"), "layers.5.weight") == 1
+    before = {n: replication(net[n]) for n in "ABCD"}
+
+    flow_through_stopped_chain(net, v2, before["A"])
+    after = {n: replication(net[n]) for n in "ABCD"}
+    for n in "BCD":
+        assert_identical(v2, net[n], "v2")
+    assert c.run("verify", "v2", check=False).returncode == 0, "C's v2 does not verify"
+    assert "the base of a shard of v2 is damaged here" in log_text(c), c.log_tail()
+    assert grew(before["B"], after["B"], "delta", "forwarded") >= TENSORS, after["B"]["delta"]
+    for n in "ABCD":
+        assert grew(before[n], after[n], "delta", "failed") == 0, f"{n}: {after[n]['delta']}"
+
+
+@pytest.mark.limit(120)
+def test_version_removed_while_its_deltas_are_encoded_ahead(net, tmp_path):
+    """A alone, one codec thread, a large v2: A starts encoding v2's deltas ahead at its
+    seal; v2 is removed at once.  The run is cancelled (ahead_cancelled, logged) before it
+    encoded every delta, the daemon stays healthy, and a v3 published after is encoded
+    ahead in full."""
+    n_tensors = 64
+    start(net, ["A"], extra=["-o", "codec_threads=1", "-o", "delta_level=3"])
+    a = net["A"]
+    w1 = bf16_model(1, n=n_tensors)
+    w2 = rl_step(w1, 0.02, 2)
+    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v2 = model_dir(str(tmp_path / "v2"), w2)
+    a.run("publish", v1, "v1")
+    before = replication(a)
+
+    a.run("publish", v2, "v2")
+    a.run("rm", "v2")
+    assert not a.visible("v2")
+    assert poll(lambda: "v2 went: encoding ahead stopped" in log_text(a), timeout=30,
+                interval=0.05), a.log_tail()
+    mid = replication(a)
+    d = {k: grew(before, mid, "delta", k) for k in mid["delta"]}
+    print("A after rm:", d)
+    assert d["ahead_cancelled"] == 1, d
+    assert d["ahead_encoded"] < n_tensors, f"nothing was cancelled: {d}"
+    assert a.healthy()
+
+    a.run("publish", v2, "v3")
+    done = re.compile(r"v3: \d+ delta\(s\) against v1 encoded ahead of demand")
+    assert poll(lambda: done.search(log_text(a)), timeout=60, interval=0.1), a.log_tail()
+    end = replication(a)
+    assert grew(mid, end, "delta", "ahead_cancelled") == 0, end["delta"]
+    # v3 is v2: what the cancelled run made is kept, the rest was made now
+    assert grew(before, end, "delta", "ahead_encoded") >= n_tensors, end["delta"]
+
+
+@pytest.mark.limit(120)
+def test_a_get_flood_naming_bases_is_bounded(net, tmp_path):
+    """A puller (a raw ZeroMQ peer on the --insecure data port) sends 5 GETs of 1024
+    entries each, every one naming a base for a shard of v2, while A is stopped, so that
+    they are taken together.  A has one codec thread, and the first entry is a 32 MiB
+    shard, whose encode keeps the small ones queued behind it meanwhile: at most
+    ENCODE_WAIT_MAX (4096) requests wait on encodes, the rest are answered with the whole
+    (small) shard at once (delta.whole grows); every request is answered and A stays
+    healthy."""
+    start(net, ["A"], extra=["-o", "delta_ahead=0", "-o", "codec_threads=1"])
+    a = net["A"]
+    w1 = bf16_model(1, n=TENSORS, nbytes=64 << 10)  # small shards: the whole answers stay small
+    w1["big.weight"] = bf16_model(3, n=1, nbytes=32 << 20)["layers.0.weight"]
+    v1 = model_dir(str(tmp_path / "v1"), w1)
+    v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
+    a.run("publish", v1, "v1")
+    a.run("publish", v2, "v2")
+    m1 = shard_map(a.run("manifest", "v1").stdout.encode(), "")
+    m2 = shard_map(a.run("manifest", "v2").stdout.encode(), "")
+    at1 = {(p, off): h for h, (p, off, _) in m1.items()}
+    pairs = [(h, at1[(p, off)], n) for h, (p, off, n) in m2.items()
+             if (p, off) in at1 and at1[(p, off)] != h]
+    big = [(h, b) for h, b, n in pairs if n == 32 << 20]
+    small = [(h, b) for h, b, n in pairs if n == 64 << 10]
+    assert len(big) == 1 and len(small) == TENSORS, pairs
+    before = replication(a)
+    n_get, per_get = 5, 1024
+    pid = int(a.status()["pid"])
+    with Rogue(a.url, "flood") as r:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for g in range(n_get):
+                sel = [small[(g * per_get + i) % len(small)] for i in range(per_get)]
+                if g == 0:
+                    sel[0] = big[0]
+                r.send("GET", req=g + 1, hashes=[h for h, _ in sel], bases=[b for _, b in sel],
+                       widths=[2] * per_get)
+            time.sleep(0.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert poll(lambda: grew(before, replication(a), "delta", "sent") +
+                    grew(before, replication(a), "delta", "whole") >= n_get * per_get,
+                    timeout=30, interval=0.1), replication(a)["delta"]
+        r.received(timeout_ms=100)  # (what reached it: a ROUTER drops past its high-water mark)
+    after = replication(a)
+    d = {k: grew(before, after, "delta", k) for k in after["delta"]}
+    print("A:", d)
+    assert d["whole"] >= 1, f"no request beyond the cap was answered whole: {d}"
+    assert d["sent"] + d["whole"] == n_get * per_get, f"requests left unanswered: {d}"
+    assert a.healthy()
