@@ -25,9 +25,15 @@
 
 BUILD   ?= build
 CC      ?= cc
-PKGS    := fuse3 sqlite3 libzmq libxxhash jansson libzstd libmicrohttpd libsystemd
+# libmicrohttpd is compiled against but not linked: fs/common/http.c loads it
+# with dlopen when a server starts, so the CLI verbs of build/hwfs do not load
+# it (and GnuTLS behind it) at every start; systemd's notification is written
+# in fs/common/sdnotify.c, without libsystemd (docs/benchmarks.md, "Commit
+# latency").
+PKGS    := fuse3 sqlite3 libzmq libxxhash jansson libzstd libmicrohttpd
+LINK_PKGS := fuse3 sqlite3 libzmq libxxhash jansson libzstd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(LINK_PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
 
 # CFLAGS/LDFLAGS are the user's (optimisation, debug info); the flags hwfs

@@ -26,12 +26,12 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
-#include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "daemon_i.h"
 #include "own_mount.h"
+#include "sdnotify.h"
 #include "devload.h"
 #include "gpu.h"
 #include "tunables.h"
@@ -524,7 +524,7 @@ static void *post_init(void *arg)
 	__atomic_store_n(&d->fuse_up, 1, __ATOMIC_RELEASE);
 	notify(d->o, "ok\n");
 	/* under systemd (Type=notify, the daemon in the foreground): ready now */
-	sd_notifyf(0, "READY=1\nSTATUS=serving %s", d->o->mountpoint);
+	hwfs_sd_notify("READY=1\nSTATUS=serving %s", d->o->mountpoint);
 	return NULL;
 }
 
@@ -690,7 +690,7 @@ out:
 	 * renames through it fails instead of waiting for a loop that has ended.
 	 */
 	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
-	sd_notify(0, "STOPPING=1");
+	hwfs_sd_notify("STOPPING=1");
 	daemon_http_stop(&d); /* its handler reads the agent, engines and store */
 	if (d.loads)
 		devloads_stop(d.loads); /* copies end at their next tensor */
