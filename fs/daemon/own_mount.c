@@ -35,15 +35,26 @@ void own_mount_set_fd(int fd)
 	__atomic_store_n(&fuse_fd, fd, __ATOMIC_RELEASE);
 }
 
-enum { OP_RENAME, OP_SYMLINK };
+enum { OP_RENAME, OP_SYMLINK, OP_FLIP };
+
+/* OP_FLIP's exit status when its symlink failed: this bit | the errno. */
+#define FLIP_SYMLINK_FAILED 0x80
 
 /* The child's stack (bytes): it makes four system calls. */
 #define CHILD_STACK 16384
 
 struct child_call {
 	int op;
-	const char *a, *b;
+	const char *a, *b, *c;
+	const int *stopping; /* OP_FLIP: read between its two calls */
 };
+
+/* @r (a raw system call's result) as an exit status: 0 or an errno below 128. */
+__attribute__((no_sanitize_address, no_sanitize_thread))
+static long child_status(long r)
+{
+	return r < 0 ? (errno > 0 && errno < FLIP_SYMLINK_FAILED ? errno : EIO) : 0;
+}
 
 /*
  * The child: close every inherited descriptor (not the session's /dev/fuse
@@ -61,31 +72,59 @@ static int child_main(void *arg)
 	if (syscall(SYS_close_range, 3U, ~0U, 0U) < 0)
 		for (long i = 3; i < 65536; i++)
 			syscall(SYS_close, i);
-	r = c->op == OP_RENAME ? syscall(SYS_rename, c->a, c->b)
-			       : syscall(SYS_symlink, c->a, c->b);
-	r = r < 0 ? (errno > 0 && errno < 256 ? errno : EIO) : 0;
+	if (c->op == OP_RENAME) {
+		r = child_status(syscall(SYS_rename, c->a, c->b));
+	} else if (c->op == OP_SYMLINK) {
+		r = child_status(syscall(SYS_symlink, c->a, c->b));
+	} else { /* OP_FLIP: symlink @a at @b, then rename @b onto @c */
+		r = child_status(syscall(SYS_symlink, c->a, c->b));
+		if (r) {
+			r |= FLIP_SYMLINK_FAILED;
+		} else {
+			if (__atomic_load_n(c->stopping, __ATOMIC_ACQUIRE))
+				r = ESHUTDOWN;
+			else
+				r = child_status(syscall(SYS_rename, c->b, c->c));
+			if (r)
+				syscall(SYS_unlink, c->b);
+		}
+	}
 	syscall(SYS_exit_group, r);
 	return (int)r; /* not reached */
 }
 
-/* Run @op(@a, @b) in a child without the FUSE descriptor; returns 0 or -errno. */
-static int in_child(int op, const char *a, const char *b)
+/*
+ * Run @c in a child without the FUSE descriptor; returns 0 or -(its exit
+ * status): an errno, for OP_FLIP with FLIP_SYMLINK_FAILED when it was the
+ * symlink that failed.
+ */
+static int in_child(const struct child_call *c)
 {
 	int fd = __atomic_load_n(&fuse_fd, __ATOMIC_ACQUIRE), st, r;
-	struct child_call c = {op, a, b};
 	char stack[CHILD_STACK] __attribute__((aligned(64)));
 	sigset_t all, old;
 	pid_t pid;
 
-	if (fd < 0) {
-		r = op == OP_RENAME ? rename(a, b) : symlink(a, b);
-		return r < 0 ? -errno : 0;
+	if (fd < 0) { /* no session (unit tests): the calls themselves, here */
+		if (c->op == OP_RENAME)
+			return rename(c->a, c->b) < 0 ? -errno : 0;
+		if (symlink(c->a, c->b) < 0)
+			return -(errno | (c->op == OP_FLIP ? FLIP_SYMLINK_FAILED : 0));
+		if (c->op == OP_SYMLINK)
+			return 0;
+		r = __atomic_load_n(c->stopping, __ATOMIC_ACQUIRE) ? -ESHUTDOWN
+			: rename(c->b, c->c) < 0			   ? -errno
+									   : 0;
+		if (r < 0)
+			unlink(c->b);
+		return r;
 	}
 	/* no signal handler may run in the child, on our memory */
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	/* CLONE_VFORK: this thread resumes once the child has exited */
-	pid = clone(child_main, stack + sizeof(stack), CLONE_VM | CLONE_VFORK | SIGCHLD, &c);
+	pid = clone(child_main, stack + sizeof(stack), CLONE_VM | CLONE_VFORK | SIGCHLD,
+		    (void *)c);
 	r = pid < 0 ? -errno : 0;
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (r < 0)
@@ -100,7 +139,8 @@ static int in_child(int op, const char *a, const char *b)
 
 int own_mount_rename(const char *from, const char *to)
 {
-	int r = in_child(OP_RENAME, from, to);
+	struct child_call c = {.op = OP_RENAME, .a = from, .b = to};
+	int r = in_child(&c);
 
 	if (r < 0)
 		errno = -r;
@@ -109,8 +149,27 @@ int own_mount_rename(const char *from, const char *to)
 
 int own_mount_symlink(const char *target, const char *path)
 {
-	int r = in_child(OP_SYMLINK, target, path);
+	struct child_call c = {.op = OP_SYMLINK, .a = target, .b = path};
+	int r = in_child(&c);
 
+	if (r < 0)
+		errno = -r;
+	return r;
+}
+
+int own_mount_flip(const char *target, const char *tmp, const char *path, const int *stopping,
+		   int *step)
+{
+	struct child_call c = {.op = OP_FLIP, .a = target, .b = tmp, .c = path, .stopping = stopping};
+	int r = in_child(&c);
+
+	*step = 0;
+	if (r < 0 && (-r & FLIP_SYMLINK_FAILED)) {
+		r = -(-r & ~FLIP_SYMLINK_FAILED);
+		*step = 1;
+	} else if (r < 0) {
+		*step = r == -ESHUTDOWN ? 0 : 2;
+	}
 	if (r < 0)
 		errno = -r;
 	return r;
