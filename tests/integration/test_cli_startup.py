@@ -1,14 +1,16 @@
 """What a CLI command loads (issue 20, commit latency).
 
-build/hwfs is the daemon and the CLI in one program.  `hwfs commit` is on the
-path of every commit, so its start-up counts: linked with libmicrohttpd (the
---http server) and libsystemd (sd_notify), every command loaded GnuTLS and
-some fifteen libraries behind them and ran their constructors (2.0 -> 5.0 ms
-of CPU per command on the development VM).  libmicrohttpd is now loaded with
-dlopen when a server starts (fs/common/http.c), and the systemd notification
-is sent without libsystemd (fs/common/sdnotify.c; test_ops_install checks
-READY=1 arrives; test_http that the --http server serves).  No timing here: what is loaded is checked, with the
-dynamic loader's own trace (LD_DEBUG=libs).
+`hwfs commit` is on the path of every commit, so its start-up counts.  When
+build/hwfs was the daemon and the CLI in one program, every command loaded
+FUSE, sqlite, ZeroMQ, libmicrohttpd (the --http server), libsystemd
+(sd_notify) and some thirty libraries behind them and ran their constructors
+(4.8 ms of CPU per command on the development VM).  Now build/hwfs is the
+client verbs with libhwfs only (0.65 ms) and runs build/hwfs-core for the
+daemon's verbs (tools/hwfs_cli.h); the daemon loads libmicrohttpd with dlopen
+when a server starts (fs/common/http.c; test_http checks it serves) and sends
+systemd's notification without libsystemd (fs/common/sdnotify.c;
+test_ops_install checks READY=1 arrives).  No timing here: what is loaded is
+checked, with the dynamic loader's own trace (LD_DEBUG=libs).
 """
 
 import os
@@ -16,7 +18,7 @@ import subprocess
 
 from conftest import HWFS
 
-HEAVY = ("libmicrohttpd", "libgnutls", "libsystemd")
+HEAVY = ("libmicrohttpd", "libgnutls", "libsystemd", "libzmq", "libsqlite3", "libfuse3")
 
 
 def loaded_libs(args, env=None):
@@ -27,9 +29,16 @@ def loaded_libs(args, env=None):
             if "trying file=" in line]
 
 
-def test_cli_command_loads_no_http_or_systemd_library(mount):
-    """`hwfs status` (any verb: the same program starts) opens none of libmicrohttpd, GnuTLS, libsystemd."""
+def test_client_verb_loads_only_the_client_libraries(mount):
+    """`hwfs status` (a client verb, as commit) opens none of the daemon's libraries (HEAVY)."""
     libs = loaded_libs(["status", "-m", str(mount.mnt)])
     assert any("libjansson" in x for x in libs), f"the loader trace did not list what it loaded: {libs}"
     heavy = [x for x in libs if x.startswith(HEAVY)]
     assert not heavy, f"hwfs status loaded {heavy}"
+
+
+def test_daemon_verbs_run_the_core_program(mount):
+    """The mount made through build/hwfs is served by build/hwfs-core (the same pid `hwfs mount` reported)."""
+    exe = os.readlink(f"/proc/{mount.pid}/exe")
+    assert os.path.basename(exe) == "hwfs-core", f"the daemon of {mount.mnt} runs {exe}"
+    assert os.path.dirname(exe) == os.path.dirname(os.path.realpath(HWFS)), (exe, HWFS)
