@@ -530,14 +530,15 @@ static void *post_init(void *arg)
 
 /*
  * fsctx's init hook, called inside FUSE's init handler: post_init() stats the
- * mount, which waits for this very handler, so it runs in its own thread.
+ * mount, which waits for this very handler, so it runs in its own thread,
+ * joined at shutdown (it reads the options that are freed after).
  */
 static void on_init(void *arg)
 {
-	pthread_t t;
+	struct daemon *d = arg;
 
-	if (pthread_create(&t, NULL, post_init, arg) == 0)
-		pthread_detach(t);
+	if (pthread_create(&d->init_thread, NULL, post_init, arg) == 0)
+		__atomic_store_n(&d->init_started, 1, __ATOMIC_RELEASE);
 }
 
 int daemon_run(const struct daemon_opts *o)
@@ -691,6 +692,8 @@ out:
 	 */
 	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
 	hwfs_sd_notify("STOPPING=1");
+	if (__atomic_load_n(&d.init_started, __ATOMIC_ACQUIRE))
+		pthread_join(d.init_thread, NULL);
 	daemon_http_stop(&d); /* its handler reads the agent, engines and store */
 	if (d.loads)
 		devloads_stop(d.loads); /* copies end at their next tensor */

@@ -15,6 +15,11 @@
  *
  * The child runs only raw system calls (close_range or close, rename or
  * symlink, exit_group): no sanitizer's interceptor, no malloc, no lock.
+ *
+ * Under ThreadSanitizer the child is a plain fork(): its runtime intercepts
+ * clone() as a fork, and with CLONE_VM the child's half of that bookkeeping
+ * lands in the daemon's own state (the daemon then dies at its next
+ * pthread_create, "starting new threads after multi-threaded fork").
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,6 +44,12 @@ enum { OP_RENAME, OP_SYMLINK, OP_FLIP };
 
 /* OP_FLIP's exit status when its symlink failed: this bit | the errno. */
 #define FLIP_SYMLINK_FAILED 0x80
+
+#if defined(__SANITIZE_THREAD__)
+#define OWN_MOUNT_FORK 1
+#else
+#define OWN_MOUNT_FORK 0
+#endif
 
 /* The child's stack (bytes): it makes four system calls. */
 #define CHILD_STACK 16384
@@ -122,9 +133,14 @@ static int in_child(const struct child_call *c)
 	/* no signal handler may run in the child, on our memory */
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	/* CLONE_VFORK: this thread resumes once the child has exited */
-	pid = clone(child_main, stack + sizeof(stack), CLONE_VM | CLONE_VFORK | SIGCHLD,
-		    (void *)c);
+	if (OWN_MOUNT_FORK) {
+		pid = fork();
+		if (pid == 0)
+			child_main((void *)c); /* does not return */
+	} else { /* CLONE_VFORK: this thread resumes once the child has exited */
+		pid = clone(child_main, stack + sizeof(stack), CLONE_VM | CLONE_VFORK | SIGCHLD,
+			    (void *)c);
+	}
 	r = pid < 0 ? -errno : 0;
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (r < 0)
