@@ -1146,10 +1146,14 @@ def main():
            "preallocate": not a.no_preallocate, "scenario": a.scenario, "runs": []}
     interrupted = False
     try:
-        # Run a private copy of the binary: a rebuild of build/hwfs during the run changes nothing.
+        # Run a private copy of the programs: a rebuild of build/ during the run changes nothing.
+        # build/hwfs runs build/hwfs-core beside it for the daemon's verbs (tools/hwfs_cli.h).
         global HWFS
         os.makedirs(os.path.join(work, "bin"))
         res["binary"] = HWFS
+        core = os.path.join(os.path.dirname(os.path.realpath(HWFS)), "hwfs-core")
+        if os.path.exists(core):
+            shutil.copy2(core, os.path.join(work, "bin", "hwfs-core"))
         HWFS = shutil.copy2(HWFS, os.path.join(work, "bin", "hwfs"))
         res["git"] = git_describe()
         srcdir = os.path.join(work, "src")
