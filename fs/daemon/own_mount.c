@@ -45,9 +45,14 @@ enum { OP_RENAME, OP_SYMLINK, OP_FLIP };
 /* OP_FLIP's exit status when its symlink failed: this bit | the errno. */
 #define FLIP_SYMLINK_FAILED 0x80
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) /* GCC */
 #define OWN_MOUNT_FORK 1
-#else
+#elif defined(__has_feature) /* clang */
+#if __has_feature(thread_sanitizer)
+#define OWN_MOUNT_FORK 1
+#endif
+#endif
+#ifndef OWN_MOUNT_FORK
 #define OWN_MOUNT_FORK 0
 #endif
 
