@@ -95,13 +95,12 @@ static void rebuild(struct agent *a, struct fetch *f, struct want *w, const char
 		a->scratch_len = w->size;
 	}
 	t0 = delta_cpu_ns();
-	r = delta_decode(a->dcx, store_shard_data(a->o.st, bsh), w->size, w->enc, w->enc_total,
-			 a->scratch, err, sizeof(err));
+	r = delta_decode_hash(a->dcx, store_shard_data(a->o.st, bsh), w->size, w->enc, w->enc_total,
+			      a->scratch, &got, err, sizeof(err));
 	__atomic_add_fetch(&a->ds.decode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
 	if (r == 0) {
 		__atomic_add_fetch(&a->ds.decoded, 1, __ATOMIC_RELAXED);
 		__atomic_add_fetch(&a->ds.decode_bytes, w->size, __ATOMIC_RELAXED);
-		hwfs_hash_buf(a->scratch, w->size, &got);
 		if (hwfs_hash_cmp(&got, &w->hash))
 			snprintf(err, sizeof(err), "the rebuilt shard does not match its hash");
 		delta_peek(w->enc, w->enc_total, NULL, &width, NULL, 0);

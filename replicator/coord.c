@@ -160,7 +160,7 @@ static void load_committed(struct coord *c)
 	fclose(f);
 }
 
-static void cnode_free(struct cnode *n)
+void coord_cnode_free(struct cnode *n)
 {
 	free(n->name);
 	free(n->addr);
@@ -171,7 +171,7 @@ static void cnode_free(struct cnode *n)
 	json_decref(n->engines);
 }
 
-static void cversion_free(struct cversion *v)
+void coord_cversion_free(struct cversion *v)
 {
 	free(v->name);
 	free(v->manifest);
@@ -201,7 +201,7 @@ static void expire(struct coord *c)
 		}
 		LOG_WARN("coord: node %s silent for %.0f s (node_expiry_s=%llu): forgotten", n->name,
 			 now - n->last_seen, (unsigned long long)hwfs_tun.node_expiry_s);
-		cnode_free(n);
+		coord_cnode_free(n);
 		memmove(n, n + 1, (c->n_nodes - i - 1) * sizeof(*n));
 		c->n_nodes--;
 	}
@@ -219,7 +219,7 @@ static void expire(struct coord *c)
 			 "more than node_expiry_s ago)", v->name);
 		for (size_t i = 0; i < c->n_nodes; i++) /* pulls of it lost their donors */
 			json_object_del(c->nodes[i].versions, v->name);
-		cversion_free(v);
+		coord_cversion_free(v);
 		memmove(v, v + 1, (c->n_vers - k - 1) * sizeof(*v));
 		c->n_vers--;
 	}
@@ -566,9 +566,15 @@ static void handle(struct coord *c)
 	}
 }
 
+/* Where the planner's plans go here: a PLAN to the node, with the version's manifest. */
+static void plan_send_msg(struct coord *c, struct cnode *to, struct cversion *v, json_t *fields)
+{
+	coord_send(c, to->name, P_PLAN, fields, v->manifest, v->mlen);
+}
+
 int coord_run(const struct coord_opts *o)
 {
-	struct coord c = {.o = o, .commits = json_array()};
+	struct coord c = {.o = o, .commits = json_array(), .plan_out = plan_send_msg};
 	struct sigaction sa = {.sa_handler = on_signal};
 	int linger = 0, r = 0, mandatory = 0;
 	char msg[512];
@@ -654,10 +660,10 @@ out:
 	if (c.ctx)
 		zmq_ctx_term(c.ctx);
 	for (size_t i = 0; i < c.n_nodes; i++)
-		cnode_free(&c.nodes[i]);
+		coord_cnode_free(&c.nodes[i]);
 	free(c.nodes);
 	for (size_t i = 0; i < c.n_vers; i++)
-		cversion_free(&c.vers[i]);
+		coord_cversion_free(&c.vers[i]);
 	free(c.vers);
 	free(c.committed);
 	json_decref(c.commits);

@@ -2,8 +2,9 @@
  * coord_i.h — private declarations shared by the files of the coordinator:
  * coord.c (the nodes and the cluster's state: HELLO, ANNOUNCE, HAVE, status,
  * the state directory, the loop and coord_run()), coord_plan.c (who pulls
- * what from whom) and coord_commit.c (the two-phase commit).  Nothing
- * outside those files includes it; the public API is coord.h.
+ * what from whom) and coord_commit.c (the two-phase commit).  Besides them
+ * only the simulator (sim.c) includes it: it runs coord_plan.c on a
+ * struct coord of its own, with no sockets.  The public API is coord.h.
  *
  * Everything runs on the coordinator's one thread.
  */
@@ -92,6 +93,12 @@ struct coord {
 	size_t n_warned;
 	json_t *commits;  /* the last COORD_HISTORY commits, oldest first (coord_status.c) */
 	double status_at; /* next coord_opts.status call (monotonic s) */
+	/*
+	 * Where a plan goes: the PLAN's @fields (consumed) for node @to, pulling
+	 * @v.  coord.c sends it; the simulator (sim.c) records it.
+	 */
+	void (*plan_out)(struct coord *c, struct cnode *to, struct cversion *v, json_t *fields);
+	void *plan_arg; /* the hook's own state (the simulator's) */
 };
 
 #define COORD_HISTORY 20 /* commits and versions the status keeps */
@@ -112,6 +119,10 @@ int coord_node_has(const struct cnode *n, const struct cversion *v);
 /** Record in the have-table what @n holds of @version. */
 void coord_set_have(struct cnode *n, const char *version, const char *digest, int complete,
 		    json_int_t held, json_int_t needed);
+/** Free what @n owns (not @n). */
+void coord_cnode_free(struct cnode *n);
+/** Free what @v owns (not @v). */
+void coord_cversion_free(struct cversion *v);
 /** Write the committed version and epoch to the --state directory (if any). */
 void coord_save_committed(struct coord *c);
 

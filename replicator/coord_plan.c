@@ -9,6 +9,11 @@
  * pulls from the announcer.  A node that asks later (late join, a rejoin, a
  * donor's death) gets every complete holder as donor, striped.  Each plan
  * names the version to take deltas against (pick_base(), docs/delta.md).
+ *
+ * Nothing here does I/O: a plan goes to struct coord's plan_out hook, which
+ * the coordinator (coord.c) sends as a PLAN and the simulator (sim.c, `hwfs
+ * sim`) records, so both run this same code.  What the planner reads is the
+ * have-table (coord_node_has(), coord_alive()) and the versions' manifests.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -147,7 +152,7 @@ static void send_plan(struct coord *c, struct cnode *to, struct cversion *v, jso
 
 	if (f && base)
 		json_object_set_new(f, "base", json_string(base));
-	coord_send(c, to->name, P_PLAN, f, v->manifest, v->mlen);
+	c->plan_out(c, to, v, f);
 }
 
 /*

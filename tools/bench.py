@@ -7,8 +7,23 @@ on tmpfs, mounts hwfs with its store on /dev/shm and measures, in one run:
   read cold    cat MNT/versions/v1/F > /dev/null right after drop_caches
   read warm    the same again, page cache warm
   cp ingest    cp F MNT/versions/v2/ (open version)  vs  cp F /dev/shm/dir/
+               (F is v1's file: every byte is a duplicate, the store keeps
+               its staging pages; informational, the target is on "plain cp")
   publish      hwfs publish DIR v1  (informational)   vs  cp -r DIR /dev/shm/dir
   growth       store.used_bytes growth of v3 (10% of tensors changed) / changed bytes
+
+and, beside them, the same three figures the way a plain user takes them
+(the "plain" rows, issue 20; docs/benchmarks.md says why they differ):
+
+  plain cold   one file of fresh random bytes (--plain-gib, default 2 GiB, not
+               safetensors), copied into an open version and sealed;
+               `cat MNT/versions/p/F` right after `echo 3 > drop_caches`
+  plain warm   the same again
+  plain 128k   `dd bs=128K` of it, cold and warm: 128 KiB reads whatever
+               st_blksize says (cat asks stat(2) for its buffer size)
+  plain cp     `cp G MNT/versions/q/` of another file of fresh random bytes,
+               which the store does not have (removed again after each
+               repetition, so every repetition writes new bytes)
 
 Read and copy baselines are the same operation on the tmpfs source, timed
 right next to each hwfs repetition.  Every timing is repeated (--reps, default
@@ -19,6 +34,7 @@ other benchmarks are in tools/benchlib.py.
   python3 tools/bench.py                   full run
   python3 tools/bench.py --baseline-only   tmpfs baselines only (no hwfs needed)
   python3 tools/bench.py --tensors 8       smaller model for a quick check
+  python3 tools/bench.py --plain-only      only the plain rows
 """
 
 import argparse
@@ -40,9 +56,14 @@ SEED = 20240601
 TARGETS = {  # metric -> (comparison, threshold)
     "read_cold": (">=", 0.60),
     "read_warm": (">=", 0.95),
-    "cp_ingest": (">=", 0.50),
     "growth": ("<=", 1.02),
+    "plain_cold": (">=", 0.60),
+    "plain_warm": (">=", 0.95),
+    "plain_cp": (">=", 0.50),
 }
+PLAIN_ROWS = (("plain_cold", "plain: cat, echo 3 > drop_caches"), ("plain_warm", "plain: cat, warm"),
+              ("plain_cold_128k", "plain: dd bs=128K, cold"), ("plain_warm_128k", "plain: dd bs=128K, warm"),
+              ("plain_cp", "plain: cp new bytes into open version"))
 
 
 log = logger("bench")
@@ -59,6 +80,28 @@ def timed(args, **kw):
     if cp.returncode != 0:
         raise RuntimeError(f"`{' '.join(args)}` failed ({cp.returncode}): {cp.stderr.strip()}")
     return dt
+
+
+def proc_cpu(pid):
+    """CPU seconds (user + system) process @pid has used so far, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def write_random(path, nbytes, seed):
+    """@nbytes of fresh pseudo-random bytes (no two files alike) into @path."""
+    import numpy as np
+
+    rng = np.random.default_rng([SEED, seed, time.time_ns()])
+    step = 64 << 20
+    with open(path, "wb") as f:
+        for pos in range(0, nbytes, step):
+            n = min(step, nbytes - pos)
+            f.write(rng.integers(0, 1 << 63, size=n // 8, dtype=np.int64).tobytes() + os.urandom(n % 8))
 
 
 def sync():
@@ -157,17 +200,25 @@ def main():
     ap.add_argument("--baseline-only", action="store_true", help="measure the tmpfs baselines only")
     ap.add_argument("--json", default=str(REPO / "build" / "bench.json"), help="where to write the results")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--plain-gib", type=float, default=2, help="size of the plain rows' files (default 2)")
+    ap.add_argument("--plain-only", action="store_true", help="only the plain rows (the way a user measures)")
+    ap.add_argument("--no-plain", action="store_true", help="skip the plain rows")
     a = ap.parse_args()
+    if a.plain_only and a.no_plain:
+        sys.exit("bench: --plain-only and --no-plain exclude each other")
 
     total = int(a.tensors * a.tensor_mib * (1 << 20))
     n_changed = max(1, round(a.tensors / 10))
-    need = 5 * total + (n_changed * a.tensor_mib * (1 << 20)) + (256 << 20)
+    plain_bytes = int(a.plain_gib * (1 << 30)) // 4096 * 4096
+    # the plain rows run after the others have given their memory back (free_classic)
+    need = max(0 if a.plain_only else 5 * total + (n_changed * a.tensor_mib * (1 << 20)),
+               0 if a.no_plain else 5 * plain_bytes) + (256 << 20)
     free = shutil.disk_usage("/dev/shm").free
     if free < need:
         sys.exit(f"bench: /dev/shm has {free / 2**30:.1f} GiB free, needs {need / 2**30:.1f} GiB")
     if not a.baseline_only and not os.access(HWFS, os.X_OK):
         sys.exit(f"bench: {HWFS} not found; run make (or use --baseline-only)")
-    capacity = a.capacity or f"{max(1, -(-3 * total // (1 << 30)))}G"
+    capacity = a.capacity or f"{max(1, -(-(3 * total + 3 * plain_bytes) // (1 << 30)))}G"
 
     work = tempfile.mkdtemp(dir="/dev/shm", prefix="hwfs-bench-")
     mnt = tempfile.mkdtemp(prefix="hwfs-bench-mnt-")
@@ -176,10 +227,16 @@ def main():
         d.mkdir()
     h = Hwfs(mnt, str(Path(work, "store")), capacity)
     os.mkdir(h.store)
-    res = {"model_bytes": total, "tensors": a.tensors, "tensor_mib": a.tensor_mib, "reps": a.reps,
+    res = {"model_bytes": total, "plain_bytes": plain_bytes, "tensors": a.tensors, "tensor_mib": a.tensor_mib,
+           "reps": a.reps,
            "statistic": "median", "gb": "1e9 bytes", "capacity": capacity, "metrics": {}}
     M = res["metrics"]
     try:
+        if a.plain_only:
+            if not a.baseline_only:
+                h.mount()
+            plain_rows(a, h, work, plain_bytes, M)
+            return finish(res, a.json)
         log(f"writing {a.tensors} x {a.tensor_mib:g} MiB float16 tensors to {srcdir}")
         t0 = time.perf_counter()
         model = write_model(srcdir / "model.safetensors", a.tensors, a.tensor_mib)
@@ -228,6 +285,10 @@ def main():
             M["read_warm"] = M["read_cold"]
             M["cp_ingest"] = paired("cp", tmpfs_cp, None)
             M["growth"] = {"hwfs_bytes": None, "changed_bytes": changed, "ratio": None}
+            if not a.no_plain:
+                shutil.rmtree(srcdir)
+                shutil.rmtree(src3dir)
+                plain_rows(a, h, work, plain_bytes, M)
             return finish(res, a.json)
 
         h.mount()
@@ -281,6 +342,14 @@ def main():
                        "publish_s": round(t, 4)}
         log(f"growth       {growth / 2**20:.1f} MiB for {changed / 2**20:.1f} MiB changed")
         res["status"] = h.status()["store"]
+        if not a.no_plain:
+            # the model, its copies and versions go first: the plain rows need the memory
+            for v in ("v1", "v3"):
+                h.cmd("rm", v)
+            shutil.rmtree(srcdir)
+            shutil.rmtree(src3dir)
+            h.wait_used(lambda u: u <= u0, timeout=60)
+            plain_rows(a, h, work, plain_bytes, M)
         return finish(res, a.json)
     finally:
         h.cleanup()
@@ -292,11 +361,101 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
 
 
+def plain_rows(a, h, work, nbytes, M):
+    """The issue-20 rows: what a user who copies one file of new bytes in and
+    reads it back with cat sees (docs/benchmarks.md, "plain rows").  Each hwfs
+    repetition is paired with an adjacent tmpfs one; the daemon's CPU seconds
+    over the hwfs repetitions are recorded too (CPU s per GiB)."""
+    only = a.baseline_only
+    pdir, tdst = Path(work, "plain"), Path(work, "plain-tmpfs-copy")
+    pdir.mkdir()
+    tdst.mkdir()
+    R, G = pdir / "read.bin", pdir / "new.bin"
+    log(f"plain rows: writing 2 x {nbytes / 2**30:.2f} GiB of fresh random bytes to {pdir}")
+    write_random(R, nbytes, 1)
+    write_random(G, nbytes, 2)
+    gib = nbytes / 2**30
+
+    def paired(key, base_fn, hwfs_fn, hwfs_after=None):
+        """@hwfs_after (the clean-up of a repetition) runs outside the daemon's CPU count."""
+        bs, hs, cpu = [], [], []
+        for _ in range(a.reps):
+            bs.append(base_fn())
+            if not only:
+                c0 = proc_cpu(h.pid)
+                hs.append(hwfs_fn())
+                c1 = proc_cpu(h.pid)
+                if c0 is not None and c1 is not None:
+                    cpu.append(c1 - c0)
+                if hwfs_after:
+                    hwfs_after()
+        b = stats(nbytes, bs)
+        h_ = stats(nbytes, hs) if hs else None
+        if h_ and cpu:
+            h_["daemon_cpu_s_per_gib"] = round(statistics.median(cpu) / gib, 3)
+        log(f"{key:16} tmpfs {b['median_gbps']:.2f} GB/s"
+            + (f", hwfs {h_['median_gbps']:.2f} GB/s" if h_ else ""))
+        M[key] = {"hwfs": h_, "baseline": b, "bytes": nbytes}
+
+    def cat(path):
+        return timed(["cat", path])
+
+    def dd128(path):
+        return timed(["dd", f"if={path}", "of=/dev/null", "bs=128K"])
+
+    def tmpfs_cp():
+        t = timed(["cp", G, tdst])
+        os.unlink(tdst / G.name)
+        sync()
+        return t
+
+    subprocess.run(["cat", R, G], stdout=subprocess.DEVNULL, timeout=CMD_TIMEOUT)
+    if only:
+        for key, fn in (("plain_cold", cat), ("plain_warm", cat), ("plain_cold_128k", dd128),
+                        ("plain_warm_128k", dd128)):
+            paired(key, lambda fn=fn: fn(R), None)
+        paired("plain_cp", tmpfs_cp, None)
+        return
+    vp = Path(h.mnt, "versions", "plain")
+    vq = Path(h.mnt, "versions", "plainq")
+    vp.mkdir()
+    vq.mkdir()
+    subprocess.run(["cp", R, vp], check=True, timeout=CMD_TIMEOUT)
+    h.cmd("seal", "plain")
+    F = vp / R.name
+    dropped = []
+
+    def cold(fn):
+        dropped.append(drop_caches(3, timeout=CMD_TIMEOUT))
+        return fn(F)
+
+    paired("plain_cold", lambda: cat(R), lambda: cold(cat))
+    subprocess.run(["cat", F], stdout=subprocess.DEVNULL, timeout=CMD_TIMEOUT)
+    paired("plain_warm", lambda: cat(R), lambda: cat(F))
+    paired("plain_cold_128k", lambda: dd128(R), lambda: cold(dd128))
+    subprocess.run(["cat", F], stdout=subprocess.DEVNULL, timeout=CMD_TIMEOUT)
+    paired("plain_warm_128k", lambda: dd128(R), lambda: dd128(F))
+    M["plain_cold"]["caches_dropped"] = all(dropped)
+    u0 = h.used()
+
+    def hwfs_cp_clean():
+        os.unlink(vq / G.name)  # the store forgets these bytes: the next repetition writes new ones
+        sync()
+        if not h.wait_used(lambda u: u <= u0):
+            log(f"warning: used_bytes did not return to {u0} after removing {vq / G.name}")
+
+    paired("plain_cp", tmpfs_cp, lambda: timed(["cp", G, vq]), hwfs_cp_clean)
+    h.cmd("rm", "plain")
+    os.unlink(R)
+    os.unlink(G)
+
+
 def finish(res, json_path):
     M = res["metrics"]
     rows = []
     for key, label in (("read_cold", "read cold (cat after drop_caches)"), ("read_warm", "read warm (cat)"),
-                       ("cp_ingest", "cp ingest into open version"), ("publish", "hwfs publish")):
+                       ("cp_ingest", "cp ingest, bytes v1 has (dedup)"), ("publish", "hwfs publish"),
+                       *PLAIN_ROWS):
         m = M.get(key)
         if not m:
             continue
@@ -308,8 +467,10 @@ def finish(res, json_path):
     g = M.get("growth")
 
     verdicts = {}
-    print(f"\nhwfs single-node benchmark: {res['model_bytes'] / 2**30:.2f} GiB model, "
-          f"{res['tensors']} tensors; median of {res['reps']} runs; GB/s = 1e9 B/s\n")
+    what = (f"{res['model_bytes'] / 2**30:.2f} GiB model, {res['tensors']} tensors"
+            if any(k in M for k in ("read_cold", "cp_ingest", "publish")) else
+            f"plain rows only, {res['plain_bytes'] / 2**30:.2f} GiB file")
+    print(f"\nhwfs single-node benchmark: {what}; median of {res['reps']} runs; GB/s = 1e9 B/s\n")
     hdr = f"{'metric':36} {'hwfs GB/s':>10} {'base GB/s':>10} {'ratio':>7} {'target':>8}  result"
     print(hdr)
     print("-" * len(hdr))
@@ -334,8 +495,14 @@ def finish(res, json_path):
         print(f"{'store growth, 10% changed (MiB)':36} {fmt(hb, '10.1f')} {g['changed_bytes'] / 2**20:10.1f} "
               f"{fmt(g['ratio'], '7.3f')} {tgt:>8}  {v}")
         print("  (growth row: hwfs = store.used_bytes growth, base = changed tensor bytes, in MiB)")
-    if "read_cold" in M and M["read_cold"].get("caches_dropped") is False:
-        print("  note: drop_caches was not permitted; 'read cold' ran with a warm page cache")
+    if any(k in M for k, _ in PLAIN_ROWS):
+        cpu = ", ".join(f"{k.split('_', 1)[1]} {M[k]['hwfs']['daemon_cpu_s_per_gib']}" for k, _ in PLAIN_ROWS
+                        if k in M and M[k].get("hwfs") and "daemon_cpu_s_per_gib" in M[k]["hwfs"])
+        print(f"  (plain rows: one {res['plain_bytes'] / 2**30:.2f} GiB file of new random bytes; "
+              f"daemon CPU s per GiB: {cpu or 'n/a'})")
+    for k in ("read_cold", "plain_cold"):
+        if k in M and M[k].get("caches_dropped") is False:
+            print(f"  note: drop_caches was not permitted; '{k}' ran with a warm page cache")
     res["verdicts"] = verdicts
     write_json(res, json_path)
     print(f"\nresults written to {json_path}")

@@ -91,6 +91,8 @@ from benchlib import (CMD_TIMEOUT, HWFS, REPO, bf16_bits, commit_breakdown, fmt,
                       interrupt_on_term, logger, machine, mount_daemon, mounted, pctl, print_commit_breakdown,
                       read_log, run, safetensors_header, stop_node, stop_proc, tail, write_json, zstd_size)
 
+import sim_model  # noqa: E402  `hwfs sim`'s prediction of each row (docs/sim.md)
+
 SEED = 20240607
 SUBNET = "10.201.7"          # /24 that exists only inside this script's namespaces
 COORD_IP = f"{SUBNET}.2"
@@ -1029,6 +1031,16 @@ def print_rl(rl):
               f"{fmt(r['encode_cpu_s_per_gib'], '9.2f')} "
               f"{fmt(r['decode_cpu_s_per_gib'], '9.2f')}"
               + (f"  {r['failed_runs']}/{r['runs']} runs FAILED" if r["failed_runs"] else ""))
+        run = {"topology": "chain", "n": r["n"], "size": rl["size_bytes"], "link": f"{rl['size_bytes'] * 8 / sb:.0f}",
+               "shard": rl["size_bytes"] // rl["tensors"]}
+        if r["delta"]:
+            run.update(delta=rl["changed_fraction"], delta_ratio=(r["wire_per_node"] or 0.0237 * rl["size_bytes"])
+                       / rl["size_bytes"])
+            if r["encode_cpu_s_per_gib"]:
+                run["encode_gibps"] = 1 / r["encode_cpu_s_per_gib"]
+            if r["decode_cpu_s_per_gib"]:
+                run["decode_gibps"] = 1 / r["decode_cpu_s_per_gib"]
+        sim_compare(r, run, cores)
         for why in r["failures"]:
             print(f"  FAILED delta {'on' if r['delta'] else 'off'} N={r['n']}: {why}")
     print("  conv s: from the end of `hwfs publish` of v2 until MNT/versions/v2 exists on every receiver "
@@ -1266,6 +1278,25 @@ def finish(res, json_path):
     return 0
 
 
+def sim_compare(row, run, cores):
+    """Print under a table row `hwfs sim`'s prediction of it (the model parameters of
+    tools/sim_recorded.json, with this machine's cores and the run's own measured
+    rates where @run has them) and the error against the measured time; both also
+    go into @row (sim_s, sim_err)."""
+    if row.get("replication_s") is None:
+        return
+    try:
+        params = dict(sim_model.load_recorded()["params"], host_cores=cores)
+        params.update({k: run.pop(k) for k in list(run) if k in params})
+        res = sim_model.predict(HWFS, params, run)
+        row["sim_s"] = res["converged_s"]
+        row["sim_err"] = res["converged_s"] / row["replication_s"] - 1
+        print(f"{'':11}sim: {res['converged_s']:.2f} s, error {row['sim_err'] * 100:+.1f}% of the measured "
+              f"(bottleneck: {res['bottleneck']})")
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as e:
+        print(f"{'':11}sim: n/a ({type(e).__name__}: {str(e)[:80]})")
+
+
 def print_replication(res):
     """The replication scenario's table and verdicts on stdout; rows and
     verdicts stored into @res."""
@@ -1334,6 +1365,10 @@ def print_replication(res):
               f"{fmt(row['total_s'], '10.2f')} {fmt(row['total_ratio'], '7.2f')} "
               f"{fmt(row['proc_cpu_s'], '6.1f')} {fmt(row['machine_busy'], '4.0f', 100)}% "
               f"{row['target']:>8}  {row['result']}")
+        if row["method"] != "rsync":
+            sim_compare(row, {"topology": row["method"], "n": row["n"], "size": res["size_bytes"],
+                              "shard": int(res["tensor_mib"] * (1 << 20)) // 8192 * 8192, "link": res["rate"]},
+                        res["machine"]["cores"])
     for row in rows:
         for why in row["failures"]:
             print(f"  FAILED {row['method']} N={row['n']}: {why}")

@@ -869,6 +869,8 @@ static const struct verb {
 	 "follow events; run hooks; be an engine"},
 	{"coord", cmd_coord, "--listen tcp://HOST:PORT [--state DIR]", "run a coordinator"},
 	{"keygen", cmd_keygen, "DIR", "make a CURVE key pair"},
+	{"sim", cmd_sim, "[--nodes N] [--size B] [--link R] [--json] ...",
+	 "simulate replication (docs/sim.md)"},
 };
 
 #define USAGE_COL 54 /* width of the "VERB ARGS" column of `hwfs --help` */

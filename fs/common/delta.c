@@ -1,23 +1,50 @@
 /*
- * delta.c — the element-level delta codec (API and encoded form: delta.h).
+ * delta.c — the element-level delta codec (API and encoded forms: delta.h).
  *
- * Encoding is one pass and one call: the XOR of base and new is written
- * straight into its shuffled place in the context's scratch buffer (plane k
- * holds byte k of every whole element, then come the len % width tail bytes
- * as they are), and zstd compresses the scratch in a single frame that
- * declares its content size, directly into the caller's buffer after the
- * header and never past its capacity: a delta that does not fit is -E2BIG,
- * and the caller sends the whole shard.
+ * Format 2 (what delta_encode() writes) cuts the shard into blocks of
+ * DELTA_BLOCK bytes (128 KiB) and makes each block its own zstd frame,
+ * compressed straight into the caller's buffer after the frames before it
+ * and never past its capacity: a delta that does not fit is -E2BIG (found
+ * as soon as it overflows, so a shard not worth a delta costs only what was
+ * encoded), and the caller sends the whole shard.  A block's content is
+ * made in the context's block buffer, which stays in the L2 cache, so the
+ * shard's two versions are read once and only the frames are written.
  *
- * Decoding trusts nothing it reads.  Before any byte is decompressed the
- * header is checked (delta_peek()), the declared length must be the
- * caller's, and the zstd frame header must be a regular frame without a
- * dictionary that declares exactly that content size, with a window no
- * larger than DELTA_WINDOW_LOG_MAX (or than the shard itself), and whose
- * compressed size is all that is left of the input.  zstd then decompresses
- * one-shot into scratch of exactly that length (a frame whose blocks hold
- * more fails there, having written at most the length), and one pass
- * unshuffles and XORs it with the base into the caller's buffer.
+ * Most blocks of an RL step are sparse: about 2% of their bf16 elements
+ * changed, scattered.  zstd spends its time there on the zero runs between
+ * them (a sequence per changed byte, 0.3 CPU-s per GiB either way), so the
+ * encoder first scans the block a 64-bit word at a time for changed
+ * elements and, when listing them (gaps, then their XOR by planes) is
+ * shorter than the block, compresses that list instead: zstd then sees 3%
+ * of the bytes.  Otherwise (a dense block, or its list would be no
+ * shorter) the block's XOR is shuffled by element width, as in format 1.
+ * The two are told apart by the frame's content size alone (delta.h).
+ *
+ * Decoding a format-2 delta is the mirror image, again one pass over memory:
+ * each frame is decompressed one-shot into the block buffer (capacity the
+ * block's length, no further: a frame holding more fails there), then a
+ * dense block is unshuffled and XORed with the base into the caller's
+ * buffer, a sparse one is the base copied there with its changed elements
+ * XORed in, and for delta_decode_hash() that block of the output is fed to
+ * a streaming XXH3-128 while it is still in the cache, so the caller needs
+ * no second pass to check the rebuilt shard's hash.
+ *
+ * Format 1 (one frame for the whole shard, shuffled as a whole) is still
+ * decoded, for a node of an earlier build that sends it: the whole frame is
+ * decompressed into the context's scratch buffer of exactly the shard's
+ * length, then unshuffled, XORed and hashed in chunks of DELTA_BLOCK bytes of
+ * output.  delta_ctx_set_format() makes a context encode it (for the tests,
+ * the benchmark and a cluster of mixed builds).
+ *
+ * Decoding trusts nothing it reads.  Before any byte of a frame is
+ * decompressed the header is checked (delta_peek()), the declared length
+ * must be the caller's, and the zstd frame header must be a regular frame
+ * without a dictionary that declares its content size (exactly the shard's
+ * for format 1, at most the block's for format 2), with a window no larger
+ * than DELTA_WINDOW_LOG_MAX (or than that content), lying whole within what
+ * is left of the input; after the last frame nothing may be left.  A sparse
+ * block's list is checked whole (count, every gap, the values' length)
+ * before any of it is applied, and can name no element outside its block.
  *
  * The shuffle loops for widths 2, 4 and 8 run over blocks of SHUF_BLOCK
  * elements: a constant trip count the compiler vectorises whole even at
@@ -31,6 +58,7 @@
 #include <string.h>
 #include <zstd.h>
 #include <zstd_errors.h>
+#include <xxhash.h>
 
 #include "delta.h"
 #include "hwfs_common.h"
@@ -47,13 +75,40 @@ static const uint8_t delta_magic[4] = {'H', 'W', 'D', 'L'};
  */
 #define DELTA_WINDOW_LOG_MAX 27
 
+/*
+ * Format 2's frame content for a block of bl bytes (delta.h) is dense, the
+ * block's shuffled XOR, exactly bl bytes; or sparse, fewer: the number m of
+ * changed elements (4 bytes), m gaps (LEB128: the unchanged elements before
+ * each changed one, since the previous), then the changed elements' XOR as
+ * w planes of m bytes.
+ */
+#define SPARSE_HDR 4
+#define GAP_MAX_BYTES 3 /* a gap < DELTA_BLOCK < 2^21 */
+
+/*
+ * The encoder lists a block's changes only while the list stays under
+ * 1/SPARSE_FRACTION of the bytes scanned so far, plus SPARSE_SLACK (about
+ * 16% of a bf16 block's elements changed): past that the shuffled block
+ * compresses faster than the list (measured: 30% changed took 3.2 CPU-s
+ * per GiB as lists, 1.9 shuffled) for a few more bytes, and a dense block
+ * is given up after its first kilobytes, not half its scan.  An encoder's
+ * choice, not a format rule: the decoder takes any list shorter than its
+ * block.
+ */
+#define SPARSE_FRACTION 4
+#define SPARSE_SLACK 1024
+
 /* Elements per inner shuffle loop (see the header comment). */
 #define SHUF_BLOCK 64
 
 struct delta_ctx {
 	ZSTD_CCtx *cc;
 	ZSTD_DCtx *dc;
-	uint8_t *scratch; /* the shuffled XOR: grows to the largest shard */
+	XXH3_state_t *xs;  /* delta_decode_hash()'s running hash */
+	unsigned format;   /* what delta_encode() writes: 1 or 2 (DELTA_FORMAT) */
+	uint8_t *blk;      /* one block's frame content (format 2): DELTA_BLOCK bytes */
+	uint8_t *vals;     /* a sparse block's changed elements while encoding: DELTA_BLOCK */
+	uint8_t *scratch;  /* a whole shard's shuffled XOR (format 1): grows to the largest */
 	size_t scratch_cap;
 };
 
@@ -70,9 +125,13 @@ struct delta_ctx *delta_ctx_new(int level)
 
 	if (!cx)
 		return NULL;
+	cx->format = DELTA_FORMAT;
 	cx->cc = ZSTD_createCCtx();
 	cx->dc = ZSTD_createDCtx();
-	if (!cx->cc || !cx->dc)
+	cx->xs = XXH3_createState();
+	cx->blk = malloc(DELTA_BLOCK);
+	cx->vals = malloc(DELTA_BLOCK);
+	if (!cx->cc || !cx->dc || !cx->xs || !cx->blk || !cx->vals)
 		goto fail;
 	/* An out-of-range level is clamped by zstd, not refused. */
 	if (ZSTD_isError(ZSTD_CCtx_setParameter(cx->cc, ZSTD_c_compressionLevel, level)) ||
@@ -86,6 +145,18 @@ fail:
 	return NULL;
 }
 
+/*
+ * Make @cx encode format @format (1 or 2).  Returns 0 or -EINVAL for
+ * another number.
+ */
+int delta_ctx_set_format(struct delta_ctx *cx, unsigned format)
+{
+	if (format != 1 && format != 2)
+		return -EINVAL;
+	cx->format = format;
+	return 0;
+}
+
 /* Free @cx, its zstd contexts and its scratch buffer.  NULL is a no-op. */
 void delta_ctx_free(struct delta_ctx *cx)
 {
@@ -93,6 +164,9 @@ void delta_ctx_free(struct delta_ctx *cx)
 		return;
 	ZSTD_freeCCtx(cx->cc);
 	ZSTD_freeDCtx(cx->dc);
+	XXH3_freeState(cx->xs);
+	free(cx->blk);
+	free(cx->vals);
 	free(cx->scratch);
 	free(cx);
 }
@@ -222,23 +296,25 @@ unshuffle_xor_block(const unsigned W, uint8_t *restrict o, const uint8_t *restri
 }
 
 /*
- * out = base ^ unshuffle(s) for @n whole elements of @W bytes: the inverse
- * of xor_shuffle_w().
+ * out = base ^ unshuffle(s) for @n whole elements of @W bytes whose planes
+ * lie @stride bytes apart in @s (plane k at s + k * stride): the inverse of
+ * xor_shuffle_w() with stride n, or a run of elements of a longer shuffle.
  */
 static inline __attribute__((always_inline)) void
-unshuffle_xor_w(uint8_t *out, const uint8_t *base, const uint8_t *s, size_t n, const unsigned W)
+unshuffle_xor_w(uint8_t *out, const uint8_t *base, const uint8_t *s, size_t stride, size_t n,
+                const unsigned W)
 {
 	const uint8_t *p[8];
 	size_t i = 0;
 
 	for (unsigned k = 0; k < 8; k++)
-		p[k] = s + (k < W ? k : 0) * n;
+		p[k] = s + (k < W ? k : 0) * stride;
 	for (; i + SHUF_BLOCK <= n; i += SHUF_BLOCK)
 		unshuffle_xor_block(W, out + i * W, base + i * W, p[0] + i, p[1] + i, p[2] + i,
 		                    p[3] + i, p[4] + i, p[5] + i, p[6] + i, p[7] + i);
 	for (; i < n; i++)
 		for (unsigned k = 0; k < W; k++)
-			out[i * W + k] = base[i * W + k] ^ s[k * n + i];
+			out[i * W + k] = base[i * W + k] ^ s[k * stride + i];
 }
 
 /*
@@ -283,27 +359,205 @@ static void xor_shuffle(uint8_t *restrict s, const uint8_t *a, const uint8_t *b,
 	xor_bytes(s + whole, a + whole, b + whole, len - whole);
 }
 
+/*
+ * Write @base ^ unshuffle(@s) into @out for @n whole elements of width @w
+ * (2, 4 or 8) whose planes lie @stride bytes apart in @s.
+ */
+static void unshuffle_xor_planes(uint8_t *restrict out, const uint8_t *base, const uint8_t *s,
+                                 size_t stride, size_t n, unsigned w)
+{
+	switch (w) {
+	case 2:
+		unshuffle_xor_w(out, base, s, stride, n, 2);
+		break;
+	case 4:
+		unshuffle_xor_w(out, base, s, stride, n, 4);
+		break;
+	default:
+		unshuffle_xor_w(out, base, s, stride, n, 8);
+		break;
+	}
+}
+
 /* Write @base ^ unshuffle(@s) into @out: the inverse of xor_shuffle(). */
 static void unshuffle_xor(uint8_t *restrict out, const uint8_t *base, const uint8_t *s, size_t len,
                           unsigned w)
 {
 	size_t n = len / w, whole = n * w;
 
-	switch (w) {
-	case 2:
-		unshuffle_xor_w(out, base, s, n, 2);
-		break;
-	case 4:
-		unshuffle_xor_w(out, base, s, n, 4);
-		break;
-	case 8:
-		unshuffle_xor_w(out, base, s, n, 8);
-		break;
-	default:
+	if (w == 1)
 		whole = 0;
-		break;
-	}
+	else
+		unshuffle_xor_planes(out, base, s, n, n, w);
 	xor_bytes(out + whole, base + whole, s + whole, len - whole);
+}
+
+/* The little-endian 32-bit integer at @p. */
+static uint32_t get_le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Store @v little-endian in the 4 bytes at @p. */
+static void put_le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/*
+ * The sparse form of a block (@bl bytes of @a and @b, whole elements of @W
+ * bytes, a constant once inlined) into @dst: the changed elements found a
+ * 64-bit word at a time (most words are equal), their gaps written as they
+ * are found and their XOR gathered in @vals, then laid out as planes.  Returns the content's length (at most
+ * @bl / SPARSE_FRACTION + SPARSE_SLACK), or 0 as soon as it would pass the
+ * bound above (the block is not sparse enough).
+ */
+static inline __attribute__((always_inline)) size_t
+sparse_w(uint8_t *restrict dst, uint8_t *restrict vals, const uint8_t *a, const uint8_t *b,
+         size_t bl, const unsigned W)
+{
+	const unsigned per = 8 / W; /* elements per word */
+	size_t n = bl / W, p = SPARSE_HDR, m = 0, last = 0, i = 0;
+
+	for (; i < n; i += per) {
+		uint64_t x, y;
+
+		if (i + per <= n) {
+			memcpy(&x, a + i * W, 8);
+			memcpy(&y, b + i * W, 8);
+			if (x == y)
+				continue;
+		}
+		for (size_t e = i; e < i + per && e < n; e++) {
+			const uint8_t *ea = a + e * W, *eb = b + e * W;
+			unsigned ne = 0;
+
+			for (unsigned k = 0; k < W; k++)
+				ne |= ea[k] ^ eb[k];
+			if (!ne)
+				continue;
+			if (p + GAP_MAX_BYTES + (m + 1) * W >= e * W / SPARSE_FRACTION + SPARSE_SLACK)
+				return 0;
+			for (size_t g = e - last; ; g >>= 7) {
+				dst[p++] = (uint8_t)((g & 0x7f) | (g >= 0x80 ? 0x80 : 0));
+				if (g < 0x80)
+					break;
+			}
+			for (unsigned k = 0; k < W; k++)
+				vals[m * W + k] = ea[k] ^ eb[k];
+			m++;
+			last = e + 1;
+		}
+	}
+	put_le32(dst, (uint32_t)m);
+	for (unsigned k = 0; k < W; k++)
+		for (size_t j = 0; j < m; j++)
+			dst[p + k * m + j] = vals[j * W + k];
+	return p + W * m;
+}
+
+/*
+ * The frame content of a block: the sparse form when sparse_w() makes one
+ * and it is smaller than the block (widths 2, 4, 8 need whole elements: a
+ * last block with a tail is always dense), else the shuffled XOR.  Returns its length (at most the
+ * block's, which means dense).
+ */
+static size_t block_content(struct delta_ctx *cx, const uint8_t *a, const uint8_t *b, size_t bl,
+                            unsigned w)
+{
+	uint8_t *d = cx->blk;
+	size_t r = 0;
+
+	if (bl % w == 0) {
+		switch (w) {
+		case 1:
+			r = sparse_w(d, cx->vals, a, b, bl, 1);
+			break;
+		case 2:
+			r = sparse_w(d, cx->vals, a, b, bl, 2);
+			break;
+		case 4:
+			r = sparse_w(d, cx->vals, a, b, bl, 4);
+			break;
+		default:
+			r = sparse_w(d, cx->vals, a, b, bl, 8);
+			break;
+		}
+	}
+	if (r && r < bl) /* (a tiny block with nothing changed is not smaller) */
+		return r;
+	xor_shuffle(d, a, b, bl, w);
+	return bl;
+}
+
+/*
+ * Read the gap at @c[*p] (@clen bytes of content): at most GAP_MAX_BYTES
+ * of LEB128.  Returns 0 and the gap in *@g, or -1 for a gap that runs past
+ * the content or is longer.
+ */
+static int read_gap(const uint8_t *c, size_t clen, size_t *p, size_t *g)
+{
+	size_t v = 0;
+
+	for (unsigned i = 0; i < GAP_MAX_BYTES; i++) {
+		if (*p >= clen)
+			return -1;
+		v |= (size_t)(c[*p] & 0x7f) << (7 * i);
+		if (!(c[(*p)++] & 0x80)) {
+			*g = v;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/*
+ * Apply the sparse block content @c (@clen bytes) to @out, which holds a
+ * copy of the base's @bl bytes: checked whole first
+ * (every gap well formed, every element inside the block, exactly w * m
+ * bytes of values after the gaps), then each changed element XORed in.
+ * Returns 0 or -EBADMSG with a reason naming block @blkno in @err.
+ */
+static int apply_sparse(uint8_t *out, size_t bl, unsigned w, const uint8_t *c, size_t clen,
+                        size_t blkno, char *err, size_t errlen)
+{
+	size_t n = bl / w, m, p = SPARSE_HDR, g, idx = 0;
+	const uint8_t *v;
+
+	if (bl % w || clen < SPARSE_HDR) {
+		hwfs_set_err(err, errlen, "block %zu: a sparse block %s", blkno,
+		             bl % w ? "with a partial element" : "shorter than its count");
+		return -EBADMSG;
+	}
+	m = get_le32(c);
+	if (m > n) {
+		hwfs_set_err(err, errlen, "block %zu: %zu changed elements of %zu", blkno, m, n);
+		return -EBADMSG;
+	}
+	for (size_t j = 0; j < m; j++, idx++) {
+		if (read_gap(c, clen, &p, &g) || g >= n - idx) {
+			hwfs_set_err(err, errlen, "block %zu: bad gap before changed element %zu",
+			             blkno, j);
+			return -EBADMSG;
+		}
+		idx += g;
+	}
+	if (clen - p != w * m) {
+		hwfs_set_err(err, errlen, "block %zu: %zu bytes of values for %zu elements", blkno,
+		             clen - p, m);
+		return -EBADMSG;
+	}
+	v = c + p;
+	p = SPARSE_HDR;
+	idx = 0;
+	for (size_t j = 0; j < m; j++, idx++) {
+		read_gap(c, clen, &p, &g);
+		idx += g;
+		for (unsigned k = 0; k < w; k++)
+			out[idx * w + k] ^= v[k * m + j];
+	}
+	return 0;
 }
 
 /* Store @v little-endian in the 8 bytes at @p. */
@@ -323,18 +577,29 @@ static uint64_t get_le64(const uint8_t *p)
 	return v;
 }
 
+/* The zstd error of @r as a negative errno: -E2BIG for no room, else -ENOMEM
+ * (with sizes and parameters zstd accepted, its only other failure). */
+static ssize_t zstd_enc_err(size_t r)
+{
+	return ZSTD_getErrorCode(r) == ZSTD_error_dstSize_tooSmall ? -E2BIG : -ENOMEM;
+}
+
 /*
  * Encode @new_ against @base (@len bytes each) at width @width into @out
- * (at most @cap bytes): the shuffled XOR into the scratch, compressed by
- * zstd into @out + DELTA_HDR, then the header.  Returns the encoded length;
- * -E2BIG when it does not fit in @cap (@out's content then undefined),
- * -ENOMEM when the scratch or zstd's own memory cannot be had.
+ * (at most @cap bytes) in the context's format: for format 2 block by
+ * block, each XORed and shuffled into the block buffer and compressed as
+ * its own frame right after the previous one; for format 1 the whole
+ * shuffled XOR into the scratch, compressed as one frame.  The header goes
+ * in last.  Returns the encoded length; -E2BIG when it does not fit in @cap
+ * (@out's content then undefined), -ENOMEM when the scratch or zstd's own
+ * memory cannot be had.
  */
 ssize_t delta_encode(struct delta_ctx *cx, const void *base, const void *new_, size_t len,
                      unsigned width, void *out, size_t cap)
 {
+	const uint8_t *a = base, *b = new_;
 	uint8_t *o = out;
-	size_t r;
+	size_t r, pos = DELTA_HDR, off = 0;
 	int rc;
 
 	width = norm_width(width);
@@ -342,22 +607,36 @@ ssize_t delta_encode(struct delta_ctx *cx, const void *base, const void *new_, s
 		cap = SSIZE_MAX;
 	if (cap < DELTA_HDR)
 		return -E2BIG;
-	rc = scratch_reserve(cx, len);
-	if (rc)
-		return rc;
-	xor_shuffle(cx->scratch, base, new_, len, width);
-	/* ZSTD_compress2() declares @len as the frame's content size. */
-	r = ZSTD_compress2(cx->cc, o + DELTA_HDR, cap - DELTA_HDR, cx->scratch, len);
-	if (ZSTD_isError(r))
-		/* With sizes and parameters zstd accepted, running out of
-		 * room or memory are its only failures. */
-		return ZSTD_getErrorCode(r) == ZSTD_error_dstSize_tooSmall ? -E2BIG : -ENOMEM;
+	if (cx->format == 1) {
+		rc = scratch_reserve(cx, len);
+		if (rc)
+			return rc;
+		xor_shuffle(cx->scratch, a, b, len, width);
+		/* ZSTD_compress2() declares @len as the frame's content size. */
+		r = ZSTD_compress2(cx->cc, o + pos, cap - pos, cx->scratch, len);
+		if (ZSTD_isError(r))
+			return zstd_enc_err(r);
+		pos += r;
+	} else {
+		do { /* one frame per block; a shard of 0 bytes has one empty frame */
+			size_t bl = len - off < DELTA_BLOCK ? len - off : DELTA_BLOCK;
+
+			size_t cl = block_content(cx, a + off, b + off, bl, width);
+
+			r = ZSTD_compress2(cx->cc, o + pos, cap - pos, cx->blk, cl);
+			if (ZSTD_isError(r))
+				return zstd_enc_err(r);
+			pos += r;
+			off += bl;
+		} while (off < len);
+	}
 	memcpy(o, delta_magic, sizeof(delta_magic));
-	o[4] = DELTA_FORMAT;
+	o[4] = (uint8_t)cx->format;
 	o[5] = (uint8_t)width;
-	o[6] = o[7] = 0;
+	o[6] = cx->format == 1 ? 0 : DELTA_BLOCK_LOG;
+	o[7] = 0;
 	put_le64(o + 8, len);
-	return (ssize_t)(DELTA_HDR + r);
+	return (ssize_t)pos;
 }
 
 /*
@@ -379,16 +658,21 @@ int delta_peek(const void *enc, size_t enc_len, uint64_t *len, unsigned *width, 
 		hwfs_set_err(err, errlen, "not a delta (bad magic)");
 		return -EBADMSG;
 	}
-	if (e[4] != DELTA_FORMAT) {
-		hwfs_set_err(err, errlen, "delta format version %u (this node reads %d)", e[4],
-		             DELTA_FORMAT);
+	if (e[4] != 1 && e[4] != 2) {
+		hwfs_set_err(err, errlen, "delta format version %u (this node reads 1 and 2)",
+		             e[4]);
 		return -EBADMSG;
 	}
 	if (norm_width(e[5]) != e[5]) {
 		hwfs_set_err(err, errlen, "delta element width %u (not 1, 2, 4 or 8)", e[5]);
 		return -EBADMSG;
 	}
-	if (e[6] || e[7]) {
+	if (e[4] == 2 && e[6] != DELTA_BLOCK_LOG) {
+		hwfs_set_err(err, errlen, "delta block size 2^%u (this node reads 2^%d)", e[6],
+		             DELTA_BLOCK_LOG);
+		return -EBADMSG;
+	}
+	if ((e[4] == 1 && e[6]) || e[7]) {
 		hwfs_set_err(err, errlen, "delta reserved bytes are not zero");
 		return -EBADMSG;
 	}
@@ -397,12 +681,6 @@ int delta_peek(const void *enc, size_t enc_len, uint64_t *len, unsigned *width, 
 	if (width)
 		*width = e[5];
 	return 0;
-}
-
-/* The little-endian 32-bit integer at @p. */
-static uint32_t get_le32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 /*
@@ -421,19 +699,26 @@ static uint64_t frame_window(const uint8_t *f, uint64_t content)
 }
 
 /*
- * Check that the zstd frame @f (@flen bytes, what follows the header) is
- * exactly one regular frame rebuilding @len bytes, without decompressing it
- * (zstd's stable API only).  Returns 0 or -EBADMSG with a one-line reason
- * in @err.
+ * Check that the input @f (@flen bytes, what is left of the delta) starts
+ * with one regular zstd frame whose content is @lo to @len bytes (exactly
+ * @len when @lo is @len), without decompressing it (zstd's stable API
+ * only), and return its length in *@fsize and its content size in *@csize.
+ * @what names the content in messages ("the shard", "block 3"; format 1's
+ * keep their wording of before format 2).  Returns 0 or -EBADMSG with a
+ * one-line reason in @err.
  */
-static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, size_t errlen)
+static int check_frame(const uint8_t *f, size_t flen, size_t lo, size_t len, const char *what,
+                       size_t *fsize, size_t *csize, char *err, size_t errlen)
 {
+	const char *for_ = lo == len ? "" : " for ";
 	unsigned long long fcs;
 	uint64_t window;
 	size_t r;
 
+	if (lo == len)
+		what = "";
 	if (!flen) {
-		hwfs_set_err(err, errlen, "no zstd frame after the delta header");
+		hwfs_set_err(err, errlen, "no zstd frame after the delta header%s%s", for_, what);
 		return -EBADMSG;
 	}
 	if (flen < 4) {
@@ -441,8 +726,8 @@ static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, siz
 		return -EBADMSG;
 	}
 	if (get_le32(f) != ZSTD_MAGICNUMBER) {
-		hwfs_set_err(err, errlen, "no zstd frame after the delta header (magic %08x)",
-		             get_le32(f));
+		hwfs_set_err(err, errlen, "no zstd frame after the delta header%s%s (magic %08x)",
+		             for_, what, get_le32(f));
 		return -EBADMSG;
 	}
 	fcs = ZSTD_getFrameContentSize(f, flen);
@@ -454,9 +739,14 @@ static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, siz
 		hwfs_set_err(err, errlen, "the zstd frame does not declare its content size");
 		return -EBADMSG;
 	}
-	if (fcs != len) {
+	if (lo == len && fcs != len) { /* format 1 */
 		hwfs_set_err(err, errlen, "the zstd frame declares %llu bytes, the shard has %zu",
 		             fcs, len);
+		return -EBADMSG;
+	}
+	if (fcs < lo || fcs > len) {
+		hwfs_set_err(err, errlen, "the zstd frame of %s declares %llu bytes (%zu to %zu)",
+		             what, fcs, lo, len);
 		return -EBADMSG;
 	}
 	if (ZSTD_getDictID_fromFrame(f, flen)) {
@@ -464,7 +754,7 @@ static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, siz
 		return -EBADMSG;
 	}
 	window = frame_window(f, fcs);
-	if (window > 1ull << DELTA_WINDOW_LOG_MAX && window != len) {
+	if (window > 1ull << DELTA_WINDOW_LOG_MAX && window != fcs) {
 		hwfs_set_err(err, errlen, "zstd window of %llu bytes (limit %llu)",
 		             (unsigned long long)window, 1ull << DELTA_WINDOW_LOG_MAX);
 		return -EBADMSG;
@@ -475,27 +765,137 @@ static int check_frame(const uint8_t *f, size_t flen, size_t len, char *err, siz
 		             ZSTD_getErrorName(r));
 		return -EBADMSG;
 	}
-	if (r != flen) {
-		hwfs_set_err(err, errlen, "%zu trailing bytes after the zstd frame", flen - r);
+	*fsize = r;
+	*csize = (size_t)fcs;
+	return 0;
+}
+
+/*
+ * Decompress the frame @f (@fsize bytes, checked) into @dst, exactly @len
+ * bytes.  Returns 0, -EBADMSG with the reason in @err, or -ENOMEM.
+ */
+static int decompress(struct delta_ctx *cx, uint8_t *dst, size_t len, const uint8_t *f,
+                      size_t fsize, char *err, size_t errlen)
+{
+	size_t r = ZSTD_decompressDCtx(cx->dc, dst, len, f, fsize);
+
+	if (ZSTD_isError(r)) {
+		hwfs_set_err(err, errlen, "zstd: %s", ZSTD_getErrorName(r));
+		return ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation ? -ENOMEM : -EBADMSG;
+	}
+	if (r != len) { /* zstd checks the declared size; kept as a guard */
+		hwfs_set_err(err, errlen, "the zstd frame holds %zu bytes, %zu expected", r, len);
 		return -EBADMSG;
 	}
 	return 0;
 }
 
 /*
- * Rebuild @len bytes into @out from @base and the delta @enc: header and
- * frame checked first (delta_peek(), check_frame()), then decompressed into
- * the scratch (capacity exactly @len), then unshuffled and XORed with
- * @base.  Returns 0, -EBADMSG with a one-line reason in @err (@out then
- * undefined), or -ENOMEM when the scratch cannot grow to @len.
+ * Format 1: the one frame @f (@flen bytes) into the scratch (capacity
+ * exactly @len), then unshuffled and XORed with @base into @out, and hashed
+ * into @xs when not NULL, in runs of DELTA_BLOCK bytes of output.
  */
-int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void *enc,
-                 size_t enc_len, void *out, char *err, size_t errlen)
+static int decode_v1(struct delta_ctx *cx, const uint8_t *base, size_t len, const uint8_t *f,
+                     size_t flen, unsigned w, uint8_t *out, XXH3_state_t *xs, char *err,
+                     size_t errlen)
 {
-	const uint8_t *f = (const uint8_t *)enc + DELTA_HDR;
+	size_t fsize, csize, n = len / w, whole = w == 1 ? 0 : n * w, run = DELTA_BLOCK / w;
+	int rc;
+
+	rc = check_frame(f, flen, len, len, NULL, &fsize, &csize, err, errlen);
+	if (rc)
+		return rc;
+	if (fsize != flen) {
+		hwfs_set_err(err, errlen, "%zu trailing bytes after the zstd frame", flen - fsize);
+		return -EBADMSG;
+	}
+	rc = scratch_reserve(cx, len);
+	if (rc) {
+		hwfs_set_err(err, errlen, "no memory for a %zu-byte delta", len);
+		return rc;
+	}
+	rc = decompress(cx, cx->scratch, len, f, fsize, err, errlen);
+	if (rc)
+		return rc;
+	for (size_t i = 0; whole && i < n; i += run) {
+		size_t m = n - i < run ? n - i : run;
+
+		unshuffle_xor_planes(out + i * w, base + i * w, cx->scratch + i, n, m, w);
+		if (xs)
+			XXH3_128bits_update(xs, out + i * w, m * w);
+	}
+	for (size_t i = whole; i < len; i += DELTA_BLOCK) {
+		size_t m = len - i < DELTA_BLOCK ? len - i : DELTA_BLOCK;
+
+		xor_bytes(out + i, base + i, cx->scratch + i, m);
+		if (xs)
+			XXH3_128bits_update(xs, out + i, m);
+	}
+	return 0;
+}
+
+/*
+ * Format 2: frame by frame, each checked, decompressed into the block
+ * buffer (capacity the block's length, no more), then a dense block (as
+ * long as the block) unshuffled and XORed with @base into @out, a sparse
+ * one (shorter) a copy of @base with its changed elements XORed in; each
+ * block of @out then hashed into @xs when not NULL.  Nothing may follow the
+ * last.
+ */
+static int decode_v2(struct delta_ctx *cx, const uint8_t *base, size_t len, const uint8_t *f,
+                     size_t flen, unsigned w, uint8_t *out, XXH3_state_t *xs, char *err,
+                     size_t errlen)
+{
+	size_t off = 0, pos = 0, fsize, csize;
+	char what[48];
+	int rc;
+
+	do {
+		size_t bl = len - off < DELTA_BLOCK ? len - off : DELTA_BLOCK, bn = off / DELTA_BLOCK;
+
+		snprintf(what, sizeof(what), "block %zu", bn);
+		rc = check_frame(f + pos, flen - pos, 0, bl, what, &fsize, &csize, err, errlen);
+		if (rc)
+			return rc;
+		rc = decompress(cx, cx->blk, csize, f + pos, fsize, err, errlen);
+		if (rc)
+			return rc;
+		if (csize == bl) {
+			unshuffle_xor(out + off, base + off, cx->blk, bl, w);
+		} else {
+			memcpy(out + off, base + off, bl);
+			rc = apply_sparse(out + off, bl, w, cx->blk, csize, bn, err, errlen);
+			if (rc)
+				return rc;
+		}
+		if (xs)
+			XXH3_128bits_update(xs, out + off, bl);
+		pos += fsize;
+		off += bl;
+	} while (off < len);
+	if (pos != flen) {
+		hwfs_set_err(err, errlen, "%zu trailing bytes after the last zstd frame",
+		             flen - pos);
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+/*
+ * Rebuild @len bytes into @out from @base and the delta @enc, and when
+ * @hash is not NULL their XXH3-128 into it: header checked first
+ * (delta_peek()), then the frames as their format says (decode_v1(),
+ * decode_v2()).  Returns 0, -EBADMSG with a one-line reason in @err (@out
+ * and @hash then undefined), or -ENOMEM.
+ */
+int delta_decode_hash(struct delta_ctx *cx, const void *base, size_t len, const void *enc,
+                      size_t enc_len, void *out, hwfs_hash_t *hash, char *err, size_t errlen)
+{
+	const uint8_t *e = enc, *f = e + DELTA_HDR;
+	XXH3_state_t *xs = hash ? cx->xs : NULL;
+	XXH128_canonical_t c;
 	uint64_t dlen;
 	unsigned width;
-	size_t r, flen;
 	int rc;
 
 	rc = delta_peek(enc, enc_len, &dlen, &width, err, errlen);
@@ -506,27 +906,24 @@ int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void 
 		             (unsigned long long)dlen, len);
 		return -EBADMSG;
 	}
-	flen = enc_len - DELTA_HDR;
-	rc = check_frame(f, flen, len, err, errlen);
-	if (rc)
+	if (xs)
+		XXH3_128bits_reset(xs);
+	if (e[4] == 1)
+		rc = decode_v1(cx, base, len, f, enc_len - DELTA_HDR, width, out, xs, err, errlen);
+	else
+		rc = decode_v2(cx, base, len, f, enc_len - DELTA_HDR, width, out, xs, err, errlen);
+	if (rc || !xs)
 		return rc;
-	rc = scratch_reserve(cx, len);
-	if (rc) {
-		hwfs_set_err(err, errlen, "no memory for a %zu-byte delta", len);
-		return rc;
-	}
-	r = ZSTD_decompressDCtx(cx->dc, cx->scratch, len, f, flen);
-	if (ZSTD_isError(r)) {
-		hwfs_set_err(err, errlen, "zstd: %s", ZSTD_getErrorName(r));
-		return ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation ? -ENOMEM : -EBADMSG;
-	}
-	if (r != len) { /* zstd checks the declared size; kept as a guard */
-		hwfs_set_err(err, errlen, "the zstd frame holds %zu bytes, the shard has %zu", r,
-		             len);
-		return -EBADMSG;
-	}
-	unshuffle_xor(out, base, cx->scratch, len, width);
+	XXH128_canonicalFromHash(&c, XXH3_128bits_digest(xs));
+	memcpy(hash->b, c.digest, HWFS_HASH_LEN);
 	return 0;
+}
+
+/* delta_decode_hash() without the hash. */
+int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void *enc,
+                 size_t enc_len, void *out, char *err, size_t errlen)
+{
+	return delta_decode_hash(cx, base, len, enc, enc_len, out, NULL, err, errlen);
 }
 
 /*

@@ -7,29 +7,50 @@
  * an element kept its value), byte-shuffled by element width (all first
  * bytes of the elements, then all second bytes, ...: the bytes that change
  * together sit together) and compressed with zstd.  The receiver, holding
- * the base, decompresses, unshuffles and XORs it back; the caller then checks
- * the rebuilt shard's XXH3-128 before interning it, so a wrong base or a
- * corrupt delta is caught there (docs/delta.md).
+ * the base, decompresses, unshuffles and XORs it back, and checks the
+ * rebuilt shard's XXH3-128 before interning it, so a wrong base or a
+ * corrupt delta is caught there; delta_decode_hash() computes that hash in
+ * the same pass (docs/delta.md).
  *
  * Encoded form (all integers little-endian):
  *   0  4 bytes  magic "HWDL"
- *   4  1 byte   format version, DELTA_FORMAT (1)
+ *   4  1 byte   format version: 2 (DELTA_FORMAT, written) or 1 (still read)
  *   5  1 byte   element width the XOR was shuffled with: 1, 2, 4 or 8
- *   6  2 bytes  reserved, zero
+ *   6  1 byte   format 2: log2 of the block size, DELTA_BLOCK_LOG (17);
+ *               format 1: zero
+ *   7  1 byte   reserved, zero
  *   8  8 bytes  length of the shard (the base and the rebuilt shard)
- *  16  ...      exactly one zstd frame whose content size is that length
+ *  16  ...      format 2: one zstd frame per block of DELTA_BLOCK bytes of
+ *               the shard, in order (the last block shorter; a shard of 0
+ *               bytes has one empty frame), each declaring its content
+ *               size, which says what it holds:
+ *                 exactly the block's length: dense, the block's XOR
+ *                 shuffled on its own (planes of its whole elements, then
+ *                 its len % width tail bytes as they are);
+ *                 less: sparse (only for a block of whole elements): m, the
+ *                 number of elements that changed (4 bytes), m gaps (LEB128,
+ *                 at most 3 bytes each: how many unchanged elements come
+ *                 before each changed one, counted from the start of the
+ *                 block or from the previous changed one), then their XOR
+ *                 as width planes of m bytes (byte k of every changed
+ *                 element, then byte k + 1, ...), and nothing else;
+ *               format 1: exactly one zstd frame, declaring the shard's
+ *               length, of the whole shard's XOR shuffled as one block
  *
  * The decoder is the only code that reads a delta from the network.  It
  * refuses (-EBADMSG, with a one-line reason) anything but exactly that: a
  * length other than the one the caller expects, a frame that does not
- * declare its content size, declares another one, or is followed by
- * trailing bytes.  It decompresses in one shot into the context's scratch
- * buffer of exactly the expected length and no further, so a decompression
- * bomb costs at most that length; unshuffling writes the caller's buffer.
+ * declare its content size, declares another one, or that is followed by
+ * trailing bytes; in format 2 also a frame holding more than its block, a
+ * sparse block whose count, gaps or values do not add up or that names an
+ * element outside the block.  It decompresses each frame in one shot into a
+ * buffer of at most the expected length (a block, or for format 1 the
+ * shard) and no further, so a decompression bomb costs at most that length;
+ * rebuilding writes the caller's buffer.
  *
- * A context (struct delta_ctx) holds the zstd contexts and a scratch buffer
- * that grows to the largest shard seen; it is not thread-safe: one per
- * thread.
+ * A context (struct delta_ctx) holds the zstd contexts, a block buffer, a
+ * hash state and (for format 1 only) a scratch buffer that grows to the
+ * largest shard seen; it is not thread-safe: one per thread.
  */
 #ifndef HWFS_DELTA_H
 #define HWFS_DELTA_H
@@ -38,8 +59,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define DELTA_FORMAT 1
-#define DELTA_HDR 16 /* bytes of the header before the zstd frame */
+#include "hwfs_common.h"
+
+#define DELTA_FORMAT 2     /* the format delta_encode() writes by default */
+#define DELTA_HDR 16       /* bytes of the header before the zstd frames */
+#define DELTA_BLOCK_LOG 17 /* format 2: a frame per 128 KiB of the shard (in L2) */
+#define DELTA_BLOCK (1u << DELTA_BLOCK_LOG)
 
 struct delta_ctx;
 
@@ -48,6 +73,12 @@ struct delta_ctx;
  * (negative levels are zstd's fast levels).  Returns NULL when out of memory.
  */
 struct delta_ctx *delta_ctx_new(int level);
+
+/**
+ * delta_ctx_set_format() - make @cx encode format @format: 2 (the default)
+ * or 1 (what a node of an earlier build reads).  Returns 0 or -EINVAL.
+ */
+int delta_ctx_set_format(struct delta_ctx *cx, unsigned format);
 
 /** Free @cx and its buffers. NULL is a no-op. */
 void delta_ctx_free(struct delta_ctx *cx);
@@ -75,7 +106,8 @@ ssize_t delta_encode(struct delta_ctx *cx, const void *base, const void *new_, s
  * delta_peek() - read the header of @enc (@enc_len bytes): the shard length
  * it declares into *@len and its width into *@width (either may be NULL).
  * Returns 0 or -EBADMSG (reason in @err) for a short buffer, another magic
- * or format version, a width not 1/2/4/8, non-zero reserved bytes.
+ * or format version (1 and 2 are read), a width not 1/2/4/8, another block
+ * size, non-zero reserved bytes.
  */
 int delta_peek(const void *enc, size_t enc_len, uint64_t *len, unsigned *width, char *err,
 	       size_t errlen);
@@ -89,6 +121,16 @@ int delta_peek(const void *enc, size_t enc_len, uint64_t *len, unsigned *width, 
  */
 int delta_decode(struct delta_ctx *cx, const void *base, size_t len, const void *enc,
 		 size_t enc_len, void *out, char *err, size_t errlen);
+
+/**
+ * delta_decode_hash() - delta_decode(), and the XXH3-128 of the rebuilt
+ * shard (what hwfs_hash_buf() gives for @out's @len bytes) into *@hash,
+ * computed while each block of @out is still in the cache: the caller
+ * compares it with the shard's hash instead of hashing @out again.  @hash
+ * NULL is delta_decode().  On an error *@hash is undefined.
+ */
+int delta_decode_hash(struct delta_ctx *cx, const void *base, size_t len, const void *enc,
+		      size_t enc_len, void *out, hwfs_hash_t *hash, char *err, size_t errlen);
 
 /**
  * delta_count_diff() - how many elements of width @width (as delta_encode)

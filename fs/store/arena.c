@@ -41,6 +41,11 @@
  * version of the weights many times a day wants; the price is the whole
  * capacity in RAM from the start.
  *
+ * Writers fill fresh ranges with arena_write()/arena_zero(): pwrite() on the
+ * arena file, so a fallocate()d page is filled in place without a page fault
+ * (and without the zeroing the fault would do first); in a preallocated arena
+ * those are memcpy()/memset() through the mapping, whose pages are all there.
+ *
  * Reserve (start-up: ranges the index says hold shards) takes a range out of
  * the free list without fallocate(): those bytes already exist in the file.
  * Free pages that held data from an earlier run of the daemon and are never
@@ -371,6 +376,39 @@ int arena_preallocated(const struct arena *a)
 int arena_fd(const struct arena *a)
 {
 	return a->fd;
+}
+
+void arena_write(struct arena *a, uint64_t off, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	/* preallocated: every page is present and mapped, the mapping is cheaper */
+	while (len && !a->resident) {
+		ssize_t n = pwrite(a->fd, p, len, (off_t)off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		p += n;
+		off += (uint64_t)n;
+		len -= (size_t)n;
+	}
+	if (len) /* a filesystem that refused: the mapping always takes it */
+		memcpy(a->base + off, p, len);
+}
+
+void arena_zero(struct arena *a, uint64_t off, uint64_t len)
+{
+	static const uint8_t zeros[64 << 10];
+
+	while (len) {
+		size_t n = (size_t)HWFS_MIN(len, (uint64_t)sizeof(zeros));
+
+		arena_write(a, off, zeros, n);
+		off += n;
+		len -= n;
+	}
 }
 
 int arena_reserve(struct arena *a, uint64_t off, uint64_t len)

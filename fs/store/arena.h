@@ -49,6 +49,26 @@ uint64_t arena_used(const struct arena *a);
 int arena_fd(const struct arena *a);
 
 /**
+ * arena_write() - copy @len bytes from @buf to [off, off+len) of an allocated
+ * range with pwrite() on the arena file rather than through the mapping.
+ * On tmpfs that skips the page fault (and the zeroing of a fallocate()d page
+ * on its first touch) that a store through the mapping pays for every fresh
+ * page; the bytes are the same page cache pages the mapping shows.  In a
+ * preallocated arena (every page present and mapped) it is a memcpy().  What
+ * pwrite() does not take (an error, a short write) is copied through the
+ * mapping instead, so it cannot fail.
+ */
+void arena_write(struct arena *a, uint64_t off, const void *buf, size_t len);
+
+/**
+ * arena_zero() - set [off, off+len) of an allocated range to zero the way
+ * arena_write() writes: with pwrite() of a zero buffer, so zero-filling fresh
+ * pages (a gap left by a write past the end, a file extended by ftruncate)
+ * costs the zeroing only, not a page fault per page.
+ */
+void arena_zero(struct arena *a, uint64_t off, uint64_t len);
+
+/**
  * arena_reserve() - mark [off, off+len) as in use (start-up, from the index).
  * Returns 0, -ERANGE if it lies outside the arena, -EEXIST if any byte of it
  * is already in use.

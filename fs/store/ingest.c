@@ -11,12 +11,25 @@
  * back is still cut as it is written.  `random` is set by a thaw and stops
  * streaming cuts until writer_finish().
  *
+ * [hz, he) is the hole: bytes of the file that read as zeros (a gap left by
+ * a write past the end, a file extended by ftruncate) but whose staging
+ * bytes have not been zeroed yet.  Zeroing is lazy because the common writer
+ * that makes a hole fills it right away (ftruncate to the final size, then
+ * writes front to back): a write that covers the front of the hole just moves
+ * hz, and only bytes still in the hole when something reads staging (a cut,
+ * a reader, the header sniff) are zeroed (fill_hole).  At most one hole: a
+ * second one that does not continue the first zeroes the first at once.
+ * The hole lies in staging (cut_pos <= hz <= he <= size) or is empty (hz == he).
+ *
  * Staging grows in place (store_stage_extend) when the range after it is
  * free — the common case, since a sequential writer sits at the arena's
  * high-water mark — and otherwise moves, copying only the bytes of the piece
  * in progress.  Staging ranges come from the store's staging calls; ingest
- * never calls the arena's allocator, only writes its staged bytes through the
- * mapping (arena_base), its fast path.
+ * never calls the arena's allocator.  A write's bytes and the zero-fill go
+ * into staging with arena_write()/arena_zero() (pwrite on the arena file: the
+ * fresh fallocate()d pages are never faulted in and zeroed only to be
+ * overwritten); hashing, readers and the moves within staging use the
+ * mapping (arena_base), which shows the same pages.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -34,7 +47,7 @@ enum st_state { ST_UNKNOWN, ST_YES, ST_NO };
 
 struct writer {
 	struct store *st;
-	struct arena *ar; /* for arena_base(): staging bytes are written through the mapping */
+	struct arena *ar; /* arena_write()/arena_zero() into staging, arena_base() to read it */
 	struct fext *ext;
 	size_t n_ext, cap_ext;
 	uint64_t cut_pos;
@@ -42,6 +55,7 @@ struct writer {
 	uint64_t size;
 	uint64_t wmax;
 	uint64_t prefix;   /* [0, prefix) written by writes, not by zero-fill */
+	uint64_t hz, he;   /* the hole: [hz, he) reads as zeros, staging not zeroed yet */
 	int random;
 	int thaw_on_change; /* resumed without a valid header: re-examine it all */
 	enum st_state st_state;
@@ -69,6 +83,53 @@ size_t ingest_fext_find(const struct fext *ext, size_t n_ext, uint64_t off)
 static uint8_t *stg_ptr(struct writer *w, uint64_t file_off)
 {
 	return arena_base(w->ar) + w->stg_off + (file_off - w->cut_pos);
+}
+
+/* The arena offset of file offset @file_off (>= cut_pos), in staging. */
+static uint64_t stg_off_of(const struct writer *w, uint64_t file_off)
+{
+	return w->stg_off + (file_off - w->cut_pos);
+}
+
+/* Zero the hole's staging bytes below @upto (before they are read). */
+static void fill_hole(struct writer *w, uint64_t upto)
+{
+	uint64_t end = HWFS_MIN(w->he, upto);
+
+	if (w->hz >= end)
+		return;
+	arena_zero(w->ar, stg_off_of(w, w->hz), end - w->hz);
+	w->hz = end;
+	if (w->hz == w->he)
+		w->hz = w->he = 0;
+}
+
+/* [a, b) (a = the size before, b > a) now reads as zeros: add it to the hole. */
+static void add_hole(struct writer *w, uint64_t a, uint64_t b)
+{
+	if (w->hz < w->he && w->he != a)
+		fill_hole(w, UINT64_MAX); /* not contiguous: the old hole is zeroed now */
+	if (w->hz == w->he)
+		w->hz = a;
+	w->he = b;
+}
+
+/* [off, end) is about to be written: it leaves the hole (what is before it stays zero). */
+static void hole_write(struct writer *w, uint64_t off, uint64_t end)
+{
+	if (w->hz >= w->he || off >= w->he || end <= w->hz)
+		return;
+	if (off > w->hz) {
+		if (end < w->he) { /* in the middle: zero the front, keep the back */
+			fill_hole(w, off);
+		} else { /* covers the back: the front stays a hole */
+			w->he = off;
+			return;
+		}
+	}
+	w->hz = HWFS_MIN(end, w->he);
+	if (w->hz == w->he)
+		w->hz = w->he = 0;
 }
 
 int writer_create(struct store *s, struct writer **out)
@@ -238,6 +299,7 @@ static int cut_one(struct writer *w, uint64_t len)
 
 	if (ext_reserve(w) < 0)
 		return -ENOMEM;
+	fill_hole(w, w->cut_pos + len);
 	hwfs_hash_buf(stg_ptr(w, w->cut_pos), len, &h);
 	sh = store_intern(w->st, &h, w->stg_off, len, &adopted);
 	if (!sh)
@@ -278,6 +340,7 @@ static void sniff(struct writer *w, int final)
 	 * ftruncate() or from a write past the end is not a header.
 	 */
 	avail = final ? w->size : HWFS_MIN(w->prefix, w->size);
+	fill_hole(w, HWFS_MIN(avail, ST_MAX_HEADER + 8));
 	r = st_header_size(w->stg_len ? stg_ptr(w, 0) : NULL, avail, &total);
 	if (r == -EAGAIN) {
 		if (final)
@@ -352,9 +415,7 @@ int writer_reserve(struct writer *w, uint64_t off, size_t len, uint8_t **ptr)
 	r = stg_ensure(w, end - w->cut_pos);
 	if (r < 0)
 		return r;
-	if (off > w->size) /* zero the gap now: staging never shows stale bytes */
-		memset(stg_ptr(w, w->size), 0, off - w->size);
-	*ptr = stg_ptr(w, off);
+	*ptr = stg_ptr(w, off); /* a gap before it: writer_commit() */
 	return 0;
 }
 
@@ -362,6 +423,10 @@ int writer_commit(struct writer *w, uint64_t off, size_t len)
 {
 	uint64_t end = off + len;
 
+	/* the hole changes once the bytes are there (a short write leaves the rest in it) */
+	if (off > w->size) /* the gap reads as zeros (zeroed when read: fill_hole) */
+		add_hole(w, w->size, off);
+	hole_write(w, off, end);
 	if (end > w->size)
 		w->size = end;
 	if (end > w->wmax)
@@ -383,7 +448,8 @@ int writer_write(struct writer *w, uint64_t off, const void *buf, size_t len)
 	r = writer_reserve(w, off, len, &p);
 	if (r < 0)
 		return r;
-	memcpy(p, buf, len);
+	/* pwrite, not memcpy: no page fault per fresh staging page (arena_write) */
+	arena_write(w->ar, stg_off_of(w, off), buf, len);
 	return writer_commit(w, off, len);
 }
 
@@ -397,6 +463,7 @@ int writer_truncate(struct writer *w, uint64_t size)
 		drop_extents(w);
 		stg_release(w);
 		w->cut_pos = w->size = w->wmax = w->prefix = 0;
+		w->hz = w->he = 0;
 		w->random = 0;
 		w->thaw_on_change = 0;
 		forget_header(w);
@@ -411,13 +478,17 @@ int writer_truncate(struct writer *w, uint64_t size)
 		r = stg_ensure(w, size - w->cut_pos);
 		if (r < 0)
 			return r;
-		memset(stg_ptr(w, w->size), 0, size - w->size);
+		add_hole(w, w->size, size); /* zeroed when read, if not written first */
 	}
 	w->size = size;
 	if (w->wmax > size)
 		w->wmax = size;
 	if (w->prefix > size)
 		w->prefix = size;
+	if (w->he > size) /* shrunk into the hole */
+		w->he = size;
+	if (w->hz >= w->he)
+		w->hz = w->he = 0;
 	return 0;
 }
 
@@ -433,6 +504,7 @@ size_t writer_read(struct writer *w, uint64_t off, size_t len, uint8_t *buf)
 	if (off >= w->size)
 		return 0;
 	len = (size_t)HWFS_MIN((uint64_t)len, w->size - off);
+	fill_hole(w, off + len);
 	while (done < len) {
 		uint64_t pos = off + done;
 		size_t n;

@@ -6,8 +6,9 @@
  * 4097, 65539 bytes, or the length the delta's header declares when that is
  * at most 1 MiB + 7) and what the rest of the input is (its top 2 bits):
  *   0  the delta, as it is;
- *   1  the zstd frame after a valid header for that length, at width
- *      1 << ((byte >> 3) & 3), so the search starts past the header;
+ *   1  the zstd frames after a valid header for that length, at width
+ *      1 << ((byte >> 3) & 3), of format 2 (bit 5 clear) or 1 (bit 5
+ *      set), so the search starts past the header;
  *   2  the bytes of a new shard (its length is theirs): it is encoded
  *      against the base, then one byte of the delta (picked by the first
  *      4 bytes of the shard) is XORed with the shard's 5th byte, and the
@@ -16,8 +17,9 @@
  *      bytes.
  * The base is a fixed pattern.  Every buffer is allocated at its exact size
  * so that AddressSanitizer sees a byte read or written past it.
- * delta_decode() must return 0 or -EBADMSG with a one-line printable
- * reason; anything else aborts, which libFuzzer reports as a crash.  One
+ * delta_decode_hash() must return 0 or -EBADMSG with a one-line printable
+ * reason, and on 0 the hash of what it rebuilt; anything else aborts,
+ * which libFuzzer reports as a crash.  One
  * codec context serves every input, as one serves a daemon thread.
  */
 #include <errno.h>
@@ -63,11 +65,16 @@ static uint8_t *decode(const uint8_t *enc, size_t enc_len, size_t len)
 {
 	uint8_t *out = exact(len), *e = exact_copy(enc, enc_len);
 	char err[256] = "";
-	int rc = delta_decode(cx, base, len, e, enc_len, out, err, sizeof(err));
+	hwfs_hash_t h, want;
+	int rc = delta_decode_hash(cx, base, len, e, enc_len, out, &h, err, sizeof(err));
 
 	free(e);
-	if (!rc)
+	if (!rc) {
+		hwfs_hash_buf(out, len, &want);
+		if (hwfs_hash_cmp(&h, &want))
+			die("delta_decode_hash() gave another hash than the rebuilt shard's", NULL);
 		return out;
+	}
 	free(out);
 	if (rc != -EBADMSG)
 		die("unexpected error code", err);
@@ -124,9 +131,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		enc_len = DELTA_HDR + n;
 		enc = exact(enc_len);
 		memcpy(enc, "HWDL", 4);
-		enc[4] = DELTA_FORMAT;
+		enc[4] = data[0] & 0x20 ? 1 : 2;
 		enc[5] = (uint8_t)width;
-		enc[6] = enc[7] = 0;
+		enc[6] = enc[4] == 2 ? DELTA_BLOCK_LOG : 0;
+		enc[7] = 0;
 		for (int i = 0; i < 8; i++)
 			enc[8 + i] = (uint8_t)((uint64_t)len >> (8 * i));
 		if (n)

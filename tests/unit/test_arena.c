@@ -850,6 +850,12 @@ static void test_preallocate(void **state)
 	assert_true(blocks_all * 512 >= cap);
 	assert_true(range_is(base + off, 3 * P, 0xA5));
 	assert_int_equal(arena_used(a), 3 * P);
+	/* arena_write() and arena_zero() copy through the mapping here, same bytes */
+	arena_write(a, off + P - 1, "xyz", 3);
+	assert_memory_equal(base + off + P - 1, "xyz", 3);
+	arena_zero(a, off + P, 1);
+	assert_memory_equal(base + off + P - 1, "x\0z", 3);
+	arena_write(a, off + P - 1, "\xA5\xA5\xA5", 3);
 
 	/* Free, trim and re-allocate: nothing punched, the allocator unchanged. */
 	arena_free(a, off, 3 * P);
@@ -883,6 +889,52 @@ static void test_preallocate_enospc(void **state)
 	(void)must_alloc(a, 4 * f->P);
 }
 
+/* ---- arena_write ---- */
+
+/*
+ * arena_write() lands its bytes where the mapping shows them, on fresh
+ * fallocate()d pages and on pages already touched through the mapping: the
+ * bytes before it in the same page (written through the mapping) stay, the
+ * bytes after it on a fresh page read as zeros, and nothing outside the range
+ * changes.  Ingest writes every byte of a file through it; arena_zero()
+ * (its zero-fill) clears what either way wrote and nothing around it.
+ */
+static void test_write_through_fd(void **state)
+{
+	struct fx *f = *state;
+	struct arena *a = fx_open(f, 64 * f->P);
+	uint64_t off = must_alloc(a, 4 * f->P), off2;
+	uint8_t *base = arena_base(a);
+	size_t len = (size_t)(2 * f->P + 123);
+	uint8_t *buf = malloc(len);
+
+	assert_non_null(buf);
+	for (size_t i = 0; i < len; i++)
+		buf[i] = (uint8_t)(i * 7 + 1);
+	memset(base + off, 0xA5, 100); /* a neighbour, through the mapping */
+	arena_write(a, off + 100, buf, len);
+	assert_true(range_is(base + off, 100, 0xA5));
+	assert_memory_equal(base + off + 100, buf, len);
+	assert_true(range_is(base + off + 100 + len, (size_t)(4 * f->P - 100 - len), 0));
+	/* a range never touched through the mapping: pread sees the same bytes */
+	off2 = must_alloc(a, 2 * f->P);
+	arena_write(a, off2 + 5, buf, 10);
+	assert_true(file_range_is(arena_fd(a), off2, 5, 0));
+	assert_memory_equal(base + off2 + 5, buf, 10);
+	assert_true(range_is(base + off2 + 15, (size_t)(2 * f->P - 15), 0));
+	/* a second write over part of the first, then the tail */
+	arena_write(a, off2 + 8, buf + 100, 4);
+	assert_memory_equal(base + off2 + 5, buf, 3);
+	assert_memory_equal(base + off2 + 8, buf + 100, 4);
+	assert_memory_equal(base + off2 + 12, buf + 7, 3);
+	/* arena_zero over bytes written both ways, longer than its zero buffer */
+	arena_zero(a, off + 50, 3 * f->P);
+	assert_true(range_is(base + off, 50, 0xA5));
+	assert_true(range_is(base + off + 50, (size_t)(3 * f->P), 0));
+	assert_true(range_is(base + off + 50 + 3 * f->P, (size_t)(f->P - 50), 0));
+	free(buf);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(void)
@@ -906,6 +958,7 @@ int main(void)
 		T(test_threads),
 		T(test_preallocate),
 		T(test_preallocate_enospc),
+		T(test_write_through_fd),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,17 +1,21 @@
 /*
  * test_delta.c — the element-level delta codec (fs/common/delta.h).
  *
- * Round trips at every width over lengths that are and are not multiples
- * of it (0, 1, 7, 4097, 1 MiB + 3), the exact encoded form (header fields,
- * and the frame decompressed by plain zstd compared with a reference
- * shuffle written here from the format's description), the size bound
+ * Round trips in both formats at every width over lengths that are and are
+ * not multiples of it (0, 1, 7, 4097, 1 MiB + 3, several format-2 blocks),
+ * dense and sparse, the hash delta_decode_hash() returns, the exact encoded
+ * forms (header fields, and the frames decompressed by plain zstd compared
+ * with a reference written here from the format's description), the size bound
  * (-E2BIG without a byte written past cap), and the decoder's refusals:
  * every header field, a length other than the caller's, frames that lie
  * about or omit their content size, trailing bytes, truncation, skippable
  * frames, dictionaries, oversized windows, and decompression bombs (built
  * by hand as frames of RLE blocks, so that a 1 GiB frame is 32 KiB of test
- * data).  A delta against the wrong base decodes (0) to other bytes: only
- * the caller's hash of the result catches it (test_wrong_base).
+ * data), and for format 2 each of those per block plus the block content's
+ * own rules (mode, sparse counts, gaps, values), written by hand and
+ * compressed with plain zstd.  A delta against the wrong base decodes (0)
+ * to other bytes: only the caller's hash of the result catches it
+ * (test_wrong_base).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,7 +36,7 @@
 #define GIB (1ull << 30)
 #define ZBLOCK (128u << 10) /* zstd's largest block */
 
-static const size_t lens[] = {0, 1, 7, 4097, MIB + 3};
+static const size_t lens[] = {0, 1, 7, 4097, MIB + 3, 3 * DELTA_BLOCK + 1};
 static const unsigned widths[] = {1, 2, 4, 8};
 
 /* ---- helpers ---- */
@@ -64,16 +68,32 @@ static uint8_t *random_buf(size_t n)
 	return p;
 }
 
-/* A copy of @base with about one byte in 50 changed (never to itself). */
-static uint8_t *mutated(const uint8_t *base, size_t n)
+/* A copy of @base with about one byte in @every changed (never to itself). */
+static uint8_t *mutated_every(const uint8_t *base, size_t n, unsigned every)
 {
 	uint8_t *p = xmalloc(n);
 
 	memcpy(p, base, n);
 	for (size_t i = 0; i < n; i++)
-		if (rnd() % 50 == 0)
+		if (rnd() % every == 0)
 			p[i] ^= (uint8_t)(1 + rnd() % 255);
 	return p;
+}
+
+/* A copy of @base with about one byte in 50 changed. */
+static uint8_t *mutated(const uint8_t *base, size_t n)
+{
+	return mutated_every(base, n, 50);
+}
+
+/* A codec context at @level encoding @format. */
+static struct delta_ctx *ctx_format(int level, unsigned format)
+{
+	struct delta_ctx *cx = delta_ctx_new(level);
+
+	assert_non_null(cx);
+	assert_int_equal(delta_ctx_set_format(cx, format), 0);
+	return cx;
 }
 
 static void put_le32(uint8_t *p, uint32_t v)
@@ -88,14 +108,21 @@ static void put_le64(uint8_t *p, uint64_t v)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* A delta header declaring @len bytes at width @width. */
-static void put_hdr(uint8_t *p, uint64_t len, unsigned width)
+/* A format-@fmt delta header declaring @len bytes at width @width. */
+static void put_hdr_fmt(uint8_t *p, unsigned fmt, uint64_t len, unsigned width)
 {
 	memcpy(p, "HWDL", 4);
-	p[4] = DELTA_FORMAT;
+	p[4] = (uint8_t)fmt;
 	p[5] = (uint8_t)width;
-	p[6] = p[7] = 0;
+	p[6] = fmt == 2 ? DELTA_BLOCK_LOG : 0;
+	p[7] = 0;
 	put_le64(p + 8, len);
+}
+
+/* A format-1 delta header (one frame for the whole shard). */
+static void put_hdr(uint8_t *p, uint64_t len, unsigned width)
+{
+	put_hdr_fmt(p, 1, len, width);
 }
 
 /* Encode @nw against @base with room for any result; returns the length. */
@@ -165,53 +192,79 @@ static size_t rle_frame_size(uint64_t content)
 
 /* ---- round trips and the encoded form ---- */
 
-/* Every width, every length (multiples of the width or not), three levels
- * sharing one context whose scratch grows and shrinks in use. */
+/* Every format, width, length (multiples of the width or not), dense and
+ * sparse, three levels sharing one context whose scratch grows and shrinks
+ * in use; delta_decode_hash() gives the rebuilt shard's hash. */
 static void test_roundtrip(void **state)
 {
 	static const int levels[] = {-5, 1, 9};
 
-	for (size_t l = 0; l < sizeof(levels) / sizeof(levels[0]); l++) {
-		struct delta_ctx *cx = delta_ctx_new(levels[l]);
+	for (unsigned fmt = 1; fmt <= 2; fmt++) {
+		for (size_t l = 0; l < sizeof(levels) / sizeof(levels[0]); l++) {
+			struct delta_ctx *cx = ctx_format(levels[l], fmt);
 
-		assert_non_null(cx);
-		for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
-			for (size_t w = 0; w < sizeof(widths) / sizeof(widths[0]); w++) {
-				size_t len = lens[i], n;
-				uint8_t *base = random_buf(len), *nw = mutated(base, len), *enc;
-				uint8_t *out = xmalloc(len);
-				uint64_t dlen = 1;
-				unsigned dw = 0;
-				char err[256] = "";
+			for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+				for (size_t w = 0; w < sizeof(widths) / sizeof(widths[0]); w++) {
+					size_t len = lens[i], n;
+					uint8_t *base = random_buf(len), *enc;
+					uint8_t *nw = mutated_every(base, len, i % 2 ? 50 : 2000);
+					uint8_t *out = xmalloc(len);
+					hwfs_hash_t h, want;
+					uint64_t dlen = 1;
+					unsigned dw = 0;
+					char err[256] = "";
 
-				if (levels[l] == 9 && len > 4097)
-					goto next; /* slow, and adds nothing */
-				n = encode_ok(cx, base, nw, len, widths[w], &enc);
-				assert_int_equal(delta_peek(enc, n, &dlen, &dw, err, sizeof(err)),
-				                 0);
-				assert_int_equal(dlen, len);
-				assert_int_equal(dw, widths[w]);
-				memset(out, 0xa5, len);
-				if (delta_decode(cx, base, len, enc, n, out, err, sizeof(err)))
-					fail_msg("len %zu width %u: %s", len, widths[w], err);
-				assert_memory_equal(out, nw, len);
-				free(enc);
-			next:
-				free(base);
-				free(nw);
-				free(out);
+					if (levels[l] == 9 && len > 4097)
+						goto next; /* slow, and adds nothing */
+					n = encode_ok(cx, base, nw, len, widths[w], &enc);
+					assert_int_equal(enc[4], fmt);
+					assert_int_equal(
+					    delta_peek(enc, n, &dlen, &dw, err, sizeof(err)), 0);
+					assert_int_equal(dlen, len);
+					assert_int_equal(dw, widths[w]);
+					memset(out, 0xa5, len);
+					if (delta_decode(cx, base, len, enc, n, out, err, sizeof(err)))
+						fail_msg("len %zu width %u: %s", len, widths[w], err);
+					assert_memory_equal(out, nw, len);
+					memset(out, 0xa5, len);
+					memset(&h, 0, sizeof(h));
+					if (delta_decode_hash(cx, base, len, enc, n, out, &h, err,
+					                      sizeof(err)))
+						fail_msg("len %zu width %u: %s", len, widths[w], err);
+					assert_memory_equal(out, nw, len);
+					hwfs_hash_buf(nw, len, &want);
+					assert_memory_equal(h.b, want.b, HWFS_HASH_LEN);
+					free(enc);
+				next:
+					free(base);
+					free(nw);
+					free(out);
+				}
 			}
+			delta_ctx_free(cx);
 		}
-		delta_ctx_free(cx);
 	}
 }
 
-/* The frame holds exactly the format's shuffle: plane k = byte k of every
- * whole element of base ^ new, then the tail bytes as they are.  The
- * reference here is the format's description, written naively. */
-static void test_format_layout(void **state)
+/* Only 1 and 2 can be asked for. */
+static void test_set_format(void **state)
 {
 	struct delta_ctx *cx = delta_ctx_new(1);
+
+	assert_non_null(cx);
+	assert_int_equal(delta_ctx_set_format(cx, 0), -EINVAL);
+	assert_int_equal(delta_ctx_set_format(cx, 3), -EINVAL);
+	assert_int_equal(delta_ctx_set_format(cx, 1), 0);
+	assert_int_equal(delta_ctx_set_format(cx, 2), 0);
+	delta_ctx_free(cx);
+}
+
+/* Format 1: the frame holds exactly the format's shuffle: plane k = byte k
+ * of every whole element of base ^ new, then the tail bytes as they are.
+ * The reference here is the format's description, written naively. */
+static void test_format_layout(void **state)
+{
+	struct delta_ctx *cx = ctx_format(1, 1);
 	const size_t len = 4096 * 8 + 5; /* several shuffle blocks, a tail for 2, 4, 8 */
 	uint8_t *base = random_buf(len), *nw = random_buf(len), *want = xmalloc(len);
 	uint8_t *got = xmalloc(len);
@@ -229,7 +282,7 @@ static void test_format_layout(void **state)
 			want[i] = base[i] ^ nw[i];
 		enc_len = encode_ok(cx, base, nw, len, W, &enc);
 		assert_memory_equal(enc, "HWDL", 4);
-		assert_int_equal(enc[4], DELTA_FORMAT);
+		assert_int_equal(enc[4], 1);
 		assert_int_equal(enc[5], W);
 		assert_int_equal(enc[6] | enc[7], 0);
 		for (int b = 0; b < 8; b++)
@@ -245,6 +298,241 @@ static void test_format_layout(void **state)
 	free(nw);
 	free(want);
 	free(got);
+	delta_ctx_free(cx);
+}
+
+/*
+ * Format 2, read from the description in delta.h, written naively: walk the
+ * frames of @enc (one per block), decompress each with plain zstd and
+ * rebuild the block's XOR from its content (dense, as long as the block:
+ * planes then tail; sparse, shorter: count, LEB128 gaps, planes of the
+ * changed elements).  Checks that it is base ^ new and counts the dense
+ * and sparse blocks into @modes[0] and [1].
+ */
+static void check_v2_layout(const uint8_t *enc, size_t enc_len, const uint8_t *base,
+                            const uint8_t *nw, size_t len, unsigned W, unsigned modes[2])
+{
+	uint8_t *c = xmalloc(DELTA_BLOCK), *x = xmalloc(DELTA_BLOCK);
+	size_t pos = DELTA_HDR, off = 0;
+
+	assert_int_equal(enc[4], 2);
+	assert_int_equal(enc[6], DELTA_BLOCK_LOG);
+	do {
+		size_t bl = len - off < DELTA_BLOCK ? len - off : DELTA_BLOCK, n = bl / W;
+		size_t fl = ZSTD_findFrameCompressedSize(enc + pos, enc_len - pos);
+		unsigned long long cl = ZSTD_getFrameContentSize(enc + pos, enc_len - pos);
+
+		assert_false(ZSTD_isError(fl));
+		assert_true(cl <= bl);
+		assert_int_equal(ZSTD_decompress(c, DELTA_BLOCK, enc + pos, fl), cl);
+		memset(x, 0, DELTA_BLOCK);
+		if (cl == bl) { /* dense */
+			for (size_t i = 0; i < n; i++)
+				for (unsigned k = 0; k < W; k++)
+					x[i * W + k] = c[k * n + i];
+			for (size_t i = n * W; i < bl; i++)
+				x[i] = c[i];
+		} else { /* sparse */
+			size_t m = c[0] | c[1] << 8 | (size_t)c[2] << 16 | (size_t)c[3] << 24;
+			size_t p = 4, idx = 0, *at = malloc((m + 1) * sizeof(size_t));
+
+			assert_non_null(at);
+			for (size_t j = 0; j < m; j++) {
+				size_t g = 0;
+
+				for (unsigned sh = 0;; sh += 7) {
+					g |= (size_t)(c[p] & 0x7f) << sh;
+					if (!(c[p++] & 0x80))
+						break;
+				}
+				idx += g;
+				at[j] = idx++;
+			}
+			assert_int_equal(cl - p, W * m);
+			for (size_t j = 0; j < m; j++)
+				for (unsigned k = 0; k < W; k++)
+					x[at[j] * W + k] = c[p + k * m + j];
+			free(at);
+		}
+		modes[cl < bl]++;
+		for (size_t i = 0; i < bl; i++)
+			if (x[i] != (base[off + i] ^ nw[off + i]))
+				fail_msg("block %zu byte %zu: layout gives %02x, xor is %02x",
+				         off / DELTA_BLOCK, i, x[i], base[off + i] ^ nw[off + i]);
+		pos += fl;
+		off += bl;
+	} while (off < len);
+	assert_int_equal(pos, enc_len);
+	free(c);
+	free(x);
+}
+
+/* Format 2's frames per block hold what delta.h says, both modes: a sparse
+ * change (one byte in 2000) is sent sparse, random bytes dense. */
+static void test_format2_layout(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	const size_t len = 2 * DELTA_BLOCK + 4096 * 8 + 5; /* a short last block with a tail */
+
+	assert_non_null(cx);
+	for (size_t w = 0; w < sizeof(widths) / sizeof(widths[0]); w++) {
+		uint8_t *base = random_buf(len), *sparse = mutated_every(base, len, 2000);
+		uint8_t *dense = random_buf(len), *enc;
+		unsigned modes[2] = {0, 0};
+		size_t n;
+
+		n = encode_ok(cx, base, sparse, len, widths[w], &enc);
+		check_v2_layout(enc, n, base, sparse, len, widths[w], modes);
+		free(enc);
+		/* the last block has a tail at widths 2, 4, 8: dense */
+		assert_int_equal(modes[1], widths[w] == 1 ? 3 : 2);
+		modes[0] = modes[1] = 0;
+		n = encode_ok(cx, base, dense, len, widths[w], &enc);
+		check_v2_layout(enc, n, base, dense, len, widths[w], modes);
+		assert_int_equal(modes[0], 3);
+		free(enc);
+		free(base);
+		free(sparse);
+		free(dense);
+	}
+	delta_ctx_free(cx);
+}
+
+/*
+ * A format-2 delta of @len bytes at width @w whose frames hold the block
+ * contents @c[i] (@cl[i] bytes), compressed by plain zstd, into @enc (room
+ * for it).  Returns its length.
+ */
+static size_t v2_delta(uint8_t *enc, size_t cap, size_t len, unsigned w, const uint8_t **c,
+                       const size_t *cl, size_t nb)
+{
+	size_t p = DELTA_HDR;
+
+	put_hdr_fmt(enc, 2, len, w);
+	for (size_t i = 0; i < nb; i++) {
+		size_t r = ZSTD_compress(enc + p, cap - p, c[i], cl[i], 1);
+
+		assert_false(ZSTD_isError(r));
+		p += r;
+	}
+	return p;
+}
+
+/* One block of 4096 bytes at width 2 (2048 elements) holding @c (@cl bytes):
+ * refused with @why, or with @why NULL decoded and compared with @want. */
+static void v2_block(struct delta_ctx *cx, const uint8_t *base, const uint8_t *c, size_t cl,
+                     const char *why, const uint8_t *want)
+{
+	uint8_t enc[DELTA_HDR + 8192], out[4096];
+	const uint8_t *cs[1] = {c};
+	size_t n = v2_delta(enc, sizeof(enc), 4096, 2, cs, &cl, 1);
+	char err[256] = "";
+
+	if (why) {
+		refused(cx, base, 4096, enc, n, why);
+		return;
+	}
+	if (delta_decode(cx, base, 4096, enc, n, out, err, sizeof(err)))
+		fail_msg("%s", err);
+	assert_memory_equal(out, want, 4096);
+}
+
+/* The block content's own rules: its length, a sparse block's count, gaps
+ * and values; and a sparse block written by hand here from the description
+ * decodes to what it says. */
+static void test_refuse_block_content(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t *base = random_buf(4096), want[4096], c[4200];
+
+	assert_non_null(cx);
+	/* elements 3 and 4 (gaps 3, 0) XOR 0x0201 and 0x0403, element 2047 (gap
+	 * 2042) XOR 0x0605: as planes 01 03 05, 02 04 06 */
+	memcpy(c, "\x03\x00\x00\x00\x03\x00\xfa\x0f\x01\x03\x05\x02\x04\x06", 14);
+	memcpy(want, base, 4096);
+	want[6] ^= 1, want[7] ^= 2, want[8] ^= 3, want[9] ^= 4, want[4094] ^= 5, want[4095] ^= 6;
+	v2_block(cx, base, c, 14, NULL, want);
+	/* the same with a gap that passes the end, values short, long; a
+	 * 4-byte gap, a count above the elements, content cut inside the gaps,
+	 * an element past the end, a count cut short */
+	c[7] = 0x10; /* gap 2042 + 128 */
+	v2_block(cx, base, c, 14, "bad gap before changed element 2", NULL);
+	c[7] = 0x0f;
+	v2_block(cx, base, c, 13, "5 bytes of values for 3 elements", NULL);
+	c[14] = 0;
+	v2_block(cx, base, c, 15, "7 bytes of values for 3 elements", NULL);
+	memcpy(c, "\x01\x00\x00\x00\x80\x80\x80\x00\x01\x02", 10);
+	v2_block(cx, base, c, 10, "bad gap before changed element 0", NULL);
+	memcpy(c, "\x01\x08\x00\x00\x00", 5); /* 2049 elements */
+	v2_block(cx, base, c, 5, "2049 changed elements of 2048", NULL);
+	memcpy(c, "\x02\x00\x00\x00\x00", 5);
+	v2_block(cx, base, c, 5, "bad gap before changed element 1", NULL);
+	memcpy(c, "\x01\x00\x00\x00\x80\x10\x01\x02", 8); /* gap 2048: element 2048 */
+	v2_block(cx, base, c, 8, "bad gap before changed element 0", NULL);
+	v2_block(cx, base, c, 3, "shorter than its count", NULL);
+	/* no more than the block; a dense block of zeros is the base */
+	memset(c, 0, sizeof(c));
+	v2_block(cx, base, c, 4097, "declares 4097 bytes (0 to 4096)", NULL);
+	v2_block(cx, base, c, 4096, NULL, base);
+	v2_block(cx, base, c, 4, NULL, base); /* sparse, nothing changed */
+	v2_block(cx, base, c, 0, "shorter than its count", NULL);
+	/* a sparse last block with a partial element (4097 bytes at width 2) */
+	{
+		uint8_t enc[DELTA_HDR + 256];
+		const uint8_t *cs[1] = {(const uint8_t *)"\x00\x00\x00\x00"};
+		size_t cl = 4, n = v2_delta(enc, sizeof(enc), 4097, 2, cs, &cl, 1);
+		uint8_t *b = random_buf(4097);
+
+		refused(cx, b, 4097, enc, n, "a sparse block with a partial element");
+		free(b);
+	}
+	free(base);
+	delta_ctx_free(cx);
+}
+
+/* A delta of several blocks: a frame missing at every boundary, trailing
+ * bytes after the last, a cut inside each frame. */
+static void test_refuse_frames(void **state)
+{
+	const size_t len = 2 * DELTA_BLOCK + 100;
+	struct delta_ctx *cx = delta_ctx_new(1);
+	uint8_t *base = random_buf(len), *nw = mutated(base, len), *enc, *e;
+	size_t n = 0, fl[3], p = DELTA_HDR;
+
+	assert_non_null(cx);
+	n = encode_ok(cx, base, nw, len, 2, &enc);
+	for (int i = 0; i < 3; i++) {
+		fl[i] = ZSTD_findFrameCompressedSize(enc + p, n - p);
+		assert_false(ZSTD_isError(fl[i]));
+		p += fl[i];
+	}
+	assert_int_equal(p, n);
+	refused(cx, base, len, enc, DELTA_HDR + fl[0], "no zstd frame after the delta header for block 1");
+	refused(cx, base, len, enc, DELTA_HDR + fl[0] + fl[1], "no zstd frame after the delta header for block 2");
+	refused(cx, base, len, enc, DELTA_HDR + fl[0] + 3, "truncated");
+	refused(cx, base, len, enc, DELTA_HDR + fl[0] + fl[1] / 2, "truncated");
+	refused(cx, base, len, enc, n - 1, "truncated");
+	e = xmalloc(n + fl[2]);
+	memcpy(e, enc, n);
+	memcpy(e + n, enc + n - fl[2], fl[2]); /* the last frame twice */
+	refused(cx, base, len, e, n + fl[2], "trailing bytes after the last zstd frame");
+	/* the frames of blocks 0 and 2 swapped: block 0's frame has block 2's size */
+	memcpy(e + DELTA_HDR, enc + DELTA_HDR + fl[0] + fl[1], fl[2]);
+	memcpy(e + DELTA_HDR + fl[2], enc + DELTA_HDR + fl[0], fl[1]);
+	memcpy(e + DELTA_HDR + fl[2] + fl[1], enc + DELTA_HDR, fl[0]);
+	{
+		char err[256] = "";
+		uint8_t *out = xmalloc(len);
+
+		/* block 0 rebuilt from block 2's (100-byte) content, which it can
+		 * hold; block 1 as it was; block 2 has block 0's frame, too big */
+		assert_int_equal(delta_decode(cx, base, len, e, n, out, err, sizeof(err)), -EBADMSG);
+		free(out);
+	}
+	free(e);
+	free(enc);
+	free(base);
+	free(nw);
 	delta_ctx_free(cx);
 }
 
@@ -267,29 +555,31 @@ static void test_other_width(void **state)
 	delta_ctx_free(cx);
 }
 
-/* len 0: a header and an empty frame declaring 0 bytes, which decodes. */
+/* len 0: a header and one frame of 0 bytes, which decodes. */
 static void test_empty(void **state)
 {
-	struct delta_ctx *cx = delta_ctx_new(1);
-	uint8_t enc[DELTA_HDR + 64], b = 0, o = 0;
-	uint64_t dlen = 1;
-	char err[256] = "";
-	ssize_t n;
+	for (unsigned fmt = 1; fmt <= 2; fmt++) {
+		struct delta_ctx *cx = ctx_format(1, fmt);
+		uint8_t enc[DELTA_HDR + 64], b = 0, o = 0;
+		uint64_t dlen = 1;
+		char err[256] = "";
+		ssize_t n;
 
-	assert_non_null(cx);
-	n = delta_encode(cx, &b, &b, 0, 2, enc, sizeof(enc));
-	assert_true(n > DELTA_HDR);
-	assert_int_equal(delta_peek(enc, n, &dlen, NULL, err, sizeof(err)), 0);
-	assert_int_equal(dlen, 0);
-	assert_int_equal(ZSTD_getFrameContentSize(enc + DELTA_HDR, n - DELTA_HDR), 0);
-	if (delta_decode(cx, &b, 0, enc, n, &o, err, sizeof(err)))
-		fail_msg("%s", err);
-	/* ... and only for a shard of 0 bytes. */
-	refused(cx, &b, 1, enc, n, "declares 0 bytes");
-	delta_ctx_free(cx);
+		n = delta_encode(cx, &b, &b, 0, 2, enc, sizeof(enc));
+		assert_true(n > DELTA_HDR);
+		assert_int_equal(delta_peek(enc, n, &dlen, NULL, err, sizeof(err)), 0);
+		assert_int_equal(dlen, 0);
+		assert_int_equal(ZSTD_getFrameContentSize(enc + DELTA_HDR, n - DELTA_HDR), 0);
+		if (delta_decode(cx, &b, 0, enc, n, &o, err, sizeof(err)))
+			fail_msg("%s", err);
+		/* ... and only for a shard of 0 bytes. */
+		refused(cx, &b, 1, enc, n, "declares 0 bytes");
+		delta_ctx_free(cx);
+	}
 }
 
-/* Identical inputs: a delta of a few dozen bytes for 1 MiB. */
+/* Identical inputs: a delta of a few dozen bytes for 1 MiB (format 2: a
+ * frame of an empty sparse block per 128 KiB). */
 static void test_identical(void **state)
 {
 	struct delta_ctx *cx = delta_ctx_new(1);
@@ -299,7 +589,7 @@ static void test_identical(void **state)
 
 	assert_non_null(cx);
 	n = encode_ok(cx, base, base, MIB, 2, &enc);
-	if (n > 128)
+	if (n > DELTA_HDR + 16 * (MIB / DELTA_BLOCK))
 		fail_msg("identical 1 MiB encoded in %zu bytes", n);
 	assert_int_equal(delta_decode(cx, base, MIB, enc, n, out, err, sizeof(err)), 0);
 	assert_memory_equal(out, base, MIB);
@@ -369,13 +659,18 @@ struct fixture {
 	size_t n;
 };
 
-static void fixture_make(struct fixture *fx, size_t len)
+static void fixture_make_fmt(struct fixture *fx, size_t len, unsigned fmt)
 {
-	fx->cx = delta_ctx_new(1);
-	assert_non_null(fx->cx);
+	fx->cx = ctx_format(1, fmt);
 	fx->base = random_buf(len);
 	fx->nw = mutated(fx->base, len);
 	fx->n = encode_ok(fx->cx, fx->base, fx->nw, len, 2, &fx->enc);
+}
+
+/* The fixture in format 2, what delta_encode() writes. */
+static void fixture_make(struct fixture *fx, size_t len)
+{
+	fixture_make_fmt(fx, len, 2);
 }
 
 static void fixture_free(struct fixture *fx)
@@ -400,8 +695,10 @@ static void test_refuse_header(void **state)
 	e[0] = 'X';
 	refused(fx.cx, fx.base, 4096, e, fx.n, "bad magic");
 	e[0] = 'H';
-	e[4] = DELTA_FORMAT + 1;
-	refused(fx.cx, fx.base, 4096, e, fx.n, "format version 2");
+	e[4] = 3;
+	refused(fx.cx, fx.base, 4096, e, fx.n, "format version 3");
+	e[4] = 0;
+	refused(fx.cx, fx.base, 4096, e, fx.n, "format version 0");
 	e[4] = DELTA_FORMAT;
 	for (unsigned w = 0; w < 256; w++) {
 		if (w == 1 || w == 2 || w == 4 || w == 8)
@@ -412,8 +709,10 @@ static void test_refuse_header(void **state)
 	}
 	e[5] = 2;
 	e[6] = 1;
-	refused(fx.cx, fx.base, 4096, e, fx.n, "reserved");
-	e[6] = 0;
+	refused(fx.cx, fx.base, 4096, e, fx.n, "block size 2^1");
+	e[6] = DELTA_BLOCK_LOG + 1;
+	refused(fx.cx, fx.base, 4096, e, fx.n, "block size");
+	e[6] = DELTA_BLOCK_LOG;
 	e[7] = 0x80;
 	refused(fx.cx, fx.base, 4096, e, fx.n, "reserved");
 	e[7] = 0;
@@ -427,14 +726,41 @@ static void test_refuse_header(void **state)
 		assert_memory_equal(out, fx.nw, 4096);
 	}
 	fixture_free(&fx);
+	/* Format 1 has no block size: byte 6 is reserved there. */
+	fixture_make_fmt(&fx, 4096, 1);
+	fx.enc[6] = DELTA_BLOCK_LOG;
+	refused(fx.cx, fx.base, 4096, fx.enc, fx.n, "reserved");
+	fx.enc[6] = 0;
+	fx.enc[7] = 1;
+	refused(fx.cx, fx.base, 4096, fx.enc, fx.n, "reserved");
+	fixture_free(&fx);
 }
 
-/* The header declares another length than the caller's. */
+/* The header declares another length than the caller's (format 1: the
+ * frame's content size is the shard's; format 2: a block's frame holds more
+ * than the block can need). */
 static void test_refuse_length(void **state)
 {
 	struct fixture fx;
+	struct delta_ctx *cx;
+	uint8_t *base, *nw, *enc;
+	size_t n;
 
-	fixture_make(&fx, 4096);
+	cx = delta_ctx_new(1);
+	assert_non_null(cx);
+	base = random_buf(4096);
+	nw = random_buf(4096); /* dense: a frame of 4096 bytes */
+	n = encode_ok(cx, base, nw, 4096, 2, &enc);
+	refused(cx, base, 2048, enc, n, "delta declares 4096 bytes, the shard has 2048");
+	put_le64(enc + 8, 2048);
+	refused(cx, base, 2048, enc, n,
+	        "the zstd frame of block 0 declares 4096 bytes (0 to 2048)");
+	free(base);
+	free(nw);
+	free(enc);
+	delta_ctx_free(cx);
+
+	fixture_make_fmt(&fx, 4096, 1);
 	refused(fx.cx, fx.base, 2048, fx.enc, fx.n,
 	        "delta declares 4096 bytes, the shard has 2048");
 	put_le64(fx.enc + 8, 2048); /* header and caller agree, the frame does not */
@@ -487,30 +813,36 @@ static void test_refuse_no_content_size(void **state)
 /* Trailing bytes: one byte, or a second frame. */
 static void test_refuse_trailing(void **state)
 {
-	struct fixture fx;
-	uint8_t *e;
+	for (unsigned fmt = 1; fmt <= 2; fmt++) {
+		struct fixture fx;
+		uint8_t *e;
 
-	fixture_make(&fx, 4096);
-	e = xmalloc(2 * fx.n);
-	memcpy(e, fx.enc, fx.n);
-	e[fx.n] = 0;
-	refused(fx.cx, fx.base, 4096, e, fx.n + 1, "1 trailing bytes after the zstd frame");
-	memcpy(e + fx.n, fx.enc + DELTA_HDR, fx.n - DELTA_HDR);
-	refused(fx.cx, fx.base, 4096, e, 2 * fx.n - DELTA_HDR, "trailing bytes");
-	free(e);
-	fixture_free(&fx);
+		fixture_make_fmt(&fx, 4096, fmt);
+		e = xmalloc(2 * fx.n);
+		memcpy(e, fx.enc, fx.n);
+		e[fx.n] = 0;
+		refused(fx.cx, fx.base, 4096, e, fx.n + 1,
+		        fmt == 1 ? "1 trailing bytes after the zstd frame"
+		                 : "1 trailing bytes after the last zstd frame");
+		memcpy(e + fx.n, fx.enc + DELTA_HDR, fx.n - DELTA_HDR);
+		refused(fx.cx, fx.base, 4096, e, 2 * fx.n - DELTA_HDR, "trailing bytes");
+		free(e);
+		fixture_free(&fx);
+	}
 }
 
 /* A truncated frame, at every length short of whole. */
 static void test_refuse_truncated(void **state)
 {
-	struct fixture fx;
+	for (unsigned fmt = 1; fmt <= 2; fmt++) {
+		struct fixture fx;
 
-	fixture_make(&fx, 4096);
-	refused(fx.cx, fx.base, 4096, fx.enc, DELTA_HDR, "no zstd frame");
-	for (size_t n = DELTA_HDR + 1; n < fx.n; n++)
-		refused(fx.cx, fx.base, 4096, fx.enc, n, "truncated");
-	fixture_free(&fx);
+		fixture_make_fmt(&fx, 4096, fmt);
+		refused(fx.cx, fx.base, 4096, fx.enc, DELTA_HDR, "no zstd frame");
+		for (size_t n = DELTA_HDR + 1; n < fx.n; n++)
+			refused(fx.cx, fx.base, 4096, fx.enc, n, "truncated");
+		fixture_free(&fx);
+	}
 }
 
 /* A skippable frame, or no zstd frame at all, after the header. */
@@ -551,6 +883,16 @@ static void test_refuse_dictionary(void **state)
 	n = rle_frame(f, 4096, 4096, 17);
 	assert_int_equal(delta_decode(cx, base, 4096, enc, DELTA_HDR + n, out, err, sizeof(err)),
 	                 0);
+	/* Format 2: the frame of block 0, a dense block of zeros. */
+	put_hdr_fmt(enc, 2, 4096, 1);
+	n = rle_frame(f, 4096, 4096, 17);
+	memmove(f + 7, f + 6, n - 6);
+	f[4] |= 0x01;
+	f[6] = 7;
+	refused(cx, base, 4096, enc, DELTA_HDR + n + 1, "needs a dictionary");
+	n = rle_frame(f, 4096, 4096, 17);
+	assert_int_equal(delta_decode(cx, base, 4096, enc, DELTA_HDR + n, out, err, sizeof(err)),
+	                 0);
 	delta_ctx_free(cx);
 }
 
@@ -566,6 +908,15 @@ static void test_refuse_window(void **state)
 
 	assert_non_null(cx);
 	put_hdr(enc, 4096, 1);
+	n = rle_frame(enc + DELTA_HDR, 4096, 4096, 28);
+	refused(cx, base, 4096, enc, DELTA_HDR + n, "zstd window of 268435456 bytes");
+	n = rle_frame(enc + DELTA_HDR, 4096, 4096, 17);
+	memset(out, 1, sizeof(out));
+	if (delta_decode(cx, base, 4096, enc, DELTA_HDR + n, out, err, sizeof(err)))
+		fail_msg("%s", err);
+	assert_memory_equal(out, base, sizeof(out));
+	/* Format 2, block 0 a dense block of zeros. */
+	put_hdr_fmt(enc, 2, 4096, 1);
 	n = rle_frame(enc + DELTA_HDR, 4096, 4096, 28);
 	refused(cx, base, 4096, enc, DELTA_HDR + n, "zstd window of 268435456 bytes");
 	n = rle_frame(enc + DELTA_HDR, 4096, 4096, 17);
@@ -612,6 +963,30 @@ static void test_refuse_bombs(void **state)
 	        "the zstd frame declares 1073741824 bytes, the shard has 4096");
 	put_le32(enc + DELTA_HDR + 6, 4096); /* the frame's content size field lies */
 	refused(cx, base, 4096, enc, DELTA_HDR + n, "zstd: ");
+	/* Format 2: block 0's frame declares 1 GiB, or says 4096 or 100 and
+	 * holds 1 GiB (zstd stops at the end of the block buffer). */
+	put_hdr_fmt(enc, 2, 4096, 1);
+	put_le32(enc + DELTA_HDR + 6, (uint32_t)GIB);
+	refused(cx, base, 4096, enc, DELTA_HDR + n,
+	        "the zstd frame of block 0 declares 1073741824 bytes (0 to 4096)");
+	put_le32(enc + DELTA_HDR + 6, 4096);
+	refused(cx, base, 4096, enc, DELTA_HDR + n, "zstd: ");
+	put_le32(enc + DELTA_HDR + 6, 100);
+	refused(cx, base, 4096, enc, DELTA_HDR + n, "zstd: ");
+	/* A shard of 3 blocks: the last block's frame holds 1 GiB. */
+	{
+		size_t len = 2 * DELTA_BLOCK + 4096, p = DELTA_HDR;
+		uint8_t *b3 = xmalloc(len), *e3 = xmalloc(DELTA_HDR + 2 * 64 + fsz);
+
+		memset(b3, 0, len);
+		put_hdr_fmt(e3, 2, len, 1);
+		p += rle_frame(e3 + p, DELTA_BLOCK, DELTA_BLOCK, 17);
+		p += rle_frame(e3 + p, DELTA_BLOCK, DELTA_BLOCK, 17);
+		p += rle_frame(e3 + p, 4096, GIB, 17);
+		refused(cx, b3, len, e3, p, "zstd: ");
+		free(b3);
+		free(e3);
+	}
 	if (maxrss() - rss0 > 64 * MIB)
 		fail_msg("peak resident size grew by %llu MiB",
 		         (unsigned long long)((maxrss() - rss0) / MIB));
@@ -759,7 +1134,11 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_refuse_bombs), /* first: the peak RSS is still low */
 		cmocka_unit_test(test_roundtrip),
+		cmocka_unit_test(test_set_format),
 		cmocka_unit_test(test_format_layout),
+		cmocka_unit_test(test_format2_layout),
+		cmocka_unit_test(test_refuse_block_content),
+		cmocka_unit_test(test_refuse_frames),
 		cmocka_unit_test(test_other_width),
 		cmocka_unit_test(test_empty),
 		cmocka_unit_test(test_identical),

@@ -816,6 +816,64 @@ static void test_gap_streaming(void **state)
 }
 
 /* (d3) Truncate below cut data, then grow (zero-filled), then write again. */
+/*
+ * The hole (ingest.c): bytes that read as zeros after ftruncate or a write
+ * past the end are zeroed lazily, when something reads staging.  Staging here
+ * holds stale bytes under the hole (written, then cut off by a shrink), so a
+ * byte of the hole that is hashed, cut or read without being zeroed shows
+ * up.  Writes cover the hole's front, its middle and its back; nothing is
+ * read until the end, so the cuts (random mode, then streaming) and the
+ * finish must do the zeroing themselves.
+ */
+static void test_lazy_hole(void **state)
+{
+	struct fx *f = *state;
+	const size_t cap = 300000;
+	uint8_t *ref = calloc(1, cap), *old = malloc(cap);
+	struct ingest_result r;
+	struct writer *w = new_writer(f);
+
+	assert_non_null(ref);
+	assert_non_null(old);
+	fill(old, cap, 41);
+	old[0] = 0xFF; /* not safetensors */
+	write_seq(w, old, 0, 200000, 4096);
+	/* below the cut position: thawed, random mode; staging keeps the old bytes */
+	assert_int_equal(writer_truncate(w, 1000), 0);
+	assert_int_equal(writer_truncate(w, 150000), 0); /* hole [1000, 150000) */
+	memcpy(ref, old, 1000);
+	assert_int_equal(writer_write(w, 50000, old + 50000, 10000), 0); /* middle */
+	memcpy(ref + 50000, old + 50000, 10000);
+	assert_int_equal(writer_write(w, 140000, old + 140000, 20000), 0); /* back */
+	memcpy(ref + 140000, old + 140000, 20000);
+	assert_int_equal(writer_write(w, 60000, old + 60000, 10000), 0); /* front */
+	memcpy(ref + 60000, old + 60000, 10000);
+	assert_int_equal(writer_write(w, 200000, "END", 3), 0); /* a gap: one more hole */
+	memcpy(ref + 200000, "END", 3);
+	r = finish(w);
+	check_result(f, &r, ref, 200003);
+	ingest_result_clear(f->s, &r);
+	check_clean(f, 0, 0, 0);
+
+	/* streaming: cuts pass through a hole over stale bytes */
+	memset(ref, 0, cap);
+	w = new_writer(f);
+	write_seq(w, old, 0, 100000, 4096);
+	memcpy(ref, old, 99000);
+	assert_int_equal(writer_truncate(w, 99000), 0);  /* above the cut position */
+	assert_int_equal(writer_truncate(w, 200000), 0); /* hole [99000, 200000) */
+	/* covers the back of the hole and goes past it: the front stays a hole */
+	assert_int_equal(writer_write(w, 150000, old + 150000, 60000), 0);
+	memcpy(ref + 150000, old + 150000, 60000);
+	r = finish(w);
+	check_result(f, &r, ref, 210000);
+	check_cuts(&r, NULL);
+	ingest_result_clear(f->s, &r);
+	check_clean(f, 0, 0, 0);
+	free(ref);
+	free(old);
+}
+
 static void test_truncate(void **state)
 {
 	struct fx *f = *state;
@@ -1518,6 +1576,7 @@ int main(void)
 		T(test_overwrite_and_gap),
 		T(test_gap_streaming),
 		T(test_truncate),
+		T(test_lazy_hole),
 		T(test_truncate_model),
 		T(test_malformed),
 		T(test_resume_append),
