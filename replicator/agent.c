@@ -266,13 +266,25 @@ static void on_welcome(struct agent *a, struct proto_msg *m)
 	learn_commit(a, proto_str(m, "committed"), proto_int(m, "epoch"));
 }
 
-/* Answer PREPARE @txid of @name: READY, @ok or not because of @reason. */
+/* Microseconds from @since_ns (hwfs_mono_ns) to now: a node's share of a commit. */
+static json_int_t us_since(uint64_t since_ns)
+{
+	uint64_t now = hwfs_mono_ns();
+
+	return now > since_ns ? (json_int_t)((now - since_ns) / 1000) : 0;
+}
+
+/*
+ * Answer PREPARE @txid of @name: READY, @ok or not because of @reason, with
+ * the microseconds since the PREPARE arrived (@since_ns): the checks and the
+ * engine barrier here, what the coordinator's commit record shows per node.
+ */
 static void send_ready(struct agent *a, uint64_t txid, const char *name, int ok,
-		       const char *reason)
+		       const char *reason, uint64_t since_ns)
 {
 	agent_send_coord(a, P_READY,
-			 json_pack("{s:I, s:s, s:b, s:s}", "txid", (json_int_t)txid, "version", name,
-				   "ok", ok, "reason", reason),
+			 json_pack("{s:I, s:s, s:b, s:s, s:I}", "txid", (json_int_t)txid, "version",
+				   name, "ok", ok, "reason", reason, "prepare_us", us_since(since_ns)),
 			 NULL, 0);
 }
 
@@ -316,7 +328,8 @@ static void barrier_check(struct agent *a)
 		r = prepare_check(a, a->prep_version, &a->prep_digest, err, sizeof(err));
 	if (r < 0)
 		LOG_INFO("agent: not ready for %s: %s", a->prep_version, err);
-	send_ready(a, a->prep_txid, a->prep_version, r == 0, r == 0 ? "ready" : err);
+	send_ready(a, a->prep_txid, a->prep_version, r == 0, r == 0 ? "ready" : err,
+		   a->prep_started);
 	prep_clear(a);
 }
 
@@ -331,7 +344,7 @@ static void barrier_check(struct agent *a)
 static void on_prepare(struct agent *a, struct proto_msg *m)
 {
 	const char *name = proto_str(m, "version");
-	uint64_t txid = proto_int(m, "txid");
+	uint64_t txid = proto_int(m, "txid"), t0 = hwfs_mono_ns();
 	hwfs_hash_t digest;
 	char err[256] = "";
 	int r;
@@ -352,20 +365,26 @@ static void on_prepare(struct agent *a, struct proto_msg *m)
 		if (a->prep_version) {
 			a->prep_digest = digest;
 			a->prep_txid = txid;
-			a->prep_started = hwfs_mono_ns();
+			a->prep_started = t0;
 			barrier_check(a); /* with no engine: READY right now, as before */
 			return;
 		}
 		r = -ENOMEM;
 		snprintf(err, sizeof(err), "out of memory");
 	}
-	send_ready(a, txid, name, r == 0, r == 0 ? "ready" : err);
+	send_ready(a, txid, name, r == 0, r == 0 ? "ready" : err, t0);
 }
 
+/*
+ * on_commit() - the cluster decided @name: flip, record the decision as
+ * applied, ACK with the outcome and the microseconds that took here
+ * ("flip_us": the flip through the mount and the store's record).
+ */
 static void on_commit(struct agent *a, struct proto_msg *m)
 {
 	const char *name = proto_str(m, "version");
 	char err[256] = "flipped";
+	uint64_t t0 = hwfs_mono_ns();
 	int r = a->o.hooks->flip_current(a->o.arg, name, err, sizeof(err));
 
 	if (r == 0) {
@@ -375,8 +394,8 @@ static void on_commit(struct agent *a, struct proto_msg *m)
 			set_applied(a, name, proto_int(m, "epoch"));
 	}
 	agent_send_coord(a, P_ACK,
-		   json_pack("{s:I, s:s, s:b, s:s}", "txid", (json_int_t)proto_int(m, "txid"),
-			     "version", name, "ok", r == 0, "reason", err),
+		   json_pack("{s:I, s:s, s:b, s:s, s:I}", "txid", (json_int_t)proto_int(m, "txid"),
+			     "version", name, "ok", r == 0, "reason", err, "flip_us", us_since(t0)),
 		   NULL, 0);
 }
 

@@ -40,6 +40,9 @@ void commit_tx_free(struct tx *tx)
 	json_decref(tx->done);
 	json_decref(tx->failed);
 	json_decref(tx->ready_s);
+	json_decref(tx->ack_s);
+	json_decref(tx->prepare_us);
+	json_decref(tx->flip_us);
 	memset(tx, 0, sizeof(*tx));
 }
 
@@ -118,6 +121,8 @@ void commit_on_req(struct coord *c, const char *from, struct proto_msg *m)
 			    .req = req, .phase = 1, .pending = json_deep_copy(nodes), .nodes = nodes,
 			    .done = json_array(), .failed = json_object(),
 			    .started = hwfs_mono_s(), .ready_s = json_object(),
+			    .ack_s = json_object(), .prepare_us = json_object(),
+			    .flip_us = json_object(),
 			    .deadline = hwfs_mono_s() +
 					HWFS_MIN(HWFS_MAX(proto_int(m, "deadline_ms"),
 							  MIN_COMMIT_DEADLINE_MS),
@@ -125,6 +130,13 @@ void commit_on_req(struct coord *c, const char *from, struct proto_msg *m)
 	snprintf(c->tx.requester, sizeof(c->tx.requester), "%s", from);
 	LOG_INFO("coord: commit %s: prepare on %zu node(s)", name, json_array_size(nodes));
 	tx_send_all(c, P_PREPARE, "digest", v->digest);
+}
+
+/* Keep @m's @key (a node's own microseconds, when it sends them) as @node's in @obj. */
+static void tx_node_us(json_t *obj, const char *node, struct proto_msg *m, const char *key)
+{
+	if (json_is_integer(json_object_get(m->h, key)))
+		json_object_set_new(obj, node, json_integer((json_int_t)proto_int(m, key)));
 }
 
 /* Remove @node from the pending list; 1 if it was pending. */
@@ -144,11 +156,13 @@ static int tx_answered(struct coord *c, const char *node)
 void commit_on_ready(struct coord *c, const char *from, struct proto_msg *m)
 {
 	char reason[MAX_NODE_REASON + 512];
+	double t0;
 
 	if (!c->tx.active || c->tx.phase != 1 || proto_int(m, "txid") != c->tx.txid ||
 	    !tx_answered(c, from))
 		return;
 	json_object_set_new(c->tx.ready_s, from, json_real(hwfs_mono_s() - c->tx.started));
+	tx_node_us(c->tx.prepare_us, from, m, "prepare_us");
 	if (!proto_bool(m, "ok")) {
 		json_t *why = node_reason(m, "not ready");
 
@@ -165,11 +179,14 @@ void commit_on_ready(struct coord *c, const char *from, struct proto_msg *m)
 	free(c->committed);
 	c->committed = strdup(c->tx.version);
 	c->epoch++;
+	t0 = hwfs_mono_s();
 	coord_save_committed(c);
+	c->tx.record_s = hwfs_mono_s() - t0;
 	c->tx.phase = 2;
 	json_decref(c->tx.pending);
 	c->tx.pending = json_deep_copy(c->tx.nodes);
 	tx_send_all(c, P_COMMIT, NULL, NULL);
+	c->tx.decided_s = hwfs_mono_s() - c->tx.started;
 }
 
 void commit_on_ack(struct coord *c, const char *from, struct proto_msg *m)
@@ -177,6 +194,8 @@ void commit_on_ack(struct coord *c, const char *from, struct proto_msg *m)
 	if (!c->tx.active || c->tx.phase != 2 || proto_int(m, "txid") != c->tx.txid ||
 	    !tx_answered(c, from))
 		return;
+	json_object_set_new(c->tx.ack_s, from, json_real(hwfs_mono_s() - c->tx.started));
+	tx_node_us(c->tx.flip_us, from, m, "flip_us");
 	if (proto_bool(m, "ok")) {
 		json_array_append_new(c->tx.done, json_string(from));
 	} else {

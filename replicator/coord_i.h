@@ -67,6 +67,12 @@ struct tx {
 	double deadline;
 	double started;  /* the COMMIT_REQ (monotonic s) */
 	json_t *ready_s; /* node -> seconds from the request to its READY */
+	/* where the time went (docs/benchmarks.md, "Commit latency"): */
+	double decided_s;   /* request -> the decision recorded and COMMIT sent */
+	double record_s;    /* of which recording it (--state: write, fsync, rename) */
+	json_t *ack_s;      /* node -> seconds from the request to its ACK */
+	json_t *prepare_us; /* node -> its READY's prepare_us (checks, engine barrier) */
+	json_t *flip_us;    /* node -> its ACK's flip_us (flip and its record) */
 };
 
 struct coord {

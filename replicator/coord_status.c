@@ -2,8 +2,10 @@
  * coord_status.c — what the coordinator shows: the cluster status that
  * STATUS_RES carries (`hwfs status --cluster`) and that the HTTP endpoint of
  * `hwfs coord --http` serves (coord_opts.status, every COORD_STATUS_MS), the
- * history it keeps for them (the last commits with their outcome, duration
- * and each node's time to READY; each version's convergence time), and the
+ * history it keeps for them (the last commits with their outcome, duration,
+ * each node's time to READY and to ACK, the decision's time and the nodes' own
+ * prepare and flip times — where a commit's time went; each version's
+ * convergence time), and the
  * coordinator's instruments of fs/common/metrics.h (hwfs_cm).
  *
  * Everything here runs on the coordinator's thread, like the rest of it.
@@ -25,9 +27,12 @@ void coord_record_commit(struct coord *c, const char *outcome, const char *reaso
 	hwfs_count(&hwfs_cm.commits[o], 1);
 	hwfs_hist_observe_ns(&hwfs_cm.commit, (uint64_t)(took * 1e9));
 	json_array_append_new(c->commits,
-			      json_pack("{s:s, s:s, s:s, s:f, s:O}", "version", c->tx.version,
-					"outcome", outcome, "reason", reason, "duration_s", took,
-					"ready_s", c->tx.ready_s));
+			      json_pack("{s:s, s:s, s:s, s:f, s:O, s:o, s:f, s:O, s:O, s:O}", "version",
+					c->tx.version, "outcome", outcome, "reason", reason,
+					"duration_s", took, "ready_s", c->tx.ready_s, "decided_s",
+					c->tx.phase == 2 ? json_real(c->tx.decided_s) : json_null(),
+					"record_s", c->tx.record_s, "ack_s", c->tx.ack_s,
+					"prepare_us", c->tx.prepare_us, "flip_us", c->tx.flip_us));
 	if (json_array_size(c->commits) > COORD_HISTORY)
 		json_array_remove(c->commits, 0);
 	c->status_at = 0; /* the next pass hands the status over */

@@ -39,7 +39,12 @@ The swap pause per engine and commit comes from `hwfs status --json`
 (engines[].last_swap_pause_us, checked against the swap counter).
 
 Targets printed beside the figures: map+touch >= 2x load_file from tmpfs;
-commit -> all serving p99 <= 20 ms; swap pause p99 <= 1 ms.  Results go to
+commit -> all serving p99 <= 10 ms; `hwfs commit` with no engine p99 <= 6 ms;
+swap pause p99 <= 1 ms.  Part 2 also prints where the time of the last 20
+commits went (the coordinator's commit history: PREPARE round, the decision's
+record, COMMIT round, each node's own check and flip, and what is outside the
+coordinator: the CLI's start, the control socket, the agent's relay), and
+the same commits over the control socket without the CLI.  Results go to
 stdout as a table and to build/bench-engine.json.  Everything started here is
 stopped by pid and every temp dir removed in a finally (also on Ctrl-C).  The
 helpers it shares with the other benchmarks are in tools/benchlib.py.
@@ -61,9 +66,10 @@ import sys
 import tempfile
 import time
 
-from benchlib import (CMD_TIMEOUT, DTYPE_SIZE, HWFS, REPO, drop_caches, git_describe, ignore_interrupts,
-                      interrupt_on_term, logger, machine, mount_daemon, mounted, pctl, run,
-                      safetensors_header, stop_node, stop_proc, tail, write_json)
+from benchlib import (CMD_TIMEOUT, DTYPE_SIZE, HWFS, REPO, commit_breakdown, drop_caches, git_describe,
+                      ignore_interrupts, interrupt_on_term, logger, machine, mount_daemon, mounted, pctl,
+                      print_commit_breakdown, run, safetensors_header, stop_node, stop_proc, tail,
+                      write_json)
 
 ENGINE = os.environ.get("HWFS_ENGINE_BIN") or str(REPO / "build" / "hwfs-engine")
 sys.path.insert(0, str(REPO / "tools" / "python"))
@@ -71,7 +77,8 @@ sys.path.insert(0, str(REPO / "tools" / "python"))
 SEED = 20261123
 PAGE = 4096
 TARGET_MAP = 2.0          # map+touch >= 2x load_file from tmpfs
-TARGET_SERVE_P99_MS = 20.0
+TARGET_SERVE_P99_MS = 10.0  # issue 20 (was 20 ms): 4 nodes, a C engine on each
+TARGET_BARE_P99_MS = 6.0  # issue 20: 4 nodes, no engine (`hwfs commit` returns)
 TARGET_PAUSE_P99_US = 1000.0
 LISTENING = re.compile(r"coord: listening on (tcp://\S+)")
 
@@ -418,6 +425,21 @@ def part_map(a, ctx):
 # part 2: commit -> every engine serving
 
 
+def cluster_commits(node):
+    """The coordinator's history of the last commits (`hwfs status --cluster --json`)."""
+    return json.loads(node.cmd("status", "--cluster", "--json").stdout).get("commits", [])
+
+
+def ctl_commit(path, version):
+    """One commit over the daemon's control socket @path (what `hwfs commit` asks)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        s.sendall(json.dumps({"op": "commit", "version": version}).encode() + b"\n")
+        res = json.loads(s.makefile("rb").readline())
+    if not res.get("ok"):
+        raise RuntimeError(f"commit of {version} over the control socket: {res}")
+
+
 def part_commit(a, ctx):
     work, procs = ctx["work"], ctx["procs"]
     cdir = os.path.join(work, "cluster")
@@ -454,6 +476,15 @@ def part_commit(a, ctx):
         t0 = time.perf_counter()
         committer.cmd("commit", names[i % 2])
         bare_ms.append((time.perf_counter() - t0) * 1000)
+    bare_bd = commit_breakdown(cluster_commits(committer), bare_ms)
+    # The same over the control socket (no `hwfs commit` process to start):
+    # the daemon's and the cluster's share of the time.
+    ctl_path = os.getxattr(committer.mnt, "user.hwfs.control").decode()
+    ctl_ms = []
+    for i in range(a.commits):
+        t0 = time.perf_counter()
+        ctl_commit(ctl_path, names[i % 2])
+        ctl_ms.append((time.perf_counter() - t0) * 1000)
     engines = [Engine(n, cdir, procs) for n in nodes]
     ctx["engines"].extend(engines)
     for e in engines:
@@ -492,6 +523,8 @@ def part_commit(a, ctx):
             raise RuntimeError(f"hwfs commit {v} failed ({p.returncode}): {err.strip()}")
         serve_ms.append((t_all - t0) * 1000)
         cmd_ms.append((t_cmd - t0) * 1000)
+        if i == a.commits - 1:
+            eng_bd = commit_breakdown(cluster_commits(committer), cmd_ms)
         for e in engines:
             rec = engines_of(e.node)[e.name]
             if rec.get("swaps") is not None and swaps[e.name] is not None and rec["swaps"] <= swaps[e.name]:
@@ -505,6 +538,9 @@ def part_commit(a, ctx):
             "serve_max_ms": round(max(serve_ms), 3),
             "cmd_p50_ms": round(statistics.median(cmd_ms), 3), "cmd_p99_ms": round(pctl(cmd_ms, 99), 3),
             "bare_p50_ms": round(statistics.median(bare_ms), 3), "bare_p99_ms": round(pctl(bare_ms, 99), 3),
+            "ctl_p50_ms": round(statistics.median(ctl_ms), 3), "ctl_p99_ms": round(pctl(ctl_ms, 99), 3),
+            "bare_breakdown": bare_bd, "engine_breakdown": eng_bd,
+            "bare_samples_ms": [round(x, 3) for x in bare_ms],
             "pause_p50_us": statistics.median(pauses) if pauses else None,
             "pause_p99_us": pctl(pauses, 99) if pauses else None,
             "pause_samples": len(pauses),
@@ -577,13 +613,19 @@ def report(res, path):
         print(f"  commit -> every engine serves it  p50 {c['serve_p50_ms']:.2f} ms  p99 {c['serve_p99_ms']:.2f} ms"
               f"  (target p99 <= {TARGET_SERVE_P99_MS:g} ms)  {verdict(c['serve_p99_ms'] <= TARGET_SERVE_P99_MS)}")
         print(f"  `hwfs commit` returns             p50 {c['cmd_p50_ms']:.2f} ms  p99 {c['cmd_p99_ms']:.2f} ms  (info)")
-        print(f"  `hwfs commit`, no engine at all   p50 {c['bare_p50_ms']:.2f} ms  p99 {c['bare_p99_ms']:.2f} ms  (info)")
+        print(f"  `hwfs commit`, no engine at all   p50 {c['bare_p50_ms']:.2f} ms  p99 {c['bare_p99_ms']:.2f} ms"
+              f"  (target p99 <= {TARGET_BARE_P99_MS:g} ms)  {verdict(c['bare_p99_ms'] <= TARGET_BARE_P99_MS)}")
+        print(f"  control socket, no engine, no CLI p50 {c['ctl_p50_ms']:.2f} ms  p99 {c['ctl_p99_ms']:.2f} ms  (info)")
         if c["pause_p99_us"] is not None:
             print(f"  swap pause (engines' reports)     p50 {c['pause_p50_us']} us  p99 {c['pause_p99_us']} us"
                   f"  (target p99 <= {TARGET_PAUSE_P99_US:g} us)  "
                   f"{verdict(c['pause_p99_us'] <= TARGET_PAUSE_P99_US)}")
         else:
             print("  swap pause: no engine reported one  MISS")
+        print("\n  no engine:")
+        print_commit_breakdown(c.get("bare_breakdown"), "    ")
+        print("  with the engines (the barrier waits for each engine's report):")
+        print_commit_breakdown(c.get("engine_breakdown"), "    ")
     elif c:
         print(f"\npart 2 FAILED: {c['failed']}")
     print(f"\nmachine: {res['machine']['cores']} cores, {res['machine']['mem_gib']} GiB, kernel "
@@ -645,6 +687,7 @@ def main():
            "command": " ".join(["python3", "tools/bench_engine.py"] + sys.argv[1:]), "git": git_describe(),
            "machine": machine(), "tmpfs": "huge=within_size" if a.huge else a.tmpfs,
            "targets": {"map_vs_load_file": TARGET_MAP, "serve_p99_ms": TARGET_SERVE_P99_MS,
+                       "bare_p99_ms": TARGET_BARE_P99_MS,
                        "pause_p99_us": TARGET_PAUSE_P99_US}}
     rc = 0
     try:

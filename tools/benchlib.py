@@ -256,3 +256,61 @@ def write_json(res, path):
     with open(path, "w") as f:
         json.dump(res, f, indent=2)
         f.write("\n")
+
+
+# --------------------------------------------------------------------------
+# commit latency: where a commit's time goes
+
+
+def commit_breakdown(history, wall_ms):
+    """Where the time of the last commits went, from the coordinator's commit
+    history (`hwfs status --cluster --json` "commits": the last 20, oldest
+    first) and @wall_ms, the wall times the caller measured for the same
+    commits, oldest first (their last len(history) are paired with it).
+
+    Per commit (ms): wall; outside = wall - the coordinator's duration (the
+    CLI's start, the control socket, the node's agent relaying COMMIT_REQ and
+    COMMIT_RES); prepare = request -> the decision (the PREPARE round);
+    node_prepare = the slowest node's own checks and engine barrier; record =
+    writing the decision (--state, fsync); commit = decision -> the last ACK
+    (the COMMIT round); node_flip = the slowest node's own flip and its record.
+    Returns {row: {"p50", "p99"}} over the commits that were committed, or {}."""
+    hist = [c for c in history if c.get("outcome") == "committed" and c.get("decided_s") is not None]
+    pairs = list(zip(wall_ms[-len(history):], history)) if history else []
+    rows = {k: [] for k in ("wall", "outside", "prepare", "node_prepare", "record", "commit", "node_flip")}
+    for wall, c in pairs:
+        if c not in hist:
+            continue
+        rows["wall"].append(wall)
+        rows["outside"].append(wall - c["duration_s"] * 1000)
+        rows["prepare"].append(max(c.get("ready_s", {}).values() or [0]) * 1000)
+        rows["node_prepare"].append(max(c.get("prepare_us", {}).values() or [0]) / 1000)
+        rows["record"].append(c.get("record_s", 0) * 1000)
+        rows["commit"].append((max(c.get("ack_s", {}).values() or [0]) - c["decided_s"]) * 1000)
+        rows["node_flip"].append(max(c.get("flip_us", {}).values() or [0]) / 1000)
+    if not rows["wall"]:
+        return {}
+    return {k: {"p50": round(sorted(v)[len(v) // 2], 3), "p99": round(pctl(v, 99), 3), "n": len(v)}
+            for k, v in rows.items()}
+
+
+BREAKDOWN_LABELS = (
+    ("wall", "the commit as timed (wall)"),
+    ("outside", "  outside the coordinator (CLI start, control socket, agent relay)"),
+    ("prepare", "  PREPARE round (request -> every READY)"),
+    ("node_prepare", "    slowest node's own check + engine barrier"),
+    ("record", "  decision recorded (--state: write, fsync, rename)"),
+    ("commit", "  COMMIT round (decision -> every ACK)"),
+    ("node_flip", "    slowest node's own flip (symlink + rename + applied record)"),
+)
+
+
+def print_commit_breakdown(bd, indent="  "):
+    """Print commit_breakdown()'s result as a table (nothing when it is empty)."""
+    if not bd:
+        return
+    print(f"{indent}where the time went, the last {bd['wall']['n']} commits (coordinator's history; ms):")
+    for k, label in BREAKDOWN_LABELS:
+        r = bd.get(k)
+        if r:
+            print(f"{indent}  {label:70} p50 {r['p50']:6.2f}  p99 {r['p99']:6.2f}")

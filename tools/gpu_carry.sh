@@ -3,7 +3,7 @@
 # bare GPU machine into BUILD/carry (`make gpu-carry`; docs/gpu.md, "Running
 # on a GPU machine").
 #
-#   carry/bin   hwfs, hwfs-gputest, hwfs-gpubench (debug info stripped) and
+#   carry/bin   hwfs, hwfs-core, hwfs-gputest, hwfs-gpubench (debug info stripped) and
 #               fusermount3 (libfuse falls back to it when mount(2) is refused,
 #               e.g. in a container without CAP_SYS_ADMIN; `hwfs umount` and the
 #               test's clean-up use it too)
@@ -25,7 +25,7 @@
 set -eu
 BUILD=${1:-build}
 C=$BUILD/carry
-PROGS="$BUILD/hwfs $BUILD/hwfs-gputest $BUILD/hwfs-gpubench"
+PROGS="$BUILD/hwfs $BUILD/hwfs-core $BUILD/hwfs-gputest $BUILD/hwfs-gpubench"
 for p in $PROGS; do
 	[ -x "$p" ] || { echo "gpu_carry: $p is missing (make all gpu-progs)" >&2; exit 1; }
 done

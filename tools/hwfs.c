@@ -4,6 +4,9 @@
  * that names a verb, its function and its line in `hwfs --help`) and the
  * client verbs; starting and stopping daemons (mount, umount, coord, keygen)
  * is in hwfs_daemon.c, and what the two share is declared in hwfs_cli.h.
+ * build/hwfs is this file alone (with libhwfs): a verb of another file is
+ * run by build/hwfs-core, the whole program beside it (run_core();
+ * hwfs_cli.h says why).
  *
  * `hwfs mount` starts a daemon (fs/daemon/daemon.c) and returns once the mount
  * answers; every other verb asks the daemon of a mount through libhwfs
@@ -14,7 +17,10 @@
  * with one `hwfs: error:` line on stderr otherwise, 2 for usage errors.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -892,20 +898,46 @@ static void usage_all(FILE *f)
 		"MOUNT defaults to $HWFS_MOUNT, else /hotweights.\n");
 }
 
+/*
+ * run_core() - hand the whole command (@argv as main() got it: argv[0] is
+ * kept, so mount.hwfs stays mount(8)'s helper) to build/hwfs-core, the
+ * program beside this one's executable that has every verb.  Returns only on
+ * failure, by dying.
+ */
+static __attribute__((noreturn)) void run_core(char **argv)
+{
+	char exe[PATH_MAX], core[PATH_MAX + 16];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+
+	if (n < 0)
+		die("cannot find this program (/proc/self/exe): %s", strerror(errno));
+	exe[n] = '\0';
+	snprintf(core, sizeof(core), "%s/hwfs-core", dirname(exe));
+	execv(core, argv);
+	die("cannot run %s: %s", core, strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
 	const char *verb = argc > 1 ? argv[1] : NULL;
 	const char *self = strrchr(argv[0], '/');
 
-	if (!strcmp(self ? self + 1 : argv[0], "mount.hwfs")) /* mount(8)'s helper */
+	if (!strcmp(self ? self + 1 : argv[0], "mount.hwfs")) { /* mount(8)'s helper */
+		if (!mount_helper_main)
+			run_core(argv);
 		return mount_helper_main(argc, argv);
+	}
 	if (!verb || !strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
 		usage_all(verb ? stdout : stderr);
 		return verb ? 0 : 2;
 	}
-	for (size_t i = 0; i < HWFS_ARRAY_SIZE(verbs); i++)
-		if (!strcmp(verb, verbs[i].name))
-			return verbs[i].fn(argc - 1, argv + 1);
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(verbs); i++) {
+		if (strcmp(verb, verbs[i].name))
+			continue;
+		if (!verbs[i].fn) /* a verb of build/hwfs-core (hwfs_cli.h) */
+			run_core(argv);
+		return verbs[i].fn(argc - 1, argv + 1);
+	}
 	fprintf(stderr, "hwfs: error: unknown verb '%s'\n", verb);
 	usage_all(stderr);
 	return 2;

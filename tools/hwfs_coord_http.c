@@ -20,13 +20,13 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include "coord.h"
 #include "http.h"
 #include "hwfs_cli.h"
 #include "metrics.h"
+#include "sdnotify.h"
 
 struct coord_http {
 	int ready;     /* atomic: coord_run() reported "ok" */
@@ -138,7 +138,7 @@ static void *relay(void *arg)
 		if (!strncmp(buf, "ok", 2)) {
 			__atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
 			/* under systemd (Type=notify, -f): listening now */
-			sd_notify(0, "READY=1\nSTATUS=coordinator listening");
+			hwfs_sd_notify("READY=1\nSTATUS=coordinator listening");
 		}
 		if (c->up_fd >= 0 && write(c->up_fd, buf, (size_t)n) < 0)
 			break;

@@ -4,11 +4,20 @@
  * libmicrohttpd, which serves it from a fixed pool of epoll threads with
  * limits on connections (in all and per address), per-connection memory
  * (which bounds the headers a client may send) and idle time.
+ *
+ * libmicrohttpd is loaded with dlopen() when the first server starts, not
+ * linked: build/hwfs is the daemon and the CLI in one program, and linking it
+ * made every `hwfs commit`, `hwfs status`, ... load libmicrohttpd's GnuTLS
+ * and its ten libraries and run their constructors (2.0 -> 5.0 ms of CPU per
+ * command here, docs/benchmarks.md "Commit latency").  Only the handful of
+ * calls below are used, through the table mhd.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <microhttpd.h>
+#include <pthread.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,6 +33,51 @@
 /* libmicrohttpd's polling threads: scrapes are rare and cheap, and two
  * threads keep one slow handler from holding up every other request. */
 #define HWFS_HTTP_THREADS 2
+
+/* The shared library dlopen()ed (the soname libmicrohttpd-dev links against). */
+#define HTTP_MHD_SONAME "libmicrohttpd.so.12"
+
+/* The libmicrohttpd calls used here, resolved once by mhd_load(). */
+static struct {
+	__typeof__(&MHD_create_response_from_buffer) create_response_from_buffer;
+	__typeof__(&MHD_create_response_from_buffer_with_free_callback) create_response_free_cb;
+	__typeof__(&MHD_add_response_header) add_response_header;
+	__typeof__(&MHD_queue_response) queue_response;
+	__typeof__(&MHD_destroy_response) destroy_response;
+	__typeof__(&MHD_start_daemon) start_daemon;
+	__typeof__(&MHD_stop_daemon) stop_daemon;
+	int err; /* 0 loaded, -errno when it cannot be */
+} mhd;
+static pthread_once_t mhd_once = PTHREAD_ONCE_INIT;
+
+static void mhd_load_once(void)
+{
+	void *so = dlopen(HTTP_MHD_SONAME, RTLD_NOW | RTLD_LOCAL);
+
+#define MHD_SYM(field, name)                                                                      \
+	do {                                                                                       \
+		if (so && !(*(void **)&mhd.field = dlsym(so, name)))                               \
+			so = NULL;                                                                 \
+	} while (0)
+	if (!so)
+		LOG_ERR("http: cannot load %s: %s", HTTP_MHD_SONAME, dlerror());
+	MHD_SYM(create_response_from_buffer, "MHD_create_response_from_buffer");
+	MHD_SYM(create_response_free_cb, "MHD_create_response_from_buffer_with_free_callback");
+	MHD_SYM(add_response_header, "MHD_add_response_header");
+	MHD_SYM(queue_response, "MHD_queue_response");
+	MHD_SYM(destroy_response, "MHD_destroy_response");
+	MHD_SYM(start_daemon, "MHD_start_daemon");
+	MHD_SYM(stop_daemon, "MHD_stop_daemon");
+#undef MHD_SYM
+	mhd.err = so ? 0 : -ELIBACC; /* the library stays loaded for the process's life */
+}
+
+/* libmicrohttpd loaded and resolved: 0, or -ELIBACC (logged once). */
+static int mhd_load(void)
+{
+	pthread_once(&mhd_once, mhd_load_once);
+	return mhd.err;
+}
 
 struct http {
 	struct MHD_Daemon *mhd;
@@ -77,14 +131,14 @@ void http_body(struct http_resp *r, const char *type, char *body, size_t len)
 static enum MHD_Result reply_static(struct MHD_Connection *c, unsigned status, const char *msg)
 {
 	struct MHD_Response *res =
-		MHD_create_response_from_buffer(strlen(msg), (void *)msg, MHD_RESPMEM_PERSISTENT);
+		mhd.create_response_from_buffer(strlen(msg), (void *)msg, MHD_RESPMEM_PERSISTENT);
 	enum MHD_Result r;
 
 	if (!res)
 		return MHD_NO;
-	MHD_add_response_header(res, "Content-Type", "text/plain; charset=utf-8");
-	r = MHD_queue_response(c, status, res);
-	MHD_destroy_response(res);
+	mhd.add_response_header(res, "Content-Type", "text/plain; charset=utf-8");
+	r = mhd.queue_response(c, status, res);
+	mhd.destroy_response(res);
 	return r;
 }
 
@@ -108,15 +162,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	if (*upload_len) /* a GET with a body: not read, refused */
 		return reply_static(c, MHD_HTTP_BAD_REQUEST, "no request body expected\n");
 	h->fn(h->arg, url, &r);
-	res = MHD_create_response_from_buffer_with_free_callback(r.len, r.body, free);
+	res = mhd.create_response_free_cb(r.len, r.body, free);
 	if (!res) {
 		free(r.body);
 		return MHD_NO;
 	}
-	MHD_add_response_header(res, "Content-Type", r.type ? r.type : "text/plain");
-	MHD_add_response_header(res, "Cache-Control", "no-store");
-	ret = MHD_queue_response(c, (unsigned)r.status, res);
-	MHD_destroy_response(res);
+	mhd.add_response_header(res, "Content-Type", r.type ? r.type : "text/plain");
+	mhd.add_response_header(res, "Cache-Control", "no-store");
+	ret = mhd.queue_response(c, (unsigned)r.status, res);
+	mhd.destroy_response(res);
 	return ret;
 }
 
@@ -198,6 +252,10 @@ int http_start(const char *hostport, http_handler fn, void *arg, struct http **o
 
 	if (!h)
 		return -ENOMEM;
+	if (mhd_load() < 0) {
+		free(h);
+		return -ELIBACC;
+	}
 	fd = bind_listen(hostport, h->bound, sizeof(h->bound));
 	if (fd < 0) {
 		free(h);
@@ -206,7 +264,7 @@ int http_start(const char *hostport, http_handler fn, void *arg, struct http **o
 	h->fd = fd;
 	h->fn = fn;
 	h->arg = arg;
-	h->mhd = MHD_start_daemon(
+	h->mhd = mhd.start_daemon(
 		MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
 		MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HWFS_HTTP_THREADS,
 		MHD_OPTION_CONNECTION_LIMIT, (unsigned)hwfs_tun.http_conns,
@@ -232,7 +290,7 @@ void http_stop(struct http *h)
 {
 	if (!h)
 		return;
-	MHD_stop_daemon(h->mhd);
+	mhd.stop_daemon(h->mhd);
 	close(h->fd);
 	free(h);
 }

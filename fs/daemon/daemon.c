@@ -26,12 +26,12 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
-#include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "daemon_i.h"
 #include "own_mount.h"
+#include "sdnotify.h"
 #include "devload.h"
 #include "gpu.h"
 #include "tunables.h"
@@ -524,20 +524,21 @@ static void *post_init(void *arg)
 	__atomic_store_n(&d->fuse_up, 1, __ATOMIC_RELEASE);
 	notify(d->o, "ok\n");
 	/* under systemd (Type=notify, the daemon in the foreground): ready now */
-	sd_notifyf(0, "READY=1\nSTATUS=serving %s", d->o->mountpoint);
+	hwfs_sd_notify("READY=1\nSTATUS=serving %s", d->o->mountpoint);
 	return NULL;
 }
 
 /*
  * fsctx's init hook, called inside FUSE's init handler: post_init() stats the
- * mount, which waits for this very handler, so it runs in its own thread.
+ * mount, which waits for this very handler, so it runs in its own thread,
+ * joined at shutdown (it reads the options that are freed after).
  */
 static void on_init(void *arg)
 {
-	pthread_t t;
+	struct daemon *d = arg;
 
-	if (pthread_create(&t, NULL, post_init, arg) == 0)
-		pthread_detach(t);
+	if (pthread_create(&d->init_thread, NULL, post_init, arg) == 0)
+		__atomic_store_n(&d->init_started, 1, __ATOMIC_RELEASE);
 }
 
 int daemon_run(const struct daemon_opts *o)
@@ -690,7 +691,9 @@ out:
 	 * renames through it fails instead of waiting for a loop that has ended.
 	 */
 	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
-	sd_notify(0, "STOPPING=1");
+	hwfs_sd_notify("STOPPING=1");
+	if (__atomic_load_n(&d.init_started, __ATOMIC_ACQUIRE))
+		pthread_join(d.init_thread, NULL);
 	daemon_http_stop(&d); /* its handler reads the agent, engines and store */
 	if (d.loads)
 		devloads_stop(d.loads); /* copies end at their next tensor */

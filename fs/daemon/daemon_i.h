@@ -69,6 +69,8 @@ struct daemon {
 	char http_current[256];  /* the current version, "" when none */
 	uint64_t http_versions;  /* atomic: sealed and open versions */
 	int fuse_up;             /* atomic: FUSE init done (readyz) */
+	pthread_t init_thread;   /* post_init(), joined at shutdown when init_started */
+	int init_started;        /* atomic: init_thread was started */
 };
 
 /*

@@ -211,7 +211,7 @@ static json_t *op_seal(struct daemon *d, json_t *req, struct ctl_reader *rd,
 static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
 {
 	char tmp[4096], cur[4096], target[1024];
-	int r;
+	int r, step;
 
 	ns_rdlock(d->ns);
 	r = ns_check_committable(d->ns, v, err, errlen);
@@ -222,28 +222,23 @@ static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
 	snprintf(tmp, sizeof(tmp), "%s/.hwfs-commit-%d-%llu", d->o->mountpoint, (int)getpid(),
 		 (unsigned long long)__atomic_add_fetch(&d->counter, 1, __ATOMIC_RELAXED));
 	snprintf(cur, sizeof(cur), "%s/current", d->o->mountpoint);
-	if (own_mount_symlink(target, tmp) < 0) {
-		r = -errno;
-		snprintf(err, errlen, "symlink: %s", strerror(errno));
-		return r;
-	}
 	/*
-	 * Shutdown sets d->stopping before it unmounts: seen here, the symlink
-	 * may have landed in the bare mountpoint directory, and so would the
-	 * rename.  Checked after the symlink, so an unmount cannot slip in
-	 * between the check and a symlink that did reach the mount.
+	 * Shutdown sets d->stopping before it unmounts: seen between the two
+	 * calls, the symlink may have landed in the bare mountpoint directory,
+	 * and so would the rename.  Checked after the symlink, so an unmount
+	 * cannot slip in between the check and a symlink that did reach the
+	 * mount.  Both calls are made by one child (own_mount.h).
 	 */
-	if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE)) {
-		unlink(tmp);
-		snprintf(err, errlen, "the daemon is shutting down");
-		return -ESHUTDOWN;
-	}
-	if (own_mount_rename(tmp, cur) < 0) {
+	if (own_mount_flip(target, tmp, cur, &d->stopping, &step) < 0) {
 		r = -errno;
-		unlink(tmp);
-		snprintf(err, errlen, "%s", r == -ENOENT ? "no such version"
-					    : r == -EBUSY ? "version is open"
-					    : r == -EIO   ? "version is damaged" : strerror(-r));
+		if (r == -ESHUTDOWN)
+			snprintf(err, errlen, "the daemon is shutting down");
+		else if (step == 1)
+			snprintf(err, errlen, "symlink: %s", strerror(-r));
+		else
+			snprintf(err, errlen, "%s", r == -ENOENT ? "no such version"
+						    : r == -EBUSY ? "version is open"
+						    : r == -EIO   ? "version is damaged" : strerror(-r));
 		return r;
 	}
 	return 0;

@@ -35,4 +35,16 @@ int own_mount_rename(const char *from, const char *to);
 /** symlink(@target, @path) through the mount.  Returns 0 or -errno (errno is set too). */
 int own_mount_symlink(const char *target, const char *path);
 
+/**
+ * own_mount_flip() - symlink(@target, @tmp) then rename(@tmp, @path), both
+ * through the mount and in one child (a flip of `current` costs one child,
+ * not two).  Between the two, *@stopping (read atomically) set means the
+ * daemon is shutting down: the rename is not made (-ESHUTDOWN).  When the
+ * rename is not made, @tmp is unlinked.  Returns 0 or -errno (errno is set
+ * too), with *@step 1 when the symlink failed, 2 when the rename did, 0
+ * otherwise.
+ */
+int own_mount_flip(const char *target, const char *tmp, const char *path, const int *stopping,
+		   int *step);
+
 #endif /* HWFS_OWN_MOUNT_H */

@@ -89,6 +89,28 @@ def test_commit_flips_every_node(cluster, models):
 
 
 @pytest.mark.limit(120)
+def test_commit_record_says_where_the_time_went(cluster, models):
+    """4b. The coordinator's record of a commit (status --cluster "commits") breaks its time down:
+    each node's READY and ACK (seconds from the request) and its own prepare and flip time (us),
+    the decision's time and how long recording it took (docs/benchmarks.md, "Commit latency")."""
+    cluster.ensure_version("v1", models)
+    cluster.ensure_version("v3", models)
+    cluster["B"].run("commit", "v3")
+    cluster["C"].run("commit", "v1")
+    rec = cluster["A"].cluster_status()["commits"][-1]
+    names = sorted(n.name for n in cluster)
+    assert rec["version"] == "v1" and rec["outcome"] == "committed", rec
+    for key in ("ready_s", "ack_s", "prepare_us", "flip_us"):
+        assert sorted(rec.get(key, {})) == names, f"{key}: {rec.get(key)}"
+    assert all(isinstance(x, int) and x >= 0 for x in rec["prepare_us"].values()), rec["prepare_us"]
+    assert all(isinstance(x, int) and x > 0 for x in rec["flip_us"].values()), rec["flip_us"]
+    # the order of events, as the coordinator saw them
+    assert max(rec["ready_s"].values()) <= rec["decided_s"] <= min(rec["ack_s"].values()), rec
+    assert max(rec["ack_s"].values()) <= rec["duration_s"], rec
+    assert 0 <= rec["record_s"] <= rec["decided_s"], rec
+
+
+@pytest.mark.limit(120)
 def test_commit_aborts_when_a_node_refuses(cluster, models):
     """5. v2 damaged on C: hwfs commit v2 on A aborts and no node's current moves."""
     cluster.ensure_version("v1", models)
