@@ -70,6 +70,9 @@ struct sim_params {
 	unsigned node_cores;    /* with host_cores 0: cores per node (0: never short) */
 	double control_s;       /* announce -> plan -> first request */
 	double finish_s;        /* a node's last shard -> the version visible */
+	double finish_cpu_s;    /* CPU of that step (import, seal), on the agent thread and a core */
+	int rebuild_fused;      /* the decode rate covers the hash and the write (delta_decode_hash
+				   straight into the staged range): a rebuild costs decode only */
 	struct sim_rates r;
 	double late[SIM_MAX_LATE]; /* late joiners' join times (s) */
 	unsigned n_late;
