@@ -20,9 +20,12 @@
  * cores (each node's own, or one host's shared by all).  CPU work is
  * reserved first come, first served on the earliest free server.  A relay
  * forwards a whole shard's piece once it is received (cut-through); a delta
- * after rebuilding its shard (store-and-forward, today) or as it arrives
- * (cut-through).  The publisher encodes the whole version at the first
- * request (today) or each shard ahead, in its codec workers.
+ * after rebuilding its shard (store-and-forward, before issue 20) or as it
+ * arrives (cut-through), its last piece only once its own rebuild of the
+ * shard ended.  A rebuild costs decode + hash + copy, or the decode alone
+ * (fused).  The publisher encodes the whole version at the first request or
+ * each shard ahead, in its codec workers.  A node's import of a complete
+ * version takes --finish, or its CPU (--finish-cpu) on a core when longer.
  */
 #define _GNU_SOURCE
 #include <errno.h>
