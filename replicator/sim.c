@@ -594,11 +594,15 @@ static void on_arrive(struct sim *s, const struct ev *e)
 		const struct nshard *x = &d->sh[e->shard];
 
 		if (!d->origin && !d->complete && !x->done) {
-			if (!d->alive || x->t_rb <= 0)
-				return; /* the relay never releases it: the re-plan fetches it again */
-			push(s, (x->t_rb > e->t ? x->t_rb : e->t) + s->p->latency_s, EV_RELEASED,
-			     e->node, e->shard, e->piece, e->gen, e->from);
-			return;
+			if (!d->alive)
+				return; /* never released: this node's re-plan fetches it again */
+			if (x->t_rb > 0) {
+				push(s, (x->t_rb > e->t ? x->t_rb : e->t) + s->p->latency_s,
+				     EV_RELEASED, e->node, e->shard, e->piece, e->gen, e->from);
+				return;
+			}
+			/* the relay was re-planned since (its rebuild dropped): not modelled
+			 * (the daemon sends MISSING and the shard restarts); taken as released */
 		}
 	}
 	len = piece_len(s, e->shard, e->piece, n->delta);
