@@ -20,9 +20,12 @@
  * cores (each node's own, or one host's shared by all).  CPU work is
  * reserved first come, first served on the earliest free server.  A relay
  * forwards a whole shard's piece once it is received (cut-through); a delta
- * after rebuilding its shard (store-and-forward, today) or as it arrives
- * (cut-through).  The publisher encodes the whole version at the first
- * request (today) or each shard ahead, in its codec workers.
+ * after rebuilding its shard (store-and-forward, before issue 20) or as it
+ * arrives (cut-through), its last piece only once its own rebuild of the
+ * shard ended.  A rebuild costs decode + hash + copy, or the decode alone
+ * (fused).  The publisher encodes the whole version at the first request or
+ * each shard ahead, in its codec workers.  A node's import of a complete
+ * version takes --finish, or its CPU (--finish-cpu) on a core when longer.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,7 +45,7 @@
 #define GIB 1073741824.0
 
 enum { EV_UP_FREE, EV_ARRIVE, EV_READY, EV_SHARD, EV_DONE, EV_ENCODED, EV_JOIN, EV_DIE,
-       EV_NOTICE };
+       EV_NOTICE, EV_RELEASED };
 
 struct ev {
 	double t;
@@ -60,6 +63,7 @@ struct pool {
 /* What a node knows of one shard of the version. */
 struct nshard {
 	float t;       /* done (s): complete here; for the origin, encoded */
+	float t_rb;    /* a delta: when its rebuild here ends (reserved), 0 before */
 	uint16_t rdy;  /* pieces received and processed (they arrive in order) */
 	uint16_t from; /* the node the last piece came from */
 	uint8_t done, enc;
@@ -481,8 +485,10 @@ static void sim_plan_out(struct coord *c, struct cnode *to, struct cversion *v, 
 			kid->donors[kid->nd++] = (uint32_t)(dn - s->n);
 	}
 	for (uint64_t sh = 0; sh < s->n_shards; sh++)
-		if (!kid->sh[sh].done)
+		if (!kid->sh[sh].done) {
 			kid->sh[sh].rdy = 0; /* a partial shard starts over */
+			kid->sh[sh].t_rb = 0;
+		}
 	json_decref(f);
 }
 
@@ -557,8 +563,18 @@ static void shard_done(struct sim *s, struct snode *n, uint64_t sh, double t)
 		return;
 	n->sh[sh].done = 1;
 	n->sh[sh].t = (float)t;
-	if (++n->shards_done == s->n_shards)
-		push(s, t + s->p->finish_s, EV_DONE, (uint32_t)(n - s->n), 0, 0, n->gen, 0);
+	if (++n->shards_done == s->n_shards) {
+		/* the import and seal: --finish of wall time, or its CPU when that is longer */
+		double end = t + s->p->finish_s;
+
+		if (s->p->finish_cpu_s > 0) {
+			double c = reserve(s, n, &n->agent, t, s->p->finish_cpu_s);
+
+			n->recv_s += s->p->finish_cpu_s;
+			end = c > end ? c : end;
+		}
+		push(s, end, EV_DONE, (uint32_t)(n - s->n), 0, 0, n->gen, 0);
+	}
 	wake(s, n, t);
 }
 
@@ -570,6 +586,25 @@ static void on_arrive(struct sim *s, const struct ev *e)
 
 	if (e->gen != n->gen || !n->alive || n->sh[e->shard].done)
 		return;
+	if (e->type == EV_ARRIVE && n->delta && s->p->relay == SIM_RELAY_CUT &&
+	    e->piece + 1 == n_pieces(s, e->shard, 1)) {
+		/* A cut-through relay releases a delta's last byte once its own rebuild of the
+		 * shard matched: the piece is here but not complete before then. */
+		const struct snode *d = &s->n[e->from];
+		const struct nshard *x = &d->sh[e->shard];
+
+		if (!d->origin && !d->complete && !x->done) {
+			if (!d->alive)
+				return; /* never released: this node's re-plan fetches it again */
+			if (x->t_rb > 0) {
+				push(s, (x->t_rb > e->t ? x->t_rb : e->t) + s->p->latency_s,
+				     EV_RELEASED, e->node, e->shard, e->piece, e->gen, e->from);
+				return;
+			}
+			/* the relay was re-planned since (its rebuild dropped): not modelled
+			 * (the daemon sends MISSING and the shard restarts); taken as released */
+		}
+	}
 	len = piece_len(s, e->shard, e->piece, n->delta);
 	c = (double)len / GIB * s->p->r.net_recv_s; /* the socket: an I/O thread */
 	n->net_s += c;
@@ -599,13 +634,16 @@ static void on_ready(struct sim *s, const struct ev *e)
 		shard_done(s, n, e->shard, e->t);
 		return;
 	}
-	{ /* the delta is all here: rebuild (decode, hash, write into the arena) */
+	{ /* the delta is all here: rebuild (decode, hash, write into the arena; fused: one pass) */
 		double len = (double)shard_len(s, e->shard) / GIB;
-		double c = len / s->p->r.decode + len / s->p->r.hash + len / s->p->r.copy;
+		double c = len / s->p->r.decode +
+			   (s->p->rebuild_fused ? 0 : len / s->p->r.hash + len / s->p->r.copy);
 		struct pool *pl = s->p->codec_workers ? &n->codec : &n->agent;
+		double end = reserve(s, n, pl, e->t, c);
 
 		n->rebuild_s += c;
-		push(s, reserve(s, n, pl, e->t, c), EV_SHARD, e->node, e->shard, 0, e->gen, e->from);
+		x->t_rb = (float)end;
+		push(s, end, EV_SHARD, e->node, e->shard, 0, e->gen, e->from);
 		wake(s, n, e->t); /* cut-through: the delta's pieces go on now */
 	}
 }
@@ -867,6 +905,9 @@ static json_t *result(struct sim *s, double makespan)
 	json_object_set_new(params, "encode", json_string(p->encode == SIM_ENCODE_AHEAD ? "ahead" :
 							  "first-request"));
 	json_object_set_new(params, "codec_workers", json_integer(p->codec_workers));
+	json_object_set_new(params, "rebuild", json_string(p->rebuild_fused ? "fused" : "separate"));
+	json_object_set_new(params, "finish_s", json_real(p->finish_s));
+	json_object_set_new(params, "finish_cpu_s", json_real(p->finish_cpu_s));
 	json_object_set_new(params, "io_threads", json_integer(p->io_threads ? p->io_threads : 1));
 	json_object_set_new(params, "host_cores", json_integer(p->host_cores));
 	json_object_set_new(params, "node_cores", json_integer(p->node_cores));
@@ -1009,6 +1050,7 @@ int sim_run(const struct sim_params *p, json_t **out, char *err, size_t errlen)
 			up_kick(&s, n, e.t);
 			break;
 		case EV_ARRIVE:
+		case EV_RELEASED:
 			on_arrive(&s, &e);
 			break;
 		case EV_READY:

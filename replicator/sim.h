@@ -37,7 +37,7 @@
 
 /** How a relay forwards a delta: after rebuilding its shard, or piece by piece. */
 enum sim_relay { SIM_RELAY_STORE = 0, SIM_RELAY_CUT = 1 };
-/** When the publisher encodes: the whole version at the first request (today), or ahead. */
+/** When the publisher encodes: the whole version at the first request (before issue 20), or ahead. */
 enum sim_encode { SIM_ENCODE_FIRST_REQUEST = 0, SIM_ENCODE_AHEAD = 1 };
 
 /** CPU rates, GiB/s of shard bytes (net: CPU seconds per GiB sent or received). */
@@ -64,12 +64,15 @@ struct sim_params {
 	double changed;        /* fraction of elements changed (informative with delta_ratio) */
 	enum sim_relay relay;
 	enum sim_encode encode;
-	unsigned codec_workers; /* per node; 0: the agent thread does the codec work (today) */
+	unsigned codec_workers; /* per node; 0: the agent thread does the codec work (before issue 20) */
 	unsigned io_threads;    /* per node: ZeroMQ's I/O threads (the sockets' CPU) */
 	unsigned host_cores;    /* > 0: every node on one host of this many cores */
 	unsigned node_cores;    /* with host_cores 0: cores per node (0: never short) */
 	double control_s;       /* announce -> plan -> first request */
 	double finish_s;        /* a node's last shard -> the version visible */
+	double finish_cpu_s;    /* CPU of that step (import, seal), on the agent thread and a core */
+	int rebuild_fused;      /* the decode rate covers the hash and the write (delta_decode_hash
+				   straight into the staged range): a rebuild costs decode only */
 	struct sim_rates r;
 	double late[SIM_MAX_LATE]; /* late joiners' join times (s) */
 	unsigned n_late;

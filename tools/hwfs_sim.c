@@ -32,7 +32,8 @@
 	"                [--encode first-request|ahead] [--codec-workers N] [--io-threads N]\n" \
 	"                [--host-cores N | --node-cores N] [--hash GIB/S] [--copy GIB/S]\n"     \
 	"                [--encode-rate GIB/S] [--decode GIB/S] [--net-cpu S/GIB]\n"            \
-	"                [--overhead F] [--control TIME] [--finish TIME]\n"                     \
+	"                [--overhead F] [--control TIME] [--finish TIME] [--finish-cpu TIME]\n"  \
+	"                [--rebuild separate|fused]\n"                                       \
 	"                [--late-join TIME]... [--kill NODE@TIME]... [--calibrate-mib N] [--json]"
 
 static void help(void)
@@ -65,6 +66,12 @@ static void help(void)
 	       "  --overhead F         wire bytes per payload byte (default %g)\n"
 	       "  --control TIME       announce -> first request (default %gs)\n"
 	       "  --finish TIME        last shard -> version visible (default %gs)\n"
+	       "  --finish-cpu TIME    CPU of that step (import, seal) on the agent thread\n"
+	       "                       and a core; it takes the longer of the two (default 0)\n"
+	       "  --rebuild separate|fused\n"
+	       "                       a rebuild costs decode + hash + copy (separate, default)\n"
+	       "                       or the decode rate alone (fused: delta_decode_hash\n"
+	       "                       straight into the staged range, as the codec workers do)\n"
 	       "  --late-join TIME     a node joins then (striped from the complete holders)\n"
 	       "  --kill NODE@TIME     receiver NODE (r3) dies then; the coordinator notices\n"
 	       "                       node_dead_ms later and re-plans\n"
@@ -242,6 +249,7 @@ int cmd_sim(int argc, char **argv)
 		{"late-join", required_argument, NULL, 'j'},  {"kill", required_argument, NULL, 'k'},
 		{"calibrate-mib", required_argument, NULL, 'M'}, {"json", no_argument, NULL, 'J'},
 		{"io-threads", required_argument, NULL, 'I'},
+		{"finish-cpu", required_argument, NULL, 'P'}, {"rebuild", required_argument, NULL, 'B'},
 		{"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0}};
 	struct sim_params p;
 	unsigned cal_mib = SIM_CALIBRATE_MIB;
@@ -344,6 +352,15 @@ int cmd_sim(int argc, char **argv)
 		case 'F':
 			if (parse_time(optarg, &p.finish_s) < 0)
 				die("--finish: not a time: %s", optarg);
+			break;
+		case 'P':
+			if (parse_time(optarg, &p.finish_cpu_s) < 0)
+				die("--finish-cpu: not a time: %s", optarg);
+			break;
+		case 'B':
+			if (strcmp(optarg, "separate") && strcmp(optarg, "fused"))
+				die("--rebuild: separate or fused: %s", optarg);
+			p.rebuild_fused = !strcmp(optarg, "fused");
 			break;
 		case 'j':
 			if (p.n_late == SIM_MAX_LATE || parse_time(optarg, &p.late[p.n_late]) < 0)
