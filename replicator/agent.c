@@ -690,6 +690,10 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		goto fail;
 	}
 	a->ctx = zmq_ctx_new();
+	/* before the first socket: the context starts its I/O threads then */
+	if (a->ctx && zmq_ctx_set(a->ctx, ZMQ_IO_THREADS, (int)hwfs_tun.zmq_io_threads) < 0)
+		LOG_WARN("agent: %d ZeroMQ I/O threads refused (%s); keeping the default",
+			 (int)hwfs_tun.zmq_io_threads, zmq_strerror(zmq_errno()));
 	a->coord = a->ctx ? zmq_socket(a->ctx, ZMQ_DEALER) : NULL;
 	a->serve = a->ctx ? zmq_socket(a->ctx, ZMQ_ROUTER) : NULL;
 	if (!a->coord || !a->serve) {
@@ -916,9 +920,9 @@ json_t *agent_counters(struct agent *a)
 {
 	struct delta_stats *d = &a->ds;
 
-	return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, "
-			 "s:o, s:o, s:o, s:o, s:o}}",
-			 "bytes_received", counter(&a->rx), "wire_bytes_received", counter(&a->wire_rx),
+	return json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o, s:o, "
+			 "s:o, s:o, s:o, s:o, s:o, s:o, s:o}}",
+			 "io_threads", zmq_ctx_get(a->ctx, ZMQ_IO_THREADS), "bytes_received", counter(&a->rx), "wire_bytes_received", counter(&a->wire_rx),
 			 "bytes_sent", counter(&a->tx), "wire_bytes_sent", counter(&a->wire_tx),
 			 "requests_received", counter(&a->req_rx), "retries", counter(&a->retries), "delta", "encoded",
 			 counter(&d->encoded), "encode_bytes", counter(&d->encode_bytes),

@@ -129,7 +129,8 @@ json_t *agent_pulls(struct agent *a);
 
 /**
  * agent_counters() - the replication counters as a new JSON object (any
- * thread): "bytes_received"/"bytes_sent" (shard bytes: a shard that
+ * thread): "io_threads" (the ZeroMQ I/O threads of its sockets, tunable
+ * zmq_io_threads), "bytes_received"/"bytes_sent" (shard bytes: a shard that
  * travelled as a delta counts its whole size), "wire_bytes_received"/
  * "wire_bytes_sent" (SHARD payload bytes, what crossed the wire),
  * "requests_received" (each hash of each GET received), "retries" (shard

@@ -447,6 +447,13 @@ def wait_arrivals(ctx, recv, version, t_start):
     return arrival, failed
 
 
+def io_threads_of(reps):
+    """The most ZeroMQ I/O threads any node ran with (status replication.io_threads,
+    tunable zmq_io_threads; a daemon that does not report it ran ZeroMQ's default, 1),
+    from @reps: node name -> its status "replication" object."""
+    return max([int(r.get("io_threads") or 1) for r in reps.values()] or [1])
+
+
 def check_sealed(pub, recv, version):
     """Check that every node of @recv holds @version sealed with the digest it
     has on @pub.  Returns (that digest, node name -> its status "replication"
@@ -844,7 +851,7 @@ def rl_once(ctx, n, rep, delta_on):
         # delta.forwarded; the simulator models the run with that pipeline's parameters
         pipeline = any("forwarded" in (st.get("delta") or {}) for st in st1.values())
         return {
-            "pipeline": pipeline,
+            "pipeline": pipeline, "io_threads": io_threads_of(st1),
             "replication_s": end - t_pub, "total_s": end - t0, "publish_s": t_pub - t0,
             "arrival_s": {k: round(v - t_pub, 3) for k, v in sorted(arrival.items())},
             "cpu_s_replication": cpu_delta(c1, c2),
@@ -993,7 +1000,8 @@ def rl_rows(rl):
                    decode_cpu_s_per_gib=med([r["decode_cpu_s_per_gib"] for r in ok
                                              if r["decode_cpu_s_per_gib"] is not None]),
                    delta_counters=ok[-1]["delta_counters"] if ok else None,
-                   pipeline=any(r.get("pipeline") for r in ok))
+                   pipeline=any(r.get("pipeline") for r in ok),
+                   io_threads=max([r.get("io_threads", 1) for r in ok] or [1]))
         rows.append(row)
     verdicts = {}
     for n, target in RL_CONV_TARGETS.items():
@@ -1058,6 +1066,7 @@ def print_rl(rl):
                 run["encode_gibps"] = 1 / r["encode_cpu_s_per_gib"]
             if r["decode_cpu_s_per_gib"]:
                 run["decode_gibps"] = 1 / r["decode_cpu_s_per_gib"]
+        run["io_threads"] = r.get("io_threads", 1)
         sim_compare(r, run, cores, pipeline=r.get("pipeline", False))
         for why in r["failures"]:
             print(f"  FAILED delta {'on' if r['delta'] else 'off'} N={r['n']}: {why}")
@@ -1314,7 +1323,7 @@ def sim_compare(row, run, cores, pipeline=False):
         return
     try:
         rec = sim_model.load_recorded()
-        over = {"host_cores": cores}
+        over = {"host_cores": cores, "io_threads": 1}
         if pipeline:
             over["codec_workers"] = sim_model.online_cpus()
         params = sim_model.params_for(rec, sim_model.PIPELINE if pipeline else None, **over)
@@ -1344,7 +1353,8 @@ def print_replication(res):
         bad = [r for r in rs if r.get("failed")]
         row = {"method": m, "n": n, "runs": len(rs), "failed_runs": len(bad),
                "failures": [r["failed"] for r in bad], "replication_s": None, "total_s": None, "ratio": None,
-               "total_ratio": None, "machine_busy": None, "proc_cpu_s": None, "samples_s": [round(r["replication_s"], 3) for r in ok]}
+               "total_ratio": None, "machine_busy": None, "proc_cpu_s": None, "samples_s": [round(r["replication_s"], 3) for r in ok],
+               "io_threads": max([io_threads_of(r.get("replication_counters") or {}) for r in ok] or [1])}
         if ok:
             rep_s = statistics.median(r["replication_s"] for r in ok)
             tot_s = statistics.median(r["total_s"] for r in ok)
@@ -1401,7 +1411,8 @@ def print_replication(res):
               f"{row['target']:>8}  {row['result']}")
         if row["method"] != "rsync":
             sim_compare(row, {"topology": row["method"], "n": row["n"], "size": res["size_bytes"],
-                              "shard": int(res["tensor_mib"] * (1 << 20)) // 8192 * 8192, "link": res["rate"]},
+                              "shard": int(res["tensor_mib"] * (1 << 20)) // 8192 * 8192, "link": res["rate"],
+                              "io_threads": row.get("io_threads", 1)},
                         res["machine"]["cores"])
     for row in rows:
         for why in row["failures"]:

@@ -55,7 +55,8 @@ def sim_args(params, run):
          "--decode", str(p["decode_gibps"]), "--codec-workers", str(p["codec_workers"]),
          "--relay", p["relay"], "--encode", p["encode"], "--control", str(p["control"]),
          "--finish", str(p["finish"]), "--finish-cpu", str(p.get("finish_cpu", 0)),
-         "--rebuild", p.get("rebuild", "separate"), "--json"]
+         "--rebuild", p.get("rebuild", "separate"), "--io-threads", str(p.get("io_threads", 1)),
+         "--json"]
     if run.get("delta"):
         a += ["--delta", str(run["delta"]), "--delta-ratio", str(run["delta_ratio"])]
     return a

@@ -239,3 +239,24 @@ def test_a_get_flood_naming_bases_is_bounded(net, tmp_path):
     assert d["whole"] >= 1, f"no request beyond the cap was answered whole: {d}"
     assert d["sent"] + d["whole"] == n_get * per_get, f"requests left unanswered: {d}"
     assert a.healthy()
+
+
+@pytest.mark.limit(120)
+def test_zmq_io_threads_reach_the_replication_context(net, tmp_path):
+    """The zmq_io_threads tunable is the number of ZeroMQ I/O threads of a node's
+    replication sockets (read back from the context: status replication.io_threads), 2 by
+    default; a chain A -> B -> C whose relay B runs 3 and whose tail C runs 1 moves v1 and
+    v2's deltas as before."""
+    net.start_coord()
+    net.add("A")
+    net.add("B", extra=["-o", "zmq_io_threads=3"])
+    net.add("C", extra=["-o", "zmq_io_threads=1"])
+    net.wait_alive(["A", "B", "C"], viewer=net["A"])
+    got = {n: replication(net[n]).get("io_threads") for n in "ABC"}
+    assert got == {"A": 2, "B": 3, "C": 1}, got
+    v1, v2 = rl_versions(tmp_path)
+    net.wait_version("v1", net.publish("A", v1, "v1"))
+    net.wait_version("v2", net.publish("A", v2, "v2"))
+    for n in "BC":
+        assert_identical(v2, net[n], "v2")
+        assert replication(net[n])["delta"]["failed"] == 0, replication(net[n])["delta"]
