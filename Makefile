@@ -174,7 +174,7 @@ $(BUILD)/hwfs-engine: $(BUILD)/tools/hwfs_engine.o $(BUILD)/libhwfs.a
 # The delta codec's micro-benchmark (make bench-delta), linked with the
 # daemon's modules like a unit test.
 $(BUILD)/hwfs-bench-delta: $(BUILD)/tools/bench_delta.o $(BUILD)/libhwfs-core.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $< $(BUILD)/libhwfs-core.a $(LIBS) -lm
+	$(CC) $(ALL_LDFLAGS) -o $@ $< $(BUILD)/libhwfs-core.a $(LIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhwfs-core.a
 	@mkdir -p $(dir $@)
@@ -183,7 +183,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhwfs-core.a
 -include $(CORE_OBJS:.o=.d) $(CLIENT_OBJS:.o=.d) $(TOOL_OBJS:.o=.d) $(UNIT_BINS:=.d) \
 	$(BUILD)/tools/hwfs_engine.d $(BUILD)/tools/bench_delta.d
 
-# `make install PREFIX=/usr/local DESTDIR=`: the two programs, mount(8)'s
+# `make install PREFIX=/usr/local DESTDIR=`: hwfs, hwfs-core and hwfs-engine, mount(8)'s
 # helper (SBINDIR/mount.hwfs, a link to hwfs), the systemd units (UNITDIR),
 # the man pages (MANDIR), libhwfs, its
 # header and pkg-config file (hwfs.pc.in with PREFIX filled in), and the

@@ -922,9 +922,10 @@ json_t *agent_counters(struct agent *a)
 
 	return json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o, s:o, "
 			 "s:o, s:o, s:o, s:o, s:o, s:o, s:o}}",
-			 "io_threads", zmq_ctx_get(a->ctx, ZMQ_IO_THREADS), "bytes_received", counter(&a->rx), "wire_bytes_received", counter(&a->wire_rx),
-			 "bytes_sent", counter(&a->tx), "wire_bytes_sent", counter(&a->wire_tx),
-			 "requests_received", counter(&a->req_rx), "retries", counter(&a->retries), "delta", "encoded",
+			 "io_threads", zmq_ctx_get(a->ctx, ZMQ_IO_THREADS), "bytes_received",
+			 counter(&a->rx), "wire_bytes_received", counter(&a->wire_rx), "bytes_sent",
+			 counter(&a->tx), "wire_bytes_sent", counter(&a->wire_tx), "requests_received",
+			 counter(&a->req_rx), "retries", counter(&a->retries), "delta", "encoded",
 			 counter(&d->encoded), "encode_bytes", counter(&d->encode_bytes),
 			 "encode_cpu_s", seconds(&d->encode_ns), "decoded", counter(&d->decoded),
 			 "decode_bytes", counter(&d->decode_bytes), "decode_cpu_s",

@@ -40,7 +40,6 @@ struct pool {
 	pthread_cond_t cv;  /* a job was queued, or stop */
 	struct pool_job *hi, *hi_tail, *lo, *lo_tail; /* queued: demand, encode-ahead */
 	struct pool_job *done, *done_tail;
-	size_t pending; /* submitted, not taken back */
 	int stop;
 	int efd;
 	struct worker *w;
@@ -136,24 +135,6 @@ static void run_encode(struct worker *w, struct pool_job *j)
 }
 
 /*
- * rebuild_decode() - rebuild @len bytes into @out from @base and the delta
- * @enc (@enc_len bytes) and hash them into *@got, in the one pass
- * delta_decode_hash() makes over every byte.  0, or -errno with the reason
- * in @err; *@decode_ns gets the thread CPU time it took
- * (delta.decode_cpu_s: the rebuild and its hash).
- */
-static int rebuild_decode(struct delta_ctx *cx, const void *base, size_t len, const void *enc,
-			  size_t enc_len, void *out, hwfs_hash_t *got, char *err, size_t errlen,
-			  uint64_t *decode_ns)
-{
-	uint64_t t0 = delta_cpu_ns();
-	int r = delta_decode_hash(cx, base, len, enc, enc_len, out, got, err, errlen);
-
-	*decode_ns = delta_cpu_ns() - t0;
-	return r;
-}
-
-/*
  * Rebuild job: decode j->enc against j->bsh, check the hash, and leave the
  * bytes staged (j->roff) only when it matched.  In a preallocated arena the
  * shard is rebuilt straight into its staged range (every page is backed
@@ -171,7 +152,7 @@ static void run_rebuild(struct worker *w, struct pool_job *j)
 	int direct = store_stage_dest(st, 0) != NULL;
 	hwfs_hash_t got;
 	uint8_t *out;
-	uint64_t ns;
+	uint64_t t0;
 	int r;
 
 	if (direct) {
@@ -194,9 +175,11 @@ static void run_rebuild(struct worker *w, struct pool_job *j)
 		}
 		out = w->scratch;
 	}
-	r = rebuild_decode(w->cx, base, j->size, j->enc, j->enc_len, out, &got, j->err,
-			   sizeof(j->err), &ns);
-	__atomic_add_fetch(&w->p->ds->decode_ns, ns, __ATOMIC_RELAXED);
+	/* one pass: rebuild and hash (delta.decode_cpu_s counts both) */
+	t0 = delta_cpu_ns();
+	r = delta_decode_hash(w->cx, base, j->size, j->enc, j->enc_len, out, &got, j->err,
+			      sizeof(j->err));
+	__atomic_add_fetch(&w->p->ds->decode_ns, delta_cpu_ns() - t0, __ATOMIC_RELAXED);
 	if (r == -ENOMEM) {
 		j->r = r;
 		return; /* (a staged range is given back by pool_job_free()) */
@@ -381,7 +364,6 @@ void pool_submit(struct pool *p, struct pool_job *j)
 		q_push(&p->lo, &p->lo_tail, j);
 	else
 		q_push(&p->hi, &p->hi_tail, j);
-	p->pending++;
 	pthread_cond_signal(&p->cv);
 	pthread_mutex_unlock(&p->mu);
 }
@@ -394,16 +376,6 @@ void pool_promote(struct pool *p, struct pool_job *j)
 	pthread_mutex_unlock(&p->mu);
 }
 
-size_t pool_pending(struct pool *p)
-{
-	size_t n;
-
-	pthread_mutex_lock(&p->mu);
-	n = p->pending;
-	pthread_mutex_unlock(&p->mu);
-	return n;
-}
-
 struct pool_job *pool_take_done(struct pool *p)
 {
 	struct pool_job *list;
@@ -413,8 +385,6 @@ struct pool_job *pool_take_done(struct pool *p)
 		LOG_WARN("agent: codec pool eventfd: %s", strerror(errno));
 	pthread_mutex_lock(&p->mu);
 	list = p->done;
-	for (struct pool_job *j = list; j; j = j->next)
-		p->pending--;
 	p->done = p->done_tail = NULL;
 	pthread_mutex_unlock(&p->mu);
 	return list;

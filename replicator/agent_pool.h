@@ -94,9 +94,6 @@ void pool_submit(struct pool *p, struct pool_job *j);
 /** @j (queued or running) is wanted by a puller now: move it before encode-ahead jobs. */
 void pool_promote(struct pool *p, struct pool_job *j);
 
-/** Jobs submitted and not taken back yet (queued, running or done). */
-size_t pool_pending(struct pool *p);
-
 /**
  * pool_take_done() - the finished jobs, oldest first, as a list through
  * ->next (NULL: none); clears the eventfd.  The caller owns them.

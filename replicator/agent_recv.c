@@ -122,10 +122,9 @@ static struct want *rebuilt_want(struct agent *a, uint64_t id, struct fetch **fp
  * pull_on_rebuilt() - a rebuild job is back.  Its shard matched its hash and
  * is staged: intern it, finish forwarding the delta to the pullers that had
  * it as it arrived, keep it to send on as it is.  Else nothing was staged:
- * a base damaged here makes it ask for the shard whole; a delta that does
- * (and marks that delta "not worth it", so pullers of this node get the
- * shard whole, not a delta made against the damaged base); a delta that does
- * not decode or rebuilds other bytes (corrupt, made against another base)
+ * a base damaged here makes it ask for the shard whole, and marks that
+ * delta "not worth it" (pullers of this node get the shard whole, not a
+ * delta made against the damaged base); a delta that does not decode or rebuilds other bytes (corrupt, made against another base)
  * reports the donor as bad and asks the next one for the whole shard; no
  * room waits for space.  The pullers the delta was being forwarded to get
  * MISSING in all those cases (they never had its last byte).  A job whose

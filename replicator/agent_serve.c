@@ -498,33 +498,14 @@ static int was_imported(struct agent *a, const char *name)
 	return 0;
 }
 
-/*
- * ahead_match() - the shard bytes of @v that have a base in @b by the rule
- * of delta_base.h (and differ from it); with @items, each such shard is
- * appended there (*@n of them).
- */
-static uint64_t ahead_match(const struct hwfs_vrec *v, const struct hwfs_vrec *b,
-			    struct ahead_item *items, size_t *n)
+/* delta_base_bytes() callback: a shard to encode ahead, unless it equals its base. */
+static void ahead_add(void *arg, const struct hwfs_extent *be, const struct hwfs_extent *e,
+		      unsigned width)
 {
-	struct delta_bases *idx = NULL;
-	uint64_t bytes = 0;
+	struct ahead *r = arg;
 
-	if (delta_bases_new(b, &idx) < 0)
-		return 0;
-	for (size_t i = 0; i < v->n_files; i++)
-		for (size_t k = 0; k < v->files[i].n_ext; k++) {
-			const struct hwfs_extent *e = &v->files[i].ext[k], *be;
-			unsigned width;
-
-			be = delta_base_of(idx, &v->files[i], e, &width, NULL);
-			if (!be || !hwfs_hash_cmp(&be->hash, &e->hash))
-				continue;
-			bytes += e->len;
-			if (items)
-				items[(*n)++] = (struct ahead_item){be->hash, e->hash, width};
-		}
-	delta_bases_free(idx);
-	return bytes;
+	if (hwfs_hash_cmp(&be->hash, &e->hash))
+		r->items[r->n++] = (struct ahead_item){be->hash, e->hash, width};
 }
 
 void serve_ahead_sealed(struct agent *a, const char *name)
@@ -548,7 +529,7 @@ void serve_ahead_sealed(struct agent *a, const char *name)
 		if (!bn || !strcmp(bn, name) || a->o.hooks->snapshot(a->o.arg, bn, &b) < 0)
 			continue;
 		seen++;
-		bytes = ahead_match(v, b, NULL, NULL);
+		bytes = delta_base_bytes(v, b, NULL, NULL);
 		if (bytes > best_bytes) {
 			hwfs_vrec_free(best);
 			best = b;
@@ -566,7 +547,9 @@ void serve_ahead_sealed(struct agent *a, const char *name)
 	if (!r || !(r->items = calloc(total ? total : 1, sizeof(*r->items))) ||
 	    !(r->name = strdup(name)) || !(r->base_name = strdup(best->name)))
 		goto out;
-	ahead_match(v, best, r->items, &r->n);
+	delta_base_bytes(v, best, ahead_add, r);
+	if (!r->n) /* every shard is its base's: nothing to encode */
+		goto out;
 	r->digest = v->digest;
 	for (tail = &a->aheads; *tail; tail = &(*tail)->next_run)
 		;

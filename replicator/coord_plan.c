@@ -76,23 +76,12 @@ static const struct hwfs_vrec *cversion_rec(struct cversion *v)
  */
 static uint64_t affinity(struct cversion *v, struct cversion *b)
 {
-	const struct hwfs_vrec *vr = cversion_rec(v), *br = cversion_rec(b);
 	json_t *known = v->affinity ? json_object_get(v->affinity, b->digest) : NULL;
-	struct delta_bases *idx = NULL;
-	uint64_t bytes = 0;
+	uint64_t bytes;
 
 	if (known)
 		return (uint64_t)json_integer_value(known);
-	if (vr && br && delta_bases_new(br, &idx) == 0) {
-		for (size_t i = 0; i < vr->n_files; i++)
-			for (size_t j = 0; j < vr->files[i].n_ext; j++) {
-				unsigned width;
-
-				if (delta_base_of(idx, &vr->files[i], &vr->files[i].ext[j], &width, NULL))
-					bytes += vr->files[i].ext[j].len;
-			}
-		delta_bases_free(idx);
-	}
+	bytes = delta_base_bytes(cversion_rec(v), cversion_rec(b), NULL, NULL);
 	if (!v->affinity)
 		v->affinity = json_object();
 	json_object_set_new(v->affinity, b->digest, json_integer((json_int_t)bytes));

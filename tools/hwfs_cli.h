@@ -31,6 +31,13 @@ void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /** Print "usage: @usage" on stderr and exit(2). */
 void usage_die(const char *usage) __attribute__((noreturn));
 
+/**
+ * parse_topology() - "chain" -> 1, "tree:K" (K 1..1024) -> K, "star" -> 0
+ * (unbounded fan-out) into *@fanout, as `hwfs coord --topology` and `hwfs
+ * sim --topology` take it.  0 or -EINVAL.
+ */
+int parse_topology(const char *s, unsigned *fanout);
+
 /* hwfs_daemon.c: each takes the verb's own argv (argv[0] is the verb), returns the exit status */
 HWFS_CORE_VERB int cmd_mount(int argc, char **argv);
 HWFS_CORE_VERB int cmd_umount(int argc, char **argv);

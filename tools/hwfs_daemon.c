@@ -123,8 +123,7 @@ static int run_coord(void *arg, int notify_fd)
 	return coord_serve(o, coord_http);
 }
 
-/* "chain" -> 1, "tree:K" -> K, "star" -> 0 (unbounded fan-out). */
-static int parse_topology(const char *s, unsigned *fanout)
+int parse_topology(const char *s, unsigned *fanout)
 {
 	char *end;
 	unsigned long k;

@@ -279,14 +279,8 @@ int cmd_sim(int argc, char **argv)
 				die("--latency: not a time (50us, 1ms): %s", optarg);
 			break;
 		case 't':
-			if (!strcmp(optarg, "chain"))
-				p.fanout = 1;
-			else if (!strcmp(optarg, "star"))
-				p.fanout = 0;
-			else if (!strncmp(optarg, "tree:", 5) && atoi(optarg + 5) >= 1)
-				p.fanout = (unsigned)atoi(optarg + 5);
-			else
-				die("--topology: chain, tree:K or star: %s", optarg);
+			if (parse_topology(optarg, &p.fanout) < 0)
+				die("--topology: chain, tree:K (K 1..1024) or star: %s", optarg);
 			break;
 		case 'S':
 			if (hwfs_parse_size(optarg, &p.shard_bytes) < 0 || !p.shard_bytes)

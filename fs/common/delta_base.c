@@ -153,3 +153,29 @@ const struct hwfs_extent *delta_base_of(const struct delta_bases *b, const struc
 		return NULL;
 	return extent_at(bf, bt->off + (e->off - t->off), e->len);
 }
+
+uint64_t delta_base_bytes(const struct hwfs_vrec *v, const struct hwfs_vrec *b,
+			  void (*each)(void *arg, const struct hwfs_extent *be,
+				       const struct hwfs_extent *e, unsigned width),
+			  void *arg)
+{
+	struct delta_bases *idx = NULL;
+	uint64_t bytes = 0;
+
+	if (!v || !b || delta_bases_new(b, &idx) < 0)
+		return 0;
+	for (size_t i = 0; i < v->n_files; i++)
+		for (size_t k = 0; k < v->files[i].n_ext; k++) {
+			const struct hwfs_extent *e = &v->files[i].ext[k], *be;
+			unsigned width;
+
+			be = delta_base_of(idx, &v->files[i], e, &width, NULL);
+			if (!be)
+				continue;
+			bytes += e->len;
+			if (each)
+				each(arg, be, e, width);
+		}
+	delta_bases_free(idx);
+	return bytes;
+}

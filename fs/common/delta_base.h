@@ -44,6 +44,18 @@ const struct hwfs_extent *delta_base_of(const struct delta_bases *b, const struc
 					const struct hwfs_trec **tensor);
 
 /**
+ * delta_base_bytes() - how many shard bytes of version @v have a base in
+ * version @b by the rule above (0 for versions of another model, or without
+ * memory): the score by which a base version is picked, the same for the
+ * coordinator's planner and a publisher's encode-ahead.  When @each is not
+ * NULL it is called for every such shard @e with its base @be and width.
+ */
+uint64_t delta_base_bytes(const struct hwfs_vrec *v, const struct hwfs_vrec *b,
+			  void (*each)(void *arg, const struct hwfs_extent *be,
+				       const struct hwfs_extent *e, unsigned width),
+			  void *arg);
+
+/**
  * delta_tensor_at() - the tensor of @f whose bytes hold all of [@off,
  * @off+@len), or NULL (a header, bytes between or after tensors, a file
  * without tensors).  Zero-length tensors hold nothing, even at @off.

@@ -5,8 +5,8 @@
  * The notification protocol is one datagram of "KEY=VALUE" lines to the unix
  * socket named by $NOTIFY_SOCKET (a path, or "@name" for the abstract
  * namespace), which systemd documents as a stable interface (sd_notify(3),
- * "Notes").  build/hwfs is the daemon and the CLI in one program: linking
- * libsystemd for these two lines made every CLI command load it and its
+ * "Notes").  Linking libsystemd for these two lines made every command of
+ * the daemon's program (build/hwfs-core, then the whole CLI) load it and its
  * libraries (docs/benchmarks.md, "Commit latency").
  */
 #ifndef HWFS_SDNOTIFY_H

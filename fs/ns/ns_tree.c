@@ -306,9 +306,9 @@ int ns_setattr(struct ns *ns, struct node *n, int what, uint32_t mode, uint32_t 
 			n->uid = uid;
 		if (what & NS_SET_GID)
 			n->gid = gid;
-		if (what & NS_SET_MTIME)
-			n->mtime_ns = mtime_ns;
-		n->ctime_ns = hwfs_now_ns();
+		if (what & NS_SET_MTIME) /* atomic: see ns_touch() */
+			__atomic_store_n(&n->mtime_ns, mtime_ns, __ATOMIC_RELAXED);
+		__atomic_store_n(&n->ctime_ns, hwfs_now_ns(), __ATOMIC_RELAXED);
 	}
 	ns_unlock(ns);
 	return r;

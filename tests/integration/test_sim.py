@@ -41,7 +41,7 @@ def test_predicts_recorded_run(run):
     assert abs(err) <= REC["tolerance"], (run, res["converged_s"], f"{err:+.1%}")
     if run.get("measured_arrivals_s") and run.get("check_arrivals", True):
         got = sorted(n["converged_s"] for n in res["nodes"] if n["node"] != "pub")
-        for g, m in zip(got, run["measured_arrivals_s"]):
+        for g, m in zip(got, run["measured_arrivals_s"], strict=True):
             assert abs(g / m - 1) <= REC["tolerance"], (got, run["measured_arrivals_s"])
 
 

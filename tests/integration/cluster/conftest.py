@@ -872,6 +872,34 @@ def net(request):
 # data
 
 
+def publish_killing(pub, victim, src, version):
+    """`hwfs publish @src @version` on node @pub, and kill -9 of node @victim's daemon as
+    soon as it holds part of the version (its own bytes_received: no coordinator round
+    trip).  Returns the version's digest on @pub; fails the test when the publish failed or
+    the victim was not caught mid-transfer (the kill would have tested nothing)."""
+    proc = subprocess.Popen([base.HWFS, "publish", str(src), version, "-m", pub.mnt],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    caught = False
+    end = time.monotonic() + 30
+    try:
+        while time.monotonic() < end:
+            if victim.visible(version):
+                break
+            if victim.bytes_received() > 0:
+                caught = True
+                break
+            time.sleep(0.005)
+        state = {"visible": victim.visible(version), "bytes_received": victim.bytes_received()}
+        victim.kill9_daemon()
+    finally:
+        _, err = proc.communicate(timeout=base.TIMEOUT)
+    assert proc.returncode == 0, f"publish on {pub.name} failed: {err}"
+    assert caught and not state["visible"], \
+        f"{victim.name} was not caught mid-transfer ({state}); the kill tested nothing"
+    print(f"{victim.name} killed with {state}")
+    return pub.version(version)["digest"]
+
+
 def random_model(root, size, seed):
     """A model directory of random (non-dedupable) bytes: model.bin (@size
     bytes, stored in CHUNK-sized shards) and a small config.json."""
