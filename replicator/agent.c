@@ -920,12 +920,13 @@ json_t *agent_counters(struct agent *a)
 {
 	struct delta_stats *d = &a->ds;
 
-	return json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o, s:o, "
-			 "s:o, s:o, s:o, s:o, s:o, s:o, s:o}}",
+	return json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o, "
+			 "s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}}",
 			 "io_threads", zmq_ctx_get(a->ctx, ZMQ_IO_THREADS), "bytes_received",
 			 counter(&a->rx), "wire_bytes_received", counter(&a->wire_rx), "bytes_sent",
 			 counter(&a->tx), "wire_bytes_sent", counter(&a->wire_tx), "requests_received",
-			 counter(&a->req_rx), "retries", counter(&a->retries), "delta", "encoded",
+			 counter(&a->req_rx), "requests_sent", counter(&a->req_tx), "retries",
+			 counter(&a->retries), "delta", "encoded",
 			 counter(&d->encoded), "encode_bytes", counter(&d->encode_bytes),
 			 "encode_cpu_s", seconds(&d->encode_ns), "decoded", counter(&d->decoded),
 			 "decode_bytes", counter(&d->decode_bytes), "decode_cpu_s",
@@ -933,5 +934,6 @@ json_t *agent_counters(struct agent *a)
 			 counter(&d->received), "failed", counter(&d->failed), "whole",
 			 counter(&d->whole), "ahead_encoded", counter(&d->ahead_encoded),
 			 "ahead_hits", counter(&d->ahead_hits), "ahead_cancelled",
-			 counter(&d->ahead_cancelled), "forwarded", counter(&d->forwarded));
+			 counter(&d->ahead_cancelled), "forwarded", counter(&d->forwarded), "asked",
+			 counter(&d->asked));
 }

@@ -133,11 +133,11 @@ json_t *agent_pulls(struct agent *a);
  * zmq_io_threads), "bytes_received"/"bytes_sent" (shard bytes: a shard that
  * travelled as a delta counts its whole size), "wire_bytes_received"/
  * "wire_bytes_sent" (SHARD payload bytes, what crossed the wire),
- * "requests_received" (each hash of each GET received), "retries" (shard
- * requests moved to another donor), and "delta"
- * {encoded, encode_bytes, encode_cpu_s, decoded, decode_bytes, decode_cpu_s,
- * sent, received, failed, whole, ahead_encoded, ahead_hits, ahead_cancelled,
- * forwarded} (docs/delta.md).  NULL without memory.
+ * "requests_received" (each hash of each GET received), "requests_sent"
+ * (each hash of each GET sent), "retries" (shard requests moved to another
+ * donor), and "delta" {encoded, encode_bytes, encode_cpu_s, decoded,
+ * decode_bytes, decode_cpu_s, sent, received, failed, whole, ahead_encoded,
+ * ahead_hits, ahead_cancelled, forwarded, asked} (docs/delta.md).  NULL without memory.
  */
 json_t *agent_counters(struct agent *a);
 /** Has the coordinator answered the heartbeats lately (coord_silence_ms)?  1 or 0, any thread. */

@@ -161,6 +161,7 @@ struct delta_stats {
 	uint64_t ahead_hits;     /* deltas sent that encode-ahead had made (or was making) */
 	uint64_t ahead_cancelled; /* encode-ahead runs given up: their version went */
 	uint64_t forwarded; /* deltas sent on cut-through: pieces went before the rebuild here */
+	uint64_t asked;     /* shards this node asked a donor for as deltas (a base named) */
 };
 
 /*
@@ -288,6 +289,7 @@ struct agent {
 	struct dcache dcache;  /* deltas kept to send again (agent thread) */
 	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
 	uint64_t retries; /* atomic: shard requests moved to another donor (next_donor) */
+	uint64_t req_tx;  /* atomic: shard requests sent (hashes in this node's GETs) */
 	double badmsg_logged; /* when a malformed message was last logged */
 	uint64_t badmsg_quiet; /* malformed messages dropped since, not logged */
 	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */

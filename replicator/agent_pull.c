@@ -726,6 +726,8 @@ void pull_pump(struct agent *a)
 						 r == -EAGAIN ? "no connection" : strerror(-r));
 					unsend(a, f, d, now);
 				} else {
+					__atomic_add_fetch(&a->req_tx, json_array_size(hashes), __ATOMIC_RELAXED);
+					__atomic_add_fetch(&a->ds.asked, n_based, __ATOMIC_RELAXED);
 					inflight += batch;
 					if (inflight == batch) /* nothing was in flight: the silence clock starts */
 						f->last_rx = now;
