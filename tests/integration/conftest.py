@@ -36,8 +36,29 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HWFS = os.environ.get("HWFS_BIN") or str(REPO / "build" / "hwfs")
-TIMEOUT = 60  # seconds, for every subprocess
-DEFAULT_TEST_LIMIT = 120  # seconds, per-test watchdog
+
+
+def _time_scale():
+    """How much slower than the optimised build the daemon under test runs: the Makefile's
+    sanitizer passes set HWFS_TIME_SCALE (ASan 2, TSan 4); else 1.  Every deadline of the
+    suite (watchdog limits, subprocess timeouts, waits on a condition) is multiplied by it,
+    so a slow build cannot fail a test that only waits."""
+    try:
+        return max(1.0, float(os.environ.get("HWFS_TIME_SCALE", "1")))
+    except ValueError:
+        return 1.0
+
+
+TIME_SCALE = _time_scale()
+
+
+def scaled(seconds):
+    """@seconds of deadline, for the build under test (TIME_SCALE times longer)."""
+    return seconds * TIME_SCALE
+
+
+TIMEOUT = scaled(60)  # seconds, for every subprocess
+DEFAULT_TEST_LIMIT = 120  # seconds, per-test watchdog (times TIME_SCALE)
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 REQUIRED_TOOLS = ("fusermount3", "cp", "cmp", "rsync", "getfattr", "inotifywait", "ln", "mv", "touch", "ls")
 
@@ -269,7 +290,8 @@ class HwfsMount:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "limit(seconds): per-test watchdog limit (default 120)")
+    config.addinivalue_line("markers", "limit(seconds): per-test watchdog limit (default 120; "
+                            "times HWFS_TIME_SCALE under the sanitizer passes)")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -296,7 +318,7 @@ def _environment():
 @pytest.fixture(autouse=True)
 def _watchdog(request):
     marker = request.node.get_closest_marker("limit")
-    limit = marker.args[0] if marker else DEFAULT_TEST_LIMIT
+    limit = scaled(marker.args[0] if marker else DEFAULT_TEST_LIMIT)
     fired = threading.Event()
 
     def on_timeout():
@@ -545,8 +567,9 @@ def read_text(path):
 
 
 def poll(fn, timeout=5.0, interval=0.05):
-    """Call @fn until it returns a truthy value or @timeout passes; return the last value."""
-    end = time.monotonic() + timeout
+    """Call @fn until it returns a truthy value or @timeout passes (times TIME_SCALE);
+    return the last value."""
+    end = time.monotonic() + scaled(timeout)
     while True:
         v = fn()
         if v or time.monotonic() >= end:

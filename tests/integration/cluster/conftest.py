@@ -55,9 +55,9 @@ from conftest import (HWFS, HwfsMount, find_all, flip_byte, is_mounted,  # noqa:
 
 NODE_NAMES = ("A", "B", "C")
 NODE_CAPACITY = "1G"
-CONVERGE_TIMEOUT = 60.0   # seconds for a version to reach every node
-JOIN_TIMEOUT = 30.0       # seconds for all nodes to show up alive in status --cluster
-COORD_READY_TIMEOUT = 10.0
+CONVERGE_TIMEOUT = base.scaled(60.0)   # seconds for a version to reach every node
+JOIN_TIMEOUT = base.scaled(30.0)       # seconds for all nodes to show up alive in status --cluster
+COORD_READY_TIMEOUT = base.scaled(10.0)
 TOPOLOGY = os.environ.get("HWFS_TOPOLOGY")  # chain|star; unset: the coordinator's default
 
 
@@ -581,7 +581,7 @@ def pytest_runtest_makereport(item, call):
 # test_security.py, test_latejoin.py)
 
 CHUNK = 4 << 20  # fixed_chunk: shard size of files that are not safetensors
-STATUS_TIMEOUT = 25  # status --cluster answers or fails within ~10 s
+STATUS_TIMEOUT = base.scaled(25)  # status --cluster answers or fails within ~10 s
 
 
 class Coord(Coordinator):
@@ -782,6 +782,7 @@ class Net:
         """Every one of @nodes shows @version in MNT/versions/, sealed with @digest
         (never visible before that).  Returns the seconds it took."""
         nodes = list(self) if nodes is None else list(nodes)
+        timeout = base.scaled(timeout)
         t0 = time.monotonic()
         pending = {n.name: n for n in nodes}
         seen = {}
