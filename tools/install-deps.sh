@@ -74,9 +74,14 @@ fi
 
 # ---- Python modules --------------------------------------------------------
 command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found"
+# Imported from / : run from the repository, the folder build/ would pass for
+# the module build (a namespace package), and it would never be installed.
+py_has() {
+	(cd / && "$PYTHON" -c "import $1") >/dev/null 2>&1
+}
 missing_py=()
 for m in "${PY_MODS[@]}"; do
-	"$PYTHON" -c "import ${m%%:*}" >/dev/null 2>&1 || missing_py+=("$m")
+	py_has "${m%%:*}" || missing_py+=("$m")
 done
 
 if [ "${#missing_py[@]}" -gt 0 ]; then
@@ -102,7 +107,7 @@ if [ "${#missing_py[@]}" -gt 0 ]; then
 			fi
 		fi
 		rm -f "$log"
-		"$PYTHON" -c "import $mod" >/dev/null 2>&1 ||
+		py_has "$mod" ||
 			die "module $mod still cannot be imported by $PYTHON after pip install"
 	done
 fi

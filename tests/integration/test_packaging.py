@@ -153,18 +153,20 @@ def test_pip_install_bundles_libhwfs(mount, tmp_path):
 
 @pytest.mark.limit(300)
 def test_build_makes_an_sdist_with_the_c_sources_and_a_platform_wheel(mount, tmp_path):
-    try:
-        import build  # noqa: F401
-    except ImportError:
-        pytest.fail("python -m build needs the package build (tools/install-deps.sh installs it)")
+    # Asked from tmp_path, not from the repository, whose folder build/ would pass for
+    # the module (a namespace package with no __main__).
+    has = run([sys.executable, "-c", "import build.__main__"], cwd=tmp_path)
+    if has.returncode != 0:
+        pytest.fail("python -m build needs the package build (tools/install-deps.sh installs it): "
+                    + has.stderr)
     dist = tmp_path / "dist"
     before = git_dirt()
     # No --sdist/--wheel: build makes the sdist, then the wheel from the sdist
     # (so the wheel's library is compiled from csrc/, not from the repository).
     args = [sys.executable, "-m", "build", "--outdir", dist, PYDIR]
-    cp = run(args)
+    cp = run(args, cwd=tmp_path)
     if offline(cp):  # no index for the isolated build: the setuptools this Python has
-        cp = run([*args, "--no-isolation"])
+        cp = run([*args, "--no-isolation"], cwd=tmp_path)
     assert cp.returncode == 0, f"{cp.stdout}\n{cp.stderr}"
     assert git_dirt() == before, "python -m build left files in tools/python that git sees"
 

@@ -10,6 +10,11 @@
  * same length in the file of the same path; anything else has no base.  The
  * versions here are built by hand (hwfs_vrec records, as manifest_parse()
  * makes them), so each case states exactly the layout it is about.
+ *
+ * delta_base_bytes(), the score of a base version that the coordinator's
+ * planner and a publisher's encode-ahead both pick by, is checked too: it
+ * counts every shard with a base by the rule, those equal to their base
+ * included, so both sides pick the same base.
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -407,6 +412,188 @@ static void test_null_tensor_out_and_free_null(void **state)
 	hwfs_vrec_free(v1);
 }
 
+/* ---- delta_base_bytes() ---- */
+
+/* What delta_base_bytes() called back with, in order. */
+struct seen {
+	size_t n;
+	struct {
+		const struct hwfs_extent *be, *e;
+		unsigned width;
+	} at[16];
+	uint64_t changed; /* bytes of the shards that differ from their base */
+};
+
+static void record(void *arg, const struct hwfs_extent *be, const struct hwfs_extent *e,
+		   unsigned width)
+{
+	struct seen *s = arg;
+
+	assert_true(s->n < sizeof(s->at) / sizeof(s->at[0]));
+	s->at[s->n].be = be;
+	s->at[s->n].e = e;
+	s->at[s->n].width = width;
+	s->n++;
+	if (hwfs_hash_cmp(&be->hash, &e->hash))
+		s->changed += e->len;
+}
+
+/* The @i-th call back was for base @be, shard @e, width @width. */
+static void seen_is(const struct seen *s, size_t i, const struct hwfs_extent *be,
+		    const struct hwfs_extent *e, unsigned width)
+{
+	assert_true(i < s->n);
+	assert_ptr_equal(s->at[i].be, be);
+	assert_ptr_equal(s->at[i].e, e);
+	assert_int_equal(s->at[i].width, width);
+}
+
+/*
+ * The score is the bytes of the new version's shards that have a base by the
+ * rule, and @each is called for each of them (file by file, shard by shard)
+ * with its base and width: a changed header of the same length, a tensor
+ * moved and changed, a tensor equal to its base (counted and called back like
+ * the others), chunks of a file that is not safetensors.  A new tensor, a
+ * chunk that grew, a symlink and a file only the base has count for nothing.
+ */
+static void test_base_bytes_counts_every_shard_with_a_base(void **state)
+{
+	(void)state;
+	struct hwfs_vrec *v1 = make_version("v1", 3), *v2 = make_version("v2", 3);
+	const uint64_t bin1[] = {100, 100, 50}, bin2[] = {100, 100, 60}, gone[] = {70};
+	/* v1: header 24, b@24 (128), a@152 (64); v2: header 24, a@24, b@88, c@216 (new) */
+	const uint64_t l1[] = {24, 128, 64}, l2[] = {24, 64, 128, 32};
+	const struct tdesc t1[] = {{"b", "F32", 24, 128}, {"a", "BF16", 152, 64}};
+	const struct tdesc t2[] = {{"a", "BF16", 24, 64}, {"b", "F32", 88, 128},
+				   {"c", "I8", 216, 32}};
+	struct seen s = {0};
+	const struct hwfs_frec *d1, *d2, *m1, *m2;
+
+	/* sorted by path: v1 data.bin, gone.bin, m.safetensors; v2 data.bin, link, m.safetensors */
+	make_file(&v1->files[0], "v1", "data.bin", bin1, 3, NULL, 0);
+	make_file(&v1->files[1], "v1", "gone.bin", gone, 1, NULL, 0);
+	make_file(&v1->files[2], "v1", "m.safetensors", l1, 3, t1, 2);
+	make_file(&v2->files[0], "v2", "data.bin", bin2, 3, NULL, 0);
+	make_other(&v2->files[1], "link", HWFS_K_LNK);
+	make_file(&v2->files[2], "v2", "m.safetensors", l2, 4, t2, 3);
+	d1 = &v1->files[0];
+	m1 = &v1->files[2];
+	d2 = &v2->files[0];
+	m2 = &v2->files[2];
+	m2->ext[2].hash = m1->ext[1].hash; /* b did not change */
+
+	/* data.bin 100 + 100, the header 24, a 64, b 128 */
+	assert_int_equal(delta_base_bytes(v2, v1, NULL, NULL), 416);
+	assert_int_equal(delta_base_bytes(v2, v1, record, &s), 416);
+	assert_int_equal(s.n, 5);
+	seen_is(&s, 0, &d1->ext[0], &d2->ext[0], 1);
+	seen_is(&s, 1, &d1->ext[1], &d2->ext[1], 1);
+	seen_is(&s, 2, &m1->ext[0], &m2->ext[0], 1); /* the header */
+	seen_is(&s, 3, &m1->ext[2], &m2->ext[1], 2); /* a */
+	seen_is(&s, 4, &m1->ext[1], &m2->ext[2], 4); /* b, equal to its base */
+	assert_int_equal(s.changed, 416 - 128);
+
+	hwfs_vrec_free(v1);
+	hwfs_vrec_free(v2);
+}
+
+/*
+ * No version (NULL on either side), a version of another model (no file in
+ * common) and an empty one score 0 and call nothing back; a version against
+ * itself scores all its shard bytes.
+ */
+static void test_base_bytes_zero_without_a_common_file(void **state)
+{
+	(void)state;
+	struct hwfs_vrec *v1 = make_version("v1", 2), *other = make_version("o1", 1);
+	struct hwfs_vrec *empty = make_version("v0", 0);
+	const uint64_t l[] = {16, 64}, bin[] = {100, 30};
+	const struct tdesc tw[] = {{"w", "BF16", 16, 64}};
+	struct seen s = {0};
+
+	make_file(&v1->files[0], "v1", "data.bin", bin, 2, NULL, 0);
+	make_file(&v1->files[1], "v1", "m.safetensors", l, 2, tw, 1);
+	make_file(&other->files[0], "o1", "other.safetensors", l, 2, tw, 1);
+
+	assert_int_equal(delta_base_bytes(NULL, v1, record, &s), 0);
+	assert_int_equal(delta_base_bytes(v1, NULL, record, &s), 0);
+	assert_int_equal(delta_base_bytes(NULL, NULL, record, &s), 0);
+	assert_int_equal(delta_base_bytes(v1, other, record, &s), 0);
+	assert_int_equal(delta_base_bytes(other, v1, record, &s), 0);
+	assert_int_equal(delta_base_bytes(v1, empty, record, &s), 0);
+	assert_int_equal(delta_base_bytes(empty, v1, record, &s), 0);
+	assert_int_equal(s.n, 0);
+
+	assert_int_equal(delta_base_bytes(v1, v1, record, &s), 210);
+	assert_int_equal(s.n, 4);
+	assert_int_equal(s.changed, 0);
+
+	hwfs_vrec_free(v1);
+	hwfs_vrec_free(other);
+	hwfs_vrec_free(empty);
+}
+
+/*
+ * Which base wins depends on counting the shards equal to their base.  The
+ * new version v3 keeps its embedding (1000 bytes) as it was in version A
+ * and changes two layers (300 bytes each) that A names otherwise; version B
+ * has the two layers under the same names but an embedding of another size.
+ * A: 1000 bytes have a base, all equal to it; B: 600, all changed.  The
+ * score counts both kinds, so A wins (as the coordinator's pick_base() has
+ * it); counting only the shards that differ from their base (what
+ * encode-ahead encodes) would give A 0 and pick B instead.
+ */
+static void test_base_bytes_counts_shards_equal_to_their_base(void **state)
+{
+	(void)state;
+	struct hwfs_vrec *v3 = make_version("v3", 1), *va = make_version("a", 1);
+	struct hwfs_vrec *vb = make_version("b", 1), *cand[2], *best = NULL;
+	/* v3: header 16, emb@16 (1000), l0@1016 (300), l1@1316 (300) */
+	const uint64_t l3[] = {16, 1000, 300, 300};
+	const struct tdesc t3[] = {{"emb", "BF16", 16, 1000}, {"l0", "F32", 1016, 300},
+				   {"l1", "F32", 1316, 300}};
+	/* A: header 12, emb@12 (1000), h0@1012 (300), h1@1312 (300): the layers renamed */
+	const uint64_t la[] = {12, 1000, 300, 300};
+	const struct tdesc ta[] = {{"emb", "BF16", 12, 1000}, {"h0", "F32", 1012, 300},
+				   {"h1", "F32", 1312, 300}};
+	/* B: header 20, emb@20 (800), l0@820 (300), l1@1120 (300) */
+	const uint64_t lb[] = {20, 800, 300, 300};
+	const struct tdesc tb[] = {{"emb", "BF16", 20, 800}, {"l0", "F32", 820, 300},
+				   {"l1", "F32", 1120, 300}};
+	struct seen sa = {0}, sb = {0};
+	uint64_t best_bytes = 0;
+
+	make_file(&v3->files[0], "v3", "m.safetensors", l3, 4, t3, 3);
+	make_file(&va->files[0], "a", "m.safetensors", la, 4, ta, 3);
+	make_file(&vb->files[0], "b", "m.safetensors", lb, 4, tb, 3);
+	v3->files[0].ext[1].hash = va->files[0].ext[1].hash; /* emb as it was in A */
+
+	assert_int_equal(delta_base_bytes(v3, va, record, &sa), 1000);
+	assert_int_equal(delta_base_bytes(v3, vb, record, &sb), 600);
+	/* the case discriminates: without the equal shards A would score 0, B 600 */
+	assert_int_equal(sa.n, 1);
+	assert_int_equal(sa.changed, 0);
+	assert_int_equal(sb.n, 2);
+	assert_int_equal(sb.changed, 600);
+
+	/* the pick both sides make: most bytes, the newest of equals (B is newer) */
+	cand[0] = va;
+	cand[1] = vb;
+	for (size_t i = 2; i-- > 0;) {
+		uint64_t bytes = delta_base_bytes(v3, cand[i], NULL, NULL);
+
+		if (bytes > best_bytes) {
+			best = cand[i];
+			best_bytes = bytes;
+		}
+	}
+	assert_ptr_equal(best, va);
+
+	hwfs_vrec_free(v3);
+	hwfs_vrec_free(va);
+	hwfs_vrec_free(vb);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -416,6 +603,9 @@ int main(void)
 		cmocka_unit_test(test_cut_tensor_maps_piece_by_piece),
 		cmocka_unit_test(test_missing_file_and_other_kinds),
 		cmocka_unit_test(test_null_tensor_out_and_free_null),
+		cmocka_unit_test(test_base_bytes_counts_every_shard_with_a_base),
+		cmocka_unit_test(test_base_bytes_zero_without_a_common_file),
+		cmocka_unit_test(test_base_bytes_counts_shards_equal_to_their_base),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
