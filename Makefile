@@ -10,6 +10,7 @@
 #   make tsan     build with ThreadSanitizer into build-tsan/
 #   make cuda-abi-check  gpu/cudart.h against the CUDA headers, where installed
 #   make fuzz     libFuzzer targets (clang) for every parser of untrusted bytes
+#   make fuzz-replay  every fuzz target replays its seed corpus under ASan/UBSan (gcc; in make test)
 #   make bench-cluster  replication benchmark in network namespaces
 #   make bench-delta    the delta codec alone: encode/rebuild CPU-s per GiB, wire bytes
 #   make bench-engine   engines: zero-copy map vs load_file, commit -> all engines serving
@@ -247,23 +248,29 @@ unit: all
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
 
 integration: all
-	python3 -m pytest -q tests/integration
+	$(PYTEST) tests/integration
 
-# The README's test command: installs what is missing, builds with
-# -Werror, runs the unit tests under ASan/UBSan, optimised and under
-# ThreadSanitizer, then the integration tests against the optimised daemon
-# and the ASan/UBSan daemon, and the cluster tests against the TSan daemon
-# (any sanitizer report fails the run).
+# The README's test command: installs what is missing, builds with -Werror
+# (JOBS parallel compilers), runs the unit tests under ASan/UBSan, optimised and
+# under ThreadSanitizer, replays the fuzz corpora under ASan/UBSan, then the
+# integration tests against the optimised daemon, the ASan/UBSan daemon and
+# (the threaded code: single node, replication, deltas, re-planning, chaos)
+# the TSan daemon, and the vLLM tests.  Any sanitizer report fails the run; so
+# does a skip that tests/allowed-skips.txt does not allow (PYTEST's plugin).
+JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST := PYTHONPATH=$(CURDIR)/tests$${PYTHONPATH:+:$$PYTHONPATH} python3 -m pytest -q -rs \
+	-p no:cacheprovider -p pytest_allowed_skips
 test: deps
-	$(MAKE) all
+	$(MAKE) -j$(JOBS) all
 	$(MAKE) cuda-abi-check
-	$(MAKE) asan
+	$(MAKE) -j$(JOBS) asan
 	@set -e; for t in $(UNIT_BINS:$(BUILD)/%=build-asan/%); do echo "== $$t"; $$t; done
 	$(MAKE) unit
-	$(MAKE) tsan
+	$(MAKE) -j$(JOBS) tsan
 	@set -e; for t in $(UNIT_BINS:$(BUILD)/%=build-tsan/%); do echo "== $$t"; \
 		TSAN_OPTIONS="$(TSAN_OPTS)" $$t; done
-	python3 -m pytest -q -p no:cacheprovider tests/integration
+	$(MAKE) fuzz-replay
+	$(PYTEST) tests/integration
 	$(MAKE) integration-asan
 	$(MAKE) integration-tsan
 	$(MAKE) test-vllm
@@ -276,7 +283,7 @@ vllm-deps:
 	@tools/install-vllm.sh
 
 test-vllm: all vllm-deps
-	python3 -m pytest -q -p no:cacheprovider tests/vllm
+	$(PYTEST) tests/vllm
 
 # The disk-reload recipe and hwfs-vllm side by side, one ~700 MiB Llama, the
 # same client load (tools/bench_vllm.py; about ten minutes on 2 cores).
@@ -304,16 +311,24 @@ cuda-abi-check:
 	fi
 
 # Tests that run once, in the plain pass of `make test`: they check what a real
-# Prometheus and a real browser make of the daemon's pages, not the daemon's
-# memory or threads, and start heavy programs a sanitizer pass would only slow.
-ONCE_TESTS := tests/integration/cluster/test_prometheus.py tests/integration/cluster/test_status_page.py
+# Prometheus and a real browser make of the daemon's pages, what `make install`
+# and `pip install` ship (files, units, wheels), and the simulator (a model, no
+# daemon), not the daemon's memory or threads, and start heavy programs a
+# sanitizer pass would only slow.
+ONCE_TESTS := tests/integration/cluster/test_prometheus.py tests/integration/cluster/test_status_page.py \
+	tests/integration/test_packaging.py tests/integration/test_ops_install.py tests/integration/test_sim.py \
+	tests/integration/test_allowed_skips.py
 ONCE_IGNORE := $(ONCE_TESTS:%=--ignore=%)
 
-# Under ThreadSanitizer (5-15x slower): the single-node suite and the cluster
-# tests that assert no timing (replication, late join, ports).
+# Under ThreadSanitizer (5-15x slower; HWFS_TIME_SCALE stretches every deadline of
+# the suite): the single-node suite, and the cluster tests of the threaded code
+# (replication, late join, ports, HTTP, and the delta pipeline's codec workers,
+# encode-ahead, cut-through relays, re-planning and chaos).
 TSAN_TESTS := $(filter-out $(ONCE_TESTS),$(wildcard tests/integration/test_*.py)) \
 	tests/integration/cluster/test_replication.py tests/integration/cluster/test_latejoin.py \
-	tests/integration/cluster/test_ports.py tests/integration/cluster/test_http_cluster.py
+	tests/integration/cluster/test_ports.py tests/integration/cluster/test_http_cluster.py \
+	tests/integration/cluster/test_delta.py tests/integration/cluster/test_delta_pipeline.py \
+	tests/integration/cluster/test_replan.py tests/integration/cluster/test_chaos.py
 
 SAN_LOG := build-asan/sanitizer-logs
 integration-asan: asan
@@ -321,7 +336,7 @@ integration-asan: asan
 	HWFS_BIN=$(CURDIR)/build-asan/hwfs \
 	ASAN_OPTIONS=detect_leaks=1:log_path=$(CURDIR)/$(SAN_LOG)/asan \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(CURDIR)/$(SAN_LOG)/ubsan \
-		python3 -m pytest -q -p no:cacheprovider $(ONCE_IGNORE) tests/integration
+	HWFS_TIME_SCALE=2 $(PYTEST) $(ONCE_IGNORE) tests/integration
 	@if [ -n "$$(ls -A $(SAN_LOG))" ]; then cat $(SAN_LOG)/*; \
 		echo "sanitizer reports above"; exit 1; fi
 	@echo "integration-asan: no sanitizer reports"
@@ -332,7 +347,7 @@ TSAN_OPTS := suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=0 exitcode=66
 integration-tsan: tsan
 	rm -rf $(TSAN_LOG) && mkdir -p $(TSAN_LOG)
 	HWFS_BIN=$(CURDIR)/build-tsan/hwfs TSAN_OPTIONS="$(TSAN_OPTS) log_path=$(CURDIR)/$(TSAN_LOG)/tsan" \
-		python3 -m pytest -q -p no:cacheprovider $(TSAN_TESTS)
+	HWFS_TIME_SCALE=4 $(PYTEST) $(TSAN_TESTS)
 	@if [ -n "$$(ls -A $(TSAN_LOG))" ]; then cat $(TSAN_LOG)/*; \
 		echo "ThreadSanitizer reports above"; exit 1; fi
 	@echo "integration-tsan: no ThreadSanitizer reports"
@@ -421,14 +436,10 @@ fuzz:
 	$(MAKE) BUILD=build-fuzz CC=clang EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" \
 		EXTRA_LDFLAGS="-fsanitize=address,undefined" build-fuzz/libhwfs-core.a
 	@mkdir -p build-fuzz
-	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined $(INC_ALL) $(PKG_CFLAGS) \
-		-o build-fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c build-fuzz/libhwfs-core.a $(LIBS)
-	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined $(INC_ALL) $(PKG_CFLAGS) \
-		-o build-fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c build-fuzz/libhwfs-core.a $(LIBS)
-	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined $(INC_ALL) $(PKG_CFLAGS) \
-		-o build-fuzz/fuzz_proto tests/fuzz/fuzz_proto.c build-fuzz/libhwfs-core.a $(LIBS)
-	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined $(INC_ALL) $(PKG_CFLAGS) \
-		-o build-fuzz/fuzz_delta tests/fuzz/fuzz_delta.c build-fuzz/libhwfs-core.a $(LIBS)
+	set -e; for t in $(FUZZ_TARGETS); do \
+		clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined $(INC_ALL) $(PKG_CFLAGS) \
+			-o build-fuzz/$$t tests/fuzz/$$t.c build-fuzz/libhwfs-core.a $(LIBS); \
+	done
 	@echo "run e.g.: build-fuzz/fuzz_proto -max_total_time=60 tests/fuzz/corpus/proto (seeds: version-2 messages)"
 
 format:
@@ -436,3 +447,7 @@ format:
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz
+
+# The fuzz targets (FUZZ_TARGETS) and `make fuzz-replay`: every target replays its checked-in
+# seed corpus under ASan/UBSan, built with $(CC), no libFuzzer needed (tests/fuzz/README.md).
+include tests/fuzz/fuzz.mk

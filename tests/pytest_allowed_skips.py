@@ -19,8 +19,10 @@ import re
 RULES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allowed-skips.txt")
 
 
-def load_rules(path=RULES_FILE):
-    """[(id pattern, compiled reason regex)] from @path; a malformed line raises ValueError."""
+def load_rules(path=None):
+    """[(id pattern, compiled reason regex)] from @path (default RULES_FILE); a malformed
+    line raises ValueError."""
+    path = path or RULES_FILE
     rules = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
