@@ -562,6 +562,7 @@ struct diffs {
 	uint64_t bytes;       /* their estimated memory */
 	struct diff_uid *uids; /* uids with computations running or waiting */
 	size_t n_uids;
+	uint64_t computed;    /* computations started (status diffs.computed) */
 };
 
 int daemon_diffs_create(struct diffs **out)
@@ -602,6 +603,16 @@ void daemon_diffs_destroy(struct diffs *g)
 	pthread_cond_destroy(&g->cv);
 	pthread_mutex_destroy(&g->mu);
 	free(g);
+}
+
+uint64_t daemon_diffs_computed(struct diffs *g)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&g->mu);
+	n = g->computed;
+	pthread_mutex_unlock(&g->mu);
+	return n;
 }
 
 /* The computations of @uid counted in @g (mu held), or NULL. */
@@ -724,6 +735,7 @@ static int diffs_acquire(struct daemon *d, uid_t uid, uint64_t bytes)
 	if (r == 0) {
 		g->running++;
 		g->bytes += bytes;
+		g->computed++;
 	} else {
 		uid_put(g, uid);
 	}

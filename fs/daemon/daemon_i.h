@@ -192,6 +192,8 @@ struct diffs;
 int daemon_diffs_create(struct diffs **out);
 /** Free @g (NULL: nothing), once no control connection is left. */
 void daemon_diffs_destroy(struct diffs *g);
+/** How many element diffs were computed (not answered from another's computation). */
+uint64_t daemon_diffs_computed(struct diffs *g);
 
 /** `hwfs diff A B --elements` (daemon_diff.c), a daemon_op_fn that op_diff hands to. */
 json_t *op_diff_elements(struct daemon *d, json_t *req, struct ctl_reader *rd,

@@ -147,6 +147,8 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 						 (json_int_t)held.removed_bytes, "writing_files",
 						 (json_int_t)held.writing_files, "writing_bytes",
 						 (json_int_t)held.writing_bytes));
+	json_object_set_new(r, "diffs", json_pack("{s:I}", "computed",
+						  (json_int_t)daemon_diffs_computed(d->diffs)));
 	if (agent) {
 		json_t *rep = agent_counters(agent);
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import (CHANGED_IDX, assert_error_line, make_tensors, poll, readlink_or_none, save_model,
-                      sh)
+                      scaled, sh)
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_commit_emits_inotify_moved_to(v1v2):
     threading.Thread(target=reader, daemon=True).start()
     seen = []
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while not any("Watches established" in s for s in seen):
             assert time.monotonic() < deadline, f"inotifywait did not start: {seen}"
             try:
@@ -56,7 +56,7 @@ def test_commit_emits_inotify_moved_to(v1v2):
             except queue.Empty:
                 pass
         m.run("commit", "v2")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while not any("MOVED_TO" in s and "current" in s for s in seen):
             assert time.monotonic() < deadline, f"no MOVED_TO current event; inotifywait printed {seen}"
             try:

@@ -6,7 +6,10 @@ fixture links /sbin/mount.hwfs to the mount.hwfs beside the hwfs under test
 link afterwards; an /sbin/mount.hwfs that is not such a link (an installed
 one) is left alone and the tests are skipped, saying so.  Each test checks
 that the mount answers as soon as mount(8) returns, that the options reached
-the daemon, and that a plain `umount` stops the daemon cleanly.
+the daemon (capacity in its status; the read_ahead_kb tunable in the mount's
+bdi, /sys/class/bdi/MAJOR:MINOR/read_ahead_kb of its st_dev, which the daemon
+sets before the mount is reported up), and that a plain `umount` stops the
+daemon cleanly.
 """
 
 import os
@@ -15,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HWFS, TIMEOUT, is_mounted, pid_alive, sh, wait_dead
+from conftest import HWFS, TIMEOUT, is_mounted, pid_alive, scaled, sh, wait_dead
 from http_helpers import get
 
 SBIN_HELPER = "/sbin/mount.hwfs"
+READ_AHEAD_DEFAULT_KB = 8192  # the read_ahead_kb tunable's default (fs/common/tunables.h)
 
 
 @pytest.fixture
@@ -75,16 +79,26 @@ def place(tmp_path):
         p.cleanup()
 
 
-def check_mounted_then_umount(p, capacity):
-    """The mount answers at once, has the options asked for; umount stops the daemon cleanly."""
+def read_ahead_kb(mnt):
+    """The read-ahead of the mount at @mnt: read_ahead_kb of the bdi of its st_dev."""
+    dev = os.stat(mnt).st_dev
+    with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb") as f:
+        return int(f.read())
+
+
+def check_mounted_then_umount(p, capacity, read_ahead):
+    """The mount answers at once, has the options asked for (capacity, read-ahead in KiB);
+    umount stops the daemon cleanly."""
     pid = int(os.getxattr(p.mnt, "user.hwfs.pid"))  # answers: no retry
     p.pid = pid
     st = __import__("json").loads(sh([HWFS, "status", "--json", "-m", p.mnt]).stdout)
     assert st["store"]["capacity_bytes"] == capacity
+    assert read_ahead_kb(p.mnt) == read_ahead, \
+        f"the mount's read_ahead_kb is {read_ahead_kb(p.mnt)}, not {read_ahead}\n{p.log()}"
     assert get(st["http"], "/readyz") == (200, "ready\n")
     cp = sh(["umount", p.mnt], check=False)
     assert cp.returncode == 0, cp.stderr
-    assert wait_dead(pid, 20), "the daemon did not exit after umount"
+    assert wait_dead(pid, scaled(20)), "the daemon did not exit after umount"
     assert not is_mounted(p.mnt)
     log = p.log()
     assert "unmounted " in log and "error" not in log, log
@@ -96,7 +110,7 @@ def test_mount_t_hwfs_maps_options_and_umount_stops_the_daemon(helper, place):
              "read_ahead_kb=1024"], check=False)
     assert cp.returncode == 0, cp.stderr
     assert is_mounted(place.mnt)
-    check_mounted_then_umount(place, 64 << 20)
+    check_mounted_then_umount(place, 64 << 20, 1024)
 
 
 def test_fstab_line(helper, place, tmp_path):
@@ -105,7 +119,7 @@ def test_fstab_line(helper, place, tmp_path):
                      "capacity=32M,http=127.0.0.1:0,_netdev,nofail,noauto 0 0\n")
     cp = sh(["mount", "-T", fstab, place.mnt], check=False)
     assert cp.returncode == 0, cp.stderr
-    check_mounted_then_umount(place, 32 << 20)
+    check_mounted_then_umount(place, 32 << 20, READ_AHEAD_DEFAULT_KB)
 
 
 @pytest.mark.parametrize("opts, says", [

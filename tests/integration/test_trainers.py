@@ -133,13 +133,18 @@ def test_publish_sharded_equals_unsharded(mount, tmp_path, ranks, max_file):
 def test_publish_rank_killed(mount, tmp_path, where):
     """A rank killed (SIGKILL) in the middle of its writes, or of the ranks'
     exchange of Shard(1) rows: its peers do not hang, the version is not
-    made, the partial one is removed and its space given back."""
+    made, the partial one is removed and its space given back.  The
+    survivor, rank 0, reports its publish failed with a PublishError naming
+    the version (the broken collective, or torchrun's SIGTERM once it saw
+    rank 1 die): it neither hung (run_ranks' timeout) nor published."""
     before = mount.status()["store"]["used_bytes"]
     out = tmp_path / "out"
     cp, rep = run_ranks(2, "publish_kill", mount.mnt, out, "v1", 1, where, check=False)
-    assert cp.returncode != 0
     assert os.path.exists(out / "rank1.dying"), cp.stderr[-3000:]
     assert 1 not in rep
+    assert 0 in rep, f"the surviving rank 0 reported nothing\n{cp.stderr[-3000:]}"
+    assert (rep[0]["error"] or "").startswith("PublishError: publish v1: rank 0: "), \
+        f"rank 0's publish did not fail with a PublishError: {rep[0]}"
     vs = [v["name"] for v in mount.status()["versions"]]
     assert vs == [], vs
     assert os.listdir(mount.path("versions")) == []

@@ -5,12 +5,16 @@ caught by every node's own hash check — a relay that caught one never passes i
 
 Order is made deterministic with SIGSTOP rather than timing: a relay stopped while its
 puller's GETs queue up, the publisher stopped while its relays' GETs wait, so the GETs of
-the next hop are waiting at each relay when the deltas start to flow.  The status counters
-(replication.delta: ahead_encoded, ahead_hits, ahead_cancelled, forwarded) say what
-happened.  Clusters come from the ``net`` fixture of cluster/conftest.py.
+the next hop are waiting at each relay when the deltas start to flow; and a ptrace stop of
+one thread, the codec worker, holds every encode while the rest of the daemon runs.  The
+status counters (replication.delta: ahead_encoded, ahead_hits, ahead_cancelled, forwarded,
+whole, sent) say what happened.  Clusters come from the ``net`` fixture of cluster/conftest.py.
 """
 
+import contextlib
+import ctypes
 import os
+import platform
 import re
 import signal
 import time
@@ -189,19 +193,70 @@ def test_version_removed_while_its_deltas_are_encoded_ahead(net, tmp_path):
     assert grew(before, end, "delta", "ahead_encoded") >= n_tensors, end["delta"]
 
 
+ENCODE_WAIT_MAX = 4096  # replicator/agent_i.h: requests waiting on encodes; more go whole
+
+# ptrace(2) requests, and waitpid()'s __WALL (a thread of another process is waited for)
+PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT, WALL = 17, 0x4206, 0x4207, 0x40000000
+# futex(2), the system call a thread asleep on a condition variable is in
+FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+
+
+def _ptrace(request, tid):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    libc.ptrace.restype = ctypes.c_long
+    if libc.ptrace(request, tid, None, None) < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"ptrace({request:#x}, {tid}): {os.strerror(e)}")
+
+
+def asleep_on_a_condition(pid):
+    """The threads of process @pid but its main one that sleep in futex(2) now
+    (/proc/PID/task/TID/syscall).  A node started with codec_threads=1, delta_ahead=0 and
+    no HTTP or engine socket has one: its codec worker (the agent thread sleeps in poll(),
+    the ZeroMQ ones in epoll_wait(), the FUSE ones in read(), the control one in accept())."""
+    assert FUTEX is not None, f"futex(2)'s system call number on {platform.machine()} unknown"
+    tids = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/syscall") as f:
+                nr = f.read().split()[0]
+        except OSError:
+            continue
+        if int(t) != pid and nr == str(FUTEX):
+            tids.append(int(t))
+    return tids
+
+
+@contextlib.contextmanager
+def threads_held(tids):
+    """Threads @tids held in a ptrace stop (only they: the rest of their process runs on)
+    until the block ends."""
+    seized = []
+    try:
+        for tid in tids:
+            _ptrace(PTRACE_SEIZE, tid)
+            seized.append(tid)
+            _ptrace(PTRACE_INTERRUPT, tid)
+            os.waitpid(tid, WALL)  # it is stopped
+        yield
+    finally:
+        for tid in seized:
+            _ptrace(PTRACE_DETACH, tid)
+
+
 @pytest.mark.limit(120)
 def test_a_get_flood_naming_bases_is_bounded(net, tmp_path):
     """A puller (a raw ZeroMQ peer on the --insecure data port) sends 5 GETs of 1024
-    entries each, every one naming a base for a shard of v2, while A is stopped, so that
-    they are taken together.  A has one codec thread, and the first entry is a 32 MiB
-    shard, whose encode keeps the small ones queued behind it meanwhile: at most
-    ENCODE_WAIT_MAX (4096) requests wait on encodes, the rest are answered with the whole
-    (small) shard at once (delta.whole grows); every request is answered and A stays
-    healthy."""
+    entries each, every one naming a base for a shard of v2, while A's one codec worker is
+    held (a ptrace stop: no encode can end, so no request stops waiting meanwhile): exactly
+    ENCODE_WAIT_MAX (4096) requests wait on encodes and the other 1024 are answered with the
+    whole (small) shard at once (delta.whole), before anything is encoded.  Once the worker
+    runs again the 4096 get their deltas, each of the 8 deltas encoded once for all who
+    asked; every request is answered and A stays healthy."""
     start(net, ["A"], extra=["-o", "delta_ahead=0", "-o", "codec_threads=1"])
     a = net["A"]
     w1 = bf16_model(1, n=TENSORS, nbytes=64 << 10)  # small shards: the whole answers stay small
-    w1["big.weight"] = bf16_model(3, n=1, nbytes=32 << 20)["layers.0.weight"]
     v1 = model_dir(str(tmp_path / "v1"), w1)
     v2 = model_dir(str(tmp_path / "v2"), rl_step(w1, 0.02, 2))
     a.run("publish", v1, "v1")
@@ -209,35 +264,42 @@ def test_a_get_flood_naming_bases_is_bounded(net, tmp_path):
     m1 = shard_map(a.run("manifest", "v1").stdout.encode(), "")
     m2 = shard_map(a.run("manifest", "v2").stdout.encode(), "")
     at1 = {(p, off): h for h, (p, off, _) in m1.items()}
-    pairs = [(h, at1[(p, off)], n) for h, (p, off, n) in m2.items()
-             if (p, off) in at1 and at1[(p, off)] != h]
-    big = [(h, b) for h, b, n in pairs if n == 32 << 20]
-    small = [(h, b) for h, b, n in pairs if n == 64 << 10]
-    assert len(big) == 1 and len(small) == TENSORS, pairs
-    before = replication(a)
+    small = [(h, at1[(p, off)]) for h, (p, off, n) in m2.items()
+             if (p, off) in at1 and at1[(p, off)] != h and n == 64 << 10]
+    assert len(small) == TENSORS, small
     n_get, per_get = 5, 1024
+    total = n_get * per_get
     pid = int(a.status()["pid"])
+    codec = asleep_on_a_condition(pid)
+    assert codec, "no thread of A sleeps on a condition: its codec worker not found"
+    before = replication(a)
     with Rogue(a.url, "flood") as r:
-        os.kill(pid, signal.SIGSTOP)
-        try:
+        with threads_held(codec):
             for g in range(n_get):
                 sel = [small[(g * per_get + i) % len(small)] for i in range(per_get)]
-                if g == 0:
-                    sel[0] = big[0]
                 r.send("GET", req=g + 1, hashes=[h for h, _ in sel], bases=[b for _, b in sel],
                        widths=[2] * per_get)
-            time.sleep(0.5)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        assert poll(lambda: grew(before, replication(a), "delta", "sent") +
-                    grew(before, replication(a), "delta", "whole") >= n_get * per_get,
+            # then one naming no base (answered whole, not counted in delta.whole): A takes
+            # a peer's GETs in order, so once it counts this one it took all the others
+            r.send("GET", req=n_get + 1, hashes=[small[0][0]])
+            assert poll(lambda: grew(before, replication(a), "requests_received") >= total + 1,
+                        timeout=30, interval=0.05), replication(a)
+            held = replication(a)
+            d = {k: grew(before, held, "delta", k) for k in held["delta"]}
+            print("A, its codec worker held:", d)
+            assert d["encoded"] == 0 and d["sent"] == 0, f"an encode ended: the worker ran: {d}"
+            assert d["whole"] == total - ENCODE_WAIT_MAX, \
+                f"{d['whole']} of {total} requests answered whole at once, not the " \
+                f"{total - ENCODE_WAIT_MAX} beyond ENCODE_WAIT_MAX ({ENCODE_WAIT_MAX}) waiting: {d}"
+        assert poll(lambda: grew(before, replication(a), "delta", "sent") >= ENCODE_WAIT_MAX,
                     timeout=30, interval=0.1), replication(a)["delta"]
         r.received(timeout_ms=100)  # (what reached it: a ROUTER drops past its high-water mark)
     after = replication(a)
     d = {k: grew(before, after, "delta", k) for k in after["delta"]}
     print("A:", d)
-    assert d["whole"] >= 1, f"no request beyond the cap was answered whole: {d}"
-    assert d["sent"] + d["whole"] == n_get * per_get, f"requests left unanswered: {d}"
+    assert d["sent"] == ENCODE_WAIT_MAX and d["whole"] == total - ENCODE_WAIT_MAX, \
+        f"the requests that waited were not all answered with their delta: {d}"
+    assert d["encoded"] == len(small), f"the waiting requests did not share the encodes: {d}"
     assert a.healthy()
 
 

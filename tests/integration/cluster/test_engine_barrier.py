@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import HWFS, TIMEOUT, poll
+from conftest import HWFS, TIMEOUT, poll, scaled
 from engine_proto import Conn, call
 
 from .conftest import CHUNK, Rogue, corrupt_chunk, node_view, random_model, ring
@@ -250,7 +250,7 @@ def test_coordinator_blanks_control_characters_of_ready_and_ack_reasons(net, tmp
                 call(a.mnt, {"op": "commit", "version": "v1"}, timeout=TIMEOUT)))
             t.start()
             try:
-                end = time.monotonic() + 15
+                end = time.monotonic() + scaled(15)
                 answered = set()
                 while time.monotonic() < end and len(answered) < (1 if kind == "READY" else 2):
                     for m in r.received(200):
@@ -334,7 +334,7 @@ def test_an_early_hello_only_when_the_engines_changed(net, tmp_path):
 
         def until_hello(pred):
             """HELLOs until one whose engines satisfy @pred; all of them."""
-            got, end = [], time.monotonic() + 15
+            got, end = [], time.monotonic() + scaled(15)
             while time.monotonic() < end and not (got and pred(got[-1])):
                 got += hellos(500)
             assert got and pred(got[-1]), got

@@ -126,7 +126,7 @@ def test_orphan_replanned_onto_relay_still_receiving(net, tmp_path):
         pub = subprocess.Popen([HWFS, "publish", str(src), "v1", "-m", p.mnt], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
         try:
-            end = time.monotonic() + 60
+            end = time.monotonic() + 60 * TIME_SCALE
             while time.monotonic() < end and r2.bytes_received() == 0 and not r2.visible("v1"):
                 time.sleep(0.01)
             r2_state = {"visible": r2.visible("v1"), "bytes_received": r2.bytes_received()}
