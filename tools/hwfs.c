@@ -24,6 +24,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hwfs_api.h" /* first: the public API beside hwfs_common.h */
@@ -438,6 +439,19 @@ static int status_cluster(void)
 	}
 }
 
+/* status's last refused commit ({"version", "reason", "errno", "at"}), when there is one. */
+static void print_refused(json_t *r)
+{
+	char when[32];
+	time_t at;
+
+	if (!json_is_object(r))
+		return;
+	at = (time_t)jint(r, "at");
+	strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", localtime(&at));
+	printf("last refused commit: %s at %s: %s\n", jstr(r, "version"), when, jstr(r, "reason"));
+}
+
 static int cmd_status(int argc, char **argv)
 {
 	json_t *res, *st, *v;
@@ -470,6 +484,7 @@ static int cmd_status(int argc, char **argv)
 		printf("current: %s\n", json_is_string(json_object_get(res, "current"))
 						? jstr(res, "current")
 						: "(none)");
+		print_refused(json_object_get(res, "last_refused_commit"));
 		print_versions_table(json_object_get(res, "versions"));
 		print_engines("", json_object_get(res, "engines"));
 		print_leases(json_object_get(res, "leases"));
@@ -563,10 +578,10 @@ static void print_nodes(const char *label, json_t *a)
  */
 static int cmd_commit(int argc, char **argv)
 {
-	int i = client_opts(argc, argv, "hwfs commit VERSION [--local] [-m MOUNT] [--json]", 1, 1,
-			    NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:b}", "op", "commit", "version",
-				     version_arg(argv[i]), "local", g_local),
+	int i = client_opts(argc, argv, "hwfs commit VERSION [--local [--force]] [-m MOUNT] [--json]",
+			    1, 1, NULL);
+	json_t *res = call(json_pack("{s:s, s:s, s:b, s:b}", "op", "commit", "version",
+				     version_arg(argv[i]), "local", g_local, "force", g_force),
 			   0);
 	const char *outcome = jstr(res, "outcome"), *k;
 	int ok = json_is_true(json_object_get(res, "ok"));

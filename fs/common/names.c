@@ -111,7 +111,7 @@ int hwfs_valid_name(const char *name)
 {
 	const unsigned char *p = (const unsigned char *)name;
 
-	if (!*name || !strcmp(name, ".") || !strcmp(name, "..") || strlen(name) > 255)
+	if (!*name || !strcmp(name, ".") || !strcmp(name, "..") || strlen(name) > HWFS_NAME_MAX)
 		return 0;
 	while (*p) {
 		int n = utf8_len(p);

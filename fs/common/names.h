@@ -17,6 +17,8 @@
 #include "hwfs_common.h"
 
 /* Longest engine name, and its alphabet (docs/engines.md). */
+/* The longest file or version name, in bytes (NAME_MAX of the kernel). */
+#define HWFS_NAME_MAX 255
 #define HWFS_ENGINE_NAME_MAX 64
 /* Longest refusal reason kept from an engine's report (longer ones are cut). */
 #define HWFS_ENGINE_REASON_MAX 512

@@ -544,7 +544,8 @@ static void on_init(void *arg)
 int daemon_run(const struct daemon_opts *o)
 {
 	struct daemon d = {.o = o, .ctl_fd = -1, .conn_mu = PTHREAD_MUTEX_INITIALIZER,
-			   .http_mu = PTHREAD_MUTEX_INITIALIZER};
+			   .http_mu = PTHREAD_MUTEX_INITIALIZER,
+			   .commit_mu = PTHREAD_MUTEX_INITIALIZER};
 	pthread_condattr_t ca;
 	struct fuse_loop_config *cfg = NULL;
 	char optstr[4096], msg[4352];
@@ -628,7 +629,7 @@ int daemon_run(const struct daemon_opts *o)
 	snprintf(optstr, sizeof(optstr),
 		 "fsname=hwfs:%s,subtype=hwfs,max_read=1048576,default_permissions%s",
 		 store_dir(d.st), geteuid() == 0 ? ",allow_other" : "");
-	d.fsctx = (struct fsctx){d.ns, d.ctl_path, on_init, &d};
+	d.fsctx = (struct fsctx){d.ns, d.ctl_path, on_init, &d, daemon_rename_commit};
 	d.se = fuse_session_new(&args, hwfs_fuse_ops(), sizeof(struct fuse_lowlevel_ops), &d.fsctx);
 	if (!d.se) {
 		r = -EINVAL;
@@ -762,6 +763,7 @@ out:
 	engines_destroy(d.engines);
 	daemon_diffs_destroy(d.diffs);
 	ns_destroy(d.ns);
+	json_decref(d.last_refused);
 	/* unpin, then close the runtime, then unmap the arena */
 	gpu_unpin(d.gpu);
 	gpu_close(d.gpu);

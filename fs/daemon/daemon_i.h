@@ -21,6 +21,7 @@
 #include "gpu.h"
 #include "http.h"
 #include "metrics.h"
+#include "names.h"
 #include "ns.h"
 
 struct conn;
@@ -71,6 +72,12 @@ struct daemon {
 	int fuse_up;             /* atomic: FUSE init done (readyz) */
 	pthread_t init_thread;   /* post_init(), joined at shutdown when init_started */
 	int init_started;        /* atomic: init_thread was started */
+	/* commits (daemon_commit.c) */
+	pthread_mutex_t commit_mu; /* guards the three below; never held while waiting */
+	char rename_version[HWFS_NAME_MAX + 1]; /* a rename onto current waiting for the
+						 * cluster's commit of it, "" when none */
+	int rename_flip_due;       /* that commit's COMMIT reached this node */
+	json_t *last_refused;      /* the last refused commit, NULL when none */
 };
 
 /*
@@ -128,6 +135,20 @@ const char *daemon_req_str(json_t *req, const char *key);
 
 /** Flip `current` to version @v through the mount (daemon_ops.c); the agent's commit hook. */
 int daemon_flip_current(void *arg, const char *v, char *err, size_t errlen);
+/** The control operation commit (daemon_commit.c). */
+json_t *daemon_op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd,
+			 const struct ctl_peer *peer);
+/**
+ * daemon_rename_commit() - struct fsctx's commit callback: a rename onto
+ * `current` (link @target) by process @pid through the mount is `hwfs
+ * commit` (the engine barrier; when joined, the cluster's two phases).
+ * Returns 0 once decided for this node (the rename flips), or -errno:
+ * EINVAL for a target that names no version, the barrier's or the
+ * coordinator's errno otherwise (docs/cli.md, "Committing through the mount").
+ */
+int daemon_rename_commit(void *arg, const char *target, pid_t pid);
+/** The last refused commit as status shows it (a new reference; JSON null when none). */
+json_t *daemon_commit_status(struct daemon *d);
 
 /** The seal hook of the namespace: tell the watchers ("arrived") and the agent. */
 void daemon_sealed(void *arg, const char *name);

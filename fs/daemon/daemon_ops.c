@@ -9,8 +9,8 @@
  * authorize() in daemon.c) and which request keys name an existing version
  * (names with the reserved prefix, the daemon's own staging, are refused
  * there for every operation).  daemon.c's connection threads dispatch through
- * it; publish lives in daemon_publish.c, and the long-lived map, watch and
- * engine in daemon_engines.c.  Handlers run on control threads,
+ * it; publish lives in daemon_publish.c, commit in daemon_commit.c, and the
+ * long-lived map, watch and engine in daemon_engines.c.  Handlers run on control threads,
  * never inside a FUSE request, and hold no namespace lock while the kernel
  * calls back into the daemon (commit renames through the mount).
  */
@@ -141,6 +141,7 @@ static json_t *op_status(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	status_gpu(d, r);
 	json_object_set_new(r, "engines", engines_json(d->engines) ?: json_array());
 	json_object_set_new(r, "leases", engines_leases_json(d->engines) ?: json_array());
+	json_object_set_new(r, "last_refused_commit", daemon_commit_status(d) ?: json_null());
 	ns_held(d->ns, &held);
 	json_object_set_new(r, "held", json_pack("{s:I, s:I, s:I, s:I}", "removed_files",
 						 (json_int_t)held.removed_files, "removed_bytes",
@@ -201,169 +202,6 @@ static json_t *op_seal(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	if (r < 0)
 		return daemon_err_reply(-r, "cannot seal %s: %s", v, err[0] ? err : seal_error(r));
 	return daemon_ok_reply();
-}
-
-/*
- * Flip `current` through the mount so inotify watchers see IN_MOVED_TO: a
- * fresh symlink in the root renamed onto `current` (the namespace's current
- * hook then tells the watchers and engines, {"event": "current"}).  Never
- * called from a FUSE request handler.  Returns 0 or -errno with a sentence in
- * @err.
- */
-static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
-{
-	char tmp[4096], cur[4096], target[1024];
-	int r, step;
-
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, errlen);
-	ns_unlock(d->ns);
-	if (r < 0)
-		return r;
-	snprintf(target, sizeof(target), "versions/%s", v);
-	snprintf(tmp, sizeof(tmp), "%s/.hwfs-commit-%d-%llu", d->o->mountpoint, (int)getpid(),
-		 (unsigned long long)__atomic_add_fetch(&d->counter, 1, __ATOMIC_RELAXED));
-	snprintf(cur, sizeof(cur), "%s/current", d->o->mountpoint);
-	/*
-	 * Shutdown sets d->stopping before it unmounts: seen between the two
-	 * calls, the symlink may have landed in the bare mountpoint directory,
-	 * and so would the rename.  Checked after the symlink, so an unmount
-	 * cannot slip in between the check and a symlink that did reach the
-	 * mount.  Both calls are made by one child (own_mount.h).
-	 */
-	if (own_mount_flip(target, tmp, cur, &d->stopping, &step) < 0) {
-		r = -errno;
-		if (r == -ESHUTDOWN)
-			snprintf(err, errlen, "the daemon is shutting down");
-		else if (step == 1)
-			snprintf(err, errlen, "symlink: %s", strerror(-r));
-		else
-			snprintf(err, errlen, "%s", r == -ENOENT ? "no such version"
-						    : r == -EBUSY ? "version is open"
-						    : r == -EIO   ? "version is damaged" : strerror(-r));
-		return r;
-	}
-	return 0;
-}
-
-/*
- * daemon_flip_current() - flip_now(), counted for /metrics: the node is "updating"
- * meanwhile (readyz), the flip's duration goes to
- * hwfs_commit_duration_seconds{phase="flip"} and its outcome to
- * hwfs_commits_total (committed, or refused when the version cannot be
- * committed, else failed).
- */
-int daemon_flip_current(void *arg, const char *v, char *err, size_t errlen)
-{
-	struct daemon *d = arg;
-	uint64_t t0 = hwfs_mono_ns();
-	int r;
-
-	hwfs_count(&hwfs_nm.updating, 1);
-	r = flip_now(d, v, err, errlen);
-	hwfs_hist_observe_ns(&hwfs_nm.commit_flip, hwfs_mono_ns() - t0);
-	hwfs_count(&hwfs_nm.commits[r == 0 ? HWFS_COMMIT_OK : HWFS_COMMIT_FAILED], 1);
-	__atomic_fetch_sub(&hwfs_nm.updating, 1, __ATOMIC_RELAXED);
-	return r; /* the current hook refreshed /metrics' snapshot (daemon_current) */
-}
-
-/*
- * commit_reply() - the control reply for the coordinator's COMMIT_RES @res
- * (consumed): "outcome" (committed / partial / aborted) and the nodes that
- * "committed", "failed" (node -> reason) and are "unknown" (no answer before
- * the deadline), with "ok" only when every live node committed and an
- * "error" sentence otherwise, whose "errno" is the coordinator's (a
- * coordinator that predates it: EINPROGRESS for partial, ECANCELED for
- * aborted).  Returns the reply, NULL without memory.
- */
-static json_t *commit_reply(const char *v, json_t *res)
-{
-	const char *outcome = json_string_value(json_object_get(res, "outcome"));
-	const char *why = json_string_value(json_object_get(res, "reason"));
-	json_t *out;
-
-	if (!outcome) /* a coordinator that predates outcomes */
-		outcome = json_is_true(json_object_get(res, "ok")) ? "committed" : "aborted";
-	if (!strcmp(outcome, "committed"))
-		out = json_pack("{s:b, s:s}", "ok", 1, "current", v);
-	else if (!strcmp(outcome, "partial"))
-		out = daemon_err_reply(ctl_errno(res) ?: EINPROGRESS,
-				"commit of %s is partial: %zu node(s) flipped, %zu failed, %zu did "
-				"not answer (%s); the others flip when they can",
-				v, json_array_size(json_object_get(res, "committed")),
-				json_object_size(json_object_get(res, "failed")),
-				json_array_size(json_object_get(res, "unknown")), why ? why : "?");
-	else
-		out = daemon_err_reply(ctl_errno(res) ?: ECANCELED, "commit of %s aborted: %s", v,
-				why ? why : "refused");
-	if (out) {
-		json_object_set_new(out, "outcome", json_string(outcome));
-		/* the coordinator's lists, or empty ones it did not send (one reference each) */
-		json_object_set_new(out, "nodes", json_incref(json_object_get(res, "nodes")) ?: json_array());
-		json_object_set_new(out, "committed",
-				    json_incref(json_object_get(res, "committed")) ?: json_array());
-		json_object_set_new(out, "failed",
-				    json_incref(json_object_get(res, "failed")) ?: json_object());
-		json_object_set_new(out, "unknown",
-				    json_incref(json_object_get(res, "unknown")) ?: json_array());
-	}
-	json_decref(res);
-	return out;
-}
-
-static json_t *op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd,
-			 const struct ctl_peer *peer)
-{
-	const char *v = daemon_req_str(req, "version");
-	int local = json_is_true(json_object_get(req, "local"));
-	struct agent *agent = daemon_agent(d);
-	char err[512];
-	json_t *res = NULL;
-
-	if (!v)
-		return daemon_err_reply(EINVAL, "commit: missing version");
-	if (agent && !local) {
-		/* two-phase, cluster-wide: the coordinator decides */
-		ns_rdlock(d->ns);
-		int r = ns_check_committable(d->ns, v, err, sizeof(err));
-		ns_unlock(d->ns);
-		if (r < 0)
-			return daemon_err_reply(-r, "cannot commit: %s", err);
-		json_t *call = json_pack("{s:s, s:s}", "op", "commit", "version", v);
-
-		r = agent_call(agent, call, &res, (int)hwfs_tun.commit_wait_ms);
-		json_decref(call);
-		if (r == -EHOSTUNREACH)
-			return daemon_err_reply(EHOSTUNREACH,
-					 "cannot commit %s: the coordinator is unreachable", v);
-		if (r < 0) {
-			json_t *e = daemon_err_reply(-r, "commit of %s: the coordinator %s; the outcome is "
-					      "unknown until it is back (see hwfs status --cluster)",
-					      v, r == -ECONNRESET ? "went away" : "did not answer");
-
-			json_object_set_new(e, "outcome", json_string("unknown"));
-			return e;
-		}
-		return commit_reply(v, res);
-	}
-	/* local: this node's engines must have @v loaded first (docs/engines.md) */
-	uint64_t t0 = hwfs_mono_ns();
-
-	hwfs_count(&hwfs_nm.updating, 1);
-	ns_rdlock(d->ns);
-	int r = ns_check_committable(d->ns, v, err, sizeof(err));
-	ns_unlock(d->ns);
-	if (r == 0)
-		r = engines_barrier_wait(d->engines, v, err, sizeof(err));
-	hwfs_hist_observe_ns(&hwfs_nm.commit_prepare, hwfs_mono_ns() - t0);
-	if (r < 0)
-		hwfs_count(&hwfs_nm.commits[HWFS_COMMIT_REFUSED], 1);
-	else
-		r = daemon_flip_current(d, v, err, sizeof(err));
-	__atomic_fetch_sub(&hwfs_nm.updating, 1, __ATOMIC_RELAXED);
-	if (r < 0)
-		return daemon_err_reply(-r, "cannot commit %s: %s", v, err);
-	return json_pack("{s:b, s:s}", "ok", 1, "current", v);
 }
 
 static json_t *op_cluster(struct daemon *d, json_t *req, struct ctl_reader *rd,
@@ -760,7 +598,7 @@ static const struct daemon_op ops[] = {
 	{"status", op_status, 0, 0, {NULL, NULL}},
 	{"ls", op_ls, 0, 0, {NULL, NULL}},
 	{"seal", op_seal, 1, 0, {"version", NULL}},
-	{"commit", op_commit, 1, 0, {"version", NULL}},
+	{"commit", daemon_op_commit, 1, 0, {"version", NULL}},
 	{"publish", op_publish, 1, 0, {NULL, NULL}},
 	{"verify", op_verify, 1, 0, {"version", NULL}},
 	{"rm", op_rm, 1, 0, {"version", NULL}},

@@ -22,6 +22,8 @@
 #ifndef HWFS_OWN_MOUNT_H
 #define HWFS_OWN_MOUNT_H
 
+#include <sys/types.h>
+
 /**
  * own_mount_set_fd() - the FUSE session's /dev/fuse descriptor of this
  * process (-1: none; the calls below are then made directly).  Set once,
@@ -46,5 +48,12 @@ int own_mount_symlink(const char *target, const char *path);
  */
 int own_mount_flip(const char *target, const char *tmp, const char *path, const int *stopping,
 		   int *step);
+
+/**
+ * own_mount_is_child() - is process @pid a child of this process (one of the
+ * children above, making its call through the mount)?  1 or 0; a process
+ * that is gone, or whose parent cannot be read, is not.
+ */
+int own_mount_is_child(pid_t pid);
 
 #endif /* HWFS_OWN_MOUNT_H */

@@ -228,15 +228,29 @@ static void hwfs_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode
 	reply_new(req, r, n);
 }
 
+/* Does no version hold `current` yet? */
+static int no_current(struct ns *ns)
+{
+	char *cur = ns_current(ns);
+
+	free(cur);
+	return cur == NULL;
+}
+
 static void hwfs_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
 {
 	hwfs_count_fuse(HWFS_FOP_symlink);
 	const struct fuse_ctx *c = fuse_req_ctx(req);
+	struct fsctx *fc = CTX(req);
 	struct node *n = NULL;
-	int r = reserved_name(N(req, parent), name)
-			? -EPERM
-			: ns_symlink(CTX(req)->ns, N(req, parent), name, link, c->uid, c->gid, &n);
+	int r = reserved_name(N(req, parent), name) ? -EPERM : 0;
 
+	/* `ln -s V current` while there is none: the first commit, gated like a rename */
+	if (r == 0 && N(req, parent) == ns_root(fc->ns) && !strcmp(name, "current") && fc->commit &&
+	    no_current(fc->ns))
+		r = fc->commit(fc->arg, link, c->pid);
+	if (r == 0)
+		r = ns_symlink(fc->ns, N(req, parent), name, link, c->uid, c->gid, &n);
 	reply_new(req, r, n);
 }
 
@@ -252,12 +266,50 @@ static void hwfs_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 	fuse_reply_err(req, -ns_unlink(CTX(req)->ns, N(req, parent), name, 1));
 }
 
+/*
+ * commit_gate() - a rename of root symlink @name onto `current` is a commit:
+ * hand its target to the daemon's commit callback (struct fsctx), which
+ * returns once the commit is decided.  0: the rename may flip; -errno: not.
+ */
+static int commit_gate(fuse_req_t req, struct node *root, const char *name)
+{
+	struct fsctx *c = CTX(req);
+	struct node *s;
+	char *target = NULL;
+	int found, link, r;
+
+	if (!c->commit)
+		return 0;
+	ns_rdlock(c->ns);
+	s = ns_child(root, name);
+	found = s != NULL;
+	link = s && s->type == NT_RLNK;
+	if (link && s->target)
+		target = strdup(s->target);
+	ns_unlock(c->ns);
+	if (!found)
+		return -ENOENT;
+	if (!link) /* ns_rename refuses it */
+		return 0;
+	if (!target)
+		return -ENOMEM;
+	r = c->commit(c->arg, target, fuse_req_ctx(req)->pid);
+	free(target);
+	return r;
+}
+
 static void hwfs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 			const char *newname, unsigned int flags)
 {
+	struct node *root = ns_root(CTX(req)->ns);
+	int r;
+
 	hwfs_count_fuse(HWFS_FOP_rename);
 	if (reserved_name(N(req, newparent), newname))
 		return (void)fuse_reply_err(req, EPERM);
+	if (N(req, parent) == root && N(req, newparent) == root && !strcmp(newname, "current") &&
+	    strcmp(name, "current") && (r = commit_gate(req, root, name)) < 0)
+		return (void)fuse_reply_err(req, -r);
 	fuse_reply_err(req, -ns_rename(CTX(req)->ns, N(req, parent), name, N(req, newparent),
 				       newname, flags));
 }

@@ -21,6 +21,15 @@ struct fsctx {
 	const char *ctl_path;           /* control socket, shown as xattr user.hwfs.control */
 	void (*on_init)(void *arg);     /* called once the kernel handshake is done */
 	void *arg;
+	/*
+	 * A rename of a root symlink (@target) onto `current` by process @pid is
+	 * a commit (`ln -sfn V current`): called on the FUSE worker before the
+	 * namespace is touched, it returns 0 when the rename may flip `current`
+	 * (the commit was decided), or -errno to refuse it.  It may wait (engine
+	 * barrier, the cluster's two phases) and runs without the namespace
+	 * lock.  NULL: the rename flips at once.
+	 */
+	int (*commit)(void *arg, const char *target, pid_t pid);
 };
 
 /** The operation table. */

@@ -292,6 +292,12 @@ int ns_import(struct ns *ns, const char *name, struct hwfs_vrec *rec);
 void ns_set_seal_hook(struct ns *ns, void (*hook)(void *arg, const char *name), void *arg);
 
 /**
+ * ns_current_target() - what a `current` symlink whose @target is
+ * "versions/V", "./versions/V/" or "V" points at: "versions/V" (malloc'd), or
+ * NULL when @target names no valid version name (or without memory).
+ */
+char *ns_current_target(const char *target);
+/**
  * ns_set_current_hook() - call @hook(@arg) after a commit made `current` name
  * a version (through the mount: `hwfs commit`, or a manual `ln -s` / `mv -T`
  * onto `current`), once the namespace lock is released.  Hooks of two commits

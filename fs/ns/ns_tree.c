@@ -69,7 +69,10 @@ static int add_child(struct ns *ns, struct node *dir, enum ntype type, const cha
 
 	if (!n)
 		return -ENOMEM;
-	n->target = target ? strdup(target) : NULL;
+	/* `current` always reads versions/V, whatever form the commit named it in */
+	n->target = !target ? NULL
+		    : dir->type == NT_ROOT && !strcmp(name, "current") ? ns_current_target(target)
+								       : strdup(target);
 	r = target && !n->target ? -ENOMEM : ns_kid_insert(dir, n);
 	if (r < 0) {
 		ns_node_free(ns, n);
@@ -236,9 +239,15 @@ int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *
 			goto out;
 		}
 		if (!strcmp(dname, "current")) {
-			r = ns_commit_locked(ns, s->target);
-			if (r < 0)
+			char *canon = ns_current_target(s->target);
+
+			r = canon ? ns_commit_locked(ns, s->target) : -EINVAL;
+			if (r < 0) {
+				free(canon);
 				goto out;
+			}
+			free(s->target); /* `current` always reads versions/V */
+			s->target = canon;
 		}
 	} else {
 		if (sdir->ver != ddir->ver) {

@@ -606,7 +606,10 @@ void ns_set_seal_hook(struct ns *ns, void (*hook)(void *arg, const char *name), 
 
 /* ---------------------------------------------------------------- current */
 
-/* Parse a `current` target: "versions/V" (or "./versions/V", trailing '/'). */
+/*
+ * Parse a `current` target: "versions/V" (or "./versions/V", trailing '/'),
+ * or the bare name "V" (`ln -sfn V current`).
+ */
 static int current_target_version(const char *target, char *name, size_t len)
 {
 	const char *p = target;
@@ -614,9 +617,10 @@ static int current_target_version(const char *target, char *name, size_t len)
 
 	if (!strncmp(p, "./", 2))
 		p += 2;
-	if (strncmp(p, "versions/", 9))
-		return -EINVAL;
-	p += 9;
+	if (!strncmp(p, "versions/", 9))
+		p += 9;
+	else if (strchr(p, '/') && strspn(strchr(p, '/'), "/") != strlen(strchr(p, '/')))
+		return -EINVAL; /* another directory than versions/ */
 	n = strlen(p);
 	while (n && p[n - 1] == '/')
 		n--;
@@ -625,6 +629,16 @@ static int current_target_version(const char *target, char *name, size_t len)
 	memcpy(name, p, n);
 	name[n] = '\0';
 	return 0;
+}
+
+char *ns_current_target(const char *target)
+{
+	char name[HWFS_NAME_MAX + 1], *out;
+
+	if (current_target_version(target, name, sizeof(name)) < 0 || !hwfs_valid_name(name) ||
+	    asprintf(&out, "versions/%s", name) < 0)
+		return NULL;
+	return out;
 }
 
 int ns_set_current_node(struct ns *ns, const char *name)

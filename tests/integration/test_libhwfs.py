@@ -134,14 +134,13 @@ def test_mapped_version_survives_rm_until_unmapped(mount, src, tmp_path, procs):
     t1 = make_tensors(seed=2)
     eng, a1, _ = engine_on_v1(procs, mount, src, tmp_path, t1)
 
-    # A version the engine refuses (another shape); `current` moved to it by
-    # hand (a rename through the mount, no barrier) leaves v1 served and no
+    # A version the engine refuses (another shape); `current` moved to it
+    # past the barrier (`hwfs commit --local --force`) leaves v1 served and no
     # longer current, so it can be removed under the engine.
     bad = {k: (v[:32] if i == 0 else v) for i, (k, v) in enumerate(t1.items())}
     publish(mount, src, "v2", bad)
     eng.wait_log("refused v2")
-    os.symlink("versions/v2", mount.path(".flip"))
-    os.rename(mount.path(".flip"), mount.path("current"))
+    mount.run("commit", "v2", "--local", "--force")
     assert os.readlink(mount.path("current")) == "versions/v2"
     used = mount.used_bytes()
     mount.run("rm", "v1")
