@@ -26,6 +26,7 @@
 #include <zmq.h>
 
 #include "coord_i.h"
+#include "names.h"
 #include "keys.h"
 #include "manifest.h"
 
@@ -167,6 +168,7 @@ void coord_cnode_free(struct cnode *n)
 	free(n->key);
 	free(n->bound_key);
 	free(n->session);
+	free(n->current);
 	json_decref(n->versions);
 	json_decref(n->plans);
 	json_decref(n->engines);
@@ -357,6 +359,15 @@ static void on_hello(struct coord *c, const char *from, struct proto_msg *m)
 	}
 	n->last_seen = hwfs_mono_s();
 	n->welcome_due = 0;
+	{ /* a name that is not a version name is shown as none */
+		const char *cur = proto_str(m, "current");
+		char *was = n->current;
+
+		n->current = cur && hwfs_valid_name(cur) ? strdup(cur) : NULL;
+		if (!was != !n->current || (was && n->current && strcmp(was, n->current)))
+			c->status_at = 0; /* the status and /metrics show it at the next pass */
+		free(was);
+	}
 	n->wire_rx = proto_int(m, "wire_bytes_received"); /* 0 from an older node */
 	n->wire_tx = proto_int(m, "wire_bytes_sent");
 	json_decref(n->engines); /* a node that sends none (an older one) shows none */

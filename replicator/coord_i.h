@@ -38,6 +38,7 @@ struct cnode {
 	json_t *plans;    /* name -> {donors: [node names], stripe}: the last PLAN it was sent */
 	json_t *engines;  /* its engines as of its last HELLO (checked: proto_hello_engines) */
 	uint64_t wire_rx, wire_tx; /* its replication wire bytes, as of its last HELLO */
+	char *current;    /* what its `current` names, as of its last HELLO (NULL: none) */
 };
 
 struct cversion {

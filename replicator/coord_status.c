@@ -67,8 +67,14 @@ void coord_converge_check(struct coord *c)
 	}
 }
 
+/* Is live node @n's `current` other than the cluster's committed version (if any)? */
+static int diverged(const struct coord *c, const struct cnode *n)
+{
+	return c->committed && coord_alive(n) && (!n->current || strcmp(n->current, c->committed));
+}
+
 /* One node as the status shows it. */
-static json_t *node_json(const struct cnode *n, double now)
+static json_t *node_json(const struct coord *c, const struct cnode *n, double now)
 {
 	json_t *vers = json_array(), *e;
 	const char *k;
@@ -89,12 +95,46 @@ static json_t *node_json(const struct cnode *n, double now)
 		json_array_append_new(vers, ve);
 	}
 	/* a dead node's engines are gone with it (their connections ended) */
-	return json_pack("{s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:o, s:o}", "name", n->name, "addr",
-			 n->addr ?: "", "alive", coord_alive(n), "last_seen_s", now - n->last_seen,
-			 "bad_shards", (json_int_t)n->bad_shards, "wire_bytes_received",
-			 (json_int_t)n->wire_rx, "wire_bytes_sent", (json_int_t)n->wire_tx,
-			 "versions", vers, "engines",
-			 n->engines && coord_alive(n) ? json_deep_copy(n->engines) : json_array());
+	return json_pack("{s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:o, s:o, s:o, s:b}", "name", n->name,
+			 "addr", n->addr ?: "", "alive", coord_alive(n), "last_seen_s",
+			 now - n->last_seen, "bad_shards", (json_int_t)n->bad_shards,
+			 "wire_bytes_received", (json_int_t)n->wire_rx, "wire_bytes_sent",
+			 (json_int_t)n->wire_tx, "versions", vers, "engines",
+			 n->engines && coord_alive(n) ? json_deep_copy(n->engines) : json_array(),
+			 "current", n->current ? json_string(n->current) : json_null(), "diverged",
+			 diverged(c, n));
+}
+
+/*
+ * node_metrics() - each live node's `current` and whether it diverges from
+ * the committed version, for /metrics (metrics_coord_set_nodes()).
+ */
+static void node_metrics(const struct coord *c)
+{
+	struct mbuf b = {0};
+	char *text;
+
+	metrics_family(&b, "hwfs_coord_node_current", "gauge",
+		       "1 for the version each live node's current names (version=\"\" when none)");
+	for (size_t i = 0; i < c->n_nodes; i++) {
+		if (!coord_alive(&c->nodes[i]))
+			continue;
+		mbuf_printf(&b, "hwfs_coord_node_current{node=\"");
+		mbuf_label_value(&b, c->nodes[i].name);
+		mbuf_printf(&b, "\",version=\"");
+		mbuf_label_value(&b, c->nodes[i].current ?: "");
+		mbuf_printf(&b, "\"} 1\n");
+	}
+	metrics_family(&b, "hwfs_coord_node_diverged", "gauge",
+		       "1 when a live node's current is not the cluster's committed version");
+	for (size_t i = 0; i < c->n_nodes; i++)
+		if (coord_alive(&c->nodes[i]))
+			metrics_sample_u64(&b, "hwfs_coord_node_diverged", "node", c->nodes[i].name,
+					   (uint64_t)diverged(c, &c->nodes[i]));
+	text = mbuf_take(&b);
+	if (text)
+		metrics_coord_set_nodes(text);
+	free(text);
 }
 
 json_t *coord_status_json(struct coord *c)
@@ -103,7 +143,7 @@ json_t *coord_status_json(struct coord *c)
 	double now = hwfs_mono_s();
 
 	for (size_t i = 0; i < c->n_nodes; i++)
-		json_array_append_new(nodes, node_json(&c->nodes[i], now));
+		json_array_append_new(nodes, node_json(c, &c->nodes[i], now));
 	for (size_t i = c->n_vers > COORD_HISTORY ? c->n_vers - COORD_HISTORY : 0; i < c->n_vers;
 	     i++)
 		json_array_append_new(recent, json_pack("{s:s, s:s, s:o}", "name", c->vers[i].name,
@@ -121,9 +161,12 @@ void coord_status_tick(struct coord *c)
 {
 	json_t *st;
 
-	if (!c->o->status || hwfs_mono_s() < c->status_at)
+	if (hwfs_mono_s() < c->status_at)
 		return;
 	c->status_at = hwfs_mono_s() + COORD_STATUS_MS / 1000.0;
+	node_metrics(c);
+	if (!c->o->status)
+		return;
 	st = coord_status_json(c);
 	if (st)
 		c->o->status(c->o->status_arg, st);

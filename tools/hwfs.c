@@ -392,8 +392,11 @@ static int print_cluster(json_t *cl)
 	printf("coordinator %s, committed: %s\n", jstr(cl, "coordinator"),
 	       json_is_string(json_object_get(cl, "committed")) ? jstr(cl, "committed") : "(none)");
 	json_array_foreach(json_object_get(cl, "nodes"), i, n) {
-		printf("%-16s %-5s %s\n", jstr(n, "name"),
-		       json_is_true(json_object_get(n, "alive")) ? "up" : "DOWN", jstr(n, "addr"));
+		printf("%-16s %-5s %s  current: %s%s\n", jstr(n, "name"),
+		       json_is_true(json_object_get(n, "alive")) ? "up" : "DOWN", jstr(n, "addr"),
+		       json_is_string(json_object_get(n, "current")) ? jstr(n, "current") : "(none)",
+		       json_is_true(json_object_get(n, "diverged")) ? "  DIVERGED from the committed version"
+								    : "");
 		json_array_foreach(json_object_get(n, "versions"), k, v) {
 			int64_t held = jint(v, "bytes_held"), need = jint(v, "bytes_needed");
 			int complete = json_is_true(json_object_get(v, "complete")), w = 30;

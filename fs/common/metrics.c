@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,6 +248,21 @@ void metrics_node(struct mbuf *b)
 		 hwfs_load(&m->fuse_read_bytes));
 }
 
+/* metrics_coord_set_nodes()'s text, under coord_nodes_mu. */
+static pthread_mutex_t coord_nodes_mu = PTHREAD_MUTEX_INITIALIZER;
+static char *coord_nodes_text;
+
+void metrics_coord_set_nodes(const char *text)
+{
+	char *copy = text ? strdup(text) : NULL, *old;
+
+	pthread_mutex_lock(&coord_nodes_mu);
+	old = coord_nodes_text;
+	coord_nodes_text = copy;
+	pthread_mutex_unlock(&coord_nodes_mu);
+	free(old);
+}
+
 void metrics_coord(struct mbuf *b)
 {
 	const struct hwfs_coord_metrics *m = &hwfs_cm;
@@ -260,4 +276,8 @@ void metrics_coord(struct mbuf *b)
 	      "cluster commits, from the request to the last ACK or the abort", &m->commit);
 	hist1(b, "hwfs_coord_version_converge_seconds",
 	      "a version, from its first announce to sealed on every live node", &m->converge);
+	pthread_mutex_lock(&coord_nodes_mu);
+	if (coord_nodes_text)
+		mbuf_printf(b, "%s", coord_nodes_text);
+	pthread_mutex_unlock(&coord_nodes_mu);
 }

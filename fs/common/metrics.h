@@ -154,7 +154,14 @@ void metrics_build_info(struct mbuf *b);
 
 /** The node's instruments of hwfs_nm (families and samples). */
 void metrics_node(struct mbuf *b);
-/** The coordinator's instruments of hwfs_cm (families and samples). */
+/** The coordinator's instruments of hwfs_cm (families and samples), and its per-node samples. */
 void metrics_coord(struct mbuf *b);
+/**
+ * metrics_coord_set_nodes() - the per-node families metrics_coord() prints
+ * after hwfs_cm's (each live node's current, and whether it diverges from
+ * the committed version), rendered by the coordinator on each status pass:
+ * @text is copied (NULL: none).  Any thread.
+ */
+void metrics_coord_set_nodes(const char *text);
 
 #endif /* HWFS_METRICS_H */

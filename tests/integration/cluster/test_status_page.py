@@ -108,6 +108,10 @@ def test_status_page_in_chromium(net, tmp_path):
     assert "committed: v1" in dom, dom[:3000]
     assert "2 of 2 node(s) up" in dom, dom[:3000]
     assert len(re.findall(r'<span class="up">up</span>', dom)) == 2, dom[:3000]
+    # each node's current, none diverging after the commit (test_cluster_current: one that does)
+    assert len(re.findall(r'<span class="current">v1</span>', dom)) == 2, dom[:3000]
+    nodes_table = re.search(r'<table id="nodes">.*?</table>', dom, re.S).group(0)
+    assert "diverged" not in nodes_table, nodes_table
     assert re.search(r'<td>v1</td><td><span class="ok">committed</span></td>', dom), dom
     assert re.search(r"A \d+ ms, B \d+ ms", dom), dom
     assert len(re.findall(r'class="converge-bar"', dom)) == 1, dom
