@@ -98,7 +98,8 @@ struct fetch {
 	uint64_t planned_ns; /* monotonic: the PLAN arrived (hwfs_version_arrival_seconds) */
 	int ring_warned; /* "every donor failed once" logged for this fetch */
 	/* waiting for space: the store could not take the next shard */
-	int space_wait;
+	int space_wait;  /* the store could not take a shard that arrived: back off */
+	int room_wait;   /* what is left to ask for does not fit: ask for none of it */
 	double space_retry_at, space_backoff; /* next retry; its period (0: never waited) */
 	uint64_t space_free;                  /* free arena bytes when it stopped */
 	struct fetch *next;

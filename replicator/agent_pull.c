@@ -7,7 +7,12 @@
  * ask and, per shard, the base to take a delta against.  pull_pump() keeps a
  * window of GETs in flight per fetch, fails over from silent donors and
  * backs off failing ones (per donor, doubling); a MISSING answer asks again
- * later or the next donor.  A fetch that finds no room waits for space.
+ * later or the next donor.  A fetch asks only for what this node can keep:
+ * the rest of the version must fit in the store's room once what is in
+ * flight has landed (fetch_fits()), else it asks for nothing and waits, so
+ * a version that does not fit fetches no bytes to drop and takes no room
+ * from one that does; a shard that finds no room when it arrives makes its
+ * fetch back off (pull_wait_space()).
  * What arrives (SHARD pieces, deltas rebuilt, the version built once every
  * shard is here) is agent_recv.c's.  Runs on the agent thread only.
  */
@@ -178,13 +183,42 @@ static uint64_t fetch_inflight(const struct fetch *f)
 	return n;
 }
 
+/* Bytes of @f's shards still to ask for: queued, neither in flight nor here. */
+static uint64_t fetch_queued(const struct fetch *f)
+{
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < f->n; i++)
+		if (f->w[i].state == W_QUEUED)
+			n += f->w[i].size;
+	return n;
+}
+
+/*
+ * fetch_fits() - can this node keep the rest of @f: does what is still to
+ * ask for fit in the store's room once every shard in flight (of every
+ * fetch) has landed?  A fetch that does not fit asks for nothing, so no
+ * byte is fetched only to be dropped, and the room stays for the versions
+ * that do fit.
+ */
+static int fetch_fits(struct agent *a, const struct fetch *f)
+{
+	uint64_t queued = fetch_queued(f), inflight = 0;
+
+	if (!queued)
+		return 1;
+	for (const struct fetch *g = a->fetches; g; g = g->next)
+		inflight += fetch_inflight(g);
+	return queued + inflight <= store_stage_room(a->o.st);
+}
+
 /* Why @f is not moving, as a sentence for status ("" when it is). */
 static void fetch_waiting(struct agent *a, const struct fetch *f, char *buf, size_t len)
 {
 	char need[32], free_[32];
 
 	buf[0] = '\0';
-	if (!f->space_wait)
+	if (!f->space_wait && !f->room_wait)
 		return;
 	snprintf(buf, len, "waiting for space: need %s, free %s",
 		 hwfs_fmt_size(fetch_missing(f), need, sizeof(need)),
@@ -606,6 +640,30 @@ static int base_held(struct agent *a, struct want *w)
 	return bsh != NULL;
 }
 
+/*
+ * wait_room() - what is left of @f does not fit here (fetch_fits()): ask
+ * for none of it, say so once (status and HAVE say why it waits, need and
+ * free), and look again on every pass: the room grows when a version is
+ * removed here and when the other pulls' shards have landed.
+ */
+static void wait_room(struct agent *a, struct fetch *f, double now)
+{
+	char why[128];
+
+	if (!f->room_wait) {
+		f->room_wait = 1;
+		fetch_waiting(a, f, why, sizeof(why));
+		LOG_WARN("agent: %s does not fit here (%s): asking for none of it until it does "
+			 "(hwfs rm, hwfs gc, or the pulls in flight landing)", f->name, why);
+		pull_report(a, f, NULL);
+		publish_pulls(a);
+		f->last_report = now;
+	} else if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
+		pull_report(a, f, NULL);
+		f->last_report = now;
+	}
+}
+
 /* Keep each fetch's window full: GET batches from each want's donor. */
 void pull_pump(struct agent *a)
 {
@@ -632,6 +690,15 @@ void pull_pump(struct agent *a)
 				 hwfs_fmt_size(free_now, fb, sizeof(fb)),
 				 free_now > f->space_free ? ", space was freed here" : "");
 			f->space_wait = 0;
+		}
+		if (!fetch_fits(a, f)) {
+			wait_room(a, f, now);
+			continue;
+		}
+		if (f->room_wait) {
+			LOG_INFO("agent: %s fits here now: pulling it", f->name);
+			f->room_wait = 0;
+			publish_pulls(a);
 		}
 		inflight = fetch_inflight(f);
 		if (inflight && now - f->last_rx > ms_s(hwfs_tun.donor_silence_ms)) {
