@@ -189,7 +189,10 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhwfs-core.a
 # the man pages (MANDIR), libhwfs, its
 # header and pkg-config file (hwfs.pc.in with PREFIX filled in), and the
 # Python package (tools/python/hwfs), told where the library is by a
-# generated _libdir.py.
+# generated _libdir.py, in the site directory PYTHON uses for PREFIX
+# (tools/python_dir.py: a directory of its sys.path under PREFIX/lib, else its
+# posix_prefix purelib for PREFIX; PYDIR=... overrides); it prints where, and
+# says so when PYTHON does not look there.
 PREFIX  ?= /usr/local
 DESTDIR ?=
 # mount(8) looks for its helpers in /sbin only, and systemd for units in
@@ -199,7 +202,9 @@ SYS_PREFIX := $(filter /usr /usr/local,$(PREFIX))
 SBINDIR ?= $(if $(SYS_PREFIX),/sbin,$(PREFIX)/sbin)
 UNITDIR ?= $(if $(SYS_PREFIX),/lib/systemd/system,$(PREFIX)/lib/systemd/system)
 MANDIR  ?= $(PREFIX)/share/man
-PYDIR   := $(PREFIX)/lib/python3/dist-packages/hwfs
+PYTHON  ?= python3
+PYSITE  ?= $(shell $(PYTHON) tools/python_dir.py '$(PREFIX)' 2>/dev/null)
+PYDIR   ?= $(if $(PYSITE),$(PYSITE)/hwfs)
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
 	install -m 0755 $(BUILD)/hwfs $(DESTDIR)$(PREFIX)/bin/hwfs
@@ -222,13 +227,16 @@ install: all
 	install -m 0644 include/hwfs.h $(DESTDIR)$(PREFIX)/include/hwfs.h
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(LIBHWFS_VERSION)|' \
 		-e 's|@REQUIRES@|$(CLIENT_PKGS)|' hwfs.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/hwfs.pc
-	@if [ -d tools/python/hwfs ]; then \
+	@if [ -d tools/python/hwfs ] && [ -z '$(PYDIR)' ]; then \
+		echo "Python package not installed: '$(PYTHON)' does not run (PYTHON=... or PYDIR=...)"; \
+	elif [ -d tools/python/hwfs ]; then \
 		set -e; rm -rf $(DESTDIR)$(PYDIR); install -d $(DESTDIR)$(PYDIR); \
 		(cd tools/python/hwfs && find . -name __pycache__ -prune -o -type f -print) | \
 		while read -r f; do install -D -m 0644 "tools/python/hwfs/$$f" "$(DESTDIR)$(PYDIR)/$$f"; done; \
 		printf '# written by make install: where libhwfs.so.1 is\nLIBDIR = "%s"\n' \
 			'$(PREFIX)/lib' > $(DESTDIR)$(PYDIR)/_libdir.py; \
 		echo "installed the Python package in $(DESTDIR)$(PYDIR)"; \
+		$(PYTHON) tools/python_dir.py --check '$(patsubst %/hwfs,%,$(PYDIR))' || true; \
 	fi
 
 uninstall:
@@ -239,7 +247,7 @@ uninstall:
 		$(DESTDIR)$(PREFIX)/lib/libhwfs.so.$(LIBHWFS_VERSION) $(DESTDIR)$(PREFIX)/lib/libhwfs.so.1 \
 		$(DESTDIR)$(PREFIX)/lib/libhwfs.so $(DESTDIR)$(PREFIX)/lib/libhwfs.a \
 		$(DESTDIR)$(PREFIX)/include/hwfs.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/hwfs.pc
-	rm -rf $(DESTDIR)$(PYDIR)
+	$(if $(PYDIR),rm -rf $(DESTDIR)$(PYDIR))
 
 deps:
 	@tools/install-deps.sh
