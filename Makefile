@@ -147,6 +147,9 @@ $(BUILD)/libhwfs.so.1 $(BUILD)/libhwfs.so: $(BUILD)/libhwfs.so.$(LIBHWFS_VERSION
 # commit) starts without loading FUSE, sqlite, ZeroMQ and their libraries; it
 # runs hwfs-core, beside it, for the other verbs.
 CLI_OBJS := $(BUILD)/tools/hwfs.o $(BUILD)/fs/common/util.o $(BUILD)/fs/common/names.o
+# `hwfs --version` (and hwfs-core's, the same object); rebuilt when the Makefile changes
+$(BUILD)/tools/hwfs.o: ALL_CFLAGS += -DHWFS_VERSION='"$(LIBHWFS_VERSION)"'
+$(BUILD)/tools/hwfs.o: Makefile
 $(BUILD)/hwfs: $(CLI_OBJS) $(BUILD)/libhwfs.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $(CLI_OBJS) $(BUILD)/libhwfs.a $(CLIENT_LIBS)
 

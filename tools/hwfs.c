@@ -31,6 +31,10 @@
 #include "hwfs_cli.h"
 #include "names.h"
 
+#ifndef HWFS_VERSION /* the Makefile's LIBHWFS_VERSION, passed with -D */
+#define HWFS_VERSION "unknown"
+#endif
+
 static const char *g_mount;
 static int g_json;
 static int g_local;   /* commit --local */
@@ -934,7 +938,7 @@ static void usage_all(FILE *f)
 		"A node joins a cluster with: hwfs mount ... --join tcp://COORD:PORT --node NAME\n"
 		"--listen tcp://HOST:PORT; then commit is cluster-wide (--local: this node only)\n"
 		"and status --cluster shows every node.\n\n"
-		"MOUNT defaults to $HWFS_MOUNT, else /hotweights.\n");
+		"MOUNT defaults to $HWFS_MOUNT, else /hotweights. hwfs --version prints the version.\n");
 }
 
 /*
@@ -965,6 +969,11 @@ int main(int argc, char **argv)
 		if (!mount_helper_main)
 			run_core(argv);
 		return mount_helper_main(argc, argv);
+	}
+	if (verb && !strcmp(verb, "--version")) {
+		/* the core verbs are linked into build/hwfs-core only (hwfs_cli.h) */
+		printf("%s %s\n", cmd_mount ? "hwfs-core" : "hwfs", HWFS_VERSION);
+		return 0;
 	}
 	if (!verb || !strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
 		usage_all(verb ? stdout : stderr);
