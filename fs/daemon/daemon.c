@@ -566,6 +566,17 @@ int daemon_run(const struct daemon_opts *o)
 	 */
 	mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's maximum */
 	mallopt(M_TRIM_THRESHOLD, 256 << 20);
+	if (o->capacity) { /* asked for: refused past the filesystem, noted past the memory */
+		char cmsg[512];
+
+		r = store_check_capacity(o->store, o->capacity, cmsg, sizeof(cmsg));
+		if (r == -EFBIG) {
+			snprintf(msg, sizeof(msg), "error: %s\n", cmsg);
+			goto fail;
+		}
+		if (r == 1)
+			notify_note(o, cmsg);
+	}
 	r = store_open(o->store, o->capacity, &d.st);
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "error: cannot open store %s: %s\n", o->store,

@@ -40,6 +40,11 @@ def test_install_ships_helper_units_and_man_pages(installed):
         text = (d / "lib/systemd/system" / u).read_text()
         assert "@BINDIR@" not in text and "/usr/local/bin/hwfs " in text
         assert re.search(r"^Type=notify$", text, re.M), u
+    # the node's daemon is not the OOM killer's first pick (its RSS is the mapped arena,
+    # whose tmpfs pages its death would not free); the coordinator keeps the default
+    node = (d / "lib/systemd/system/hwfs@.service").read_text()
+    assert re.search(r"^OOMScoreAdjust=-500$", node, re.M), node
+    assert "OOMScoreAdjust" not in (d / "lib/systemd/system/hwfs-coord.service").read_text()
     for page in ("man1/hwfs.1", "man1/hwfs-engine.1", "man1/hwfs-vllm.1", "man8/mount.hwfs.8"):
         assert (d / "usr/local/share/man" / page).stat().st_size > 0
 
