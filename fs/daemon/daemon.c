@@ -603,8 +603,6 @@ int daemon_run(const struct daemon_opts *o)
 		snprintf(msg, sizeof(msg), "error: %s\n", strerror(-r));
 		goto fail;
 	}
-	if (!gpu_runtime(d.gpu))
-		LOG_INFO("gpu: %s (hwfs load is refused)", gpu_why(d.gpu));
 	/* engines registered with a GPU are ready when the version is loaded there */
 	engines_set_gpu_hook(d.engines, daemon_gpu_ready, &d);
 	/* seals reach the watchers (and, once joined, the agent): set before FUSE runs */
