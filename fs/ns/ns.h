@@ -105,6 +105,7 @@ struct version {
 	hwfs_hash_t digest;
 	struct node *root;
 	int sealing; /* seal in progress: no more changes */
+	int rm_hinted; /* a removal inside was refused and "use hwfs rm" logged (lock held) */
 	/* figures, valid once sealed */
 	uint64_t bytes, files, tensors;
 	size_t n_errors;
