@@ -113,6 +113,20 @@ def test_install_puts_the_python_package_where_python_looks(tmp_path):
     assert "does not look in" in cp.stderr and "pip install ./tools/python" in cp.stderr, cp.stderr
 
 
+def test_make_demo_builds_the_programs_quietly(tmp_path):
+    """`make demo` builds what the demo runs (hwfs, hwfs-core, mount.hwfs, hwfs-engine,
+    libhwfs) with a silent sub-make, not `make all` with every compiler line and the unit
+    tests (make -n into an empty BUILD: what it would run, nothing built)."""
+    cp = sh(["make", "-n", "-C", REPO, "demo", f"BUILD={tmp_path}/b"], timeout=120)
+    lines = cp.stdout.splitlines()
+    assert any(ln.startswith("make -s ") and ln.endswith(" progs") for ln in lines), cp.stdout
+    assert any(ln.strip() == "tools/demo.sh" for ln in lines), cp.stdout
+    built = [ln.split(" -o ")[1].split()[0] for ln in lines if " -o " in ln]
+    for prog in ("hwfs", "hwfs-core", "hwfs-engine", "libhwfs.so.1.0.0"):
+        assert f"{tmp_path}/b/{prog}" in built, built
+    assert not [b for b in built if "/tests/" in b or "bench" in b], built
+
+
 def test_man_page_names_every_verb(installed):
     page = (installed / "usr/local/share/man/man1/hwfs.1").read_text()
     verbs = re.findall(r'^\s*\{"([a-z]+)", cmd_', (REPO / "tools/hwfs.c").read_text(), re.M)
