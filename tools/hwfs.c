@@ -31,6 +31,10 @@
 #include "hwfs_cli.h"
 #include "names.h"
 
+#ifndef HWFS_VERSION /* the Makefile's LIBHWFS_VERSION, passed with -D */
+#define HWFS_VERSION "unknown"
+#endif
+
 static const char *g_mount;
 static int g_json;
 static int g_local;   /* commit --local */
@@ -382,12 +386,30 @@ static void print_held(json_t *held)
 	printf("\n");
 }
 
+/*
+ * Percent of a version a node holds, 0..100.  The coordinator keeps a node's
+ * last HAVE: bytes_held (distinct shard bytes here) and bytes_needed (those
+ * still missing), so the version's size is their sum; dividing by
+ * bytes_needed alone showed 44% as 77% and overflowed the bar past 50%.
+ */
+static int progress_pct(int64_t held, int64_t missing, int complete)
+{
+	if (complete)
+		return 100;
+	if (held <= 0)
+		return 0;
+	if (missing <= 0)
+		return 99; /* all bytes here, the version not built yet */
+	return (int)HWFS_MIN(99.0, 100.0 * (double)held / ((double)held + (double)missing));
+}
+
 /* Print the cluster table once; returns how many (node, version) are still replicating. */
 static int print_cluster(json_t *cl)
 {
 	int busy = 0;
 	json_t *n, *v;
 	size_t i, k;
+	char a[32], b[32];
 
 	printf("coordinator %s, committed: %s\n", jstr(cl, "coordinator"),
 	       json_is_string(json_object_get(cl, "committed")) ? jstr(cl, "committed") : "(none)");
@@ -398,15 +420,21 @@ static int print_cluster(json_t *cl)
 		       json_is_true(json_object_get(n, "diverged")) ? "  DIVERGED from the committed version"
 								    : "");
 		json_array_foreach(json_object_get(n, "versions"), k, v) {
-			int64_t held = jint(v, "bytes_held"), need = jint(v, "bytes_needed");
+			int64_t held = jint(v, "bytes_held"), missing = jint(v, "bytes_needed");
 			int complete = json_is_true(json_object_get(v, "complete")), w = 30;
-			int fill = complete ? w : need > 0 ? (int)((double)held / (double)need * w) : 0;
+			int pct = progress_pct(held, missing, complete), fill = pct * w / 100;
 
-			printf("    %-20s [%.*s%*s] %s\n", jstr(v, "name"), fill,
-			       "##############################", w - fill, "",
-			       complete ? "complete"
-			       : json_is_string(json_object_get(v, "waiting")) ? jstr(v, "waiting")
-									: "replicating");
+			printf("    %-20s [%.*s%*s] %3d%% ", jstr(v, "name"), fill,
+			       "##############################", w - fill, "", pct);
+			if (complete)
+				printf("complete\n");
+			else
+				printf("(%s of %s) %s\n",
+				       hwfs_fmt_size((uint64_t)HWFS_MAX(held, 0), a, sizeof(a)),
+				       hwfs_fmt_size((uint64_t)HWFS_MAX(held, 0) +
+						     (uint64_t)HWFS_MAX(missing, 0), b, sizeof(b)),
+				       json_is_string(json_object_get(v, "waiting"))
+					       ? jstr(v, "waiting") : "replicating");
 			busy += !complete && json_is_true(json_object_get(n, "alive"));
 		}
 		print_engines("    ", json_object_get(n, "engines"));
@@ -913,7 +941,7 @@ static void usage_all(FILE *f)
 		"A node joins a cluster with: hwfs mount ... --join tcp://COORD:PORT --node NAME\n"
 		"--listen tcp://HOST:PORT; then commit is cluster-wide (--local: this node only)\n"
 		"and status --cluster shows every node.\n\n"
-		"MOUNT defaults to $HWFS_MOUNT, else /hotweights.\n");
+		"MOUNT defaults to $HWFS_MOUNT, else /hotweights. hwfs --version prints the version.\n");
 }
 
 /*
@@ -944,6 +972,11 @@ int main(int argc, char **argv)
 		if (!mount_helper_main)
 			run_core(argv);
 		return mount_helper_main(argc, argv);
+	}
+	if (verb && !strcmp(verb, "--version")) {
+		/* the core verbs are linked into build/hwfs-core only (hwfs_cli.h) */
+		printf("%s %s\n", cmd_mount ? "hwfs-core" : "hwfs", HWFS_VERSION);
+		return 0;
 	}
 	if (!verb || !strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
 		usage_all(verb ? stdout : stderr);

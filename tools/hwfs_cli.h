@@ -44,6 +44,15 @@ HWFS_CORE_VERB int cmd_umount(int argc, char **argv);
 HWFS_CORE_VERB int cmd_coord(int argc, char **argv);
 HWFS_CORE_VERB int cmd_keygen(int argc, char **argv);
 
+#define HWFS_FSTYPE "fuse.hwfs" /* our mounts in mountinfo (subtype=hwfs) */
+/**
+ * hwfs_mount_source() - whether @path is a mount point in /proc/self/mountinfo
+ * (with @fstype: a mount of that type); when it is and @src is not NULL, the
+ * source field of the top one (an hwfs mount: "hwfs:STORE") into @src.
+ * Returns 1 or 0 (0 when mountinfo is unreadable).  In build/hwfs-core only.
+ */
+int hwfs_mount_source(const char *path, const char *fstype, char *src, size_t len);
+
 /* hwfs_coord_http.c */
 struct coord_opts;
 /**

@@ -28,7 +28,6 @@
 #include "keys.h"
 #include "tunables.h"
 
-#define HWFS_FSTYPE "fuse.hwfs" /* our mounts in mountinfo (subtype=hwfs) */
 #define HWFS_MAX_STACKED 64      /* dead mounts cleared at most, one per pass */
 
 /*
@@ -264,11 +263,7 @@ static void unescape_mountinfo(char *s)
 	*o = '\0';
 }
 
-/*
- * Is @path a mount point in /proc/self/mountinfo?  With @fstype, only a mount
- * of that filesystem type counts.  Returns 1 or 0 (0 when mountinfo is unreadable).
- */
-static int mounted_as(const char *path, const char *fstype)
+int hwfs_mount_source(const char *path, const char *fstype, char *src, size_t len)
 {
 	FILE *f = fopen("/proc/self/mountinfo", "r");
 	char line[8192];
@@ -276,20 +271,38 @@ static int mounted_as(const char *path, const char *fstype)
 
 	if (!f)
 		return 0;
-	while (!found && fgets(line, sizeof(line), f)) {
-		char mp[4096], type[256];
+	while (fgets(line, sizeof(line), f)) {
+		char mp[4096], type[256], source[4096];
 		const char *sep = strstr(line, " - ");
+		int n;
 
 		if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1)
 			continue;
 		unescape_mountinfo(mp);
 		if (strcmp(mp, path))
 			continue;
-		found = !fstype || (sep && sscanf(sep + 3, "%255s", type) == 1 &&
-				    !strcmp(type, fstype));
+		n = sep ? sscanf(sep + 3, "%255s %4095s", type, source) : 0;
+		if (fstype && (n < 1 || strcmp(type, fstype)))
+			continue;
+		found = 1; /* the last one listed is the one on top */
+		if (src && len) {
+			if (n < 2)
+				source[0] = '\0';
+			unescape_mountinfo(source);
+			snprintf(src, len, "%s", source);
+		}
 	}
 	fclose(f);
 	return found;
+}
+
+/*
+ * Is @path a mount point in /proc/self/mountinfo?  With @fstype, only a mount
+ * of that filesystem type counts.  Returns 1 or 0 (0 when mountinfo is unreadable).
+ */
+static int mounted_as(const char *path, const char *fstype)
+{
+	return hwfs_mount_source(path, fstype, NULL, 0);
 }
 
 /*

@@ -11,6 +11,12 @@
  * user.hwfs.pid) before it exits 0.  Any failure is one line on stderr and a
  * non-zero exit.  `umount MOUNTPOINT` needs no helper: the daemon sees its
  * session end and shuts down cleanly.
+ *
+ * Idempotent (issue 26): `mount -a` skips what mountinfo shows mounted, but
+ * an hwfs mount's source there is `hwfs:STORE` while fstab says `STORE`, so
+ * mount(8) runs the helper again; a mount point that is already a live hwfs
+ * mount of the same store is then a note and exit 0 (it was exit 32, "already
+ * an hwfs mount").  Another store there still fails, naming it.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -78,6 +84,30 @@ static int answers(const char *mnt)
 		nanosleep(&ts, NULL);
 	}
 	return -1;
+}
+
+/*
+ * already_mounted() - whether @mnt is already a live hwfs mount of @store:
+ * 1 (the note printed), 0 when it is not an hwfs mount (or a dead one, which
+ * cmd_mount() clears); another store there dies, naming both.
+ */
+static int already_mounted(const char *store, const char *mnt)
+{
+	char *m = realpath(mnt, NULL), *s = realpath(store, NULL), src[4096], pid[32];
+	int r = 0;
+
+	if (!m || !hwfs_mount_source(m, HWFS_FSTYPE, src, sizeof(src)) ||
+	    getxattr(m, "user.hwfs.pid", pid, sizeof(pid)) <= 0)
+		goto out;
+	if (strncmp(src, "hwfs:", 5) || !s || strcmp(src + 5, s))
+		die("mount.hwfs: %s is already an hwfs mount of %s, not of %s", m,
+		    strncmp(src, "hwfs:", 5) ? src : src + 5, s ? s : store);
+	fprintf(stderr, "mount.hwfs: %s is already mounted from %s; nothing to do\n", m, s);
+	r = 1;
+out:
+	free(m);
+	free(s);
+	return r;
 }
 
 int mount_helper_main(int argc, char **argv)
@@ -153,6 +183,11 @@ int mount_helper_main(int argc, char **argv)
 		av[ac++] = tun;
 	}
 	av[ac] = NULL;
+	if (!fake && already_mounted(pos[0], pos[1])) {
+		free(opts);
+		free(tun);
+		return 0;
+	}
 	r = fake ? 0 : cmd_mount(ac, av);
 	if (!fake && r == 0 && answers(pos[1]) < 0)
 		die("mount.hwfs: %s was mounted but does not answer", pos[1]);

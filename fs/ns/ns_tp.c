@@ -28,6 +28,12 @@
  * when the version has no experts); any other N in 1..64 answers EINVAL on
  * lookup, and tp/README says why, naming the tensor (the powers of two up to
  * 8 that fail are also logged when the version is sealed or loaded).
+ *
+ * Listing (decision, issue 26): tp/ is found by name but readdir of V does
+ * not show it (ns_listed()), so `cp -r`, `rsync -a`, `du` and backups of a
+ * version see the checkpoint, not up to seven times its bytes in views.  The
+ * directories of the view keep their children in numeric order (by_number):
+ * readdir of tp/ gives 1 2 4 8 16 ... README, of tp/16/ 0 1 2 ... 15.
  */
 #define _GNU_SOURCE
 #include <fnmatch.h>
@@ -433,6 +439,7 @@ static struct node *tp_node(struct ns *ns, struct version *v, enum ntype type, c
 	if (n) {
 		n->mtime_ns = n->ctime_ns = v->sealed_ns;
 		n->ver = v;
+		n->by_number = type == NT_TDIR;
 	}
 	return n;
 }

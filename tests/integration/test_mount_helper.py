@@ -143,3 +143,32 @@ def test_fake_mount_does_nothing(helper, place):
             check=False)
     assert cp.returncode == 0, cp.stderr
     assert not is_mounted(place.mnt)
+
+
+def test_mount_a_twice_is_a_no_op(helper, place, tmp_path):
+    """`mount -a` run again with the mount in place: mount(8) does not see that it is
+    (mountinfo's source is hwfs:STORE, fstab's STORE) and runs the helper again, which
+    then exits 0 with a note instead of failing (was: exit 32, "already an hwfs mount").
+    Another store on that mount point still fails, naming both."""
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{place.store} {place.mnt} hwfs capacity=32M,_netdev,nofail 0 0\n")
+    cp = sh(["mount", "-a", "-T", fstab], check=False)
+    assert cp.returncode == 0, cp.stderr
+    pid = int(os.getxattr(place.mnt, "user.hwfs.pid"))
+    place.pid = pid
+    cp = sh(["mount", "-a", "-T", fstab], check=False)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert f"already mounted from {os.path.realpath(place.store)}" in cp.stdout + cp.stderr, \
+        cp.stdout + cp.stderr
+    assert int(os.getxattr(place.mnt, "user.hwfs.pid")) == pid  # the same daemon, one mount
+    assert sum(1 for ln in open("/proc/self/mountinfo") if f" {place.mnt} " in ln) == 1
+    other = Path(str(place.store) + "-other")
+    try:
+        cp = sh(["mount", "-t", "hwfs", other, place.mnt, "-o", "capacity=32M"], check=False)
+        assert cp.returncode != 0
+        assert "already an hwfs mount" in cp.stderr and str(place.store) in cp.stderr, cp.stderr
+    finally:
+        subprocess.run(["rm", "-rf", other])
+    cp = sh(["umount", place.mnt], check=False)
+    assert cp.returncode == 0, cp.stderr
+    assert wait_dead(pid, scaled(20))
