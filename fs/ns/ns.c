@@ -134,7 +134,9 @@ int ns_listed(const struct node *dir, const struct node *k)
 		return 0;
 	if (k->why)
 		return 0;
-	return !(dir->type == NT_VROOT && k->type == NT_TDIR && k->by_number);
+	/* the computed views of a version (tensors/, tp/): by path only, so that
+	 * cp -r, rsync -a, du and backups of versions/V see the checkpoint */
+	return !(dir->type == NT_VROOT && k->type == NT_TDIR);
 }
 
 int ns_kid_insert(struct node *dir, struct node *n)
