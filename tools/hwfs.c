@@ -24,6 +24,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,7 +61,7 @@ void usage_die(const char *usage)
 
 static const char *default_mount(void)
 {
-	const char *m = getenv("HWFS_MOUNT");
+	const char *m = secure_getenv("HWFS_MOUNT");
 
 	return m && *m ? m : "/hotweights";
 }
@@ -932,11 +933,29 @@ static __attribute__((noreturn)) void run_core(char **argv)
 	die("cannot run %s: %s", core, strerror(errno));
 }
 
+/*
+ * Was this program started with privileges its caller does not have: setuid,
+ * setgid, or file capabilities (AT_SECURE)?  hwfs takes its mount, its store,
+ * hooks and tunables from its caller's arguments and environment, so under a
+ * set-id bit any user could make it mount, unmount or publish as root.  It is
+ * run by root or by the user it acts for, never set-id.  Returns 1 or 0.
+ */
+static int set_id(void)
+{
+	return getauxval(AT_SECURE) || getuid() != geteuid() || getgid() != getegid();
+}
+
 int main(int argc, char **argv)
 {
 	const char *verb = argc > 1 ? argv[1] : NULL;
 	const char *self = strrchr(argv[0], '/');
 
+	if (set_id()) {
+		fprintf(stderr, "hwfs: error: refusing to run setuid or setgid (uid %u, euid %u, gid %u, "
+			"egid %u): run hwfs as the user it acts for\n", (unsigned)getuid(),
+			(unsigned)geteuid(), (unsigned)getgid(), (unsigned)getegid());
+		return 1;
+	}
 	if (!strcmp(self ? self + 1 : argv[0], "mount.hwfs")) { /* mount(8)'s helper */
 		if (!mount_helper_main)
 			run_core(argv);
