@@ -840,6 +840,28 @@ static int cmd_diff(int argc, char **argv)
 	return 0;
 }
 
+/*
+ * Print @m, a canonical manifest from the daemon, on @f with a newline: byte
+ * for byte, except that a control character, which JSON allows raw in a
+ * string when it is DEL or C1 (U+0080-U+009F: a tensor name's CSI, 0xC2 0x9B,
+ * is one) and a terminal obeys, is written as its JSON escape \u00NN (upper
+ * case hex, as jansson writes C0; C0 too, which a daemon never sends raw).
+ * The output parses to the same JSON; its bytes are those the digest is over
+ * unless a name holds such a character.
+ */
+static void print_manifest(FILE *f, const char *m)
+{
+	for (const unsigned char *p = (const unsigned char *)m; *p; p++) {
+		if (*p < 0x20 || *p == 0x7f)
+			fprintf(f, "\\u%04X", *p);
+		else if (p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F)
+			fprintf(f, "\\u%04X", *++p);
+		else
+			fputc(*p, f);
+	}
+	fputc('\n', f);
+}
+
 static int cmd_manifest(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs manifest VERSION [-m MOUNT]", 1, 1, NULL);
@@ -847,8 +869,7 @@ static int cmd_manifest(int argc, char **argv)
 				     version_arg(argv[i])),
 			   1);
 
-	fputs(jstr(res, "manifest"), stdout);
-	fputc('\n', stdout);
+	print_manifest(stdout, jstr(res, "manifest"));
 	json_decref(res);
 	return 0;
 }
