@@ -24,6 +24,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,7 +65,7 @@ void usage_die(const char *usage)
 
 static const char *default_mount(void)
 {
-	const char *m = getenv("HWFS_MOUNT");
+	const char *m = secure_getenv("HWFS_MOUNT");
 
 	return m && *m ? m : "/hotweights";
 }
@@ -870,6 +871,28 @@ static int cmd_diff(int argc, char **argv)
 	return 0;
 }
 
+/*
+ * Print @m, a canonical manifest from the daemon, on @f with a newline: byte
+ * for byte, except that a control character, which JSON allows raw in a
+ * string when it is DEL or C1 (U+0080-U+009F: a tensor name's CSI, 0xC2 0x9B,
+ * is one) and a terminal obeys, is written as its JSON escape \u00NN (upper
+ * case hex, as jansson writes C0; C0 too, which a daemon never sends raw).
+ * The output parses to the same JSON; its bytes are those the digest is over
+ * unless a name holds such a character.
+ */
+static void print_manifest(FILE *f, const char *m)
+{
+	for (const unsigned char *p = (const unsigned char *)m; *p; p++) {
+		if (*p < 0x20 || *p == 0x7f)
+			fprintf(f, "\\u%04X", *p);
+		else if (p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F)
+			fprintf(f, "\\u%04X", *++p);
+		else
+			fputc(*p, f);
+	}
+	fputc('\n', f);
+}
+
 static int cmd_manifest(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs manifest VERSION [-m MOUNT]", 1, 1, NULL);
@@ -877,8 +900,7 @@ static int cmd_manifest(int argc, char **argv)
 				     version_arg(argv[i])),
 			   1);
 
-	fputs(jstr(res, "manifest"), stdout);
-	fputc('\n', stdout);
+	print_manifest(stdout, jstr(res, "manifest"));
 	json_decref(res);
 	return 0;
 }
@@ -963,11 +985,29 @@ static __attribute__((noreturn)) void run_core(char **argv)
 	die("cannot run %s: %s", core, strerror(errno));
 }
 
+/*
+ * Was this program started with privileges its caller does not have: setuid,
+ * setgid, or file capabilities (AT_SECURE)?  hwfs takes its mount, its store,
+ * hooks and tunables from its caller's arguments and environment, so under a
+ * set-id bit any user could make it mount, unmount or publish as root.  It is
+ * run by root or by the user it acts for, never set-id.  Returns 1 or 0.
+ */
+static int set_id(void)
+{
+	return getauxval(AT_SECURE) || getuid() != geteuid() || getgid() != getegid();
+}
+
 int main(int argc, char **argv)
 {
 	const char *verb = argc > 1 ? argv[1] : NULL;
 	const char *self = strrchr(argv[0], '/');
 
+	if (set_id()) {
+		fprintf(stderr, "hwfs: error: refusing to run setuid or setgid (uid %u, euid %u, gid %u, "
+			"egid %u): run hwfs as the user it acts for\n", (unsigned)getuid(),
+			(unsigned)geteuid(), (unsigned)getgid(), (unsigned)getegid());
+		return 1;
+	}
 	if (!strcmp(self ? self + 1 : argv[0], "mount.hwfs")) { /* mount(8)'s helper */
 		if (!mount_helper_main)
 			run_core(argv);

@@ -513,9 +513,11 @@ int cmd_mount(int argc, char **argv)
 			break;
 		case 'o':
 			for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;
-			     t = strtok_r(NULL, ",", &save))
-				if (n_opts < HWFS_ARRAY_SIZE(opts))
-					opts[n_opts++] = t;
+			     t = strtok_r(NULL, ",", &save)) {
+				if (n_opts == HWFS_ARRAY_SIZE(opts))
+					die("too many -o tunables (at most %zu)", HWFS_ARRAY_SIZE(opts));
+				opts[n_opts++] = t;
+			}
 			break;
 		case 'h':
 			printf("usage: %s\n\n%s\n", usage, mount_help);

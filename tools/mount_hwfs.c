@@ -17,8 +17,14 @@
  * mount(8) runs the helper again; a mount point that is already a live hwfs
  * mount of the same store is then a note and exit 0 (it was exit 32, "already
  * an hwfs mount").  Another store there still fails, naming it.
+ *
+ * Several -o are joined, as mount(8) joins its own.  The arguments handed to
+ * cmd_mount() are an array sized from the options given (each option is at
+ * most two arguments), not a fixed one: an fstab line of any length cannot
+ * write past it.
  */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/xattr.h>
@@ -110,18 +116,38 @@ out:
 	return r;
 }
 
+/*
+ * Append @o (one -o's list) to *@opts, joined by ',' (*@opts NULL: none yet).
+ * Dies without memory.
+ */
+static void add_opts(char **opts, const char *o)
+{
+	char *j = NULL;
+
+	if (asprintf(&j, "%s%s%s", *opts ? *opts : "", *opts ? "," : "", o) < 0)
+		die("out of memory");
+	free(*opts);
+	*opts = j;
+}
+
+/*
+ * mount_helper_main() - main() of `mount.hwfs STORE_DIR MOUNTPOINT [-sfnv]
+ * [-o OPTIONS]...`: the options as `hwfs mount` flags, then cmd_mount() (not
+ * with -f).  Returns cmd_mount()'s exit status; dies with one line on a bad
+ * option or a mount that does not answer.
+ */
 int mount_helper_main(int argc, char **argv)
 {
 	static const char usage[] = "mount.hwfs STORE_DIR MOUNTPOINT [-sfnv] [-o OPTIONS]";
-	char *av[256], *opts = NULL, *tun = NULL, *save = NULL, *pos[2] = {NULL, NULL};
-	size_t tlen = 0;
+	char **av, *opts = NULL, *tun = NULL, *save = NULL, *pos[2] = {NULL, NULL};
+	size_t tlen = 0, nopt = 1;
 	int ac = 0, npos = 0, fake = 0, r;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "-o") && i + 1 < argc) {
-			opts = argv[++i];
+			add_opts(&opts, argv[++i]);
 		} else if (!strncmp(argv[i], "-o", 2) && argv[i][2]) {
-			opts = argv[i] + 2;
+			add_opts(&opts, argv[i] + 2);
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			printf("usage: %s\n(options: docs/operations.md, man mount.hwfs)\n", usage);
 			return 0;
@@ -141,18 +167,21 @@ int mount_helper_main(int argc, char **argv)
 	}
 	if (npos != 2)
 		usage_die(usage);
+	for (const char *c = opts; c && *c; c++)
+		nopt += *c == ',';
+	/* "mount MNT --store DIR", two per option at most, "-o TUNABLES", NULL */
+	av = calloc(4 + 2 * nopt + 3, sizeof(*av));
+	if (!av)
+		die("out of memory");
 	av[ac++] = "mount";
 	av[ac++] = pos[1];
 	av[ac++] = "--store";
 	av[ac++] = pos[0];
-	opts = opts ? strdup(opts) : NULL;
 	for (char *o = opts ? strtok_r(opts, ",", &save) : NULL; o; o = strtok_r(NULL, ",", &save)) {
 		char *eq = strchr(o, '=');
 		size_t n = eq ? (size_t)(eq - o) : strlen(o);
 		int done = 0;
 
-		if (ac > (int)HWFS_ARRAY_SIZE(av) - 4)
-			die("mount.hwfs: too many options");
 		if (dropped(o))
 			continue;
 		if (!strcmp(o, "ro"))
@@ -191,6 +220,7 @@ int mount_helper_main(int argc, char **argv)
 	r = fake ? 0 : cmd_mount(ac, av);
 	if (!fake && r == 0 && answers(pos[1]) < 0)
 		die("mount.hwfs: %s was mounted but does not answer", pos[1]);
+	free(av);
 	free(opts);
 	free(tun);
 	return r;

@@ -480,7 +480,7 @@ static void sweep_dead_sockets(const char *dir)
 
 static int make_ctl_dir(struct daemon *d, char *msg, size_t len)
 {
-	const char *base = getenv("XDG_RUNTIME_DIR");
+	const char *base = secure_getenv("XDG_RUNTIME_DIR");
 	struct stat st;
 	int r;
 
