@@ -57,10 +57,11 @@ int hwfs_mount_source(const char *path, const char *fstype, char *src, size_t le
 struct coord_opts;
 /**
  * coord_serve() - coord_run(@o), with /metrics, /healthz and /readyz served on
- * @http ("HOST:PORT") meanwhile when it is not NULL, and READY=1 sent to
- * systemd (NOTIFY_SOCKET) once it listens.  Returns the exit status.
+ * @http ("HOST:PORT") meanwhile when it is not NULL (@hosts: the --http-host
+ * names, comma-separated, or NULL), and READY=1 sent to systemd
+ * (NOTIFY_SOCKET) once it listens.  Returns the exit status.
  */
-int coord_serve(struct coord_opts *o, const char *http);
+int coord_serve(struct coord_opts *o, const char *http, const char *hosts);
 /* The coordinator's status page (built from tools/status_page.html by the Makefile). */
 extern const char hwfs_status_page[];
 

@@ -43,6 +43,7 @@ static const struct {
 	{"capacity", "--capacity", 1},   {"join", "--join", 1},
 	{"node", "--node", 1},           {"listen", "--listen", 1},
 	{"keys", "--keys", 1},           {"http", "--http", 1},
+	{"http_host", "--http-host", 1}, {"http-host", "--http-host", 1},
 	{"coordinator", "--coordinator", 1}, {"ctl_group", "--ctl-group", 1},
 	{"ctl-group", "--ctl-group", 1}, {"pin", "--pin", 0},
 	{"preallocate", "--preallocate", 0}, {"insecure", "--insecure", 0},
