@@ -371,25 +371,25 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
             logger.warning("hwfs: cannot report %s %s: %s", what, version, e)
 
     # -- loading (callers hold self.cv)
+    def _mnt(self):
+        return self.mount or os.environ.get("HWFS_MOUNT") or DEFAULT_MOUNT
+
     def _map(self, version):
-        with hwfs.open(self.mount or os.environ.get("HWFS_MOUNT") or DEFAULT_MOUNT) as m:
+        with hwfs.open(self._mnt()) as m:
             return m.map(version)
 
     def _want(self, v):
         """Make @v the shadow: "serving" (its bytes are served), "loaded" or
-        "loading" (the loader goes on).  Raises _Refused (a misfit: nothing
-        changed), OSError (no such version...)."""
+        "loading" (the loader goes on), or "attach" (nothing of hwfs's is
+        served yet: the swap loads it whole, _attach).  Raises _Refused (a
+        misfit: nothing changed), OSError (no such version...)."""
         st = self.st
         mapping = self._map(v)
-        if not st.attached:  # nothing of hwfs's served yet: load it all, now
-            try:
-                _ok(self.ext.hwfs_attach({"version": v, "_mapping": mapping}))
-            except _Refused as e:
-                self._report("refused", v, reason=str(e))
-                raise
-            _set_served(version=v, digest=st.served_digest, mount=self.mount)
-            self._report("swapped", v, pause_us=0)
-            return "serving"
+        if not st.attached:
+            mapping.close()
+            self._report("loaded", v)
+            logger.info("hwfs: %s: nothing served from the mount yet; the swap loads it", v)
+            return "attach"
         if mapping.digest == st.served_digest:
             mapping.close()
             self.same_bytes = v if v != st.served else None
@@ -422,7 +422,12 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
         if st.shadow_state != "loaded":
             raise _Refused(st.reason or f"{v} was not loaded ({st.shadow_state})")
 
+    def _on_device(self):
+        if self.device.type == "cuda":  # a new thread's current device is 0
+            torch.cuda.set_device(self.device)
+
     def _loader(self):
+        self._on_device()
         st = self.st
         while True:
             with self.cv:
@@ -453,6 +458,19 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
         pause_us = max(1, int((time.perf_counter() - t0) * 1e6))
         self._served_now(v, pause_us, int(waited * 1e6), r["swap_us"])
 
+    def _attach(self, v):
+        """Serve @v on a server that serves nothing of hwfs's yet: the whole
+        load, into fresh tensors, between two forward passes (the pause)."""
+        t0 = time.perf_counter()
+        try:
+            with self.gate.alone() as waited:
+                r = _ok(self.ext.hwfs_attach({"mount": self._mnt(), "version": v}))
+        except _Refused as e:
+            self._report("refused", v, reason=str(e))
+            raise
+        pause_us = max(1, int((time.perf_counter() - t0) * 1e6))
+        self._served_now(v, pause_us, int(waited * 1e6), int(r.get("load_s", 0) * 1e6) or 1)
+
     def _served_now(self, v, pause_us, drain_us, swap_us):
         _set_served(version=v, digest=self.st.served_digest, mount=self.mount)
         self.last = {"pause_us": pause_us, "drain_us": drain_us, "swap_us": swap_us}
@@ -470,6 +488,7 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
 
     # -- the node's events (commit-driven)
     def _events(self, w):
+        self._on_device()
         while not self.stopping:
             try:
                 ev = w.next(timeout=EVENT_POLL_S)
@@ -512,11 +531,15 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
                 elif self.same_bytes == v or (st.served == v and self._map_digest(v) ==
                                               st.served_digest):
                     self._serve_same_bytes(v)
-                elif self._want(v) != "serving":
-                    self._wait_loaded(v)
-                    self._swap(v)
                 else:
-                    self._serve_same_bytes(v)
+                    state = self._want(v)
+                    if state == "attach":
+                        self._attach(v)
+                    elif state == "serving":
+                        self._serve_same_bytes(v)
+                    else:
+                        self._wait_loaded(v)
+                        self._swap(v)
             elif ev.type == "removed":
                 if st.shadow_version == v and (self.session or {}).get("version") != v:
                     self.ext.hwfs_cancel({})
@@ -570,7 +593,7 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
     def _load_in_place(self, v):
         st = self.st
         if not st.attached:
-            self._want(v)
+            self._attach(v)
             return
         if st.shadow is not None:
             self.ext.hwfs_cancel({})
@@ -583,7 +606,7 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
             return
         self._report("loading", v)
         with self.gate.alone() as waited:
-            r = self.ext.hwfs_load_inplace({"version": v, "mount": self.mount})
+            r = self.ext.hwfs_load_inplace({"version": v, "mount": self._mnt()})
         if not r.get("ok"):
             self._report("refused", v, reason=r.get("error"))
             raise _Refused(r.get("error"))
@@ -600,6 +623,9 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
                 if s["state"] == "serving":
                     if self.st.served != v:
                         self._serve_same_bytes(v)
+                    return
+                if s["state"] == "attach":
+                    self._attach(v)
                     return
                 self._wait_loaded(v)
                 self._swap(v)
