@@ -115,7 +115,7 @@ const char *cudart_strerror(const struct cudart *rt, cudart_err e, char *buf, si
 
 int cudart_open(struct cudart **out, char *why, size_t whylen)
 {
-	const char *env = getenv("HWFS_CUDART");
+	const char *env = secure_getenv("HWFS_CUDART");
 	const char *cands[2 * sizeof(sonames) / sizeof(sonames[0])];
 	void *tried[sizeof(cands) / sizeof(cands[0])];
 	char paths[sizeof(cands) / sizeof(cands[0])][256], reason[512], err[256];

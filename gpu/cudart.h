@@ -9,7 +9,8 @@
  * them against the real headers where those exist).
  *
  * The library is looked for, in order: the file named by $HWFS_CUDART (only
- * that one when set), libcudart.so.13, libcudart.so.12 (the loader's search
+ * that one when set; read with secure_getenv(), so a set-id program that links
+ * libhwfs never loads a library its caller names), libcudart.so.13, libcudart.so.12 (the loader's search
  * path), then the same names under /usr/local/cuda/lib64.  A runtime that
  * loads but finds the NVIDIA driver older than itself
  * (cudaErrorInsufficientDriver with a driver present: CUDA 13 on a 550-570

@@ -80,7 +80,8 @@ int gpu_open(struct gpu **out)
 		for (char *p = g->why; *p; p++)
 			if ((unsigned char)*p < 0x20 || *p == 0x7f)
 				*p = ' ';
-		LOG_INFO("gpu: none (%s)", g->why);
+		/* the one GPU line of a mount (the daemon adds none) */
+		LOG_INFO("gpu: none (%s); hwfs load is refused", g->why);
 	} else {
 		g->why[0] = '\0';
 		g->used = calloc((size_t)g->rt->devices, 1);

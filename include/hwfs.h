@@ -46,7 +46,8 @@ struct hwfs;
 
 /**
  * hwfs_open() - find the daemon of the hwfs mount at @mount (NULL: the
- * environment's HWFS_MOUNT, else /hotweights).  Nothing stays connected: each
+ * environment's HWFS_MOUNT, read with secure_getenv() so that a setuid or
+ * setgid program ignores it, else /hotweights).  Nothing stays connected: each
  * later call connects anew.  *@out must be freed with hwfs_close().
  * Returns 0, -ENOTSUP (not an hwfs mount), -ENOENT, -ENOMEM.
  */

@@ -405,7 +405,7 @@ PYTHONPATH="$REPO/tools/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \
 	{ cat "$WORK/sharded.err" >&2; exit 1; }
 wait $WATCH
 cat "$WORK/watch-v3.txt"
-echo "  tensor-parallel views of v3 on C (computed, not stored): ls tp/ -> $(ls "${MNT[C]}/versions/v3/tp" | tr '\n' ' ')"
+echo "  tensor-parallel views of v3 on C (computed, not stored): ls -U tp/ -> $(ls -U "${MNT[C]}/versions/v3/tp" | tr '\n' ' ')"
 py commit "${MNT[B]}" v3 "$WORK/commit-v3.json"
 py check v3 "${CHECK_ARGS[@]}"
 

@@ -24,12 +24,17 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "hwfs_api.h" /* first: the public API beside hwfs_common.h */
 #include "hwfs_cli.h"
 #include "names.h"
+
+#ifndef HWFS_VERSION /* the Makefile's LIBHWFS_VERSION, passed with -D */
+#define HWFS_VERSION "unknown"
+#endif
 
 static const char *g_mount;
 static int g_json;
@@ -60,7 +65,7 @@ void usage_die(const char *usage)
 
 static const char *default_mount(void)
 {
-	const char *m = getenv("HWFS_MOUNT");
+	const char *m = secure_getenv("HWFS_MOUNT");
 
 	return m && *m ? m : "/hotweights";
 }
@@ -382,12 +387,30 @@ static void print_held(json_t *held)
 	printf("\n");
 }
 
+/*
+ * Percent of a version a node holds, 0..100.  The coordinator keeps a node's
+ * last HAVE: bytes_held (distinct shard bytes here) and bytes_needed (those
+ * still missing), so the version's size is their sum; dividing by
+ * bytes_needed alone showed 44% as 77% and overflowed the bar past 50%.
+ */
+static int progress_pct(int64_t held, int64_t missing, int complete)
+{
+	if (complete)
+		return 100;
+	if (held <= 0)
+		return 0;
+	if (missing <= 0)
+		return 99; /* all bytes here, the version not built yet */
+	return (int)HWFS_MIN(99.0, 100.0 * (double)held / ((double)held + (double)missing));
+}
+
 /* Print the cluster table once; returns how many (node, version) are still replicating. */
 static int print_cluster(json_t *cl)
 {
 	int busy = 0;
 	json_t *n, *v;
 	size_t i, k;
+	char a[32], b[32];
 
 	printf("coordinator %s, committed: %s\n", jstr(cl, "coordinator"),
 	       json_is_string(json_object_get(cl, "committed")) ? jstr(cl, "committed") : "(none)");
@@ -398,15 +421,21 @@ static int print_cluster(json_t *cl)
 		       json_is_true(json_object_get(n, "diverged")) ? "  DIVERGED from the committed version"
 								    : "");
 		json_array_foreach(json_object_get(n, "versions"), k, v) {
-			int64_t held = jint(v, "bytes_held"), need = jint(v, "bytes_needed");
+			int64_t held = jint(v, "bytes_held"), missing = jint(v, "bytes_needed");
 			int complete = json_is_true(json_object_get(v, "complete")), w = 30;
-			int fill = complete ? w : need > 0 ? (int)((double)held / (double)need * w) : 0;
+			int pct = progress_pct(held, missing, complete), fill = pct * w / 100;
 
-			printf("    %-20s [%.*s%*s] %s\n", jstr(v, "name"), fill,
-			       "##############################", w - fill, "",
-			       complete ? "complete"
-			       : json_is_string(json_object_get(v, "waiting")) ? jstr(v, "waiting")
-									: "replicating");
+			printf("    %-20s [%.*s%*s] %3d%% ", jstr(v, "name"), fill,
+			       "##############################", w - fill, "", pct);
+			if (complete)
+				printf("complete\n");
+			else
+				printf("(%s of %s) %s\n",
+				       hwfs_fmt_size((uint64_t)HWFS_MAX(held, 0), a, sizeof(a)),
+				       hwfs_fmt_size((uint64_t)HWFS_MAX(held, 0) +
+						     (uint64_t)HWFS_MAX(missing, 0), b, sizeof(b)),
+				       json_is_string(json_object_get(v, "waiting"))
+					       ? jstr(v, "waiting") : "replicating");
 			busy += !complete && json_is_true(json_object_get(n, "alive"));
 		}
 		print_engines("    ", json_object_get(n, "engines"));
@@ -842,6 +871,28 @@ static int cmd_diff(int argc, char **argv)
 	return 0;
 }
 
+/*
+ * Print @m, a canonical manifest from the daemon, on @f with a newline: byte
+ * for byte, except that a control character, which JSON allows raw in a
+ * string when it is DEL or C1 (U+0080-U+009F: a tensor name's CSI, 0xC2 0x9B,
+ * is one) and a terminal obeys, is written as its JSON escape \u00NN (upper
+ * case hex, as jansson writes C0; C0 too, which a daemon never sends raw).
+ * The output parses to the same JSON; its bytes are those the digest is over
+ * unless a name holds such a character.
+ */
+static void print_manifest(FILE *f, const char *m)
+{
+	for (const unsigned char *p = (const unsigned char *)m; *p; p++) {
+		if (*p < 0x20 || *p == 0x7f)
+			fprintf(f, "\\u%04X", *p);
+		else if (p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F)
+			fprintf(f, "\\u%04X", *++p);
+		else
+			fputc(*p, f);
+	}
+	fputc('\n', f);
+}
+
 static int cmd_manifest(int argc, char **argv)
 {
 	int i = client_opts(argc, argv, "hwfs manifest VERSION [-m MOUNT]", 1, 1, NULL);
@@ -849,8 +900,7 @@ static int cmd_manifest(int argc, char **argv)
 				     version_arg(argv[i])),
 			   1);
 
-	fputs(jstr(res, "manifest"), stdout);
-	fputc('\n', stdout);
+	print_manifest(stdout, jstr(res, "manifest"));
 	json_decref(res);
 	return 0;
 }
@@ -913,7 +963,7 @@ static void usage_all(FILE *f)
 		"A node joins a cluster with: hwfs mount ... --join tcp://COORD:PORT --node NAME\n"
 		"--listen tcp://HOST:PORT; then commit is cluster-wide (--local: this node only)\n"
 		"and status --cluster shows every node.\n\n"
-		"MOUNT defaults to $HWFS_MOUNT, else /hotweights.\n");
+		"MOUNT defaults to $HWFS_MOUNT, else /hotweights. hwfs --version prints the version.\n");
 }
 
 /*
@@ -935,15 +985,38 @@ static __attribute__((noreturn)) void run_core(char **argv)
 	die("cannot run %s: %s", core, strerror(errno));
 }
 
+/*
+ * Was this program started with privileges its caller does not have: setuid,
+ * setgid, or file capabilities (AT_SECURE)?  hwfs takes its mount, its store,
+ * hooks and tunables from its caller's arguments and environment, so under a
+ * set-id bit any user could make it mount, unmount or publish as root.  It is
+ * run by root or by the user it acts for, never set-id.  Returns 1 or 0.
+ */
+static int set_id(void)
+{
+	return getauxval(AT_SECURE) || getuid() != geteuid() || getgid() != getegid();
+}
+
 int main(int argc, char **argv)
 {
 	const char *verb = argc > 1 ? argv[1] : NULL;
 	const char *self = strrchr(argv[0], '/');
 
+	if (set_id()) {
+		fprintf(stderr, "hwfs: error: refusing to run setuid or setgid (uid %u, euid %u, gid %u, "
+			"egid %u): run hwfs as the user it acts for\n", (unsigned)getuid(),
+			(unsigned)geteuid(), (unsigned)getgid(), (unsigned)getegid());
+		return 1;
+	}
 	if (!strcmp(self ? self + 1 : argv[0], "mount.hwfs")) { /* mount(8)'s helper */
 		if (!mount_helper_main)
 			run_core(argv);
 		return mount_helper_main(argc, argv);
+	}
+	if (verb && !strcmp(verb, "--version")) {
+		/* the core verbs are linked into build/hwfs-core only (hwfs_cli.h) */
+		printf("%s %s\n", cmd_mount ? "hwfs-core" : "hwfs", HWFS_VERSION);
+		return 0;
 	}
 	if (!verb || !strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
 		usage_all(verb ? stdout : stderr);

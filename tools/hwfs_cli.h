@@ -44,14 +44,24 @@ HWFS_CORE_VERB int cmd_umount(int argc, char **argv);
 HWFS_CORE_VERB int cmd_coord(int argc, char **argv);
 HWFS_CORE_VERB int cmd_keygen(int argc, char **argv);
 
+#define HWFS_FSTYPE "fuse.hwfs" /* our mounts in mountinfo (subtype=hwfs) */
+/**
+ * hwfs_mount_source() - whether @path is a mount point in /proc/self/mountinfo
+ * (with @fstype: a mount of that type); when it is and @src is not NULL, the
+ * source field of the top one (an hwfs mount: "hwfs:STORE") into @src.
+ * Returns 1 or 0 (0 when mountinfo is unreadable).  In build/hwfs-core only.
+ */
+int hwfs_mount_source(const char *path, const char *fstype, char *src, size_t len);
+
 /* hwfs_coord_http.c */
 struct coord_opts;
 /**
  * coord_serve() - coord_run(@o), with /metrics, /healthz and /readyz served on
- * @http ("HOST:PORT") meanwhile when it is not NULL, and READY=1 sent to
- * systemd (NOTIFY_SOCKET) once it listens.  Returns the exit status.
+ * @http ("HOST:PORT") meanwhile when it is not NULL (@hosts: the --http-host
+ * names, comma-separated, or NULL), and READY=1 sent to systemd
+ * (NOTIFY_SOCKET) once it listens.  Returns the exit status.
  */
-int coord_serve(struct coord_opts *o, const char *http);
+int coord_serve(struct coord_opts *o, const char *http, const char *hosts);
 /* The coordinator's status page (built from tools/status_page.html by the Makefile). */
 extern const char hwfs_status_page[];
 

@@ -6,7 +6,8 @@
  * COORD_STATUS_MS), /metrics (hwfs_coord_nodes and the hwfs_coord_*
  * instruments of fs/common/metrics.h), /healthz and /readyz, served by the
  * bounded server of fs/common/http.c in its own threads while coord_run()
- * serves the nodes.  No request touches the coordinator's state.
+ * serves the nodes (its limits, header deadline and Host: rule are http.h's;
+ * --http-host adds names).  No request touches the coordinator's state.
  *
  * Readiness is the coordinator's own start-up report: coord_run() writes
  * "ok" (or "error: ...") on its notify pipe once it listens.  That pipe is
@@ -156,7 +157,7 @@ static void report(int fd, const char *line)
 		fprintf(stderr, "hwfs: %s", line);
 }
 
-int coord_serve(struct coord_opts *o, const char *hostport)
+int coord_serve(struct coord_opts *o, const char *hostport, const char *hosts)
 {
 	struct coord_http c = {.up_fd = o->notify_fd, .relay_fd = -1,
 			       .mu = PTHREAD_MUTEX_INITIALIZER};
@@ -165,7 +166,7 @@ int coord_serve(struct coord_opts *o, const char *hostport)
 	char line[512];
 	int pfd[2], r;
 
-	r = hostport ? http_start(hostport, route, &c, &h) : 0;
+	r = hostport ? http_start(hostport, hosts, route, &c, &h) : 0;
 	if (r < 0) {
 		snprintf(line, sizeof(line), "error: --http %s: %s\n", hostport,
 			 r == -EINVAL ? "not HOST:PORT" : strerror(-r));

@@ -24,11 +24,11 @@
 
 #include "coord.h"
 #include "daemon.h"
+#include "http.h"
 #include "hwfs_cli.h"
 #include "keys.h"
 #include "tunables.h"
 
-#define HWFS_FSTYPE "fuse.hwfs" /* our mounts in mountinfo (subtype=hwfs) */
 #define HWFS_MAX_STACKED 64      /* dead mounts cleared at most, one per pass */
 
 /*
@@ -113,6 +113,20 @@ static int run_mount(void *arg, int notify_fd)
 
 /* `hwfs coord --http HOST:PORT`, or NULL (for run_coord() in the child) */
 static const char *coord_http;
+/* `hwfs coord --http-host NAME...`: the names, comma-separated, "" when none */
+static char coord_http_hosts[1024];
+
+/* Add --http-host @arg to @buf (@len bytes); dies on a bad name or too many. */
+static void add_http_host(char *buf, size_t len, const char *arg)
+{
+	int r = http_hosts_add(buf, len, arg);
+
+	if (r == -ENAMETOOLONG)
+		die("--http-host: too many names (at most %zu bytes in all)", len - 1);
+	if (r < 0)
+		die("bad --http-host %s (host names of A-Z a-z 0-9 . _ -, comma-separated, or *)",
+		    arg);
+}
 
 /* spawn_daemon()'s @run for `hwfs coord`: a stand-alone coordinator. */
 static int run_coord(void *arg, int notify_fd)
@@ -120,7 +134,7 @@ static int run_coord(void *arg, int notify_fd)
 	struct coord_opts *o = arg;
 
 	o->notify_fd = notify_fd;
-	return coord_serve(o, coord_http);
+	return coord_serve(o, coord_http, coord_http_hosts[0] ? coord_http_hosts : NULL);
 }
 
 int parse_topology(const char *s, unsigned *fanout)
@@ -171,12 +185,13 @@ int cmd_coord(int argc, char **argv)
 {
 	static const char usage[] = "hwfs coord --listen tcp://HOST:PORT [--state DIR] "
 				    "[--topology chain|tree:K|star] [--keys DIR] [-f] [--insecure] "
-				    "[--http HOST:PORT]";
+				    "[--http HOST:PORT] [--http-host NAME]...";
 	static const struct option lo[] = {
 		{"listen", required_argument, NULL, 'l'}, {"state", required_argument, NULL, 's'},
 		{"topology", required_argument, NULL, 't'}, {"foreground", no_argument, NULL, 'f'},
 		{"insecure", no_argument, NULL, 'I'},     {"help", no_argument, NULL, 'h'},
 		{"keys", required_argument, NULL, 'K'},   {"http", required_argument, NULL, 'H'},
+		{"http-host", required_argument, NULL, 'A'},
 		{NULL, 0, NULL, 0},
 	};
 	struct coord_opts o = {.notify_fd = -1, .fanout = 1};
@@ -209,6 +224,9 @@ int cmd_coord(int argc, char **argv)
 		case 'H':
 			coord_http = optarg;
 			break;
+		case 'A':
+			add_http_host(coord_http_hosts, sizeof(coord_http_hosts), optarg);
+			break;
 		case 'h':
 			printf("usage: %s\n\n", usage);
 			hwfs_tunables_print(stdout); /* the coordinator reads the same table */
@@ -224,7 +242,7 @@ int cmd_coord(int argc, char **argv)
 	if (hwfs_tunables_load(NULL, 0) < 0) /* node_expiry_s from HWFS_NODE_EXPIRY_S */
 		die("bad tunable in the environment (see hwfs mount --help)");
 	if (fg)
-		return coord_serve(&o, coord_http);
+		return coord_serve(&o, coord_http, coord_http_hosts[0] ? coord_http_hosts : NULL);
 	if (o.state) {
 		if (mkdir(o.state, 0700) < 0 && errno != EEXIST)
 			die("state dir %s: %s", o.state, strerror(errno));
@@ -264,11 +282,7 @@ static void unescape_mountinfo(char *s)
 	*o = '\0';
 }
 
-/*
- * Is @path a mount point in /proc/self/mountinfo?  With @fstype, only a mount
- * of that filesystem type counts.  Returns 1 or 0 (0 when mountinfo is unreadable).
- */
-static int mounted_as(const char *path, const char *fstype)
+int hwfs_mount_source(const char *path, const char *fstype, char *src, size_t len)
 {
 	FILE *f = fopen("/proc/self/mountinfo", "r");
 	char line[8192];
@@ -276,20 +290,38 @@ static int mounted_as(const char *path, const char *fstype)
 
 	if (!f)
 		return 0;
-	while (!found && fgets(line, sizeof(line), f)) {
-		char mp[4096], type[256];
+	while (fgets(line, sizeof(line), f)) {
+		char mp[4096], type[256], source[4096];
 		const char *sep = strstr(line, " - ");
+		int n;
 
 		if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1)
 			continue;
 		unescape_mountinfo(mp);
 		if (strcmp(mp, path))
 			continue;
-		found = !fstype || (sep && sscanf(sep + 3, "%255s", type) == 1 &&
-				    !strcmp(type, fstype));
+		n = sep ? sscanf(sep + 3, "%255s %4095s", type, source) : 0;
+		if (fstype && (n < 1 || strcmp(type, fstype)))
+			continue;
+		found = 1; /* the last one listed is the one on top */
+		if (src && len) {
+			if (n < 2)
+				source[0] = '\0';
+			unescape_mountinfo(source);
+			snprintf(src, len, "%s", source);
+		}
 	}
 	fclose(f);
 	return found;
+}
+
+/*
+ * Is @path a mount point in /proc/self/mountinfo?  With @fstype, only a mount
+ * of that filesystem type counts.  Returns 1 or 0 (0 when mountinfo is unreadable).
+ */
+static int mounted_as(const char *path, const char *fstype)
+{
+	return hwfs_mount_source(path, fstype, NULL, 0);
 }
 
 /*
@@ -422,14 +454,17 @@ int cmd_mount(int argc, char **argv)
 		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [--preallocate] [--pin] [-f]\n"
 		"       [-o NAME=VALUE,...] [-d] [--ctl-group GROUP]\n"
 		"       [--join tcp://COORD:PORT | --coordinator tcp://HOST:PORT] --node NAME\n"
-		"       --listen tcp://HOST:PORT [--keys DIR] [--insecure] [--http HOST:PORT]";
+		"       --listen tcp://HOST:PORT [--keys DIR] [--insecure] [--http HOST:PORT]\n"
+		"       [--http-host NAME[,NAME...]]...";
 	static const char mount_help[] =
 		"  --preallocate  allocate, touch and mlock the whole arena at start-up\n"
 		"  --pin          preallocate, then pin the arena for CUDA (cudaHostRegister, so\n"
 		"                 a load copies to the GPU with no staging copy); without a GPU\n"
 		"                 the arena is locked with mlock instead (a note says so)\n"
 		"  --http HOST:PORT  serve /metrics, /healthz, /readyz there (port 0: any free\n"
-		"                 port, shown by hwfs status); use loopback or a private address\n";
+		"                 port, shown by hwfs status); use loopback or a private address\n"
+		"  --http-host NAME  a name clients may give in Host: besides IP addresses,\n"
+		"                 localhost and the --http host (others get 421); repeatable\n";
 	static const struct option lo[] = {
 		{"store", required_argument, NULL, 's'}, {"capacity", required_argument, NULL, 'c'},
 		{"foreground", no_argument, NULL, 'f'},  {"help", no_argument, NULL, 'h'},
@@ -439,9 +474,11 @@ int cmd_mount(int argc, char **argv)
 		{"coordinator", required_argument, NULL, 'O'},
 		{"preallocate", no_argument, NULL, 'P'}, {"ctl-group", required_argument, NULL, 'G'},
 		{"pin", no_argument, NULL, 'p'},         {"http", required_argument, NULL, 'H'},
+		{"http-host", required_argument, NULL, 'A'},
 		{NULL, 0, NULL, 0},
 	};
 	struct daemon_opts o = {.notify_fd = -1, .ctl_gid = -1};
+	char http_hosts[1024] = "";
 	int insecure = 0;
 	const char *store = NULL;
 	char *mnt, *opts[64], buf[4096], *keys = NULL;
@@ -490,6 +527,10 @@ int cmd_mount(int argc, char **argv)
 		case 'H':
 			o.http = optarg;
 			break;
+		case 'A':
+			add_http_host(http_hosts, sizeof(http_hosts), optarg);
+			o.http_hosts = http_hosts;
+			break;
 		case 'p':
 			o.pin = 1; /* implies preallocation (fs/daemon/daemon.c, prepare_arena) */
 			break;
@@ -500,9 +541,11 @@ int cmd_mount(int argc, char **argv)
 			break;
 		case 'o':
 			for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;
-			     t = strtok_r(NULL, ",", &save))
-				if (n_opts < HWFS_ARRAY_SIZE(opts))
-					opts[n_opts++] = t;
+			     t = strtok_r(NULL, ",", &save)) {
+				if (n_opts == HWFS_ARRAY_SIZE(opts))
+					die("too many -o tunables (at most %zu)", HWFS_ARRAY_SIZE(opts));
+				opts[n_opts++] = t;
+			}
 			break;
 		case 'h':
 			printf("usage: %s\n\n%s\n", usage, mount_help);

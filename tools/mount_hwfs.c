@@ -11,8 +11,20 @@
  * user.hwfs.pid) before it exits 0.  Any failure is one line on stderr and a
  * non-zero exit.  `umount MOUNTPOINT` needs no helper: the daemon sees its
  * session end and shuts down cleanly.
+ *
+ * Idempotent (issue 26): `mount -a` skips what mountinfo shows mounted, but
+ * an hwfs mount's source there is `hwfs:STORE` while fstab says `STORE`, so
+ * mount(8) runs the helper again; a mount point that is already a live hwfs
+ * mount of the same store is then a note and exit 0 (it was exit 32, "already
+ * an hwfs mount").  Another store there still fails, naming it.
+ *
+ * Several -o are joined, as mount(8) joins its own.  The arguments handed to
+ * cmd_mount() are an array sized from the options given (each option is at
+ * most two arguments), not a fixed one: an fstab line of any length cannot
+ * write past it.
  */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/xattr.h>
@@ -31,6 +43,7 @@ static const struct {
 	{"capacity", "--capacity", 1},   {"join", "--join", 1},
 	{"node", "--node", 1},           {"listen", "--listen", 1},
 	{"keys", "--keys", 1},           {"http", "--http", 1},
+	{"http_host", "--http-host", 1}, {"http-host", "--http-host", 1},
 	{"coordinator", "--coordinator", 1}, {"ctl_group", "--ctl-group", 1},
 	{"ctl-group", "--ctl-group", 1}, {"pin", "--pin", 0},
 	{"preallocate", "--preallocate", 0}, {"insecure", "--insecure", 0},
@@ -80,18 +93,62 @@ static int answers(const char *mnt)
 	return -1;
 }
 
+/*
+ * already_mounted() - whether @mnt is already a live hwfs mount of @store:
+ * 1 (the note printed), 0 when it is not an hwfs mount (or a dead one, which
+ * cmd_mount() clears); another store there dies, naming both.
+ */
+static int already_mounted(const char *store, const char *mnt)
+{
+	char *m = realpath(mnt, NULL), *s = realpath(store, NULL), src[4096], pid[32];
+	int r = 0;
+
+	if (!m || !hwfs_mount_source(m, HWFS_FSTYPE, src, sizeof(src)) ||
+	    getxattr(m, "user.hwfs.pid", pid, sizeof(pid)) <= 0)
+		goto out;
+	if (strncmp(src, "hwfs:", 5) || !s || strcmp(src + 5, s))
+		die("mount.hwfs: %s is already an hwfs mount of %s, not of %s", m,
+		    strncmp(src, "hwfs:", 5) ? src : src + 5, s ? s : store);
+	fprintf(stderr, "mount.hwfs: %s is already mounted from %s; nothing to do\n", m, s);
+	r = 1;
+out:
+	free(m);
+	free(s);
+	return r;
+}
+
+/*
+ * Append @o (one -o's list) to *@opts, joined by ',' (*@opts NULL: none yet).
+ * Dies without memory.
+ */
+static void add_opts(char **opts, const char *o)
+{
+	char *j = NULL;
+
+	if (asprintf(&j, "%s%s%s", *opts ? *opts : "", *opts ? "," : "", o) < 0)
+		die("out of memory");
+	free(*opts);
+	*opts = j;
+}
+
+/*
+ * mount_helper_main() - main() of `mount.hwfs STORE_DIR MOUNTPOINT [-sfnv]
+ * [-o OPTIONS]...`: the options as `hwfs mount` flags, then cmd_mount() (not
+ * with -f).  Returns cmd_mount()'s exit status; dies with one line on a bad
+ * option or a mount that does not answer.
+ */
 int mount_helper_main(int argc, char **argv)
 {
 	static const char usage[] = "mount.hwfs STORE_DIR MOUNTPOINT [-sfnv] [-o OPTIONS]";
-	char *av[256], *opts = NULL, *tun = NULL, *save = NULL, *pos[2] = {NULL, NULL};
-	size_t tlen = 0;
+	char **av, *opts = NULL, *tun = NULL, *save = NULL, *pos[2] = {NULL, NULL};
+	size_t tlen = 0, nopt = 1;
 	int ac = 0, npos = 0, fake = 0, r;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "-o") && i + 1 < argc) {
-			opts = argv[++i];
+			add_opts(&opts, argv[++i]);
 		} else if (!strncmp(argv[i], "-o", 2) && argv[i][2]) {
-			opts = argv[i] + 2;
+			add_opts(&opts, argv[i] + 2);
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			printf("usage: %s\n(options: docs/operations.md, man mount.hwfs)\n", usage);
 			return 0;
@@ -111,18 +168,21 @@ int mount_helper_main(int argc, char **argv)
 	}
 	if (npos != 2)
 		usage_die(usage);
+	for (const char *c = opts; c && *c; c++)
+		nopt += *c == ',';
+	/* "mount MNT --store DIR", two per option at most, "-o TUNABLES", NULL */
+	av = calloc(4 + 2 * nopt + 3, sizeof(*av));
+	if (!av)
+		die("out of memory");
 	av[ac++] = "mount";
 	av[ac++] = pos[1];
 	av[ac++] = "--store";
 	av[ac++] = pos[0];
-	opts = opts ? strdup(opts) : NULL;
 	for (char *o = opts ? strtok_r(opts, ",", &save) : NULL; o; o = strtok_r(NULL, ",", &save)) {
 		char *eq = strchr(o, '=');
 		size_t n = eq ? (size_t)(eq - o) : strlen(o);
 		int done = 0;
 
-		if (ac > (int)HWFS_ARRAY_SIZE(av) - 4)
-			die("mount.hwfs: too many options");
 		if (dropped(o))
 			continue;
 		if (!strcmp(o, "ro"))
@@ -153,9 +213,15 @@ int mount_helper_main(int argc, char **argv)
 		av[ac++] = tun;
 	}
 	av[ac] = NULL;
+	if (!fake && already_mounted(pos[0], pos[1])) {
+		free(opts);
+		free(tun);
+		return 0;
+	}
 	r = fake ? 0 : cmd_mount(ac, av);
 	if (!fake && r == 0 && answers(pos[1]) < 0)
 		die("mount.hwfs: %s was mounted but does not answer", pos[1]);
+	free(av);
 	free(opts);
 	free(tun);
 	return r;

@@ -118,7 +118,11 @@ void hwfs_vrec_free(struct hwfs_vrec *v);
 
 /**
  * Log one line to stderr (the daemon's log file): UTC timestamp with milliseconds,
- * level tag, message ("2026-11-23T13:45:01.123Z hwfs[warn]: ...").
+ * level tag, message ("2026-11-23T13:45:01.123Z hwfs[warn]: ...").  The
+ * message is cut to 1023 bytes and then escaped with hwfs_escape(), so text
+ * from a file, a client or a peer (a tensor name, a partition pattern) can
+ * neither reach a terminal's escapes raw nor start a line of its own: pass it
+ * as it is, never escaped already.
  */
 void hwfs_log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define LOG_ERR(...) hwfs_log("error", __VA_ARGS__)
@@ -131,6 +135,28 @@ void hwfs_log(const char *level, const char *fmt, ...) __attribute__((format(pri
  */
 void hwfs_set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/**
+ * hwfs_utf8_len() - bytes of the UTF-8 sequence at @p (NUL-terminated), or 0
+ * when it is not valid UTF-8 (a stray continuation byte, an overlong 2-byte
+ * form, a cut sequence) or @p is at the NUL.
+ */
+int hwfs_utf8_len(const unsigned char *p);
+
+/**
+ * hwfs_escape() - @s as text that carries no control character: each C0
+ * control (newline included), DEL, C1 control (U+0080-U+009F: both of its
+ * bytes) and byte that is not part of valid UTF-8 becomes \xNN (two lowercase
+ * hex digits), a backslash becomes \\, every other character is copied.  The
+ * one escaping of text from files, clients and peers where hwfs prints it
+ * (the log, tp/README, `hwfs manifest`).  Writes at most @len bytes, the NUL
+ * included, into @buf (@len > 0), cut before an escape or character that does
+ * not fit whole.  Returns the length of the whole escaped text without its NUL
+ * (as snprintf does): at most 4 times strlen(@s).
+ */
+size_t hwfs_escape(char *buf, size_t len, const char *s);
+/** hwfs_escape() of @s into a new string: malloc'd, NULL without memory. */
+char *hwfs_escape_dup(const char *s);
+
 /* How hwfs_fail() makes the reason it formats one line. */
 enum hwfs_err_clean {
 	HWFS_ERR_CTRL,  /* control characters (< 0x20, 0x7f) become '?', as hwfs_set_err() */

@@ -88,20 +88,6 @@ char *hwfs_clean_text(const char *s, size_t max)
 	return c;
 }
 
-/* Bytes of the UTF-8 sequence at @p, or 0 when it is not valid UTF-8. */
-static int utf8_len(const unsigned char *p)
-{
-	int n = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3
-		: (p[0] & 0xF8) == 0xF0 ? 4 : 0;
-
-	if (n == 2 && p[0] < 0xC2)
-		return 0; /* overlong */
-	for (int i = 1; i < n; i++)
-		if ((p[i] & 0xC0) != 0x80)
-			return 0;
-	return n;
-}
-
 /*
  * Names must survive the manifest (JSON) and a terminal: UTF-8 without
  * control characters (C0, DEL, and C1: U+0080-U+009F, which some terminals
@@ -114,7 +100,7 @@ int hwfs_valid_name(const char *name)
 	if (!*name || !strcmp(name, ".") || !strcmp(name, "..") || strlen(name) > HWFS_NAME_MAX)
 		return 0;
 	while (*p) {
-		int n = utf8_len(p);
+		int n = hwfs_utf8_len(p);
 
 		if (n == 0 || *p == '/' || *p < 0x20 || *p == 0x7f || (*p == 0xC2 && p[1] <= 0x9F))
 			return 0;

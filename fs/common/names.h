@@ -46,7 +46,10 @@ int hwfs_has_controls(const char *s);
  * @max bytes (cut on a UTF-8 boundary), every control character (C0, DEL,
  * C1) a space.  Engine reasons in the daemon, and on the coordinator
  * everything a peer says that `hwfs commit` or `hwfs status --cluster`
- * prints.  Returns a malloc'd string, NULL without memory.
+ * prints.  Returns a malloc'd string, NULL without memory.  Where the
+ * characters must stay readable (the log, tp/README), hwfs_escape() of
+ * hwfs_common.h writes them as \xNN instead (it is in util.c, which libhwfs
+ * links too).
  */
 char *hwfs_clean_text(const char *s, size_t max);
 

@@ -17,7 +17,7 @@
 
 int hwfs_sd_notify(const char *fmt, ...)
 {
-	const char *path = getenv("NOTIFY_SOCKET");
+	const char *path = secure_getenv("NOTIFY_SOCKET");
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	size_t plen = path ? strlen(path) : 0;
 	char msg[1024];

@@ -71,7 +71,7 @@ int hwfs_tunables_load(const char *const *opts, size_t n_opts)
 		snprintf(env, sizeof(env), "HWFS_%s", rows[i].name);
 		for (j = 5; env[j]; j++)
 			env[j] = (char)toupper((unsigned char)env[j]);
-		v = getenv(env);
+		v = secure_getenv(env);
 		if (v && set_row(&rows[i], v) < 0) {
 			LOG_ERR("bad value for %s: %s", env, v);
 			return -EINVAL;

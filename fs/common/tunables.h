@@ -55,9 +55,18 @@
 	X(ctl_conns_per_uid, 64, 1, 65536, \
 	  "live control connections one user (other than root) may hold; more are refused") \
 	/* the HTTP endpoint (--http: /metrics, /healthz, /readyz; docs/operations.md) */ \
-	X(http_conns, 256, 4, 4096, "--http: connections served at once; more wait or are refused") \
-	X(http_conns_per_ip, 32, 1, 4096, "--http: connections from one address at once") \
+	X(http_conns, 256, 4, 4096, \
+	  "--http: connections served at once; a newcomer past it closes the oldest one " \
+	  "still waiting for its request headers (refused when none waits)") \
+	X(http_conns_per_ip, 32, 1, 4096, \
+	  "--http: connections from one address at once; a newcomer past it closes that " \
+	  "address's oldest one still waiting for its request headers") \
+	X(http_header_ms, 5000, 100, 3600000, \
+	  "--http: a connection must send its complete request headers within this (ms) of " \
+	  "connecting or of its previous answer, else it is closed") \
 	X(http_timeout_s, 10, 1, 3600, "--http: an idle or slow connection is closed after this") \
+	X(http_health_ms, 1000, 10, 600000, \
+	  "--http: /healthz waits this long (ms) for the mount to answer, else 503") \
 	X(http_conn_memory, 32768, 4096, 1u << 20, \
 	  "--http: memory per connection; a request whose headers do not fit is refused") \
 	/* replication (replicator/, docs/protocol.md) */ \

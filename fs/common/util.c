@@ -1,7 +1,8 @@
 /*
  * util.c — the small things every module needs: the content hash (XXH3-128
- * in canonical byte order), freeing version records, logging, sizes, clocks.
- * Nothing here keeps state.
+ * in canonical byte order), freeing version records, logging, escaping text
+ * for the log and the terminal (hwfs_escape), sizes, clocks.  Nothing here
+ * keeps state.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -112,11 +113,76 @@ void hwfs_vrec_free(struct hwfs_vrec *v)
 	free(v);
 }
 
+int hwfs_utf8_len(const unsigned char *p)
+{
+	int n = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3
+		: (p[0] & 0xF8) == 0xF0 ? 4 : 0;
+
+	if (!p[0] || (n == 2 && p[0] < 0xC2))
+		return 0; /* the end, or overlong */
+	for (int i = 1; i < n; i++)
+		if ((p[i] & 0xC0) != 0x80)
+			return 0;
+	return n;
+}
+
+/*
+ * Escape @s into @buf (see hwfs_common.h): \xNN for C0, DEL, C1 and bytes of
+ * invalid UTF-8, \\ for a backslash.  Everything is counted, only what fits
+ * whole is written.  Returns the escaped length.
+ */
+size_t hwfs_escape(char *buf, size_t len, const char *s)
+{
+	static const char dig[] = "0123456789abcdef";
+	const unsigned char *p = (const unsigned char *)s;
+	size_t k = 0, full = 0;
+
+	while (*p) {
+		int n = hwfs_utf8_len(p);
+		char tmp[8]; /* one character: at most two bytes escaped (C1) */
+		size_t t = 0;
+
+		if (n == 0 || *p < 0x20 || *p == 0x7f || (n == 2 && p[0] == 0xC2 && p[1] <= 0x9F)) {
+			n = n ? n : 1; /* a C1 control: both bytes; a bad byte: itself */
+			for (int i = 0; i < n; i++) {
+				tmp[t++] = '\\';
+				tmp[t++] = 'x';
+				tmp[t++] = dig[p[i] >> 4];
+				tmp[t++] = dig[p[i] & 15];
+			}
+		} else if (*p == '\\') {
+			tmp[t++] = '\\';
+			tmp[t++] = '\\';
+		} else {
+			memcpy(tmp, p, (size_t)n);
+			t = (size_t)n;
+		}
+		if (len && k == full && k + t < len) {
+			memcpy(buf + k, tmp, t);
+			k += t;
+		}
+		full += t;
+		p += n;
+	}
+	if (len)
+		buf[k] = '\0';
+	return full;
+}
+
+char *hwfs_escape_dup(const char *s)
+{
+	size_t n = hwfs_escape(NULL, 0, s);
+	char *e = malloc(n + 1);
+
+	if (e)
+		hwfs_escape(e, n + 1, s);
+	return e;
+}
+
 void hwfs_log(const char *level, const char *fmt, ...)
 {
 	va_list ap;
-	char buf[1024];
-
+	char buf[1024], out[4 * sizeof(buf)];
 	char when[40];
 	struct timespec ts;
 	struct tm tm;
@@ -127,7 +193,8 @@ void hwfs_log(const char *level, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "%s.%03ldZ hwfs[%s]: %s\n", when, ts.tv_nsec / 1000000, level, buf);
+	hwfs_escape(out, sizeof(out), buf);
+	fprintf(stderr, "%s.%03ldZ hwfs[%s]: %s\n", when, ts.tv_nsec / 1000000, level, out);
 }
 
 /*

@@ -480,7 +480,7 @@ static void sweep_dead_sockets(const char *dir)
 
 static int make_ctl_dir(struct daemon *d, char *msg, size_t len)
 {
-	const char *base = getenv("XDG_RUNTIME_DIR");
+	const char *base = secure_getenv("XDG_RUNTIME_DIR");
 	struct stat st;
 	int r;
 
@@ -566,6 +566,17 @@ int daemon_run(const struct daemon_opts *o)
 	 */
 	mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's maximum */
 	mallopt(M_TRIM_THRESHOLD, 256 << 20);
+	if (o->capacity) { /* asked for: refused past the filesystem, noted past the memory */
+		char cmsg[512];
+
+		r = store_check_capacity(o->store, o->capacity, cmsg, sizeof(cmsg));
+		if (r == -EFBIG) {
+			snprintf(msg, sizeof(msg), "error: %s\n", cmsg);
+			goto fail;
+		}
+		if (r == 1)
+			notify_note(o, cmsg);
+	}
 	r = store_open(o->store, o->capacity, &d.st);
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "error: cannot open store %s: %s\n", o->store,
@@ -592,8 +603,6 @@ int daemon_run(const struct daemon_opts *o)
 		snprintf(msg, sizeof(msg), "error: %s\n", strerror(-r));
 		goto fail;
 	}
-	if (!gpu_runtime(d.gpu))
-		LOG_INFO("gpu: %s (hwfs load is refused)", gpu_why(d.gpu));
 	/* engines registered with a GPU are ready when the version is loaded there */
 	engines_set_gpu_hook(d.engines, daemon_gpu_ready, &d);
 	/* seals reach the watchers (and, once joined, the agent): set before FUSE runs */

@@ -24,6 +24,7 @@ struct daemon_opts {
 	const char *coordinator; /* run a coordinator on this endpoint inside the daemon */
 	long ctl_gid;           /* >= 0: this group may run mutating verbs (--ctl-group) */
 	const char *http;       /* --http HOST:PORT: /metrics, /healthz, /readyz, or NULL */
+	const char *http_hosts; /* --http-host: more names for Host:, comma-separated, or NULL */
 };
 
 /* Where a daemon run as root puts its control socket (PID.sock); see make_ctl_dir(). */

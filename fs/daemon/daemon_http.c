@@ -10,11 +10,18 @@
  * The engines' registry lock is taken briefly for their count and states.
  * So a scrape costs the same with 10 000 versions as with one, and never
  * waits for the namespace, a FUSE request, a commit or a publish.
+ *
+ * /healthz is the one request that touches the mount: a getxattr of its root,
+ * made on a thread of its own (struct health_probe) so that a FUSE session
+ * that does not answer holds that thread, never one of the server's, and
+ * /healthz says 503 after http_health_ms instead of hanging.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon_i.h"
@@ -144,23 +151,158 @@ static void node_metrics(struct daemon *d, struct http_resp *r)
 }
 
 /*
- * /healthz: the process is alive and its FUSE session answers (a getxattr of
- * the mount's root, which the kernel never caches).
+ * The mount probe of /healthz.  One getxattr at a time, on a detached thread:
+ * a request while it runs waits for it (up to http_health_ms from its start)
+ * and shares its result, and a probe still hanging past that is answered at
+ * once, without a second thread blocked behind it.  A result less than
+ * HEALTH_REUSE_NS old is given again without a new probe, so a flood of
+ * /healthz costs the mount one getxattr a second and the server's threads
+ * at most one wait each.  The probe is shared by the daemon and the running
+ * thread (refs), so a stopping daemon does not wait for a getxattr that may
+ * never return.
+ */
+#define HEALTH_REUSE_NS 1000000000ull
+
+struct health_probe {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;   /* (CLOCK_MONOTONIC) a probe finished */
+	int refs;            /* the daemon's, and the running thread's */
+	int running;         /* a getxattr is in flight */
+	uint64_t started_ns; /* when it began */
+	uint64_t done;       /* probes finished so far */
+	uint64_t done_ns;    /* when the last one finished */
+	int err;             /* the last finished one's: 0 or an errno */
+	char mnt[];          /* the mountpoint */
+};
+
+/* Drop a reference to @p; the last one frees it. */
+static void probe_put(struct health_probe *p)
+{
+	int last;
+
+	pthread_mutex_lock(&p->mu);
+	last = --p->refs == 0;
+	pthread_mutex_unlock(&p->mu);
+	if (!last)
+		return;
+	pthread_cond_destroy(&p->cv);
+	pthread_mutex_destroy(&p->mu);
+	free(p);
+}
+
+/* The probe's thread: one getxattr of the mount's root (which the kernel never caches). */
+static void *probe_main(void *arg)
+{
+	struct health_probe *p = arg;
+	char buf[32];
+	int err = getxattr(p->mnt, "user.hwfs.pid", buf, sizeof(buf)) < 0 ? errno : 0;
+
+	pthread_mutex_lock(&p->mu);
+	p->err = err;
+	p->running = 0;
+	p->done++;
+	p->done_ns = hwfs_mono_ns();
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	probe_put(p);
+	return NULL;
+}
+
+/* A probe of @mnt, or NULL (out of memory). */
+static struct health_probe *probe_new(const char *mnt)
+{
+	struct health_probe *p = calloc(1, sizeof(*p) + strlen(mnt) + 1);
+	pthread_condattr_t ca;
+
+	if (!p)
+		return NULL;
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&p->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	p->refs = 1;
+	strcpy(p->mnt, mnt);
+	return p;
+}
+
+/*
+ * probe_mount() - does the mount answer?  The last result when it is recent,
+ * else a probe (started unless one runs) waited for until http_health_ms
+ * after its start.  Returns 0, an
+ * errno of the getxattr (> 0), -ETIMEDOUT with *@waited_ns the probe's age
+ * when it has not answered in time, or -EAGAIN (no thread).
+ */
+static int probe_mount(struct health_probe *p, uint64_t *waited_ns)
+{
+	pthread_attr_t attr;
+	struct timespec ts;
+	uint64_t seen, until;
+	int r;
+
+	pthread_mutex_lock(&p->mu);
+	if (!p->running && p->done && hwfs_mono_ns() - p->done_ns < HEALTH_REUSE_NS) {
+		r = p->err;
+		pthread_mutex_unlock(&p->mu);
+		return r;
+	}
+	if (!p->running) {
+		pthread_t t;
+
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		p->refs++;
+		p->running = 1;
+		p->started_ns = hwfs_mono_ns();
+		if (pthread_create(&t, &attr, probe_main, p) != 0) {
+			p->refs--;
+			p->running = 0;
+			pthread_mutex_unlock(&p->mu);
+			pthread_attr_destroy(&attr);
+			return -EAGAIN;
+		}
+		pthread_attr_destroy(&attr);
+	}
+	seen = p->done;
+	until = p->started_ns + hwfs_tun.http_health_ms * 1000000ull;
+	while (p->done == seen && hwfs_mono_ns() < until) {
+		ts.tv_sec = (time_t)(until / 1000000000u);
+		ts.tv_nsec = (long)(until % 1000000000u);
+		pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+	}
+	if (p->done != seen) {
+		r = p->err;
+	} else {
+		r = -ETIMEDOUT;
+		*waited_ns = hwfs_mono_ns() - p->started_ns;
+	}
+	pthread_mutex_unlock(&p->mu);
+	return r;
+}
+
+/*
+ * /healthz: the process is alive and its FUSE session answers a getxattr of
+ * the mount's root within http_health_ms (probe_mount()).
  */
 static void healthz(struct daemon *d, struct http_resp *r)
 {
-	char buf[32];
+	uint64_t waited = 0;
+	int err;
 
 	if (!__atomic_load_n(&d->fuse_up, __ATOMIC_ACQUIRE)) {
 		http_text(r, 503, "starting: FUSE not initialised yet");
 		return;
 	}
-	if (getxattr(d->o->mountpoint, "user.hwfs.pid", buf, sizeof(buf)) < 0) {
-		http_text(r, 503, "FUSE not answering on %s: %s", d->o->mountpoint,
-			  strerror(errno));
-		return;
-	}
-	http_text(r, 200, "ok");
+	err = probe_mount(d->http_probe, &waited);
+	if (err == -ETIMEDOUT)
+		http_text(r, 503, "FUSE not answering on %s: a getxattr has waited %.1f s",
+			  d->o->mountpoint, (double)waited / 1e9);
+	else if (err < 0)
+		http_text(r, 503, "cannot probe %s: %s", d->o->mountpoint, strerror(-err));
+	else if (err > 0)
+		http_text(r, 503, "FUSE not answering on %s: %s", d->o->mountpoint, strerror(err));
+	else
+		http_text(r, 200, "ok");
 }
 
 /*
@@ -219,7 +361,12 @@ int daemon_http_start(struct daemon *d, char *msg, size_t len)
 	if (!d->o->http)
 		return 0;
 	daemon_http_refresh(d);
-	r = http_start(d->o->http, route, d, &d->http);
+	d->http_probe = probe_new(d->o->mountpoint);
+	if (!d->http_probe) {
+		snprintf(msg, len, "error: --http %s: %s\n", d->o->http, strerror(ENOMEM));
+		return -ENOMEM;
+	}
+	r = http_start(d->o->http, d->o->http_hosts, route, d, &d->http);
 	if (r < 0) {
 		snprintf(msg, len, "error: --http %s: %s\n", d->o->http,
 			 r == -EINVAL ? "not HOST:PORT" : strerror(-r));
@@ -232,6 +379,9 @@ int daemon_http_start(struct daemon *d, char *msg, size_t len)
 
 void daemon_http_stop(struct daemon *d)
 {
-	http_stop(d->http);
+	http_stop(d->http); /* no request runs after this */
 	d->http = NULL;
+	if (d->http_probe)
+		probe_put(d->http_probe); /* a hanging getxattr keeps it until it returns */
+	d->http_probe = NULL;
 }

@@ -64,6 +64,7 @@ struct daemon {
 	/* --http (daemon_http.c): the server, and what a scrape reads without the
 	 * namespace lock, refreshed by daemon_http_refresh() when versions change */
 	struct http *http;       /* only start-up and shutdown touch it */
+	struct health_probe *http_probe; /* /healthz's getxattr of the mount, on its own thread */
 	char http_addr[128];     /* the address bound, "" without --http; set before the
 				  * control thread starts, never changed (status reads it) */
 	pthread_mutex_t http_mu; /* guards http_current; never held on a data path */

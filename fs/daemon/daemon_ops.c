@@ -626,11 +626,15 @@ const struct daemon_op *daemon_op_find(const char *name)
 }
 
 /*
- * Run @op for @req.  A version name from the client that starts with
- * NS_HIDDEN_PREFIX names a staging version of the daemon (a publish or a
- * replicated version in progress): removing, sealing or reading it under its
- * writer would pull its nodes away, so it is refused here for every
- * operation, whether or not such a version exists.  A read-only operation
+ * Run @op for @req.  A version name from the client that no version can have
+ * (hwfs_valid_name: a control character, '/', empty, "." or "..") is refused
+ * as EINVAL "invalid version name", as the CLI refuses it, for every
+ * operation and without quoting it: "no such version" with the name echoed
+ * sent its C1 controls back raw (JSON leaves them as they are).  A name
+ * that starts with NS_HIDDEN_PREFIX names a staging version of the daemon (a
+ * publish or a replicated version in progress): removing, sealing or reading
+ * it under its writer would pull its nodes away, so it is refused here for
+ * every operation, whether or not such a version exists.  A read-only operation
  * (diff, manifest) shows every name, size and shard hash of a version, so a
  * caller who is not privileged (daemon_peer_privileged) gets it only for a
  * version it could read whole through the mount.  Returns the reply.
@@ -641,6 +645,9 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 	for (size_t i = 0; i < HWFS_ARRAY_SIZE(op->names) && op->names[i]; i++) {
 		const char *v = daemon_req_str(req, op->names[i]);
 
+		if (v && !hwfs_valid_name(v))
+			return daemon_err_reply(EINVAL, "%s: invalid version name (1-255 bytes of UTF-8, "
+						"no '/', no control character, not . or ..)", op->name);
 		if (v && ns_hidden_name(v))
 			return daemon_err_reply(EINVAL, "%s %s: reserved name (%s* are the daemon's staging "
 					 "versions)", op->name, v, NS_HIDDEN_PREFIX);

@@ -148,7 +148,7 @@ int hwfs_open(const char *mount, struct hwfs **out)
 
 	lib_clear_error();
 	if (!mount || !*mount)
-		mount = getenv("HWFS_MOUNT");
+		mount = secure_getenv("HWFS_MOUNT");
 	if (!mount || !*mount)
 		mount = LIB_DEFAULT_MOUNT;
 	abs = realpath(mount, NULL);

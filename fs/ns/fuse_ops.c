@@ -506,9 +506,7 @@ static void hwfs_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		} else if ((size_t)(i - 2) < n->nkids) {
 			struct node *k = n->kids[i - 2];
 
-			if (reserved_name(n, k->name)) /* staging versions are not listed */
-				continue;
-			if (k->why) /* a TP size that cannot be served (tp/README) */
+			if (!ns_listed(n, k)) /* staging versions, tp/ and its bad sizes */
 				continue;
 			name = k->name;
 			st.st_ino = k->ino;

@@ -6,10 +6,11 @@
  * view (ns_tensors.c), tree changes through FUSE (ns_tree.c) and file data
  * (ns_io.c).
  *
- * Directories keep their children in an array sorted by name, which gives
- * binary-search lookups and readdir offsets that stay meaningful while a
- * directory changes (the offset is an index; a change between two readdir
- * calls may repeat or skip an entry, as POSIX allows).
+ * Directories keep their children in an array sorted by name (strcmp; the
+ * directories of the tp/ view by number, so `ls -U tp/` reads 1 2 4 8 16),
+ * which gives binary-search lookups and readdir offsets that stay meaningful
+ * while a directory changes (the offset is an index; a change between two
+ * readdir calls may repeat or skip an entry, as POSIX allows).
  *
  * Node lifetime: a node lives while it is attached to the tree, looked up by
  * the kernel (nlookup) or open (nopen).  "Release" (giving back the shards of
@@ -61,6 +62,38 @@ int ns_is_dir_type(enum ntype t)
 	return t == NT_ROOT || t == NT_VERSIONS || t == NT_VROOT || t == NT_DIR || t == NT_TDIR;
 }
 
+/* Whether @s is a non-empty run of decimal digits. */
+static int all_digits(const char *s)
+{
+	if (!*s)
+		return 0;
+	for (; *s; s++)
+		if (*s < '0' || *s > '9')
+			return 0;
+	return 1;
+}
+
+/*
+ * The order of a by_number directory: digit strings first, shorter first and
+ * then by strcmp (numeric order for numbers without leading zeros, a total
+ * order for any), then every other name by strcmp.
+ */
+static int name_cmp_num(const char *a, const char *b)
+{
+	int da = all_digits(a), db = all_digits(b);
+	size_t la, lb;
+
+	if (da != db)
+		return da ? -1 : 1;
+	if (da) {
+		la = strlen(a);
+		lb = strlen(b);
+		if (la != lb)
+			return la < lb ? -1 : 1;
+	}
+	return strcmp(a, b);
+}
+
 /* Position of @name in @dir's sorted children (or where it would go). */
 static size_t kid_pos(const struct node *dir, const char *name, int *found)
 {
@@ -69,7 +102,8 @@ static size_t kid_pos(const struct node *dir, const char *name, int *found)
 	*found = 0;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(dir->kids[mid]->name, name);
+		int c = dir->by_number ? name_cmp_num(dir->kids[mid]->name, name)
+				       : strcmp(dir->kids[mid]->name, name);
 
 		if (c == 0) {
 			*found = 1;
@@ -92,6 +126,17 @@ struct node *ns_child(struct node *dir, const char *name)
 		return NULL;
 	i = kid_pos(dir, name, &found);
 	return found ? dir->kids[i] : NULL;
+}
+
+int ns_listed(const struct node *dir, const struct node *k)
+{
+	if (dir->type == NT_VERSIONS && ns_hidden_name(k->name))
+		return 0;
+	if (k->why)
+		return 0;
+	/* the computed views of a version (tensors/, tp/): by path only, so that
+	 * cp -r, rsync -a, du and backups of versions/V see the checkpoint */
+	return !(dir->type == NT_VROOT && k->type == NT_TDIR);
 }
 
 int ns_kid_insert(struct node *dir, struct node *n)

@@ -89,6 +89,7 @@ struct node {
 	struct node *orph_prev, *orph_next; /* detached but alive (see ns.c) */
 	struct tp_file *tp; /* NT_TPFILE: its layout (owned; pins its source files) */
 	char *why; /* NT_TDIR of tp/: why this TP size cannot be served (lookup: EINVAL, not listed) */
+	int by_number; /* (ro) NT_TDIR of tp/: children sorted by number (ns_name_cmp) */
 };
 
 struct version_error {
@@ -104,6 +105,7 @@ struct version {
 	hwfs_hash_t digest;
 	struct node *root;
 	int sealing; /* seal in progress: no more changes */
+	int rm_hinted; /* a removal inside was refused and "use hwfs rm" logged (lock held) */
 	/* figures, valid once sealed */
 	uint64_t bytes, files, tensors;
 	size_t n_errors;
@@ -127,6 +129,14 @@ void ns_unlock(struct ns *ns);
 
 /** Child @name of @dir or NULL (lock held). Hidden versions are found by name. */
 struct node *ns_child(struct node *dir, const char *name);
+/**
+ * ns_listed() - whether readdir of @dir shows its child @k (lock held).  Left
+ * out but found by name: staging versions (`versions/.hwfs-*`), the TP sizes
+ * that cannot be served, and a sealed version's computed `tp/` (so that `cp -r`,
+ * `rsync -a` and `du` of a version see the checkpoint and its `tensors/`, not
+ * the resharding views).
+ */
+int ns_listed(const struct node *dir, const struct node *k);
 
 /** Kernel reference accounting (lookup count) — take/drop, drop frees. */
 void ns_lookup_ref(struct node *n);

@@ -27,7 +27,16 @@
  * expert count) have their tree (one header per size, shared by its ranks
  * when the version has no experts); any other N in 1..64 answers EINVAL on
  * lookup, and tp/README says why, naming the tensor (the powers of two up to
- * 8 that fail are also logged when the version is sealed or loaded).
+ * 8 that fail are also logged when the version is sealed or loaded).  A
+ * tensor name or a partition pattern is whatever a file says: README shows
+ * the reason through hwfs_escape() (control characters as \xNN), as the log
+ * does, so neither can hold a terminal escape or add a line.
+ *
+ * Listing (decision, issue 26): tp/ is found by name but readdir of V does
+ * not show it (ns_listed()), so `cp -r`, `rsync -a`, `du` and backups of a
+ * version see the checkpoint, not up to seven times its bytes in views.  The
+ * directories of the view keep their children in numeric order (by_number):
+ * readdir of tp/ gives 1 2 4 8 16 ... README, of tp/16/ 0 1 2 ... 15.
  */
 #define _GNU_SOURCE
 #include <fnmatch.h>
@@ -433,6 +442,7 @@ static struct node *tp_node(struct ns *ns, struct version *v, enum ntype type, c
 	if (n) {
 		n->mtime_ns = n->ctime_ns = v->sealed_ns;
 		n->ver = v;
+		n->by_number = type == NT_TDIR;
 	}
 	return n;
 }
@@ -564,9 +574,14 @@ void tp_build(struct ns *ns, struct version *v, struct nodelist *l, const size_t
 		if (!nd)
 			goto out;
 		if (bad) {
+			char *esc;
+
 			nd->why = why ? why : strdup("cannot be served");
-			text_add(&readme, "%s%d: EINVAL: %s\n", nd->why, N);
-			if (is_pow2(N) && N <= 8)
+			/* a tensor name or a rule's pattern: no raw escape, no line of its own */
+			esc = nd->why ? hwfs_escape_dup(nd->why) : NULL;
+			text_add(&readme, "%s%d: EINVAL: %s\n", esc ? esc : "cannot be served", N);
+			free(esc);
+			if (is_pow2(N) && N <= 8) /* hwfs_log escapes it */
 				LOG_INFO("version %s: tp/%d: %s", v->name, N, nd->why);
 		} else {
 			text_add(&readme, "%s%d: ok\n", "", N);

@@ -145,6 +145,21 @@ int ns_symlink(struct ns *ns, struct node *dir, const char *name, const char *ta
 	return new_entry(ns, dir, NT_LNK, name, S_IFLNK | 0777, uid, gid, target, out);
 }
 
+/*
+ * A removal in or of version @v was refused with EROFS (`rm -rf versions/V`
+ * of a sealed version): rm(1) can only print "Read-only file system" for each
+ * entry, so the daemon's log says once per version what to do instead
+ * (decision, issue 26; exclusive lock held).
+ */
+static void rm_hint(struct version *v)
+{
+	if (!v || v->state == HWFS_V_OPEN || v->rm_hinted)
+		return;
+	v->rm_hinted = 1;
+	LOG_INFO("versions/%s is sealed: its files cannot be removed one by one (EROFS); "
+		 "remove the version with `hwfs rm %s`", v->name, v->name);
+}
+
 int ns_unlink(struct ns *ns, struct node *dir, const char *name, int is_dir)
 {
 	struct node *n;
@@ -171,15 +186,18 @@ int ns_unlink(struct ns *ns, struct node *dir, const char *name, int is_dir)
 		break;
 	case NT_VERSIONS:
 		/* rmdir of an empty open version discards it; sealed ones need `hwfs rm` */
-		if (n->ver->state != HWFS_V_OPEN || n->ver->sealing)
+		if (n->ver->state != HWFS_V_OPEN || n->ver->sealing) {
 			r = -EROFS;
-		else if (n->nkids)
+			rm_hint(n->ver);
+		} else if (n->nkids)
 			r = -ENOTEMPTY;
 		else
 			ns_version_drop(ns, n->ver);
 		goto out;
 	default:
 		r = ns_writable(dir) ? 0 : -EROFS;
+		if (r == -EROFS)
+			rm_hint(dir->ver);
 		if (r == 0 && n->nkids)
 			r = -ENOTEMPTY;
 	}

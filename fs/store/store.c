@@ -13,10 +13,13 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -124,6 +127,75 @@ static uint64_t default_capacity(const char *dir)
 	if (statvfs(dir, &vfs) < 0)
 		return 4ull << 30;
 	return (uint64_t)vfs.f_blocks * vfs.f_frsize / 4 * 3;
+}
+
+int store_capacity_verdict(uint64_t capacity, const struct store_room *room, char *msg,
+			   size_t len)
+{
+	char a[32], b[32], c[32];
+	uint64_t grow = capacity - HWFS_MIN(capacity, room->resident);
+
+	msg[0] = '\0';
+	if (room->fs_bytes && capacity > room->fs_bytes) {
+		snprintf(msg, len, "--capacity %s is larger than the filesystem holding the store "
+			 "(%s): writes would fail with ENOSPC before the arena is full",
+			 hwfs_fmt_size(capacity, a, sizeof(a)),
+			 hwfs_fmt_size(room->fs_bytes, b, sizeof(b)));
+		return -EFBIG;
+	}
+	if (room->in_memory && grow > room->mem_free) {
+		snprintf(msg, len, "--capacity %s: the store is in memory (tmpfs) and only %s of "
+			 "RAM and swap is free (MemAvailable + SwapFree)%s%s%s; filling the arena "
+			 "would end in swapping or the OOM killer",
+			 hwfs_fmt_size(capacity, a, sizeof(a)),
+			 hwfs_fmt_size(room->mem_free, b, sizeof(b)),
+			 room->resident ? ", besides the " : "",
+			 room->resident ? hwfs_fmt_size(room->resident, c, sizeof(c)) : "",
+			 room->resident ? " the arena holds already" : "");
+		return 1;
+	}
+	return 0;
+}
+
+/* MemAvailable + SwapFree of /proc/meminfo in bytes, or 0 when unreadable. */
+static uint64_t mem_free_bytes(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[256];
+	unsigned long long kb;
+	uint64_t sum = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1 ||
+		    sscanf(line, "SwapFree: %llu kB", &kb) == 1)
+			sum += (uint64_t)kb * 1024;
+	fclose(f);
+	return sum;
+}
+
+int store_check_capacity(const char *dir, uint64_t capacity, char *msg, size_t len)
+{
+	struct store_room room = {0};
+	struct statvfs vfs;
+	struct statfs fs;
+	struct stat st;
+	char path[4096];
+
+	msg[0] = '\0';
+	if (statvfs(dir, &vfs) < 0 || statfs(dir, &fs) < 0)
+		return -errno;
+	room.fs_bytes = (uint64_t)vfs.f_blocks * vfs.f_frsize;
+	room.in_memory = fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
+	if (room.in_memory)
+		room.mem_free = mem_free_bytes();
+	snprintf(path, sizeof(path), "%s/arena", dir);
+	if (stat(path, &st) == 0)
+		room.resident = (uint64_t)st.st_blocks * 512;
+	if (room.in_memory && !room.mem_free)
+		room.in_memory = 0; /* no /proc/meminfo: nothing to compare with */
+	return store_capacity_verdict(capacity, &room, msg, len);
 }
 
 /*

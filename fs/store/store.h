@@ -48,6 +48,32 @@ struct shard {
  */
 int store_open(const char *dir, uint64_t capacity, struct store **out);
 
+/** What a store's filesystem and the machine can hold, for store_capacity_verdict(). */
+struct store_room {
+	uint64_t fs_bytes;  /* size of the filesystem holding the store (statvfs) */
+	int in_memory;      /* that filesystem is tmpfs or ramfs: the arena is memory */
+	uint64_t mem_free;  /* MemAvailable + SwapFree (/proc/meminfo) */
+	uint64_t resident;  /* bytes the arena file already occupies (st_blocks) */
+};
+
+/**
+ * store_capacity_verdict() - judge an asked-for arena @capacity against
+ * @room (decision, docs/cli.md "mount"): larger than the filesystem is
+ * -EFBIG (it could never be filled: ENOSPC first), with the sentence in
+ * @msg; in memory and growing past the free RAM and swap
+ * (@capacity - resident > mem_free) is 1, a warning in @msg (the arena is
+ * sparse: it may never be filled, and tmpfs may be larger than RAM); else 0.
+ */
+int store_capacity_verdict(uint64_t capacity, const struct store_room *room, char *msg,
+			   size_t len);
+
+/**
+ * store_check_capacity() - store_capacity_verdict() for a store in @dir (it
+ * must exist), with the room measured now.  0, 1 or -EFBIG as that; -errno
+ * when @dir cannot be measured.
+ */
+int store_check_capacity(const char *dir, uint64_t capacity, char *msg, size_t len);
+
 /** Close everything and release the lock. NULL is a no-op. */
 void store_close(struct store *s);
 

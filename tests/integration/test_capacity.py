@@ -2,6 +2,7 @@
 
 import errno
 import os
+import re
 import shutil
 import tempfile
 
@@ -104,21 +105,100 @@ def test_preallocate_holds_the_whole_arena(mount_factory, src):
     assert_tree_equal(src / "b", m.vpath("vb"))
 
 
-def test_preallocate_larger_than_memory_is_refused(tmp_path):
-    """A capacity the store's filesystem cannot hold: mount fails with a clear error, mounts nothing."""
+@pytest.fixture
+def tmpfs(tmp_path):
+    """tmpfs(size_bytes): a tmpfs of that size mounted under tmp_path (unmounted after)."""
+    made = []
+
+    def make(size):
+        d = tmp_path / f"tmpfs{len(made)}"
+        d.mkdir()
+        cp = sh(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", d], check=False)
+        if cp.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {cp.stderr.strip()}")
+        made.append(d)
+        return d
+    yield make
+    for d in made:
+        sh(["umount", "-l", d], check=False)
+
+
+def _mount_fails(mnt, store, *args):
+    try:
+        cp = sh([HWFS, "mount", mnt, "--store", store, *args], check=False)
+        assert cp.returncode != 0, "mount succeeded"
+        assert not is_mounted(str(mnt))
+        return cp.stderr + cp.stdout
+    finally:
+        if is_mounted(str(mnt)):
+            sh([HWFS, "umount", mnt], check=False)
+
+
+def test_preallocate_larger_than_memory_is_refused(tmp_path, tmpfs):
+    """--preallocate of an arena its tmpfs cannot hold (within the filesystem's size, but
+    the filesystem is half full): mount fails with a clear error, mounts nothing."""
+    fs = tmpfs(64 << 20)
+    random_file(fs / "filler", 40 << 20, seed=3)
+    store = fs / "store"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    out = _mount_fails(mnt, store, "--capacity", "48M", "--preallocate")
+    assert "preallocate" in out and "not enough memory" in out, out
+    assert os.stat(store / "arena").st_blocks == 0
+
+
+def test_capacity_larger_than_the_filesystem_is_refused(tmp_path):
+    """--capacity past the size of the store's filesystem (statvfs) is refused before
+    anything is made, with both sizes (was: accepted, ENOSPC much later)."""
     store = tempfile.mkdtemp(dir="/dev/shm", prefix="hwfs-test-")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     try:
         vfs = os.statvfs(store)
         too_big = vfs.f_blocks * vfs.f_frsize + (1 << 30)
-        cp = sh([HWFS, "mount", mnt, "--store", store, "--capacity", f"{too_big >> 20}M", "--preallocate"],
-                check=False)
-        assert cp.returncode != 0, "mount with an arena larger than /dev/shm succeeded"
-        assert "preallocate" in cp.stderr + cp.stdout and "not enough memory" in cp.stderr + cp.stdout, cp
-        assert not is_mounted(str(mnt))
-        assert os.stat(os.path.join(store, "arena")).st_blocks == 0
+        for extra in ([], ["--preallocate"]):
+            out = _mount_fails(mnt, store, "--capacity", f"{too_big >> 20}M", *extra)
+            assert re.search(r"--capacity [\d.]+ GiB is larger than the filesystem holding the "
+                             r"store \([\d.]+ [GT]iB\)", out), out
+            assert not os.path.exists(os.path.join(store, "arena"))
     finally:
-        if is_mounted(str(mnt)):
-            sh(["fusermount3", "-u", mnt], check=False)
         shutil.rmtree(store, ignore_errors=True)
+
+
+def _meminfo(field):
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_capacity_past_free_memory_warns(tmp_path, tmpfs):
+    """A tmpfs store (memory) whose --capacity is more than the free RAM and swap: the
+    mount goes on (the arena is sparse) and `hwfs mount` says so with the numbers, as the
+    daemon's log does; a disk store of the same capacity says nothing."""
+    total = _meminfo("MemTotal") + _meminfo("SwapTotal")
+    fs = tmpfs(4 * total)  # tmpfs may be larger than memory
+    cap = 2 * total
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    store = fs / "store"
+    cp = sh([HWFS, "mount", mnt, "--store", store, "--capacity", f"{cap >> 20}M"], check=False)
+    try:
+        assert cp.returncode == 0, cp.stderr
+        notes = [ln for ln in cp.stderr.splitlines() if ln.startswith("hwfs: note: --capacity")]
+        assert len(notes) == 1, cp.stderr
+        assert re.search(r"the store is in memory \(tmpfs\) and only [\d.]+ [KMGT]?i?B of RAM "
+                         r"and swap is free", notes[0]), notes[0]
+        assert "OOM killer" in notes[0]
+        log = (store / "hwfs.log").read_text()
+        assert notes[0][len("hwfs: note: "):] in log
+    finally:
+        sh([HWFS, "umount", mnt], check=False)
+    disk = tmp_path / "disk-store"
+    if os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize > cap:
+        cp = sh([HWFS, "mount", mnt, "--store", disk, "--capacity", f"{cap >> 20}M"], check=False)
+        try:
+            assert cp.returncode == 0 and "note" not in cp.stderr, cp.stderr
+        finally:
+            sh([HWFS, "umount", mnt], check=False)

@@ -7,6 +7,7 @@ the local commit barrier (loaded, refused, silent, gone), names, reports, status
 what, and hostile clients (garbage, huge lines, clients that never read).
 """
 
+import json
 import os
 import shutil
 import signal
@@ -100,6 +101,45 @@ def test_map_refuses_what_is_not_sealed_and_intact(mount_factory, tmp_path):
     assert m.version("v1")["state"] == "damaged"
     r = call(m.mnt, {"op": "map", "version": "v1"})
     assert r["ok"] is False and "damaged" in r["error"], r
+
+
+# Names no version can have: control characters (C0, DEL, C1 CSI), '/', empty, "..".
+INVALID_NAMES = ["a\nb", "v\x1b[2Jx", "tab\there", "del\x7f", "c1\u009b2J", "a/b", "", ".."]
+
+
+def raw_reply(mnt, req):
+    """The daemon's answer line to @req as bytes, read from the socket as it is."""
+    with Conn(mnt, req) as c:
+        while b"\n" not in c.buf:
+            data = c.s.recv(1 << 16)
+            if not data:
+                break
+            c.buf += data
+        return c.buf.split(b"\n", 1)[0]
+
+
+def test_map_refuses_an_invalid_version_name(mount, tmp_path):
+    """`map` of a name with a control character (or '/', "", "..") is EINVAL
+    "invalid version name", as the CLI says, not "no such version" with the
+    name echoed: its C1 CSI went back raw in the reply (JSON leaves C1 as it
+    is).  Every op that names a version shares the check (daemon_op_call)."""
+    import errno as E
+
+    publish_model(mount, tmp_path, "v1", seed=14)
+    ops = [("map", "version"), ("seal", "version"), ("commit", "version"), ("verify", "version"),
+           ("rm", "version"), ("manifest", "version"), ("diff", "a"), ("diff", "b"),
+           ("load", "version"), ("unload", "version"), ("gpumap", "version")]
+    for bad in INVALID_NAMES:
+        for op, key in ops:
+            req = {"op": op, "a": "v1", "b": "v1", key: bad}
+            line = raw_reply(mount.mnt, req)
+            assert not [b for b in line if b < 0x20 or b == 0x7f], (op, bad, line)
+            assert not any(0x80 <= line[i + 1] <= 0x9f for i in range(len(line) - 1)
+                           if line[i] == 0xc2), (op, bad, line)
+            r = json.loads(line)
+            assert r["ok"] is False and r["errno"] == E.EINVAL, (op, bad, r)
+            assert r["error"].startswith(f"{op}: invalid version name"), (op, bad, r)
+    assert mount.version("v1")["state"] == "sealed"
 
 
 def test_lease_keeps_bytes_after_rm_and_reuse(mount_factory, tmp_path):

@@ -96,6 +96,12 @@ def test_no_pin_is_not_pinned(mount_factory, monkeypatch):
     assert proc_status_bytes(m.pid, "VmLck") < CAP
     out = m.run("status").stdout
     assert "gpu:     none (" in out and ", not pinned\n" in out, out
+    # one GPU line per mount in the log, with the reason and what it means (was two:
+    # "gpu: none (WHY)" and "gpu: WHY (hwfs load is refused)")
+    with open(os.path.join(m.store, "hwfs.log")) as f:
+        lines = [ln for ln in f.read().splitlines() if "gpu: " in ln]
+    assert len(lines) == 1, lines
+    assert lines[0].endswith(f"gpu: none ({st['gpu_note']}); hwfs load is refused"), lines
 
 
 def test_hwfs_cudart_names_the_library(mount_factory, monkeypatch):

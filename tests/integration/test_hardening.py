@@ -6,6 +6,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -242,6 +243,65 @@ def test_unrepresentable_tensor_names_are_left_out(mount, src):
     assert names == set(t), "the manifest keeps every tensor"
     mount.remount()
     assert sorted(os.listdir(tdir)) == sorted(shown)
+
+
+# A tensor name and a partition pattern that try a colour, a C1 CSI (U+009B,
+# 0xC2 0x9B in UTF-8) and a line of their own; and how hwfs_escape() shows them.
+EVIL = "\x1b[31mred\u009b2J\nINJECTED fake line"
+EVIL_ESCAPED = "\\x1b[31mred\\xc2\\x9b2J\\x0aINJECTED fake line"
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z hwfs\[\w+\]: ")
+
+
+def raw_controls(text):
+    """The C0 (but newlines), DEL and C1 control characters in @text."""
+    return [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) <= 0x9f]
+
+
+def test_names_from_files_are_escaped_in_tp_readme_log_and_manifest(mount, src):
+    """A tensor name (and a hwfs-partition.json pattern) is whatever a file
+    says.  tp/README and hwfs.log show it with its control characters as \\xNN
+    (hwfs_escape): no terminal escape, no C1 CSI, no line of its own; `hwfs
+    manifest` prints them as JSON \\u00NN escapes (C1 and DEL used to go out
+    raw) and stays one line of the same JSON."""
+    rng = np.random.default_rng(5)
+    bad = f"a.q_proj.{EVIL}.weight"  # split on dim 0, whose 3 rows divide by no N > 1
+    t = {bad: rng.standard_normal((3, 4), dtype=np.float32),
+         "b.\x1b]0;owned\x07": rng.standard_normal(4, dtype=np.float32),
+         "c.\u009b2J\x7f": rng.standard_normal(4, dtype=np.float32)}
+    save_model(src / "v1" / "model.safetensors", t)
+    os.makedirs(src / "v2")
+    sh(["cp", src / "v1" / "model.safetensors", src / "v2"])
+    with open(src / "v2" / "hwfs-partition.json", "w") as f:
+        json.dump({f"*{EVIL}": 5}, f)
+    mount.run("publish", src / "v1", "v1")
+    mount.run("publish", src / "v2", "v2")
+
+    with open(mount.vpath("v1", "tp", "README"), encoding="utf-8") as f:
+        readme = f.read()
+    assert not raw_controls(readme), readme
+    assert f"2: EINVAL: tensor a.q_proj.{EVIL_ESCAPED}.weight: dim 0 of size 3 does not " \
+           "divide by 2\n" in readme, readme
+    assert not any(ln.startswith("INJECTED") for ln in readme.splitlines()), readme
+    with open(mount.vpath("v2", "tp", "README"), encoding="utf-8") as f:
+        readme = f.read()
+    assert not raw_controls(readme), readme
+    assert f'8: EINVAL: hwfs-partition.json: pattern "*{EVIL_ESCAPED}": the rule must be' \
+        in readme, readme
+    assert not any(ln.startswith("INJECTED") for ln in readme.splitlines()), readme
+
+    with open(os.path.join(mount.store, "hwfs.log"), encoding="utf-8") as f:
+        log = f.read()
+    assert not raw_controls(log), [ln for ln in log.splitlines() if raw_controls(ln)]
+    assert all(LOG_LINE.match(ln) for ln in log.splitlines()), \
+        [ln for ln in log.splitlines() if not LOG_LINE.match(ln)]
+    assert f"version v1: tp/2: tensor a.q_proj.{EVIL_ESCAPED}.weight: dim 0" in log, log
+    assert f'version v2: tp/8: hwfs-partition.json: pattern "*{EVIL_ESCAPED}"' in log, log
+
+    out = mount.run("manifest", "v1").stdout
+    assert not raw_controls(out) and out.count("\n") == 1, out
+    assert "\\u001B[31mred\\u009B2J\\nINJECTED" in out and "\\u007F" in out, out
+    man = json.loads(out)
+    assert {x["name"] for f in man["files"] for x in f.get("tensors", [])} == set(t)
 
 
 # ------------------------------------------------------- 11b: reserved .hwfs- prefix

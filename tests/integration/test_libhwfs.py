@@ -285,8 +285,9 @@ def test_make_install_and_pkg_config(mount, src, tmp_path):
     soname = sh(["readelf", "-d", lib / "libhwfs.so.1"]).stdout
     assert "Library soname: [libhwfs.so.1]" in soname
     if (REPO / "tools" / "python" / "hwfs").is_dir():
-        libdir = root / "usr" / "lib" / "python3" / "dist-packages" / "hwfs" / "_libdir.py"
-        assert libdir.read_text().strip().endswith('LIBDIR = "/usr/lib"'), libdir.read_text()
+        libdirs = list((root / "usr" / "lib").glob("python3*/*-packages/hwfs/_libdir.py"))
+        assert len(libdirs) == 1, libdirs
+        assert libdirs[0].read_text().strip().endswith('LIBDIR = "/usr/lib"'), libdirs[0].read_text()
 
     t = make_tensors(seed=5, n=3)
     d1 = publish(mount, src, "v1", t)

@@ -143,3 +143,71 @@ def test_fake_mount_does_nothing(helper, place):
             check=False)
     assert cp.returncode == 0, cp.stderr
     assert not is_mounted(place.mnt)
+
+
+def test_mount_a_twice_is_a_no_op(helper, place, tmp_path):
+    """`mount -a` run again with the mount in place: mount(8) does not see that it is
+    (mountinfo's source is hwfs:STORE, fstab's STORE) and runs the helper again, which
+    then exits 0 with a note instead of failing (was: exit 32, "already an hwfs mount").
+    Another store on that mount point still fails, naming both."""
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{place.store} {place.mnt} hwfs capacity=32M,_netdev,nofail 0 0\n")
+    cp = sh(["mount", "-a", "-T", fstab], check=False)
+    assert cp.returncode == 0, cp.stderr
+    pid = int(os.getxattr(place.mnt, "user.hwfs.pid"))
+    place.pid = pid
+    cp = sh(["mount", "-a", "-T", fstab], check=False)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert f"already mounted from {os.path.realpath(place.store)}" in cp.stdout + cp.stderr, \
+        cp.stdout + cp.stderr
+    assert int(os.getxattr(place.mnt, "user.hwfs.pid")) == pid  # the same daemon, one mount
+    assert sum(1 for ln in open("/proc/self/mountinfo") if f" {place.mnt} " in ln) == 1
+    other = Path(str(place.store) + "-other")
+    try:
+        cp = sh(["mount", "-t", "hwfs", other, place.mnt, "-o", "capacity=32M"], check=False)
+        assert cp.returncode != 0
+        assert "already an hwfs mount" in cp.stderr and str(place.store) in cp.stderr, cp.stderr
+    finally:
+        subprocess.run(["rm", "-rf", other])
+    cp = sh(["umount", place.mnt], check=False)
+    assert cp.returncode == 0, cp.stderr
+    assert wait_dead(pid, scaled(20))
+
+
+def sanitizer_report(text):
+    """The first line of an ASan/UBSan report in @text, or None."""
+    return next((ln for ln in text.splitlines()
+                 if "AddressSanitizer" in ln or "runtime error:" in ln), None)
+
+
+def test_many_options_stay_within_the_argument_array(place):
+    """mount.hwfs turns each option into at most two `hwfs mount` arguments:
+    a tunable then 125 flag options used to write one pointer past its fixed
+    array of 256 (ASan: stack-buffer-overflow), whatever the length of the
+    line now fits; several -o are joined as mount(8) joins its own.  Run with
+    HWFS_BIN=build-asan/hwfs to have ASan watch it."""
+    ours = os.path.join(os.path.dirname(HWFS), "mount.hwfs")
+    for n in (124, 125, 126, 400):
+        opts = ",".join(["read_ahead_kb=1024"] + ["join=tcp://127.0.0.1:1"] * n)
+        cp = sh([ours, "-f", place.store, place.mnt, "-o", opts], check=False)
+        assert cp.returncode == 0 and not sanitizer_report(cp.stderr), (n, cp.stderr[-3000:])
+    assert not is_mounted(place.mnt)
+    # a real mount of 300 options given as 300 -o: every one reached the daemon
+    args = [ours, place.store, place.mnt]
+    for _ in range(150):
+        args += ["-o", "capacity=64M", "-o", "nofail"]
+    cp = sh(args + ["-o", "http=127.0.0.1:0", "-o", "read_ahead_kb=1024"], check=False)
+    assert cp.returncode == 0 and not sanitizer_report(cp.stderr), cp.stderr[-3000:]
+    check_mounted_then_umount(place, 64 << 20, 1024)
+
+
+def test_more_tunables_than_hwfs_mount_takes_are_refused(place):
+    """`hwfs mount -o` takes at most 64 tunables; more are refused in one line
+    (they used to be dropped silently, the mount going on without them)."""
+    opts = ",".join(["read_ahead_kb=1024"] * 65)
+    cp = sh([HWFS, "mount", place.mnt, "--store", place.store, "-o", opts], check=False)
+    if cp.returncode == 0:
+        place.pid = int(os.getxattr(place.mnt, "user.hwfs.pid"))
+    lines = [ln for ln in cp.stderr.splitlines() if ln.strip()]
+    assert cp.returncode == 1 and len(lines) == 1 and "too many -o tunables" in lines[0], cp.stderr
+    assert not is_mounted(place.mnt)

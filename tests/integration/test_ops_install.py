@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +40,11 @@ def test_install_ships_helper_units_and_man_pages(installed):
         text = (d / "lib/systemd/system" / u).read_text()
         assert "@BINDIR@" not in text and "/usr/local/bin/hwfs " in text
         assert re.search(r"^Type=notify$", text, re.M), u
+    # the node's daemon is not the OOM killer's first pick (its RSS is the mapped arena,
+    # whose tmpfs pages its death would not free); the coordinator keeps the default
+    node = (d / "lib/systemd/system/hwfs@.service").read_text()
+    assert re.search(r"^OOMScoreAdjust=-500$", node, re.M), node
+    assert "OOMScoreAdjust" not in (d / "lib/systemd/system/hwfs-coord.service").read_text()
     for page in ("man1/hwfs.1", "man1/hwfs-engine.1", "man1/hwfs-vllm.1", "man8/mount.hwfs.8"):
         assert (d / "usr/local/share/man" / page).stat().st_size > 0
 
@@ -62,6 +68,63 @@ def test_install_with_a_private_prefix_stays_under_it(tmp_path):
             if now and not was:  # ours: put the system back before failing
                 os.unlink(p)
     assert after == before, "make install PREFIX=... wrote into the system's directories"
+
+
+def _clean_env():
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
+def test_install_puts_the_python_package_where_python_looks(tmp_path):
+    """The Python package goes where the target Python (PYTHON=) imports from for PREFIX,
+    and make install says where: a venv as PREFIX gets it in its site-packages (importable
+    with no PYTHONPATH); Debian's python3 with PREFIX=/usr/local (staged with DESTDIR) in
+    /usr/local/lib/python3.X/dist-packages, on its path; a directory the Python does not
+    look in is named in a note. Before: PREFIX/lib/python3/dist-packages for every Python."""
+    venv = tmp_path / "venv"
+    sh([sys.executable, "-m", "venv", "--without-pip", venv])
+    py = venv / "bin" / "python"
+    cp = sh(["make", "-s", "-C", REPO, "install", f"PREFIX={venv}", f"PYTHON={py}"],
+            timeout=600, env=_clean_env())
+    m = re.search(r"^installed the Python package in (\S+)$", cp.stdout, re.M)
+    assert m, cp.stdout
+    assert "does not look in" not in cp.stderr, cp.stderr
+    where = sh([py, "-c", "import importlib.util as u; print(u.find_spec('hwfs').origin)"],
+               cwd=tmp_path, env=_clean_env()).stdout.strip()
+    assert where == os.path.join(m.group(1), "__init__.py"), (where, m.group(1))
+    assert Path(m.group(1)).parent.name == "site-packages"
+
+    deb = "/usr/bin/python3"
+    if not os.path.exists(deb):
+        return
+    dest = tmp_path / "dest"
+    cp = sh(["make", "-s", "-C", REPO, "install", f"DESTDIR={dest}", "PREFIX=/usr/local",
+             f"PYTHON={deb}"], timeout=600, env=_clean_env())
+    site = sh([deb, "-c", "import sys; print([p for p in sys.path if p.startswith("
+                          "'/usr/local/lib/') and p.endswith('-packages')][0])"],
+              env=_clean_env()).stdout.strip()
+    assert (dest / site.lstrip("/") / "hwfs" / "_libdir.py").exists(), cp.stdout
+    assert f"installed the Python package in {dest}{site}/hwfs" in cp.stdout
+    assert not (dest / "usr/local/lib/python3/dist-packages").exists()
+    # a Python that does not look under PREFIX: installed where it would, and a note
+    cp = sh(["make", "-s", "-C", REPO, "install", f"DESTDIR={dest}", f"PREFIX={tmp_path}/opt",
+             f"PYTHON={deb}"], timeout=600, env=_clean_env())
+    assert re.search(rf"installed the Python package in {dest}{tmp_path}/opt/lib/python3\.\d+/"
+                     r"site-packages/hwfs", cp.stdout), cp.stdout
+    assert "does not look in" in cp.stderr and "pip install ./tools/python" in cp.stderr, cp.stderr
+
+
+def test_make_demo_builds_the_programs_quietly(tmp_path):
+    """`make demo` builds what the demo runs (hwfs, hwfs-core, mount.hwfs, hwfs-engine,
+    libhwfs) with a silent sub-make, not `make all` with every compiler line and the unit
+    tests (make -n into an empty BUILD: what it would run, nothing built)."""
+    cp = sh(["make", "-n", "-C", REPO, "demo", f"BUILD={tmp_path}/b"], timeout=120)
+    lines = cp.stdout.splitlines()
+    assert any(ln.startswith("make -s ") and ln.endswith(" progs") for ln in lines), cp.stdout
+    assert any(ln.strip() == "tools/demo.sh" for ln in lines), cp.stdout
+    built = [ln.split(" -o ")[1].split()[0] for ln in lines if " -o " in ln]
+    for prog in ("hwfs", "hwfs-core", "hwfs-engine", "libhwfs.so.1.0.0"):
+        assert f"{tmp_path}/b/{prog}" in built, built
+    assert not [b for b in built if "/tests/" in b or "bench" in b], built
 
 
 def test_man_page_names_every_verb(installed):

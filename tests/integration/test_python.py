@@ -7,9 +7,11 @@ files.  docs/engines.md, section "Python", says what is checked here.
 
 import errno
 import os
+import re
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -336,7 +338,9 @@ def test_make_install_package_finds_its_library(mount, tmp_path):
     cp = subprocess.run(["make", "-s", "-C", str(REPO), "install", f"PREFIX={prefix}"],
                         capture_output=True, text=True, timeout=280)
     assert cp.returncode == 0, cp.stderr
-    site = prefix / "lib" / "python3" / "dist-packages"
+    m = re.search(r"^installed the Python package in (\S+)/hwfs$", cp.stdout, re.M)
+    assert m, cp.stdout
+    site = Path(m.group(1))
     assert (site / "hwfs" / "_libdir.py").exists()
     mount.run("publish", str(save_model(tmp_path / "src" / "m.safetensors",
                                         {"w": np.arange(4, dtype=np.int32)}).parent), "v1")

@@ -465,3 +465,47 @@ def test_privileged_callers_are_not_capped_by_long_lived_connections(mount_facto
         holder.stdin.close()
         holder.wait(timeout=TIMEOUT)
     assert m.status()["current"] == "v2"
+
+
+def _suid_dir():
+    """A new directory user 65534 can enter on a filesystem that honours set-id bits, or None."""
+    for base in (tempfile.gettempdir(), "/var/tmp", "/dev/shm", os.path.dirname(HWFS)):
+        try:
+            if os.statvfs(base).f_flag & os.ST_NOSUID:
+                continue
+            d = tempfile.mkdtemp(prefix="hwfs-suid-", dir=base)
+        except OSError:
+            continue
+        os.chmod(d, 0o755)
+        return d
+    return None
+
+
+@pytest.mark.parametrize("prog", ["hwfs-core", "hwfs"])
+def test_set_id_program_refuses_to_run(prog):
+    """A root-owned copy of hwfs-core (or hwfs) made setuid or setgid and run by
+    user 65534 refuses at once with one line, before it reads an argument or
+    the environment (HWFS_MOUNT, tunables, HWFS_CUDART): hwfs acts for its
+    caller and is never to be installed set-id.  The same copy without the
+    bit runs."""
+    d = _suid_dir()
+    if d is None:
+        pytest.skip("no filesystem here honours setuid bits (every candidate is nosuid)")
+    try:
+        copy = os.path.join(d, prog)
+        shutil.copy(os.path.join(os.path.dirname(HWFS), prog), copy)
+        os.chown(copy, 0, 0)
+        run = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", copy,
+               "--help"]
+        os.chmod(copy, 0o755)
+        cp = subprocess.run(run, capture_output=True, timeout=TIMEOUT, **USER_KW)
+        assert cp.returncode == 0 and "usage" in cp.stdout, cp
+        for mode in (0o4755, 0o2755):
+            os.chmod(copy, mode)
+            env = dict(USER_KW["env"], HWFS_MOUNT="/", HWFS_CUDART="/nonexistent.so")
+            cp = subprocess.run(run, capture_output=True, timeout=TIMEOUT,
+                                **dict(USER_KW, env=env))
+            assert cp.returncode == 1 and not cp.stdout, (oct(mode), cp)
+            assert_error_line(cp, "refusing to run setuid or setgid")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -261,13 +261,14 @@ def test_tp_views_equal_chunk(mount, experts):
     sd = llama_like(experts=experts)
     write_version(mount, "v1", sd)
     tp = mount.vpath("v1", "tp")
+    # readdir order, numeric (os.listdir does not sort)
     if experts:
-        assert sorted(os.listdir(tp)) == ["1", "2", "4", "README"]  # 4 experts: N <= 4
+        assert os.listdir(tp) == ["1", "2", "4", "README"]  # 4 experts: N <= 4
     else:  # k_proj has 16 rows
-        assert sorted(os.listdir(tp)) == ["1", "16", "2", "4", "8", "README"]
+        assert os.listdir(tp) == ["1", "2", "4", "8", "16", "README"]
     mnt = hwfs.open(mount.mnt)
     for n in (1, 2, 4):
-        assert sorted(os.listdir(os.path.join(tp, str(n)))) == [str(r) for r in range(n)]
+        assert os.listdir(os.path.join(tp, str(n))) == [str(r) for r in range(n)]
         seen_experts = []
         for r in range(n):
             path = os.path.join(tp, str(n), str(r), "model.safetensors")
@@ -340,7 +341,7 @@ def test_tp_partition_overrides(mount):
     # 3 divides every split tensor of v3, but tp/ serves powers of two; map() takes it
     q = np.arange(24, dtype=np.float32).reshape(6, 4)
     write_version(mount, "v3", {"a.q_proj.weight": q})
-    assert sorted(os.listdir(mount.vpath("v3", "tp"))) == ["1", "2", "README"]
+    assert os.listdir(mount.vpath("v3", "tp")) == ["1", "2", "README"]
     with open(mount.vpath("v3", "tp", "README")) as f:
         assert "3: EINVAL: every tensor divides, but tp/ serves powers of two only" in f.read()
     with hwfs.open(mount.mnt) as mnt, mnt.map("v3", tp=(3, 2)) as m:
@@ -352,6 +353,42 @@ def test_tp_partition_overrides(mount):
     with open(mount.vpath("v2", "tp", "README")) as f:
         assert 'hwfs-partition.json: pattern "*": the rule must be 0, 1, "replicate" or "expert"' \
             in f.read()
+
+
+def test_tp_not_listed(mount, tmp_path):
+    """tp/ is reached by path but not listed by readdir of the version, so
+    `du`, `cp -r` and `rsync -a` of versions/V see the checkpoint, not the computed views
+    (tensors/: its tensors once more; tp/: here five sizes, five times the bytes), which
+    are reached by path only;
+    inside tp/ the daemon lists sizes and ranks in numeric order (`ls -U`)."""
+    import subprocess
+    sd = llama_like(experts=0)
+    write_version(mount, "v1", sd)
+    v = mount.vpath("v1")
+    ckpt = os.path.getsize(os.path.join(v, "model.safetensors"))
+    assert os.path.isdir(os.path.join(v, "tp")) and os.path.isdir(os.path.join(v, "tensors"))
+    assert sorted(os.listdir(v)) == ["model.safetensors"]
+    assert not {"tp", "tensors"} & {e.name for e in os.scandir(v)}
+
+    def du(path):
+        out = subprocess.run(["du", "-sb", path], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[0])
+    tensors = du(os.path.join(v, "tensors"))
+    assert tensors >= sum(a.nbytes for a in sd.values())
+    # the checkpoint, a directory size of slack; before: plus tensors/ (its
+    # tensors' bytes once more) and 5 tp sizes of about `ckpt` each
+    assert ckpt <= du(v) <= ckpt + 64 * 1024, (du(v), ckpt, tensors)
+    dst = tmp_path / "copy"
+    subprocess.run(["cp", "-r", v, str(dst)], check=True)
+    assert sorted(os.listdir(dst)) == ["model.safetensors"]
+    ls = subprocess.run(["ls", "-U", os.path.join(v, "tp")], capture_output=True, text=True,
+                        check=True).stdout.split()
+    assert ls == ["1", "2", "4", "8", "16", "README"]
+    assert os.listdir(os.path.join(v, "tp", "16")) == [str(r) for r in range(16)]
+    # names that are not a size still look up (ENOENT), leading zeros included
+    for bad in ("016", "x", "17a"):
+        assert not os.path.exists(os.path.join(v, "tp", bad))
+    assert os.path.isfile(os.path.join(v, "tp", "16", "15", "model.safetensors"))
 
 
 def test_tp_view_outlives_removal(mount):

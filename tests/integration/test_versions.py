@@ -147,6 +147,27 @@ def test_rm(mount, tmp_path):
     assert_error_line(mount.run("rm", "v2", check=False))
 
 
+def test_rm_rf_of_a_sealed_version_says_use_hwfs_rm(two_versions):
+    """`rm -rf versions/V` of a sealed version removes nothing: every entry answers EROFS,
+    which is all rm(1) can print ("Read-only file system"); the daemon's log says once per
+    version what to do instead, whatever the number of refusals (decision: the log, since
+    rm shows only the errno)."""
+    import subprocess
+    m = two_versions[0]
+    for _ in range(2):
+        cp = subprocess.run(["rm", "-rf", m.vpath("v1")], capture_output=True, text=True)
+        assert cp.returncode != 0 and "Read-only file system" in cp.stderr, cp.stderr
+    cp = subprocess.run(["rm", "-rf", m.vpath("v2", "tensors")], capture_output=True, text=True)
+    assert cp.returncode != 0
+    assert m.version("v1")["state"] == "sealed" and m.run("verify", "v1").returncode == 0
+    with open(os.path.join(m.store, "hwfs.log")) as f:
+        log = f.read()
+    for v in ("v1", "v2"):
+        hints = [ln for ln in log.splitlines() if f"versions/{v} is sealed" in ln]
+        assert len(hints) == 1, log
+        assert hints[0].endswith(f"remove the version with `hwfs rm {v}`"), hints[0]
+
+
 # Version names no version can have (control characters), as a shell passes them.
 BAD_NAMES = ["a\nb", "v\x1b[2Jx", "tab\there", "del\x7f", "c1\u009bx"]
 

@@ -564,6 +564,39 @@ static void test_threads(void **state)
 	assert_int_equal(arena_used(store_arena(s)), 0);
 }
 
+/*
+ * --capacity against the room (issue 26): past the filesystem refused with
+ * both sizes; in memory and past the free RAM and swap a warning with the
+ * numbers (what the arena holds already not counted again); else nothing.
+ */
+static void test_capacity_verdict(void **state)
+{
+	const uint64_t G = 1ull << 30;
+	struct store_room disk = {.fs_bytes = 100 * G, .mem_free = 1 * G};
+	struct store_room shm = {.fs_bytes = 100 * G, .in_memory = 1, .mem_free = 20 * G};
+	char msg[512];
+
+	(void)state;
+	assert_int_equal(store_capacity_verdict(50 * G, &disk, msg, sizeof(msg)), 0);
+	assert_string_equal(msg, "");
+	assert_int_equal(store_capacity_verdict(100 * G, &disk, msg, sizeof(msg)), 0);
+	assert_int_equal(store_capacity_verdict(101 * G, &disk, msg, sizeof(msg)), -EFBIG);
+	assert_non_null(strstr(msg, "--capacity 101.00 GiB is larger than the filesystem holding "
+				    "the store (100.00 GiB)"));
+	/* a disk store is never judged against memory */
+	assert_int_equal(store_capacity_verdict(90 * G, &disk, msg, sizeof(msg)), 0);
+	assert_int_equal(store_capacity_verdict(20 * G, &shm, msg, sizeof(msg)), 0);
+	assert_int_equal(store_capacity_verdict(21 * G, &shm, msg, sizeof(msg)), 1);
+	assert_non_null(strstr(msg, "--capacity 21.00 GiB: the store is in memory (tmpfs) and "
+				    "only 20.00 GiB of RAM and swap is free"));
+	assert_null(strstr(msg, "holds already"));
+	shm.resident = 4 * G; /* the arena's own pages are not free memory, nor needed again */
+	assert_int_equal(store_capacity_verdict(24 * G, &shm, msg, sizeof(msg)), 0);
+	assert_int_equal(store_capacity_verdict(25 * G, &shm, msg, sizeof(msg)), 1);
+	assert_non_null(strstr(msg, "besides the 4.00 GiB the arena holds already"));
+	assert_int_equal(store_capacity_verdict(101 * G, &shm, msg, sizeof(msg)), -EFBIG);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(void)
@@ -578,6 +611,7 @@ int main(void)
 		T(test_persist_reopen),
 		T(test_drop_all_after_reopen),
 		T(test_threads),
+		cmocka_unit_test(test_capacity_verdict),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
