@@ -221,11 +221,13 @@ class WorkerExtension:
     def _hwfs_open(self, st, req):
         """Map the version of @req, check it against the served one."""
         version = req["version"]
-        m = hwfs.open(req["mount"])
-        try:
-            mapping = m.map(version)
-        finally:
-            m.close()
+        mapping = req.get("_mapping")  # mapped by the caller (hwfs.vllm_native), or:
+        if mapping is None:
+            m = hwfs.open(req["mount"])
+            try:
+                mapping = m.map(version)
+            finally:
+                m.close()
         sig = _sig(mapping)
         if st.served_sig is not None:
             why = _misfit(sig, st.served_sig, version)
@@ -238,9 +240,11 @@ class WorkerExtension:
 
     # -- the calls
     def hwfs_attach(self, arg=""):
-        """{"mount", "version"}: make this worker hwfs's (once per server
-        start) and load @version into it; all in this one call, so the first
-        step after it serves @version whole."""
+        """{"mount", "version", "in_place"}: make this worker hwfs's (once per
+        server start) and load @version into it; all in this one call, so the
+        first step after it serves @version whole.  in_place: the live
+        parameters already hold @version (vLLM loaded it from the mount):
+        load into them, no second copy, and keep vLLM's packed kernels."""
         def run(st, req):
             if st.attached:
                 return {"served": st.served, "attached": False}
@@ -248,10 +252,11 @@ class WorkerExtension:
             mapping, sig = self._hwfs_open(st, req)
             digest = mapping.digest
             made = self._hwfs_convert(st)
+            in_place = bool(req.get("in_place"))
             try:
                 st.params = list(self._hwfs_model().named_parameters())
                 st.mapping, st.filled = mapping, set()
-                fresh = [torch.empty_like(p.data) for _, p in st.params]
+                fresh = None if in_place else [torch.empty_like(p.data) for _, p in st.params]
                 self._hwfs_load(st, list(mapping), fresh)
                 self._hwfs_check_filled(st, req["version"])
             except BaseException:
@@ -263,9 +268,12 @@ class WorkerExtension:
                 raise
             index = {id(p): i for i, (_, p) in enumerate(st.params)}
             st.klayers = [(mod, index[id(mod.weight)]) for mod, *_ in made]
-            kern = [self._hwfs_pack(mod, fresh[i]) for mod, i in st.klayers]
-            for (_, p), t in zip(st.params, fresh):
-                p.data = t
+            if in_place:  # vLLM packed them from these very weights
+                kern = [lin for *_, lin in made]
+            else:
+                kern = [self._hwfs_pack(mod, fresh[i]) for mod, i in st.klayers]
+                for (_, p), t in zip(st.params, fresh):
+                    p.data = t
             for (mod, _i), k in zip(st.klayers, kern):
                 mod.cpu_linear = k
             st.kern = kern
