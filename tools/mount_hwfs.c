@@ -214,6 +214,7 @@ int mount_helper_main(int argc, char **argv)
 	}
 	av[ac] = NULL;
 	if (!fake && already_mounted(pos[0], pos[1])) {
+		free(av);
 		free(opts);
 		free(tun);
 		return 0;

@@ -41,6 +41,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -899,6 +900,29 @@ def publish_killing(pub, victim, src, version):
         f"{victim.name} was not caught mid-transfer ({state}); the kill tested nothing"
     print(f"{victim.name} killed with {state}")
     return pub.version(version)["digest"]
+
+
+@contextmanager
+def shaped_from(node, rate):
+    """Everything @node's data socket sends on loopback goes out at @rate at most (tc
+    units: "64mbit", "8kbit"; tc: an htb root on lo whose default class is unlimited, and
+    a class of @rate that a
+    u32 filter on the socket's source port feeds): a transfer from @node takes at least
+    its size over that rate, however fast or loaded the machine is, while every process
+    keeps running (its heartbeats too).  Removed on the way out; a root qdisc already on
+    lo fails the test rather than being replaced."""
+    port = int(node.status()["listen"].rsplit(":", 1)[1])
+    dev = ["dev", "lo"]
+    sh(["tc", "qdisc", "add", *dev, "root", "handle", "1:", "htb", "default", "1"])
+    try:
+        for cls, r in (("1:1", "100gbit"), ("1:2", rate)):
+            sh(["tc", "class", "add", *dev, "parent", "1:", "classid", cls, "htb", "rate", r,
+                "ceil", r, "quantum", "65536"])
+        sh(["tc", "filter", "add", *dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+            "match", "ip", "sport", str(port), "0xffff", "flowid", "1:2"])
+        yield
+    finally:
+        sh(["tc", "qdisc", "del", *dev, "root"], check=False)
 
 
 def random_model(root, size, seed):

@@ -25,7 +25,7 @@ import pytest
 import conftest as base  # tests/integration/conftest.py
 from conftest import HwfsMount, poll, read_text, wait_dead
 
-from .conftest import assert_identical, corrupt_at, node_view, ring
+from .conftest import assert_identical, corrupt_at, node_view, ring, shaped_from
 
 TENSORS = 8
 TENSOR_BYTES = 4 << 20  # each tensor is one shard (max_shard is 64 MiB)
@@ -300,53 +300,43 @@ def test_a_restarted_node_holding_the_base_pulls_deltas(net, tmp_path):
 
 @pytest.mark.limit(90)
 def test_base_removed_while_its_deltas_travel(net, tmp_path):
-    """C was planned v2 with base v1 and asked its donor B for deltas, but B is stopped
-    (SIGSTOP) so none arrives; C removes v1 (hwfs rm); B resumes and the deltas arrive
-    against a base C no longer holds: C asks for those shards whole and v2 ends identical
-    and intact on C — never a shard rebuilt from freed bytes, never a failed delta.
+    """C was planned v2 with base v1 and asked its donor B for deltas, but B's answers are
+    held back (its sends shaped to 8 kbit/s on loopback) so none arrives; C removes v1
+    (hwfs rm); B's answers are let go and the deltas arrive against a base C no longer
+    holds: C asks for those shards whole and v2 ends identical and intact on C — never a
+    shard rebuilt from freed bytes, never a failed delta.
 
-    Every step waits on a state, not on time: B holds v2 sealed before it is stopped (so
-    when it resumes it answers C's GETs with deltas, never MISSING because its own plan
-    had not been read yet), C is stopped while v2 is planned and resumed once B is, and
-    the rm comes only after C's counters say it asked B for every tensor as a delta."""
+    Every step waits on a state, not on time: C is stopped (SIGSTOP) while v2 is planned and
+    resumed once B holds v2 sealed, so B answers C's GETs with deltas (never MISSING because
+    its own plan had not been read yet); the rm comes only after C's counters say it asked B
+    for every tensor as a delta.  The hold on B is the shaping, not a signal: B keeps
+    running, and whatever it answers stays in its queue until the shaping ends."""
     # C waits on its donor (no failover to A on silence), the coordinator keeps the stopped
-    # nodes alive (no re-plan): the deltas C asked for can only come after the rm.
+    # C alive (no re-plan): the deltas C asked for can only come after the rm.
     start(net, ["A", "B", "C"], coord={"tunables": {"node_dead_ms": 60000}},
           extra=["-o", "donor_silence_ms=60000"])
     b, c = net["B"], net["C"]
     v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
     before = replication(c)
-    b_pid, c_pid = int(b.status()["pid"]), int(c.status()["pid"])
+    c_pid = int(c.status()["pid"])
     planned = f"v2: {TENSORS} shard(s) can come as deltas against v1"
-    stopped = []
-
-    def stop(pid):
-        os.kill(pid, signal.SIGSTOP)
-        stopped.append(pid)
-
-    def cont(pid):
-        os.kill(pid, signal.SIGCONT)
-        stopped.remove(pid)
-
-    try:
-        stop(c_pid)  # C reads its plan of v2 only once B holds v2 and is stopped
-        d2 = net.publish("A", v2, "v2")
-        net.wait_version("v2", d2, nodes=[b])
-        stop(b_pid)
-        cont(c_pid)
+    with shaped_from(b, "8kbit"):
+        os.kill(c_pid, signal.SIGSTOP)  # C reads its plan of v2 only once B holds v2
+        try:
+            d2 = net.publish("A", v2, "v2")
+            net.wait_version("v2", d2, nodes=[b])
+        finally:
+            os.kill(c_pid, signal.SIGCONT)
         assert poll(lambda: grew(before, replication(c), "delta", "asked") >= TENSORS,
                     timeout=30, interval=0.05), \
             f"C did not ask B for v2's deltas: {replication(c)}\n{c.log_tail()}"
         assert planned in log_text(c), f"C did not plan v2 with deltas against v1:\n{c.log_tail()}"
         got = replication(c)
         assert grew(before, got, "delta", "received") == 0 and not c.visible("v2"), \
-            f"C got deltas from a stopped donor: {got['delta']}"
+            f"C got deltas past the shaping: {got['delta']}"
         c.run("rm", "v1")
         assert not c.visible("v1")
-    finally:
-        for pid in list(stopped):
-            cont(pid)
     net.wait_version("v2", d2, nodes=[b, c], timeout=60)
     assert_identical(v2, c, "v2")
     assert c.run("verify", "v2", check=False).returncode == 0, "C's v2 does not verify"

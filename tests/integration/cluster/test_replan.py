@@ -13,13 +13,12 @@ test reads, beside the survivors ending sealed with P's digest and identical to 
 import os
 import re
 import time
-from contextlib import contextmanager
 
 import pytest
 
-from conftest import TIME_SCALE, poll, sh
+from conftest import TIME_SCALE, poll
 
-from .conftest import assert_identical, publish_killing, random_model, ring
+from .conftest import assert_identical, publish_killing, random_model, ring, shaped_from
 
 CHAIN = ["P", "R1", "R2", "R3", "R4"]
 REPLAN = re.compile(r"coord: (\S+) lost a donor of (\S+): now pulls from (.*) \(was (.*)\)")
@@ -67,28 +66,6 @@ def test_relay_killed_mid_transfer_orphan_pulls_from_upstream(net, tmp_path, vic
     print(f"P sent {sent} bytes; re-plans: {replans}")
 
 
-@contextmanager
-def shaped_from(node, mbit):
-    """Everything @node's data socket sends on loopback goes out at @mbit Mbit/s at most
-    (tc: an htb root on lo whose default class is unlimited, and a class of @mbit that a
-    u32 filter on the socket's source port feeds): a transfer from @node takes at least
-    its size over that rate, however fast or loaded the machine is, while every process
-    keeps running (its heartbeats too).  Removed on the way out; a root qdisc already on
-    lo fails the test rather than being replaced."""
-    port = int(node.status()["listen"].rsplit(":", 1)[1])
-    dev = ["dev", "lo"]
-    sh(["tc", "qdisc", "add", *dev, "root", "handle", "1:", "htb", "default", "1"])
-    try:
-        for cls, rate in (("1:1", "100gbit"), ("1:2", f"{mbit}mbit")):
-            sh(["tc", "class", "add", *dev, "parent", "1:", "classid", cls, "htb", "rate", rate,
-                "ceil", rate, "quantum", "65536"])
-        sh(["tc", "filter", "add", *dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-            "match", "ip", "sport", str(port), "0xffff", "flowid", "1:2"])
-        yield
-    finally:
-        sh(["tc", "qdisc", "del", *dev, "root"], check=False)
-
-
 @pytest.mark.limit(180)
 def test_orphan_replanned_onto_relay_still_receiving(net, tmp_path):
     """The live relay upstream is itself still receiving when the orphan is re-planned
@@ -110,7 +87,7 @@ def test_orphan_replanned_onto_relay_still_receiving(net, tmp_path):
     size = 100 << 20
     src = random_model(tmp_path / "big", size, seed=303)
 
-    with shaped_from(p, max(1, int(64 / TIME_SCALE))):
+    with shaped_from(p, f"{max(1, int(64 / TIME_SCALE))}mbit"):
         digest = publish_killing(p, net["R2"], src, "v1")
         assert poll(lambda: REPLAN.search(net.coord.log_text()), timeout=30, interval=0.1), \
             f"no re-plan logged 30 s after R2 was killed\n{net.coord.log_tail(30)}"
