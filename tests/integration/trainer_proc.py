@@ -200,6 +200,12 @@ def main():
         # middle of the ranks' exchange of Shard(1) rows ("exchange")
         version, victim, where = args[0], int(args[1]), args[2]
         sd = sharded(model().state_dict(), mesh)
+        if rank != victim:
+            # torchrun SIGTERMs the survivors once it sees the victim die; the survivor's
+            # answer is what its publish raises (the broken collective), so it must live
+            # to write it: SIGTERM is ignored here (torchrun's SIGKILL after its grace
+            # period still ends a survivor that hangs, and the test's timeout sees it)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if rank == victim:
             calls = [0]
             fn = "_write_local" if where == "local" else "_write_exchanged"
