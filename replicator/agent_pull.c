@@ -196,20 +196,16 @@ static uint64_t fetch_queued(const struct fetch *f)
 
 /*
  * fetch_fits() - can this node keep the rest of @f: does what is still to
- * ask for fit in the store's room once every shard in flight (of every
- * fetch) has landed?  A fetch that does not fit asks for nothing, so no
- * byte is fetched only to be dropped, and the room stays for the versions
- * that do fit.
+ * ask for fit in the store's room once every shard in flight (@inflight:
+ * of every fetch) has landed?  A fetch that does not fit asks for nothing,
+ * so no byte is fetched only to be dropped, and the room stays for the
+ * versions that do fit.
  */
-static int fetch_fits(struct agent *a, const struct fetch *f)
+static int fetch_fits(struct agent *a, const struct fetch *f, uint64_t inflight)
 {
-	uint64_t queued = fetch_queued(f), inflight = 0;
+	uint64_t queued = fetch_queued(f);
 
-	if (!queued)
-		return 1;
-	for (const struct fetch *g = a->fetches; g; g = g->next)
-		inflight += fetch_inflight(g);
-	return queued + inflight <= store_stage_room(a->o.st);
+	return !queued || queued + inflight <= store_stage_room(a->o.st);
 }
 
 /* Why @f is not moving, as a sentence for status ("" when it is). */
@@ -668,6 +664,10 @@ static void wait_room(struct agent *a, struct fetch *f, double now)
 void pull_pump(struct agent *a)
 {
 	double now = now_s();
+	uint64_t all_inflight = 0; /* of every fetch, kept as GETs go out below */
+
+	for (const struct fetch *g = a->fetches; g; g = g->next)
+		all_inflight += fetch_inflight(g);
 
 	if (now - a->last_pulls >= PULLS_SNAPSHOT_S)
 		publish_pulls(a);
@@ -691,7 +691,7 @@ void pull_pump(struct agent *a)
 				 free_now > f->space_free ? ", space was freed here" : "");
 			f->space_wait = 0;
 		}
-		if (!fetch_fits(a, f)) {
+		if (!fetch_fits(a, f, all_inflight)) {
 			wait_room(a, f, now);
 			continue;
 		}
@@ -796,6 +796,7 @@ void pull_pump(struct agent *a)
 					__atomic_add_fetch(&a->req_tx, json_array_size(hashes), __ATOMIC_RELAXED);
 					__atomic_add_fetch(&a->ds.asked, n_based, __ATOMIC_RELAXED);
 					inflight += batch;
+					all_inflight += batch;
 					if (inflight == batch) /* nothing was in flight: the silence clock starts */
 						f->last_rx = now;
 				}

@@ -4,16 +4,21 @@
 ``samples(text)`` parses Prometheus text format into {(name, labels): value}
 independently of the daemon's writer; ``promtool_check(text)`` runs Debian's
 ``promtool check metrics`` on it (the package `prometheus`, installed by
-tools/install-deps.sh) and fails the test with promtool's complaint.
+tools/install-deps.sh) and fails the test with promtool's complaint;
+``standalone_coord(tmp_path, *extra)`` runs `hwfs coord --http` for a test.
 """
 
+import os
 import re
 import shutil
 import subprocess
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 
 import pytest
+
+from conftest import HWFS, poll, scaled, sh, wait_dead
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -72,3 +77,25 @@ def promtool_check(text):
                         timeout=60)
     if cp.returncode != 0 or cp.stdout.strip() or cp.stderr.strip():
         pytest.fail(f"promtool check metrics (exit {cp.returncode}):\n{cp.stdout}{cp.stderr}")
+
+
+@contextmanager
+def standalone_coord(tmp_path, *extra):
+    """A stand-alone `hwfs coord --http 127.0.0.1:0 EXTRA` in the background: (its http
+    address, its state dir), once /api/status answers; stopped (SIGTERM, checked) after."""
+    state = tmp_path / "coord"
+    cp = sh([HWFS, "coord", "--listen", "tcp://127.0.0.1:0", "--insecure", "--state", state,
+             "--http", "127.0.0.1:0", *extra])
+    pid = int(cp.stdout.split()[0])
+    try:
+        log = state / "coord.log"
+        m = poll(lambda: re.search(r"coord: http on (\S+) ", log.read_text()), timeout=10)
+        assert m, log.read_text()
+        assert poll(lambda: get(m.group(1), "/api/status")[0] == 200, timeout=10)
+        yield m.group(1), state
+    finally:
+        try:
+            os.kill(pid, 15)
+        except ProcessLookupError:
+            pass
+        assert wait_dead(pid, scaled(10)), "coordinator survived SIGTERM"

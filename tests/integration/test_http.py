@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HWFS, poll, random_file, scaled, sh, wait_dead
+from conftest import HWFS, poll, random_file, scaled, sh
 from engine_proto import engine
-from http_helpers import commit_seen_updating, get, promtool_check, samples, value
+from http_helpers import commit_seen_updating, get, promtool_check, samples, standalone_coord, value
 
 HTTP_ANY = ["--http", "127.0.0.1:0"]
 
@@ -238,21 +238,8 @@ def _ok(addr):
 @pytest.fixture
 def coord(tmp_path):
     """A stand-alone `hwfs coord --http 127.0.0.1:0`: (http address, state dir); stopped after."""
-    state = tmp_path / "coord"
-    cp = sh([HWFS, "coord", "--listen", "tcp://127.0.0.1:0", "--insecure", "--state", state,
-             "--http", "127.0.0.1:0"])
-    pid = int(cp.stdout.split()[0])
-    try:
-        log = state / "coord.log"
-        m = poll(lambda: re.search(r"coord: http on (\S+) ", log.read_text()), timeout=10)
-        assert m, log.read_text()
-        yield m.group(1), state
-    finally:
-        try:
-            os.kill(pid, 15)
-        except ProcessLookupError:
-            pass
-        assert wait_dead(pid, scaled(10)), "coordinator survived SIGTERM"
+    with standalone_coord(tmp_path) as c:
+        yield c
 
 
 def test_coordinator_metrics_and_health(coord):

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HWFS, TIMEOUT, make_tensors, poll, save_model, scaled, sh, wait_dead
+from conftest import HWFS, TIMEOUT, make_tensors, poll, save_model, scaled, sh
 from engine_proto import engine
-from http_helpers import get, promtool_check, samples, value
+from http_helpers import get, promtool_check, samples, standalone_coord, value
 
 HTTP_ANY = ["--http", "127.0.0.1:0"]
 HEADER_MS = 5000  # the default of the tunable http_header_ms
@@ -283,22 +283,8 @@ def test_bad_http_host_fails_the_mount(tmp_path):
 @contextmanager
 def coordinator(tmp_path, *extra):
     """A stand-alone `hwfs coord --http 127.0.0.1:0 EXTRA`: its http address; stopped after."""
-    state = tmp_path / "coord"
-    cp = sh([HWFS, "coord", "--listen", "tcp://127.0.0.1:0", "--insecure", "--state", state,
-             "--http", "127.0.0.1:0", *extra])
-    pid = int(cp.stdout.split()[0])
-    try:
-        log = state / "coord.log"
-        m = poll(lambda: re.search(r"coord: http on (\S+) ", log.read_text()), timeout=10)
-        assert m, log.read_text()
-        assert poll(lambda: get(m.group(1), "/api/status")[0] == 200, timeout=10)
-        yield m.group(1)
-    finally:
-        try:
-            os.kill(pid, 15)
-        except ProcessLookupError:
-            pass
-        assert wait_dead(pid, scaled(10)), "coordinator survived SIGTERM"
+    with standalone_coord(tmp_path, *extra) as (addr, _):
+        yield addr
 
 
 def test_coordinator_refuses_foreign_host_names(tmp_path):

@@ -16,7 +16,6 @@ import pytest
 
 from conftest import TIMEOUT
 
-from .conftest import node_view  # noqa: F401  (the fixtures' module)
 from .test_engine_barrier import engine, prepare_of
 
 

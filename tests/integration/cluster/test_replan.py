@@ -10,9 +10,7 @@ Nobody else is re-planned, so P sends the version once (to R1).  The coordinator
 test reads, beside the survivors ending sealed with P's digest and identical to the source.
 """
 
-import os
 import re
-import time
 
 import pytest
 
