@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, poll, safetensors_header, xxh3_128_hex
+from conftest import REPO, poll, safetensors_header, scaled, xxh3_128_hex
 
 PYDIR = REPO / "tools" / "python"
 PROC = REPO / "tests" / "integration" / "trainer_proc.py"
@@ -34,13 +34,14 @@ def child_env():
 
 
 def run_ranks(n, scenario, mnt, outdir, *args, timeout=90, check=True):
-    """Run trainer_proc.py SCENARIO on @n ranks; the rank reports, by rank."""
+    """Run trainer_proc.py SCENARIO on @n ranks; the rank reports, by rank.
+    @timeout (scaled for sanitizer builds) only guards against a hang."""
     os.makedirs(outdir, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={n}", str(PROC), scenario, str(mnt), str(outdir),
            *[str(a) for a in args]]
     try:
-        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(timeout),
                             env=child_env(), start_new_session=True)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{scenario} on {n} ranks timed out\n{e.stdout}\n{e.stderr}")
