@@ -645,6 +645,12 @@ int daemon_run(const struct daemon_opts *o)
 		snprintf(msg, sizeof(msg), "error: cannot create the FUSE session\n");
 		goto fail;
 	}
+	{
+		struct stat bare;
+
+		if (stat(o->mountpoint, &bare) == 0) /* a flip's symlink there: the mount is gone */
+			own_mount_set_bare_dev(bare.st_dev);
+	}
 	if (fuse_set_signal_handlers(d.se) < 0 || fuse_session_mount(d.se, o->mountpoint) < 0) {
 		r = -EIO;
 		snprintf(msg, sizeof(msg), "error: cannot mount on %s (see %s/hwfs.log)\n",

@@ -29,6 +29,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +41,13 @@ static int fuse_fd = -1; /* set once before the threads that call below start */
 void own_mount_set_fd(int fd)
 {
 	__atomic_store_n(&fuse_fd, fd, __ATOMIC_RELEASE);
+}
+
+static dev_t bare_dev; /* the mountpoint directory's device before the mount; 0: unknown */
+
+void own_mount_set_bare_dev(dev_t dev)
+{
+	__atomic_store_n(&bare_dev, dev, __ATOMIC_RELEASE);
 }
 
 enum { OP_RENAME, OP_SYMLINK, OP_FLIP };
@@ -65,6 +73,7 @@ struct child_call {
 	int op;
 	const char *a, *b, *c;
 	const int *stopping; /* OP_FLIP: read between its two calls */
+	dev_t bare;	     /* OP_FLIP: the bare mountpoint's device (0: unknown) */
 };
 
 /* @r (a raw system call's result) as an exit status: 0 or an errno below 128. */
@@ -99,7 +108,18 @@ static int child_main(void *arg)
 		if (r) {
 			r |= FLIP_SYMLINK_FAILED;
 		} else {
-			if (__atomic_load_n(c->stopping, __ATOMIC_ACQUIRE))
+			struct stat st;
+
+			/*
+			 * The mount may be gone before the daemon knows it (an
+			 * umount(2) from outside: `hwfs umount`, fusermount3 -u):
+			 * then the symlink landed in the bare directory.  Where
+			 * it is decides where the rename goes; one that is in
+			 * the mount can only fail once the mount is gone.
+			 */
+			if (__atomic_load_n(c->stopping, __ATOMIC_ACQUIRE) ||
+			    (c->bare && syscall(SYS_newfstatat, AT_FDCWD, c->b, &st,
+						AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == c->bare))
 				r = ESHUTDOWN;
 			else
 				r = child_status(syscall(SYS_rename, c->b, c->c));
@@ -130,7 +150,11 @@ static int in_child(const struct child_call *c)
 			return -(errno | (c->op == OP_FLIP ? FLIP_SYMLINK_FAILED : 0));
 		if (c->op == OP_SYMLINK)
 			return 0;
-		r = __atomic_load_n(c->stopping, __ATOMIC_ACQUIRE) ? -ESHUTDOWN
+		struct stat st;
+
+		r = __atomic_load_n(c->stopping, __ATOMIC_ACQUIRE) ||
+				    (c->bare && lstat(c->b, &st) == 0 && st.st_dev == c->bare)
+			? -ESHUTDOWN
 			: rename(c->b, c->c) < 0			   ? -errno
 									   : 0;
 		if (r < 0)
@@ -183,7 +207,8 @@ int own_mount_symlink(const char *target, const char *path)
 int own_mount_flip(const char *target, const char *tmp, const char *path, const int *stopping,
 		   int *step)
 {
-	struct child_call c = {.op = OP_FLIP, .a = target, .b = tmp, .c = path, .stopping = stopping};
+	struct child_call c = {.op = OP_FLIP, .a = target, .b = tmp, .c = path, .stopping = stopping,
+			       .bare = __atomic_load_n(&bare_dev, __ATOMIC_ACQUIRE)};
 	int r = in_child(&c);
 
 	*step = 0;

@@ -31,6 +31,14 @@
  */
 void own_mount_set_fd(int fd);
 
+/**
+ * own_mount_set_bare_dev() - the device of the mountpoint directory before
+ * the mount (stat() of it, made before mounting).  own_mount_flip() then
+ * refuses (-ESHUTDOWN) a flip whose symlink landed there: the mount was
+ * taken away from outside (umount(2)) before the daemon knew it stops.
+ */
+void own_mount_set_bare_dev(dev_t dev);
+
 /** rename(@from, @to) through the mount.  Returns 0 or -errno (errno is set too). */
 int own_mount_rename(const char *from, const char *to);
 
@@ -41,7 +49,8 @@ int own_mount_symlink(const char *target, const char *path);
  * own_mount_flip() - symlink(@target, @tmp) then rename(@tmp, @path), both
  * through the mount and in one child (a flip of `current` costs one child,
  * not two).  Between the two, *@stopping (read atomically) set means the
- * daemon is shutting down: the rename is not made (-ESHUTDOWN).  When the
+ * daemon is shutting down, and a symlink that landed on the bare mountpoint's
+ * device means the mount is gone: the rename is not made (-ESHUTDOWN).  When the
  * rename is not made, @tmp is unlinked.  Returns 0 or -errno (errno is set
  * too), with *@step 1 when the symlink failed, 2 when the rename did, 0
  * otherwise.
