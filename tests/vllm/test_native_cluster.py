@@ -208,7 +208,7 @@ def test_hwfs_vllm_drives_the_backend_none_mixed(cluster, tmp_path):
     def client(s):
         while not stop.is_set():
             try:
-                answers[s.url].append((time.time(), s.complete()))
+                answers[s.url].append((time.time(), s.complete(timeout=scaled(180))))
             except Exception as e:  # noqa: BLE001
                 errors.append(repr(e))
 
@@ -246,5 +246,8 @@ def test_hwfs_vllm_drives_the_backend_none_mixed(cluster, tmp_path):
         st = json.loads((tmp_path / f"cli-{n.name}.json").read_text())
         assert st["served"] == "v3" and st["swaps"] >= 1 and st["last_swap_pause_us"] >= 1, st
         assert "serving v3 (requests held" in cli.tail(), cli.tail()
+    for cli in clis:  # SIGTERM: hwfs-vllm stops at once, exit 0
+        cli.p.send_signal(signal.SIGTERM)
+        assert cli.p.wait(timeout=30) == 0, cli.tail()
     print(f"commit to both serving v3: {t_done - t_commit:.2f} s; answers "
           f"{ {u: len(v) for u, v in answers.items()} }")
