@@ -122,8 +122,11 @@ def cluster(tmp_path_factory):
         c.sealed_everywhere("v1")
         a.run("commit", "v1")
         for n in c.nodes:
+            # two servers on 2 cores: vLLM's CPU backend would pin both workers
+            # (and the backend's threads in them) to core 0
             c.servers.append(NativeServer(n.vpath("v1"), c.top / f"server-{n.name}.log",
-                                          engine=f"vllm-{n.name}", slow_load=False))
+                                          engine=f"vllm-{n.name}", slow_load=False,
+                                          VLLM_CPU_OMP_THREADS_BIND="nobind"))
         for s in c.servers:
             s.wait_up()
         for n in c.nodes:
