@@ -311,6 +311,7 @@ test: deps
 .PHONY: vllm-deps test-vllm
 vllm-deps:
 	@tools/install-vllm.sh
+	@tools/install-trl.sh
 
 test-vllm: all vllm-deps
 	$(PYTEST) tests/vllm
