@@ -79,7 +79,9 @@ class HwfsWeightTransfer:
     """TRL's `WeightTransferProtocol` over hwfs (see the module docstring).
 
     @mount: the hwfs mount the trainer publishes to (a path; None:
-    $HWFS_MOUNT, else /hotweights).  @servers: the vLLM servers' base URLs.
+    $HWFS_MOUNT, else /hotweights).  @servers: the vLLM servers' base URLs,
+    or (URL, the mount of its node) for a server on another node of the
+    cluster (use @commit then: the commit waits for the version there).
     @engine: the engine name the servers register on their node (None: the
     servers' own, `HWFS_ENGINE` or the default).  @files: other files put in
     every version ({relative path: bytes, str or a path to copy}, as
@@ -97,8 +99,14 @@ class HwfsWeightTransfer:
                  commit=False, version_format=DEFAULT_FORMAT, step_fn=None,
                  pause_mode="keep", hwfs_cli=None, timeout=300.0):
         self.mount_path = mount or os.environ.get("HWFS_MOUNT") or "/hotweights"
-        self.servers = [s.rstrip("/") for s in ([servers] if isinstance(servers, str)
-                                                else servers)]
+        servers = [servers] if isinstance(servers, str) else list(servers)
+        # (url, the mount of the server's node) or a url (the server is on @mount's node)
+        self.server_mounts = {}
+        self.servers = []
+        for s in servers:
+            url, m = (s, None) if isinstance(s, str) else s
+            self.servers.append(url.rstrip("/"))
+            self.server_mounts[url.rstrip("/")] = m or self.mount_path
         self.engine = engine
         self.files = files
         self.base = base
@@ -114,6 +122,7 @@ class HwfsWeightTransfer:
         self._mnt = None
         self._own_group = False
         self._paused_at = None
+        self.swap_started = None  # perf_counter when the last swap (routes or commit) began
 
     # -- TRL's WeightTransferProtocol
     def init_weight_transfer(self):
@@ -135,7 +144,7 @@ class HwfsWeightTransfer:
         for url in self.servers:
             self._wait_up(url)
             self._call(url, "/init_weight_transfer_engine",
-                       {"init_info": {"mount": self.mount_path, "engine": self.engine}})
+                       {"init_info": {"mount": self.server_mounts[url], "engine": self.engine}})
 
     def pause(self):
         """Pause every server (`/pause?mode=@pause_mode`)."""
@@ -160,7 +169,16 @@ class HwfsWeightTransfer:
             if filled is not None:
                 filled.close()
         t1 = time.perf_counter()
+        self.swap_started = t1
         if self.commit:
+            # the commit needs the version on every node: wait for it to arrive
+            # on the servers' nodes (replication from this one)
+            end = time.monotonic() + self.timeout
+            for m in sorted(set(self.server_mounts.values()) - {self.mount_path}):
+                while not os.path.isdir(os.path.join(m, "versions", version)):
+                    if time.monotonic() > end:
+                        raise SyncError(f"{version} did not reach {m} within {self.timeout:.0f} s")
+                    time.sleep(0.01)
             cp = subprocess.run([self.hwfs_cli, "commit", version, "-m", self.mount_path],
                                 capture_output=True, text=True, timeout=self.timeout)
             if cp.returncode != 0:
