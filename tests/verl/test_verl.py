@@ -44,10 +44,28 @@ def make_model(root):
     return load_file(root / "model.safetensors")
 
 
+def doc_overrides(mount):
+    """The verl overrides of docs/engines.md ("verl"), as written, for @mount:
+    Hydra's `+` (add a key) and the `actor_rollout_ref.rollout.` prefix
+    dropped, since the test applies them to verl's rollout config node itself."""
+    text = DOC.read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    block = next(b for b in blocks if "checkpoint_engine.backend=hwfs" in b)
+    out = []
+    for line in block.splitlines():
+        line = line.strip().rstrip("\\").strip()
+        if "checkpoint_engine." not in line:
+            continue
+        item = line.lstrip("+").removeprefix("actor_rollout_ref.rollout.")
+        out.append(item.replace("/hotweights", mount.mnt))
+    assert len(out) >= 3, block
+    return out
+
+
 def run_round(mount, model_dir, step, out, perturb=(), verl_check=False):
     args = [sys.executable, str(ROUND), "--mount", mount.mnt, "--model", str(model_dir),
             "--step", str(step), "--out", str(out), "--perturb", json.dumps(list(perturb)),
-            "--hwfs-bin", HWFS]
+            "--hwfs-bin", HWFS, "--overrides", json.dumps(doc_overrides(mount))]
     if verl_check:
         args.append("--verl-check")
     cp = subprocess.run(args, capture_output=True, text=True, timeout=scaled(300), cwd=REPO)

@@ -62,6 +62,8 @@ def main():
     ap.add_argument("--perturb", default="[]",
                     help='JSON [[tensor name, flat index, delta], ...] applied to the actor first')
     ap.add_argument("--hwfs-bin", required=True)
+    ap.add_argument("--overrides", required=True,
+                    help="JSON list of dotlist overrides of rollout's config (checkpoint_engine.*)")
     ap.add_argument("--verl-check", action="store_true",
                     help="also run MockServerAdapter.check_weights (the model on disk)")
     a = ap.parse_args()
@@ -84,12 +86,7 @@ def main():
     # with the overrides a user gives on the command line (docs/engines.md, "verl")
     import verl
     defaults = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/rollout/rollout.yaml")
-    overrides = OmegaConf.from_dotlist([
-        "checkpoint_engine.backend=hwfs",
-        "checkpoint_engine.custom_backend_module=hwfs.verl",
-        "checkpoint_engine.update_weights_bucket_megabytes=16",
-        f"checkpoint_engine.engine_kwargs.hwfs.mount={a.mount}",
-        "checkpoint_engine.engine_kwargs.hwfs.commit=true",
+    overrides = OmegaConf.from_dotlist(json.loads(a.overrides) + [
         f"checkpoint_engine.engine_kwargs.hwfs.hwfs_bin={a.hwfs_bin}",
         "checkpoint_engine.engine_kwargs.hwfs.wait_timeout_s=120",
     ])
