@@ -41,7 +41,6 @@ import socket
 import subprocess
 import time
 
-import torch
 import torch.distributed as dist
 
 import hwfs
