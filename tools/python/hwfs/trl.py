@@ -34,8 +34,12 @@ parameters (full tensors, already gathered by TRL, on the main process only),
 The step number in the version name is the count of syncs (0 for the cold
 sync at train begin), or `step_fn()` when given (e.g. `lambda:
 trainer.state.global_step`).  `torch.distributed` need not be initialized:
-in a single-process trainer the adapter makes a one-rank gloo group for
-`publish` (and destroys it in `destroy`).  In a multi-process trainer TRL
+a single-process trainer publishes alone (`publish` needs no group then).
+With `commit=True`, the sync returns once every server reports the new
+version (`GET /weight_info`): a commit returns when `current` flipped on
+every node, and each server swaps as its node's flip reaches it, so
+`resume` after that never lets a request start on the old weights and end
+on the new.  In a multi-process trainer TRL
 calls `send_weights` on the main process only, which `publish` (a
 collective) cannot serve: the adapter refuses it at `init_weight_transfer`.
 
@@ -120,7 +124,6 @@ class HwfsWeightTransfer:
         self.last_version = None
         self.history = []
         self._mnt = None
-        self._own_group = False
         self._paused_at = None
         self.swap_started = None  # perf_counter when the last swap (routes or commit) began
 
@@ -135,9 +138,6 @@ class HwfsWeightTransfer:
                     "hwfs.trl: TRL calls send_weights on the main process only, and "
                     "hwfs.torch.publish is a collective of every rank: a multi-process trainer "
                     "cannot publish through this adapter (docs/engines.md, \"TRL\")")
-        else:
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-            self._own_group = True
         self._mnt = hwfs.open(self.mount_path)
         if self.base is None:
             self.base = self._mnt.current()
@@ -184,6 +184,12 @@ class HwfsWeightTransfer:
             if cp.returncode != 0:
                 raise SyncError(f"hwfs commit {version} failed ({cp.returncode}): "
                                 f"{cp.stderr.strip() or cp.stdout.strip()}")
+            for url in self.servers:  # each swaps as its node's flip reaches it
+                while self._weight_version(url) != version:
+                    if time.monotonic() > end:
+                        raise SyncError(f"{url} does not serve {version} "
+                                        f"{self.timeout:.0f} s after its commit")
+                    time.sleep(0.005)
         else:
             for url in self.servers:
                 self._call(url, "/start_weight_update", {"is_checkpoint_format": True})
@@ -208,16 +214,10 @@ class HwfsWeightTransfer:
         self._paused_at = None
 
     def destroy(self):
-        """Close the mount; destroy the one-rank group if this adapter made it.
-        The servers keep serving the last version."""
+        """Close the mount.  The servers keep serving the last version."""
         if self._mnt is not None:
             self._mnt.close()
             self._mnt = None
-        if self._own_group:
-            import torch.distributed as dist
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            self._own_group = False
 
     # -- helpers
     def _fill(self, state):
@@ -250,6 +250,14 @@ class HwfsWeightTransfer:
             if time.monotonic() > end:
                 raise SyncError(f"vLLM server {url} not up within {self.timeout:.0f} s")
             time.sleep(0.5)
+
+    def _weight_version(self, url):
+        """The version @url serves (its GET /weight_info)."""
+        try:
+            with urllib.request.urlopen(url + "/weight_info", timeout=self.timeout) as r:
+                return json.loads(r.read()).get("weight_version")
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise SyncError(f"{url}/weight_info: {e}") from None
 
     def _call(self, url, route, body=None):
         code, text = _post(url + route, body, self.timeout)
