@@ -14,7 +14,8 @@ send_weights = publish + `hwfs commit`, resume).  A client keeps asking both
 servers for a greedy completion all along.
 
 Per step: changed_fraction (bf16 elements changed, `hwfs diff --elements`),
-wire_bytes (bytes node B received, its replication counter), publish_s,
+wire_bytes (what crossed the wire into node B: its
+wire_bytes_received, deltas counted as sent), publish_s,
 commit_to_serving_s (from the commit's start until both servers report the
 version and answer), pause_s (pause to resume), max_gap_s (longest time
 between two answers of the client, per server, max), mixed (answers ended
@@ -31,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -51,6 +53,12 @@ import test_native as tn  # noqa: E402
 
 PROMPT_IDS = tn.PROMPT_IDS
 WIRE_TARGET = 1.3  # wire bytes per receiving node <= 1.3 x zstd -1 of XOR(previous, new)
+
+
+def wire_received(node):
+    """What crossed the wire into @node (replication.wire_bytes_received:
+    a shard that came as a delta counts its delta, not its size)."""
+    return int(node.status()["replication"]["wire_bytes_received"])
 
 
 def xor_zstd1(mnt, old, new, path):
@@ -152,6 +160,9 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--json", help="write one row per step to FILE")
     args = ap.parse_args()
+    # SIGTERM (timeout, an impatient caller): unwind, so the servers and the
+    # daemons started here are stopped and the mounts unmounted
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     top = Path(tempfile.mkdtemp(prefix="bench-rl-"))
     cl = Cluster(("A", "B"))
     servers, rows, windows = [], [], []
@@ -202,7 +213,7 @@ def main():
         for step in range(1, args.steps + 1):
             reward = grpo_step(model, opt, servers[0].url)
             trainer.state.global_step = step
-            rx0 = B.bytes_received()
+            rx0 = wire_received(B)
             n0 = len(client.answers)
             t_sync = time.perf_counter()
             sync.on_step_end(trainer.args, trainer.state, trainer.control)
@@ -211,7 +222,7 @@ def main():
                 base.poll(lambda: s.weight_version() == v, timeout=120, interval=0.01)
                 s.complete()
             t_serving = time.perf_counter()
-            rx = B.bytes_received() - rx0
+            rx = wire_received(B) - rx0
             d = json.loads(A.run("diff", prev, v, "--elements", "--json").stdout)
             el = sum(t["elements"] for t in d["tensors"])
             ch = sum(t["changed_elements"] for t in d["tensors"])
