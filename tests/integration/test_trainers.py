@@ -129,6 +129,39 @@ def test_publish_sharded_equals_unsharded(mount, tmp_path, ranks, max_file):
         int(np.prod(v[1])) for v in ref.values())
 
 
+SOLO = """
+import sys, torch
+from hwfs.torch import publish
+assert not torch.distributed.is_initialized()
+torch.manual_seed(3)
+sd = {"w": torch.randn(64, 48), "b": torch.arange(7, dtype=torch.bfloat16)}
+print(publish(sd, sys.argv[2], sys.argv[1], files={"config.json": b"{}"}))
+torch.save(sd, sys.argv[3])
+"""
+
+
+@pytest.mark.limit(90)
+def test_publish_without_torch_distributed(mount, tmp_path):
+    """A trainer that runs no process group (one process, the vLLM trainer
+    engine's common case) publishes alone: the version holds its tensors
+    byte for byte, and the extra file."""
+    ref = tmp_path / "ref.pt"
+    cp = subprocess.run([sys.executable, "-c", SOLO, mount.mnt, "solo", str(ref)],
+                        capture_output=True, text=True, env=child_env(), timeout=60)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert cp.stdout.strip() == "['model.safetensors', 'config.json']", cp.stdout
+    assert mount.version("solo")["state"] == "sealed"
+    import torch
+    sd = torch.load(ref)
+    got = version_tensors(mount.vpath("solo"))
+    assert set(got) == {"w", "b"}
+    for k, t in sd.items():
+        assert got[k][1] == tuple(t.shape) and got[k][2] == t.contiguous().view(-1).view(
+            torch.uint8).numpy().tobytes(), k
+    with open(mount.vpath("solo", "config.json"), "rb") as f:
+        assert f.read() == b"{}"
+
+
 @pytest.mark.limit(150)
 @pytest.mark.parametrize("where", ["local", "exchange"])
 def test_publish_rank_killed(mount, tmp_path, where):

@@ -108,11 +108,14 @@ class Ref:
 
 
 class NativeServer(Proc):
-    def __init__(self, model_dir, log):
+    def __init__(self, model_dir, log, engine=ENGINE, slow_load=True, **environ):
+        """@slow_load: shadow-loads in slices of SLICE_MIB, SLICE_PAUSE apart;
+        @environ: more of the server's environment."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        e = dict(env(), HWFS_ENGINE=ENGINE, HWFS_VLLM_SLICE_MIB=str(SLICE_MIB),
-                 HWFS_VLLM_SLICE_PAUSE=str(SLICE_PAUSE))
+        e = dict(env(), HWFS_ENGINE=engine, **environ)
+        if slow_load:
+            e.update(HWFS_VLLM_SLICE_MIB=str(SLICE_MIB), HWFS_VLLM_SLICE_PAUSE=str(SLICE_PAUSE))
         super().__init__([VPY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                           "--served-model-name", MODEL, "--host", "127.0.0.1",
                           "--port", self.port, "--load-format", "hwfs",

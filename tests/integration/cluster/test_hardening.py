@@ -96,6 +96,34 @@ def test_paused_node_flips_to_the_commit_it_missed(net, tmp_path):
 
 
 @pytest.mark.limit(120)
+def test_a_commit_right_after_a_publish_waits_for_the_version_to_arrive(net, tmp_path):
+    """`hwfs commit v2` on A just after A published it (a trainer's publish-then-commit):
+    the PREPARE reaches B before v2 has (B is paused from before the publish until the
+    commit's PREPARE is out).  B waits for v2 to arrive, then answers READY: the commit
+    passes on both nodes; B does not refuse with "no such version"."""
+    ring(net, ["A", "B"])
+    a, b = net["A"], net["B"]
+    net.wait_version("v1", net.publish("A", random_model(tmp_path / "m1", 1 << 20, seed=831), "v1"))
+    a.run("commit", "v1")
+    stopped(b)
+    try:
+        net.publish("A", random_model(tmp_path / "m2", 2 << 20, seed=832), "v2")
+        commit = subprocess.Popen([HWFS, "commit", "v2", "-m", a.mnt], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            assert poll(lambda: "commit v2: prepare on 2" in net.coord.log_text(), timeout=5), \
+                f"the commit did not start:\n{net.coord.log_tail()}"
+        finally:
+            resume(b)
+            out, err = commit.communicate(timeout=TIMEOUT)
+    finally:
+        resume(b)
+    assert commit.returncode == 0, f"commit of v2 exited {commit.returncode}: {out} {err}"
+    assert net.currents([a, b]) == {x: ("versions/v2", "v2") for x in "AB"}, net.currents()
+    assert "PREPARE of v2: not here yet; waiting for it" in b.log_tail(200), b.log_tail(60)
+
+
+@pytest.mark.limit(120)
 def test_node_paused_through_a_commit_flips_after_resume(net, tmp_path):
     """The finding as reported: C (holding v2) is paused until it is dead, v2 is committed on
     A and B (committed there), C is resumed: it rejoins and flips to v2 by itself.  (The

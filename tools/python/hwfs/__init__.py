@@ -597,7 +597,9 @@ class Watch:
 
     def next(self, timeout=None):
         """The next Event, waiting up to @timeout seconds (None: forever);
-        None on timeout.  Raises StreamClosed when the daemon closed the
+        None on timeout, or when a signal interrupted the wait (its Python
+        handler runs as this returns: a loop checks its stop flag, as on a
+        timeout).  Raises StreamClosed when the daemon closed the
         stream, ValueError once the watch is closed, OSError EPROTO for a
         malformed event (libhwfs dropped it: call again)."""
         ev = _lib.Event()
@@ -613,6 +615,8 @@ class Watch:
                 raise ValueError("hwfs.Watch is closed")
             if rc == -errno.EPIPE:
                 raise StreamClosed("the daemon closed the event stream")
+            if rc == -errno.EINTR:
+                return None
             if rc != -errno.ETIMEDOUT:
                 _lib.check(rc, "hwfs_watch_next")  # the sentence is this thread's
             if left is not None:

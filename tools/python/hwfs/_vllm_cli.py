@@ -3,8 +3,18 @@
     hwfs-vllm --server http://127.0.0.1:8000 --engine vllm-0 [-m /hotweights]
               [--inflight wait|abort] [--drain-timeout S] [--low-memory]
 
-The server runs with VLLM_SERVER_DEV_MODE=1 and
---worker-extension-cls hwfs.vllm.WorkerExtension.  hwfs-vllm registers NAME
+A server started with the weight-transfer backend "hwfs"
+(--weight-transfer-config '{"backend": "hwfs"}', hwfs.vllm_native) does the
+loading itself; hwfs-vllm is then a thin driver of it (NativeDriver): it
+registers the server as engine NAME through /init_weight_transfer_engine
+({"flip": "driver"}: the workers shadow-load what arrives or a commit
+prepares, and report it), and at each flip of `current` holds the requests
+(/pause, --inflight), drives the swap through vLLM's routes (start, update
+{"version"}, finish) and resumes: no answer mixes two versions.
+
+A server started instead with VLLM_SERVER_DEV_MODE=1 and
+--worker-extension-cls hwfs.vllm.WorkerExtension (no backend) is driven
+through /collective_rpc (Engine, below).  hwfs-vllm registers NAME
 in the node's commit barrier, shadow-loads each arriving (or prepared)
 version into the workers through /collective_rpc, a slice per call, reports
 it loaded or refused, and at the flip holds new requests (/pause), lets
@@ -105,6 +115,7 @@ class Engine:
         self.attached = False  # hwfs_attach ran on this server
         self.loaded = None     # the version whose shadow is loaded in the workers
         self.stats = {}
+        self.native = None     # the server runs the backend "hwfs" (None: not known yet)
 
     # -- status for people and tests
     def write_status(self, **kw):
@@ -274,6 +285,116 @@ class Engine:
             w.close()
 
 
+class NativeDriver:
+    """hwfs-vllm on a server whose workers run the backend "hwfs": the
+    backend loads and reports; this holds the requests around each swap."""
+
+    def __init__(self, args, server, mount):
+        self.args, self.server, self.mount = args, server, mount
+        self.mnt = mount.mountpoint
+        self.served = None
+        self.stats = {}
+
+    def init(self):
+        """Register the server as engine NAME, the swaps left to us.  False
+        when the server has no backend "hwfs" (the legacy driver then)."""
+        body = {"init_info": {"mount": self.mnt, "engine": self.args.engine, "flip": "driver"}}
+        try:
+            self.server._req("POST", "/init_weight_transfer_engine", body, timeout=60.0)
+        except RpcError as e:
+            log(f"no weight-transfer backend \"hwfs\" on {self.server.url} ({e}); "
+                f"driving its workers through /collective_rpc")
+            return False
+        return True
+
+    def record(self):
+        """The engine's record in the node's status (its first worker's)."""
+        st = self.mount.call({"op": "status"})
+        for e in st.get("engines") or []:
+            if e.get("name") in (self.args.engine, self.args.engine + ".rank0"):
+                return e
+        return None
+
+    def write_status(self, **kw):
+        self.stats.update(kw, engine=self.args.engine, served=self.served, driver="native",
+                          time=time.time())
+        if self.args.status_file:
+            tmp = self.args.status_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.stats, f)
+            os.replace(tmp, self.args.status_file)
+
+    def swap(self, v):
+        """Serve @v: hold new requests, drain or abort those in flight, then
+        start, update {"version": v}, finish; resume on every path."""
+        t0 = time.monotonic_ns()
+        drained = None
+        update = {"version": v}
+        if self.args.low_memory:
+            update["mode"] = "in_place"
+        try:
+            try:
+                self.server.pause(self.args.inflight, timeout=self.args.drain_timeout)
+            except ServerGone as e:
+                if "timed out" not in str(e) or self.args.inflight == "abort":
+                    raise
+                log(f"requests in flight still running after {self.args.drain_timeout} s: "
+                    f"aborting them")
+                self.server.pause("abort", timeout=30.0)
+            drained = time.monotonic_ns()
+            self.server._req("POST", "/start_weight_update", {}, timeout=60.0)
+            self.server._req("POST", "/update_weights", {"update_info": update},
+                             timeout=self.args.rpc_timeout)
+            self.server._req("POST", "/finish_weight_update", {}, timeout=self.args.rpc_timeout)
+        except RpcError as e:
+            log(f"swap to {v} failed: {e}; still serving {self.served}")
+            self.write_status(state="swap-failed", reason=str(e))
+            return False
+        finally:
+            try:
+                self.server.resume()
+            except (ServerGone, RpcError) as e:
+                log(f"cannot resume the server: {e}")
+        t1 = time.monotonic_ns()
+        pause_us, drain_us = max(1, (t1 - t0) // 1000), (drained - t0) // 1000
+        self.served = v
+        self.write_status(state="idle", reason=None, last_swap_pause_us=pause_us,
+                          last_drain_us=drain_us, swaps=self.stats.get("swaps", 0) + 1)
+        log(f"serving {v} (requests held {pause_us / 1000:.1f} ms: drain "
+            f"{drain_us / 1000:.1f} ms)")
+        return True
+
+    def session(self):
+        """One life of the server: False when it has no backend "hwfs"."""
+        watch = self.mount.watch()  # an observer: the workers are the engine
+        try:
+            if not self.init():
+                return False
+            rec = self.record() or {}
+            self.served = rec.get("serving")
+            cur = watch.current
+            if cur and cur != self.served:
+                self.swap(cur)
+            self.write_status(state="idle")
+            last_check = time.monotonic()
+            while not STOP:
+                try:
+                    ev = watch.next(timeout=0.5)
+                except hwfs.StreamClosed:
+                    raise SystemExit(f"{PROG}: the hwfs daemon closed the event stream")
+                if ev is not None and ev.type == "current" and ev.version != self.served:
+                    self.swap(ev.version)
+                if time.monotonic() - last_check > self.args.check_interval:
+                    last_check = time.monotonic()
+                    if not self.server.healthy():
+                        raise ServerGone(f"{self.server.url} does not answer")
+                    if self.record() is None:  # restarted: registered no more
+                        raise ServerGone(f"{self.server.url} restarted")
+            return True
+        finally:
+            watch.close()
+
+
 STOP = False
 
 
@@ -325,6 +446,10 @@ def main(argv=None):
             continue
         waiting_since = None
         try:
+            if eng.native is None or eng.native:
+                eng.native = NativeDriver(args, eng.server, eng.mount).session() and True
+                if eng.native:
+                    continue
             eng.session()
         except ServerGone as e:
             log(f"{e}: unregistered; waiting for it to come back")

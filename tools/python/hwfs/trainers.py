@@ -297,10 +297,16 @@ def _remove_version(mnt, name):
         pass
 
 
+# The group of a process that runs no torch.distributed: itself alone.
+_SOLO = object()
+
+
 def _agree(err, group):
     """Every rank's error (None when fine) after a step: the first (rank,
     message) that is not None, the same on every rank.  A dead peer makes the
     collective raise: that is reported as an error too."""
+    if group is _SOLO:
+        return None if err is None else (0, err)
     out = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, err, group=group)
     for r, e in enumerate(out):
@@ -355,9 +361,15 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
     @version once every rank's writes are in; on any failure (a rank raising,
     or dying: its peers see the collective fail) it is removed and
     PublishError (or the collective's error) is raised on every live rank.
-    Returns the list of the version's file names."""
-    group = group if group is not None else dist.group.WORLD
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    Returns the list of the version's file names.
+
+    A process that runs no torch.distributed (none initialized, @group None)
+    publishes alone: rank 0 of a world of one, no collective."""
+    if group is None:
+        solo = not (dist.is_available() and dist.is_initialized())
+        group = _SOLO if solo else dist.group.WORLD
+    rank, world = (0, 1) if group is _SOLO else (dist.get_rank(group),
+                                                 dist.get_world_size(group))
     mnt, opened = (mount, False) if isinstance(mount, hwfs.Mount) else (hwfs.open(mount), True)
     vdir = os.path.join(mnt.mountpoint, "versions")
     tmp = None
@@ -369,12 +381,15 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
             err = None
             entries = []
             try:
-                granks = [dist.get_global_rank(group, r) for r in range(world)]
+                granks = [0] if group is _SOLO else \
+                    [dist.get_global_rank(group, r) for r in range(world)]
                 entries = [_Entry(str(k), v, granks) for k, v in state_dict.items()]
             except (TypeError, ValueError) as e:
                 err = str(e)
-            metas = [None] * world
-            dist.all_gather_object(metas, (err, [e.meta() for e in entries]), group=group)
+            metas = [(err, [e.meta() for e in entries])]
+            if group is not _SOLO:
+                metas = [None] * world
+                dist.all_gather_object(metas, (err, [e.meta() for e in entries]), group=group)
             for r, (e, _) in enumerate(metas):
                 if e is not None:
                     raise PublishError(f"publish {version}: rank {r}: {e}")
@@ -419,9 +434,10 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
                     _write_extra(os.path.join(vdir, tmp), files or {}, names, plan)
                 except Exception as e:  # noqa: BLE001  (reported to every rank)
                     err = f"{type(e).__name__}: {e}"
-            box = [tmp, err]
-            dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-            tmp, err = box
+            if group is not _SOLO:
+                box = [tmp, err]
+                dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+                tmp, err = box
             if err is not None:
                 raise PublishError(f"publish {version}: rank 0: {err}")
 

@@ -34,7 +34,10 @@ point); docs/engines.md, "vLLM's native weight-transfer API", is the manual.
   - commit-driven: the node's events reach the same code: a version that
     arrives, or that a commit prepares, is shadow-loaded and reported
     loaded (or refused with the reason: `hwfs commit` fails with it); at the
-    flip of `current` the worker swaps at once, between two forward passes.
+    flip of `current` the worker swaps at once, between two forward passes
+    (a request in flight ends on the new weights), or, with init_info
+    {"flip": "driver"}, leaves the swap to a driver that holds the requests
+    first and calls the routes: hwfs-vllm is that driver (_vllm_cli.py).
   Versions are known by their digest, not by name: a name removed and
   published again with other bytes is loaded again.
 """
@@ -146,6 +149,15 @@ class HwfsModelLoader(BaseModelLoader):
 class HwfsInitInfo(WeightTransferInitInfo):
     mount: str | None = None
     engine: str | None = None
+    # at a commit's flip: "self" swaps at once, between two forward passes
+    # (a request in flight then ends on the new weights); "driver" leaves the
+    # swap to finish_weight_update from a driver that holds the requests
+    # first (hwfs-vllm: /pause, start, update, finish, /resume: none mixed)
+    flip: str = "self"
+
+    def __post_init__(self):
+        if self.flip not in ("self", "driver"):
+            raise TypeError(f"init_info \"flip\" is \"self\" or \"driver\", not {self.flip!r}")
 
 
 @dataclass
@@ -277,6 +289,7 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
         self.watch = None
         self.watcher = None      # the thread reading the node's events
         self.session = None      # a native update: {"version": V, "state": ...}
+        self.flip = "self"       # who swaps at a commit's flip (HwfsInitInfo.flip)
         self.same_bytes = None   # a version named otherwise whose bytes are served
         self.stopping = False
         self.last = {}           # the last swap's timings
@@ -524,6 +537,14 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
                     pass  # reported
                 except OSError as e:
                     self._report("refused", v, reason=f"cannot load {v}: {e.strerror or e}")
+            elif ev.type == "current" and self.flip == "driver":
+                # the driver swaps (finish_weight_update): have v loaded for it
+                if v != st.served and not (st.shadow_version == v and
+                                           st.shadow_state in ("loading", "loaded")):
+                    try:
+                        self._want(v)
+                    except _Refused:
+                        pass  # reported; the driver's update says it again
             elif ev.type == "current":
                 if st.shadow_version == v and st.shadow_state in ("loading", "loaded"):
                     self._wait_loaded(v)
@@ -557,6 +578,8 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
         mount = init_info.mount or self.mount or os.environ.get("HWFS_MOUNT") or DEFAULT_MOUNT
         name = init_info.engine or (self.name and self.name.split(".rank")[0]) or \
             default_engine_name()
+        with self._held():
+            self.flip = init_info.flip
         try:
             self._register(mount, name)
         except OSError as e:
@@ -664,35 +687,108 @@ def worker_status(worker):
 
 @dataclass
 class HwfsTrainerInitInfo(TrainerInitInfo):
-    """What the trainer passes (every rank; rank 0 drives the server)."""
+    """What the trainer passes (every rank; rank 0 drives the servers).
+
+    mount: the trainer node's hwfs mount (default $HWFS_MOUNT, else /hotweights);
+    engine: the name the server registers under (default: the server's own);
+    in_place: servers load in place (no shadow copy; the engine loop waits);
+    drive: "routes" (start, update {"version"}, finish on the client's
+        server) or "commit" (`hwfs commit V`: every node's engines load V,
+        the commit waits for them, and `current` flips on every node);
+    prefix: the name of an unnamed round's version: PREFIX + a number;
+    files: other files of each version ({path in the version: bytes, str, or
+        a file to copy}: config.json, the tokenizer), so that a version is a
+        model directory vLLM can start from."""
     backend = "hwfs"
     mount: str | None = None
     engine: str | None = None
     in_place: bool = False
+    drive: str = "routes"
+    prefix: str = "step-"
+    files: dict | None = None
 
 
 class HwfsTrainerWeightTransferEngine(TrainerWeightTransferEngine[HwfsTrainerInitInfo]):
-    """The trainer side: publish a version to the mount (hwfs.torch.publish,
-    docs/trainers.md), then send_weights(version) drives the server's update:
-    start, update {"version"}, finish.  The weights never cross the wire: the
-    server maps them from the node's store."""
+    """The trainer side.  send_weights() publishes the trainer's weights as a
+    new version of the mount (hwfs.torch.publish, a collective: every rank
+    writes its own shards, DTensors included, no gather; only the bytes that
+    changed are new in the store, and only those travel to other nodes), then
+    rank 0 has the servers serve it: through the routes of the client's
+    server, or by `hwfs commit V` (every node, all or none).  The weights
+    never cross the client's wire: the servers map them from their node's
+    store.  send_weights(version) alone (no weights, no source) serves a
+    version already published."""
 
     init_info_cls = HwfsTrainerInitInfo
 
     @classmethod
     def trainer_init(cls, init_info, *, client, source=None):
+        if init_info.drive not in ("routes", "commit"):
+            raise ValueError(f"hwfs: drive is \"routes\" or \"commit\", not "
+                             f"{init_info.drive!r}")
         eng = cls(client=client, source=source, is_sender=init_info.is_sender)
         eng.info = init_info
-        if eng.is_sender:
+        eng.round = None  # the number of the last unnamed round
+        if eng.is_sender and client is not None:
             client.init_weight_transfer_engine({"mount": init_info.mount,
                                                 "engine": init_info.engine})
         return eng
 
-    def send_weights(self, version=None) -> None:
-        if version is None:
-            raise ValueError("hwfs: send_weights(version): the name of a version published "
-                             "on the mount (hwfs.torch.publish)")
-        if not self.is_sender:
+    def _mount(self):
+        return hwfs.open(self.info.mount or os.environ.get("HWFS_MOUNT") or DEFAULT_MOUNT)
+
+    def _next_version(self):
+        """PREFIX + the number after the highest of the mount's PREFIX<n>
+        (the same on every rank: rank 0's, when torch.distributed runs)."""
+        if self.round is None:
+            n = 0
+            if self.is_sender or not torch.distributed.is_initialized():
+                pat = re.compile(re.escape(self.info.prefix) + r"(\d+)$")
+                with self._mount() as m:
+                    n = max((int(x.group(1)) for v in m.versions()
+                             if (x := pat.match(v.name))), default=0)
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                box = [n]
+                torch.distributed.broadcast_object_list(box, src=0)
+                n = box[0]
+            self.round = n
+        self.round += 1
+        return f"{self.info.prefix}{self.round:06d}"
+
+    def send_weights(self, weights=None, version=None) -> None:
+        """Publish @weights (an nn.Module, a state dict, or (name, tensor)
+        pairs; default: the source given at trainer_init) as @version
+        (default PREFIX + the next number), then serve it.  With neither
+        weights nor a source, serve @version, already published.  Returns
+        the version's name."""
+        if isinstance(weights, str) and version is None:  # send_weights("v7")
+            weights, version = None, weights
+        if weights is None:
+            weights = self.source
+        if weights is None and version is None:
+            raise ValueError("hwfs: send_weights(weights, version): the weights to publish "
+                             "(or a source at trainer_init), or the name of a version "
+                             "published on the mount")
+        if weights is not None:
+            from hwfs.trainers import publish
+            if isinstance(weights, torch.nn.Module):
+                weights = weights.state_dict()
+            elif not hasattr(weights, "items"):
+                weights = dict(weights)
+            if version is None:
+                version = self._next_version()
+            with self._mount() as m:
+                publish(weights, version, m, files=self.info.files)
+        if self.is_sender:
+            self._serve(version)
+        return version
+
+    def _serve(self, version):
+        if self.info.drive == "commit":
+            with self._mount() as m:
+                r = m.call({"op": "commit", "version": version})
+            if not r.get("ok"):
+                raise RuntimeError(f"hwfs: commit {version}: {r.get('error') or r}")
             return
         upd = {"version": version}
         if self.info.in_place:
