@@ -190,7 +190,7 @@ def main():
         from hwfs.trl import HwfsWeightTransfer
         M.get_peak_flops_per_device = lambda *a, **k: None  # MFU asks CUDA
         wt = HwfsWeightTransfer(A.mnt, [(servers[0].url, A.mnt), (servers[1].url, B.mnt)],
-                                commit=True, pause_mode="wait", hwfs_cli=base.HWFS,
+                                commit=True, pause_mode="wait",
                                 files={f.name: f for f in stage.iterdir()
                                        if not f.name.endswith(".safetensors")})
         trainer = AsyncGRPOTrainer(

@@ -27,23 +27,8 @@ STAMP=$VENV/.hwfs-verl-stamp
 
 die() { echo "install-verl: error: $*" >&2; exit 1; }
 
-pkg_hash=$(cd "$ROOT" && find tools/python/hwfs tools/python/pyproject.toml -type f \
-	\( -name '*.py' -o -name '*.toml' \) -not -path '*/__pycache__/*' -print0 |
-	sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)
-want="verl[verl-core]==$VERL_VERSION python=$pkg_hash"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
-	exit 0
-fi
-
-"$PYTHON" -c 'import torch' 2>/dev/null ||
-	die "$PYTHON has no torch: run tools/install-deps.sh first (the venv reuses the system torch)"
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$VENV" ||
-	die "cannot make the venv $VENV"
-VPY=$VENV/bin/python
-log=$VENV/install.log
-: >"$log"
-pip() { "$VPY" -m pip install -q --disable-pip-version-check "$@" >>"$log" 2>&1 ||
-	{ tail -30 "$log" >&2; die "pip install $* failed (log: $log)"; }; }
+. "$ROOT/tools/venv_lib.sh"
+venv_begin "verl[verl-core]==$VERL_VERSION"
 
 SPEC="verl[verl-core]==$VERL_VERSION"
 if ! grep -qxF "$SPEC" "$VENV/.verl-installed" 2>/dev/null; then

@@ -153,28 +153,26 @@ def test_the_trainer_publishes_and_one_commit_moves_both_servers(cluster, tmp_pa
         path = tmp_path / f"round{i}.safetensors"
         save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(path))
         rounds.append(path)
+
+    def trainer_round(path, version):
+        """The trainer process publishes @path's tensors: @version, served everywhere."""
+        cp = subprocess.run([VPY, "-c", TRAINER, a.mnt, str(c.a.dirs["v1"]), str(path)],
+                            env=env(), capture_output=True, text=True, timeout=scaled(300))
+        assert cp.returncode == 0, cp.stderr[-3000:]
+        assert cp.stdout.split() == [version], cp.stdout
+        for n in c.nodes:
+            assert n.current() == (f"versions/{version}", version), n.current()
+            assert os.path.exists(n.vpath(version, "config.json"))
+            c.engine_is(n, f"vllm-{n.name}", serving=version)
+        for s in c.servers:
+            ids = s.complete()
+            assert c.ref(version).matches(ids), f"{s.url}: {ids}"
+
     before = json.loads(b.run("status", "--json").stdout)
-    cp = subprocess.run([VPY, "-c", TRAINER, a.mnt, str(c.a.dirs["v1"]), str(rounds[0])],
-                        env=env(), capture_output=True, text=True, timeout=scaled(300))
-    assert cp.returncode == 0, cp.stderr[-3000:]
-    assert cp.stdout.split() == ["step-000001"], cp.stdout
-    for n in c.nodes:
-        assert n.current() == ("versions/step-000001", "step-000001"), n.current()
-        assert os.path.exists(n.vpath("step-000001", "config.json"))
-        c.engine_is(n, f"vllm-{n.name}", serving="step-000001")
-    for s in c.servers:
-        ids = s.complete()
-        assert c.ref("step-000001").matches(ids), f"{s.url}: {ids}"
+    trainer_round(rounds[0], "step-000001")
     # the second round: its number follows the mount's; one tensor changed travels
     mid = json.loads(b.run("status", "--json").stdout)
-    cp = subprocess.run([VPY, "-c", TRAINER, a.mnt, str(c.a.dirs["v1"]), str(rounds[1])],
-                        env=env(), capture_output=True, text=True, timeout=scaled(300))
-    assert cp.returncode == 0, cp.stderr[-3000:]
-    assert cp.stdout.split() == ["step-000002"], cp.stdout
-    for n in c.nodes:
-        c.engine_is(n, f"vllm-{n.name}", serving="step-000002")
-    for s in c.servers:
-        assert c.ref("step-000002").matches(s.complete())
+    trainer_round(rounds[1], "step-000002")
     after = json.loads(b.run("status", "--json").stdout)
 
     def pulled(x, y):

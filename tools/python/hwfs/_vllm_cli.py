@@ -25,6 +25,7 @@ registers again when the server comes back after a restart.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -103,6 +104,35 @@ class Server:
     def resume(self):
         self._req("POST", "/resume", timeout=30.0)
 
+    @contextlib.contextmanager
+    def held(self, mode, drain_timeout):
+        """New requests held around the body (/pause?mode=@mode; "wait"
+        aborts what still runs after @drain_timeout seconds), /resume on
+        every path, a failed pause included."""
+        try:
+            try:
+                self.pause(mode, timeout=drain_timeout)
+            except ServerGone as e:
+                if "timed out" not in str(e) or mode == "abort":
+                    raise
+                log(f"requests in flight still running after {drain_timeout} s: aborting them")
+                self.pause("abort", timeout=30.0)
+            yield
+        finally:
+            try:
+                self.resume()
+            except (ServerGone, RpcError) as e:
+                log(f"cannot resume the server: {e}")
+
+
+def write_status_file(path, stats):
+    """@stats as JSON in @path (None: nowhere), replaced atomically."""
+    if path:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(stats, f)
+        os.replace(tmp, path)
+
 
 class Engine:
     def __init__(self, args):
@@ -121,11 +151,7 @@ class Engine:
     def write_status(self, **kw):
         self.stats.update(kw, engine=self.args.engine, served=self.served, shadow=self.loaded,
                           time=time.time())
-        if self.args.status_file:
-            tmp = self.args.status_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.stats, f)
-            os.replace(tmp, self.args.status_file)
+        write_status_file(self.args.status_file, self.stats)
 
     def report(self, what, version, reason=None, pause_us=0, **split):
         try:
@@ -176,36 +202,22 @@ class Engine:
         mode = self.args.inflight
         at = time.time()
         t0 = time.monotonic_ns()
-        drained = None
-        swap_us = None
         try:
-            try:
-                self.server.pause(mode, timeout=self.args.drain_timeout)
-            except ServerGone as e:
-                if "timed out" not in str(e) or mode == "abort":
-                    raise
-                log(f"requests in flight still running after {self.args.drain_timeout} s: "
-                    f"aborting them")
-                self.server.pause("abort", timeout=30.0)
-            drained = time.monotonic_ns()
-            if not self.attached:
-                r = self.server.rpc("hwfs_attach", mount=self.mnt, version=v)
-                self.attached = True
-            elif self.args.low_memory:
-                r = self.server.rpc("hwfs_load_inplace", mount=self.mnt, version=v)
-            else:
-                r = self.server.rpc("hwfs_swap", version=v, copy=self.args.copy_swap)
-            swap_us = max(int(x.get("swap_us") or round(x.get("load_s", 0) * 1e6) or 1)
-                          for x in r)
+            with self.server.held(mode, self.args.drain_timeout):
+                drained = time.monotonic_ns()
+                if not self.attached:
+                    r = self.server.rpc("hwfs_attach", mount=self.mnt, version=v)
+                    self.attached = True
+                elif self.args.low_memory:
+                    r = self.server.rpc("hwfs_load_inplace", mount=self.mnt, version=v)
+                else:
+                    r = self.server.rpc("hwfs_swap", version=v, copy=self.args.copy_swap)
+                swap_us = max(int(x.get("swap_us") or round(x.get("load_s", 0) * 1e6) or 1)
+                              for x in r)
         except RpcError as e:
             log(f"swap to {v} failed: {e}; still serving {self.served}")
             self.write_status(state="swap-failed", reason=str(e))
             return False
-        finally:
-            try:
-                self.server.resume()
-            except (ServerGone, RpcError) as e:
-                log(f"cannot resume the server: {e}")
         t3 = time.monotonic_ns()
         pause_us = max(1, (t3 - t0) // 1000)
         drain_us = (drained - t0) // 1000
@@ -318,43 +330,27 @@ class NativeDriver:
     def write_status(self, **kw):
         self.stats.update(kw, engine=self.args.engine, served=self.served, driver="native",
                           time=time.time())
-        if self.args.status_file:
-            tmp = self.args.status_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.stats, f)
-            os.replace(tmp, self.args.status_file)
+        write_status_file(self.args.status_file, self.stats)
 
     def swap(self, v):
         """Serve @v: hold new requests, drain or abort those in flight, then
         start, update {"version": v}, finish; resume on every path."""
         t0 = time.monotonic_ns()
-        drained = None
         update = {"version": v}
         if self.args.low_memory:
             update["mode"] = "in_place"
         try:
-            try:
-                self.server.pause(self.args.inflight, timeout=self.args.drain_timeout)
-            except ServerGone as e:
-                if "timed out" not in str(e) or self.args.inflight == "abort":
-                    raise
-                log(f"requests in flight still running after {self.args.drain_timeout} s: "
-                    f"aborting them")
-                self.server.pause("abort", timeout=30.0)
-            drained = time.monotonic_ns()
-            self.server._req("POST", "/start_weight_update", {}, timeout=60.0)
-            self.server._req("POST", "/update_weights", {"update_info": update},
-                             timeout=self.args.rpc_timeout)
-            self.server._req("POST", "/finish_weight_update", {}, timeout=self.args.rpc_timeout)
+            with self.server.held(self.args.inflight, self.args.drain_timeout):
+                drained = time.monotonic_ns()
+                self.server._req("POST", "/start_weight_update", {}, timeout=60.0)
+                self.server._req("POST", "/update_weights", {"update_info": update},
+                                 timeout=self.args.rpc_timeout)
+                self.server._req("POST", "/finish_weight_update", {},
+                                 timeout=self.args.rpc_timeout)
         except RpcError as e:
             log(f"swap to {v} failed: {e}; still serving {self.served}")
             self.write_status(state="swap-failed", reason=str(e))
             return False
-        finally:
-            try:
-                self.server.resume()
-            except (ServerGone, RpcError) as e:
-                log(f"cannot resume the server: {e}")
         t1 = time.monotonic_ns()
         pause_us, drain_us = max(1, (t1 - t0) // 1000), (drained - t0) // 1000
         self.served = v

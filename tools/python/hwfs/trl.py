@@ -49,8 +49,6 @@ sync: version, publish_s, sync_s, pause_s).
 
 import json
 import os
-import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -96,12 +94,12 @@ class HwfsWeightTransfer:
     @step_fn: the step number (None: the count of syncs).  @pause_mode: the
     `/pause` mode ("keep": in-flight requests wait and go on with the new
     weights, as TRL's client does; "wait": they finish first; "abort").
-    @hwfs_cli: the `hwfs` command (for @commit).  @timeout: seconds per HTTP
-    call and for the commit."""
+    @timeout: seconds per HTTP call, and for the servers' swaps after a
+    commit."""
 
     def __init__(self, mount=None, servers=(), *, engine=None, files=None, base=None,
                  commit=False, version_format=DEFAULT_FORMAT, step_fn=None,
-                 pause_mode="keep", hwfs_cli=None, timeout=300.0):
+                 pause_mode="keep", timeout=300.0):
         self.mount_path = mount or os.environ.get("HWFS_MOUNT") or "/hotweights"
         servers = [servers] if isinstance(servers, str) else list(servers)
         # (url, the mount of the server's node) or a url (the server is on @mount's node)
@@ -118,7 +116,6 @@ class HwfsWeightTransfer:
         self.version_format = version_format
         self.step_fn = step_fn
         self.pause_mode = pause_mode
-        self.hwfs_cli = hwfs_cli or os.environ.get("HWFS_CLI") or shutil.which("hwfs") or "hwfs"
         self.timeout = timeout
         self.syncs = 0
         self.last_version = None
@@ -171,19 +168,12 @@ class HwfsWeightTransfer:
         t1 = time.perf_counter()
         self.swap_started = t1
         if self.commit:
-            # the commit needs the version on every node: wait for it to arrive
-            # on the servers' nodes (replication from this one)
+            # a node the version has not reached yet answers the commit's
+            # PREPARE once it arrived (within the commit's deadline)
+            r = self._mnt.call({"op": "commit", "version": version})
+            if not r.get("ok"):
+                raise SyncError(f"hwfs commit {version} failed: {r.get('error') or r}")
             end = time.monotonic() + self.timeout
-            for m in sorted(set(self.server_mounts.values()) - {self.mount_path}):
-                while not os.path.isdir(os.path.join(m, "versions", version)):
-                    if time.monotonic() > end:
-                        raise SyncError(f"{version} did not reach {m} within {self.timeout:.0f} s")
-                    time.sleep(0.01)
-            cp = subprocess.run([self.hwfs_cli, "commit", version, "-m", self.mount_path],
-                                capture_output=True, text=True, timeout=self.timeout)
-            if cp.returncode != 0:
-                raise SyncError(f"hwfs commit {version} failed ({cp.returncode}): "
-                                f"{cp.stderr.strip() or cp.stdout.strip()}")
             for url in self.servers:  # each swaps as its node's flip reaches it
                 while self._weight_version(url) != version:
                     if time.monotonic() > end:

@@ -755,7 +755,7 @@ class HwfsTrainerWeightTransferEngine(TrainerWeightTransferEngine[HwfsTrainerIni
         self.round += 1
         return f"{self.info.prefix}{self.round:06d}"
 
-    def send_weights(self, weights=None, version=None) -> None:
+    def send_weights(self, weights=None, version=None) -> str:
         """Publish @weights (an nn.Module, a state dict, or (name, tensor)
         pairs; default: the source given at trainer_init) as @version
         (default PREFIX + the next number), then serve it.  With neither
