@@ -368,6 +368,8 @@ class NativeDriver:
                 return False
             rec = self.record() or {}
             self.served = rec.get("serving")
+            log(f"{self.server.url} runs the backend \"hwfs\", serving {self.served}: "
+                f"each flip of current is swapped through vLLM's routes")
             cur = watch.current
             if cur and cur != self.served:
                 self.swap(cur)

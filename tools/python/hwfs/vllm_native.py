@@ -800,11 +800,18 @@ class HwfsTrainerWeightTransferEngine(TrainerWeightTransferEngine[HwfsTrainerIni
 
 def _register_self():
     """--load-format hwfs, when this module was imported before hwfs.vllm_plugin
-    could register it (an import that began here reached vLLM's loader module)."""
+    could register it (an import that began here reached vLLM's loader module);
+    the backend "hwfs" on both factories, in any process that imports this
+    module: a trainer script is no vLLM process (vLLM's plugin loader does not
+    run there), and it imports HwfsTrainerInitInfo from here to name the
+    backend (WeightTransferTrainerFactory.trainer_init looks it up)."""
     from hwfs import vllm_plugin
     mod = sys.modules.get("vllm.model_executor.model_loader")
     if "load format" in vllm_plugin._registered and mod is not None:
         vllm_plugin._guarded("load format", vllm_plugin._register_loader, mod)
+    if "backend" not in vllm_plugin._registered:
+        vllm_plugin._registered.add("backend")
+        vllm_plugin._guarded("weight-transfer backend", vllm_plugin._register_backend)
 
 
 _register_self()
