@@ -332,6 +332,13 @@ PYTEST_VERL := PYTHONPATH=$(CURDIR)/tests$${PYTHONPATH:+:$$PYTHONPATH} $(CURDIR)
 test-verl: all verl-deps
 	$(PYTEST_VERL) tests/verl
 
+# The tests can fail: each tests/mutations/*.patch breaks one feature on
+# purpose and the test named in its header must fail (tests/mutations/run.sh;
+# a scratch worktree of HEAD, one rebuild per mutation; not part of make test).
+.PHONY: test-mutations
+test-mutations:
+	tests/mutations/run.sh
+
 # The disk-reload recipe and hwfs-vllm side by side, one ~700 MiB Llama, the
 # same client load (tools/bench_vllm.py; about ten minutes on 2 cores).
 .PHONY: bench-vllm
