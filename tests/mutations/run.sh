@@ -14,7 +14,8 @@
 # binary), `tsan` (make tsan; a unit binary of build-tsan/ under
 # ThreadSanitizer, whose report exits 66), `fuzz` (the command builds what it
 # needs: make fuzz-replay), `pytest` (make all; pytest with make test's
-# options on the test ids given).  Each patch is applied to a scratch
+# options on the test ids given), `vllm` (as pytest, with the repository's
+# build/venv-vllm: make vllm-deps first).  Each patch is applied to a scratch
 # worktree of HEAD, built, and its test run; the tree is restored before the
 # next.  A mutation is "caught" when the test fails, "MISSED" when it passes
 # (a test that cannot fail: the run fails), "no build" when the broken tree
@@ -55,6 +56,12 @@ for p in "$ROOT"/tests/mutations/*.patch; do
 	tsan) build="make -s -j$JOBS tsan" run="env TSAN_OPTIONS='$TSAN_OPTS' $cmd" ;;
 	fuzz) build=":" run="$cmd" ;;
 	pytest) build="make -s -j$JOBS all" run="env PYTHONPATH=$WT/tests $PYTEST $cmd" ;;
+	vllm)
+		# the repository's vLLM venv (make vllm-deps); the tests put the
+		# worktree's tools/python first on the servers' and hwfs-vllm's path
+		build="make -s -j$JOBS all && test -x $ROOT/build/venv-vllm/bin/python"
+		run="env PYTHONPATH=$WT/tests HWFS_VLLM_VENV=$ROOT/build/venv-vllm $PYTEST $cmd"
+		;;
 	*)
 		printf '%-30s %-8s %s\n' "$name" "bad kind" "$spec"
 		bad=1
