@@ -440,13 +440,24 @@ static void on_result(struct agent *a, struct proto_msg *m)
 	pthread_mutex_unlock(&a->mu);
 }
 
-/* Queued work from other threads: seal announcements and calls. */
+/*
+ * Queued work from other threads: seal announcements and calls.  The calls'
+ * requests are made under the lock (a caller that times out takes its call
+ * back) and sent after the announcements: a version is sealed before its
+ * publisher can ask to commit it, and the coordinator refuses a commit of a
+ * version no node has announced, so the ANNOUNCE must go first when both
+ * wait in the same drain.
+ */
 static void drain_queues(struct agent *a)
 {
 	char buf[64];
 	char **sealed;
-	size_t n;
+	size_t n, n_out = 0;
 	struct call *calls;
+	struct {
+		enum proto_type t;
+		json_t *body;
+	} *out = NULL;
 
 	while (read(a->pipe[0], buf, sizeof(buf)) > 0)
 		;
@@ -457,22 +468,27 @@ static void drain_queues(struct agent *a)
 	a->n_sealed = 0;
 	calls = a->calls_new;
 	a->calls_new = NULL;
-	for (struct call *c = calls; c; c = c->next) {
+	for (struct call *c = calls; c; c = c->next)
+		n_out++;
+	out = n_out ? calloc(n_out, sizeof(*out)) : NULL;
+	n_out = 0;
+	for (struct call *c = calls; c && out; c = c->next) {
 		const char *op = json_string_value(json_object_get(c->req, "op"));
 
 		c->id = ++a->next_req;
-		if (op && !strcmp(op, "commit"))
-			agent_send_coord(a, P_COMMIT_REQ,
-					 json_pack("{s:I, s:O, s:i}", "req", (json_int_t)c->id,
-						   "version", json_object_get(c->req, "version"),
-						   "deadline_ms",
-						   (json_int_t)hwfs_tun.commit_deadline_ms),
-					 NULL, 0);
-		else
-			agent_send_coord(a, P_STATUS_REQ, json_pack("{s:I}", "req", (json_int_t)c->id), NULL,
-				   0);
+		if (op && !strcmp(op, "commit")) {
+			out[n_out].t = P_COMMIT_REQ;
+			out[n_out].body = json_pack("{s:I, s:O, s:i}", "req", (json_int_t)c->id,
+						    "version", json_object_get(c->req, "version"),
+						    "deadline_ms",
+						    (json_int_t)hwfs_tun.commit_deadline_ms);
+		} else {
+			out[n_out].t = P_STATUS_REQ;
+			out[n_out].body = json_pack("{s:I}", "req", (json_int_t)c->id);
+		}
+		n_out++;
 	}
-	while (calls) {
+	while (calls) { /* unsent ones (no memory) time out at their caller */
 		struct call *c = calls;
 
 		calls = c->next;
@@ -486,6 +502,9 @@ static void drain_queues(struct agent *a)
 		free(sealed[i]);
 	}
 	free(sealed);
+	for (size_t i = 0; i < n_out; i++)
+		agent_send_coord(a, out[i].t, out[i].body, NULL, 0);
+	free(out);
 }
 
 /* ------------------------------------------------------------- the loop */
