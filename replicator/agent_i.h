@@ -35,7 +35,7 @@
 #define HANDLE_BURST 256      /* messages taken from one socket before looking at the others */
 #define BADMSG_LOG_GAP_S 10.0 /* at most one "malformed message" line this often (a v1 peer) */
 #define DCACHE_MAX_ENTRIES 65536 /* deltas (and "not worth it" marks) kept, whatever their bytes */
-#define DELTA_PROBES 64          /* windows few_changed() looks at before encoding a shard */
+#define DELTA_PROBES 64          /* windows worth_encoding() encodes as a sample first */
 #define DELTA_PROBE_BYTES 4096   /* bytes of each (a multiple of every element width) */
 #define ENCODE_WAIT_MAX 4096     /* requests waiting on encodes; more are answered whole */
 #define AHEAD_CANDIDATES 8       /* newest versions here encode-ahead compares (as pick_base()) */

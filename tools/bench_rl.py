@@ -141,7 +141,9 @@ class Server(tn.NativeServer):
     def __init__(self, model_dir, log, engine):
         self.port = tv.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        e = dict(tv.env(), HWFS_ENGINE=engine)
+        # two servers on one machine: vLLM's CPU backend would pin both
+        # workers (and the hwfs backend's threads in them) to core 0
+        e = dict(tv.env(), HWFS_ENGINE=engine, VLLM_CPU_OMP_THREADS_BIND="nobind")
         tv.Proc.__init__(self, [tv.VPY, "-m", "vllm.entrypoints.openai.api_server",
                                 "--model", model_dir, "--served-model-name", tn.MODEL,
                                 "--host", "127.0.0.1", "--port", self.port, "--load-format", "hwfs",
@@ -200,6 +202,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--json", help="write one row per step to FILE")
+    ap.add_argument("--logs", metavar="DIR",
+                    help="keep the servers', daemons' and coordinator's logs in DIR")
     args = ap.parse_args()
     # SIGTERM (timeout, an impatient caller): unwind, so the servers and the
     # daemons started here are stopped and the mounts unmounted
@@ -342,8 +346,23 @@ def main():
         for s in servers:
             if s.alive():
                 s.kill()
+        if args.logs:
+            keep_logs(Path(args.logs), top, cl)
         cl.stop()
         shutil.rmtree(top, ignore_errors=True)
+
+
+def keep_logs(dest, top, cl):
+    """Copy the servers' logs, each node's daemon log and the coordinator's to @dest."""
+    dest.mkdir(parents=True, exist_ok=True)
+    pairs = [(p, p.name) for p in top.glob("server-*.log")]
+    pairs += [(Path(n.store) / "hwfs.log", f"node-{n.name}.log") for n in cl]
+    pairs.append((Path(cl.coord.logpath), "coord.log"))
+    for src, name in pairs:
+        try:
+            shutil.copy(src, dest / name)
+        except OSError as e:
+            print(f"bench_rl: {src} not kept: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

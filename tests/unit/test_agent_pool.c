@@ -380,6 +380,51 @@ static void test_rebuild_of_a_wrong_delta_stages_nothing(void **state)
 	free(ob);
 }
 
+/*
+ * Every element changed, in its low bits only (an RL step at a high
+ * learning rate on bf16 weights): the XOR compresses, so the delta is worth
+ * sending and the look before encoding must not refuse it (counting changed
+ * elements did: more than half differ).
+ */
+static void test_a_dense_update_whose_xor_compresses_is_encoded(void **state)
+{
+	struct fx *f = *state;
+	uint8_t *b = malloc(LEN), *n = malloc(LEN), *out = malloc(LEN);
+	struct delta_ctx *cx = delta_ctx_new(1);
+	struct shard *bsh, *sh;
+	struct pool_job *e = calloc(1, sizeof(*e)), *j;
+	char err[160];
+
+	assert_non_null(b);
+	assert_non_null(n);
+	assert_non_null(out);
+	assert_non_null(e);
+	fill(b, LEN, 3);
+	memcpy(n, b, LEN);
+	for (size_t i = 0; i < LEN; i += 2) /* the low mantissa bit of every bf16 */
+		n[i] ^= 1;
+	bsh = mk_shard(f->s, b, LEN);
+	sh = mk_shard(f->s, n, LEN);
+	store_ref(f->s, bsh);
+	store_ref(f->s, sh);
+	*e = (struct pool_job){.kind = POOL_ENCODE, .id = 1, .bsh = bsh, .sh = sh,
+			       .base = bsh->hash, .hash = sh->hash, .width = 2, .size = LEN};
+	pool_submit(f->p, e);
+	j = wait_done(f->p, 1);
+	assert_int_equal(j->r, 0);
+	assert_true(j->enc_len > DELTA_HDR && j->enc_len < LEN / 8);
+	assert_int_equal(delta_decode(cx, b, LEN, j->enc, j->enc_len, out, err, sizeof(err)), 0);
+	assert_memory_equal(out, n, LEN);
+	assert_int_equal(f->ds.encoded, 1);
+	pool_job_free(f->s, j);
+	delta_ctx_free(cx);
+	store_unref(f->s, sh);
+	store_unref(f->s, bsh);
+	free(b);
+	free(n);
+	free(out);
+}
+
 static void test_encode_and_not_worth_it(void **state)
 {
 	struct fx *f = *state;
@@ -415,7 +460,7 @@ static void test_encode_and_not_worth_it(void **state)
 				      err, sizeof(err)),
 			 0);
 	assert_memory_equal(out, n, LEN);
-	assert_int_equal(k->r, -E2BIG); /* every element differs: the probe says so, no encode */
+	assert_int_equal(k->r, -E2BIG); /* new random bits: the sample's delta says so, no encode */
 	assert_null(k->enc);
 	assert_int_equal(f->ds.encoded, 1);
 	assert_int_equal(f->ds.ahead_encoded, 1);
@@ -605,6 +650,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_rebuild_of_a_wrong_delta_stages_nothing,
 						fx_setup_prealloc, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_encode_and_not_worth_it, fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_a_dense_update_whose_xor_compresses_is_encoded,
+						fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_cancelled_jobs_do_not_run_and_many_come_back,
 						fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_jobs_cancelled_while_queued_are_never_encoded,
