@@ -622,7 +622,7 @@ int proto_version_name_ok(const char *s)
 {
 	size_t n = s ? strlen(s) : 0;
 
-	return n >= 1 && n <= PROTO_MAX_VERSION_NAME && !hwfs_has_controls(s);
+	return n >= 1 && n <= HWFS_NAME_MAX && !hwfs_has_controls(s);
 }
 
 /* @v if it is a plausible version name (proto_version_name_ok()), else NULL. */

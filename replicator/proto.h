@@ -38,7 +38,6 @@
 #define PROTO_MAX_ARRAY 65536      /* entries in an array field other than "hashes" */
 #define PROTO_MAX_INT (1ull << 53) /* largest int field (exact in a double) */
 #define PROTO_MAX_ENGINES 64       /* HELLO.engines entries a coordinator keeps per node */
-#define PROTO_MAX_VERSION_NAME 255 /* longest version name (fs/ns/ns_tree.c, valid_name) */
 
 enum proto_type {
 	P_HELLO = 1,
@@ -127,7 +126,7 @@ int proto_hash(const struct proto_msg *m, const char *key, hwfs_hash_t *out);
 
 /**
  * proto_version_name_ok() - is @s (NULL: no) a plausible version name as a
- * peer sends one: 1-PROTO_MAX_VERSION_NAME bytes, no control character
+ * peer sends one: 1-HWFS_NAME_MAX bytes, no control character
  * (hwfs_has_controls())?  Returns 1 or 0.
  */
 int proto_version_name_ok(const char *s);

@@ -194,8 +194,8 @@ static const char *jshown(json_t *o, const char *k)
 static const char *version_arg(const char *v)
 {
 	if (!hwfs_valid_name(v))
-		die("invalid version name '%s' (1-255 bytes of UTF-8, no '/', no control "
-		    "character, not . or ..)", shown(v));
+		die("invalid version name '%s' (1-%d bytes of UTF-8, no '/', no control "
+		    "character, not . or ..)", shown(v), HWFS_NAME_MAX);
 	return v;
 }
 

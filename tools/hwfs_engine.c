@@ -61,7 +61,7 @@
 #define MAX_CLIENTS 64    /* connections served at once; more wait in the backlog */
 #define REQUEST_MAX 4096  /* longest request line; a longer one closes the connection */
 #define REASON_MAX 512    /* longest refusal reason */
-#define VERSION_NAME_MAX 256 /* a version name and its NUL (struct hwfs_event's version) */
+#define VERSION_NAME_MAX sizeof(((struct hwfs_event *)0)->version) /* a name and its NUL */
 #define ESCAPED_MAX (6 * VERSION_NAME_MAX) /* a name as a JSON string body: "\\u00XX" per byte at most */
 #define ANSWER_MAX (ESCAPED_MAX + 256) /* longest answer line */
 

@@ -181,8 +181,6 @@ int64_t hwfs_now_ns(void);
 uint64_t hwfs_mono_ns(void);
 /** Monotonic clock in seconds. */
 double hwfs_mono_s(void);
-/** xmalloc-style helpers: abort on OOM is NOT used; these return NULL like malloc. */
-char *hwfs_strdup(const char *s);
 
 #define HWFS_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define HWFS_MIN(a, b) ((a) < (b) ? (a) : (b))

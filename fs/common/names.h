@@ -16,9 +16,13 @@
 
 #include "hwfs_common.h"
 
-/* Longest engine name, and its alphabet (docs/engines.md). */
-/* The longest file or version name, in bytes (NAME_MAX of the kernel). */
+/*
+ * The longest file or version name, in bytes (NAME_MAX of the kernel): the
+ * one limit the namespace, the manifest, the wire, the library and the CLI
+ * check.
+ */
 #define HWFS_NAME_MAX 255
+/* Longest engine name, and its alphabet (docs/engines.md). */
 #define HWFS_ENGINE_NAME_MAX 64
 /* Longest refusal reason kept from an engine's report (longer ones are cut). */
 #define HWFS_ENGINE_REASON_MAX 512

@@ -333,8 +333,3 @@ double hwfs_mono_s(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
-
-char *hwfs_strdup(const char *s)
-{
-	return s ? strdup(s) : NULL;
-}

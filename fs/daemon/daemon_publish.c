@@ -305,8 +305,8 @@ static json_t *publish(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		return daemon_err_reply(EINVAL, "publish: missing source or version");
 	/* before anything is read: a name the namespace would refuse at the very end */
 	if (!hwfs_valid_name(v))
-		return daemon_err_reply(EINVAL, "invalid version name (1-255 bytes of UTF-8, no '/', "
-				 "no control character, not . or ..)");
+		return daemon_err_reply(EINVAL, "invalid version name (1-%d bytes of UTF-8, no '/', "
+				 "no control character, not . or ..)", HWFS_NAME_MAX);
 	if (ns_hidden_name(v))
 		return daemon_err_reply(EINVAL, "invalid version name: %s", v);
 	r = cred_enter(peer, &cred);

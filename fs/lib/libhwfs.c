@@ -54,7 +54,7 @@ int lib_valid_name(const char *name)
 {
 	size_t n = name ? strlen(name) : 0;
 
-	if (n == 0 || n > LIB_NAME_MAX || !strcmp(name, ".") || !strcmp(name, ".."))
+	if (n == 0 || n > HWFS_NAME_MAX || !strcmp(name, ".") || !strcmp(name, ".."))
 		return 0;
 	for (const unsigned char *p = (const unsigned char *)name; *p; p++)
 		if (*p == '/' || *p < 0x20 || *p == 0x7f)

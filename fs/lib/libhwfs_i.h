@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 
 #include "hwfs_api.h"
+#include "names.h" /* HWFS_NAME_MAX */
 
 /* the mount point hwfs_open() resolves when given none and HWFS_MOUNT is unset */
 #define LIB_DEFAULT_MOUNT "/hotweights"
@@ -19,7 +20,6 @@
 /* longest error sentence kept per thread */
 #define LIB_ERRMSG_MAX 1024
 /* longest version name (and file path component) the daemon may send, in bytes */
-#define LIB_NAME_MAX 255
 
 struct hwfs {
 	char *mount; /* absolute, no trailing slash */

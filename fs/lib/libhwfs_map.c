@@ -74,7 +74,7 @@ int lib_parse_hash(const char *hex, uint8_t out[16])
 /* No "", ".", ".." or control character in any component (lib_valid_name). */
 int lib_valid_file_path(const char *path)
 {
-	char comp[LIB_NAME_MAX + 1];
+	char comp[HWFS_NAME_MAX + 1];
 
 	if (!path || !*path)
 		return 0;
@@ -82,7 +82,7 @@ int lib_valid_file_path(const char *path)
 		const char *slash = strchr(p, '/');
 		size_t n = slash ? (size_t)(slash - p) : strlen(p);
 
-		if (n > LIB_NAME_MAX)
+		if (n > HWFS_NAME_MAX)
 			return 0;
 		memcpy(comp, p, n);
 		comp[n] = '\0';

@@ -47,11 +47,11 @@
 #include <jansson.h>
 
 #include "manifest.h"
+#include "names.h"
 
 #define MF_MAX_ENTRIES (1u << 20)
 #define MF_MAX_NDIM 32
 #define MF_MAX_PATH 4095
-#define MF_MAX_NAME 255
 
 /* ------------------------------------------------------------------ */
 /* encoding                                                            */
@@ -548,9 +548,9 @@ static int check_path(struct pctx *c, const char *where, const char *p, size_t l
 				return fail(c, "%s: empty path component", where);
 			if ((n == 1 && comp[0] == '.') || (n == 2 && comp[0] == '.' && comp[1] == '.'))
 				return fail(c, "%s: \".\" or \"..\" in path", where);
-			if (n > MF_MAX_NAME)
+			if (n > HWFS_NAME_MAX)
 				return fail(c, "%s: path component longer than %d bytes", where,
-					    MF_MAX_NAME);
+					    HWFS_NAME_MAX);
 			if (!*q)
 				break;
 			comp = q + 1;
@@ -561,8 +561,8 @@ static int check_path(struct pctx *c, const char *where, const char *p, size_t l
 
 static int check_version_name(struct pctx *c, const char *s, size_t len)
 {
-	if (len == 0 || len > MF_MAX_NAME)
-		return fail(c, "version name must be 1..%d bytes", MF_MAX_NAME);
+	if (len == 0 || len > HWFS_NAME_MAX)
+		return fail(c, "version name must be 1..%d bytes", HWFS_NAME_MAX);
 	if (strchr(s, '/') || strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
 		return fail(c, "version name is not usable as a directory name");
 	for (const char *p = s; *p; p++)

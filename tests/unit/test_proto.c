@@ -438,7 +438,7 @@ static void test_hello_applied(void **state)
 /* What a coordinator keeps of a node's version names and of HELLO.engines. */
 static void test_hello_engines(void **state)
 {
-	char big[PROTO_MAX_VERSION_NAME + 2];
+	char big[HWFS_NAME_MAX + 2];
 	json_t *in, *out, *e;
 
 	assert_true(proto_version_name_ok("v1"));
@@ -448,7 +448,7 @@ static void test_hello_engines(void **state)
 	memset(big, 'a', sizeof(big) - 1);
 	big[sizeof(big) - 1] = '\0';
 	assert_false(proto_version_name_ok(big));
-	big[PROTO_MAX_VERSION_NAME] = '\0';
+	big[HWFS_NAME_MAX] = '\0';
 	assert_true(proto_version_name_ok(big));
 
 	in = json_pack("[{s:s, s:i, s:s, s:s, s:s, s:i}, {s:s}, {s:s, s:i, s:s}]", "name", "e1",
