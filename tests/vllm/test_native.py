@@ -108,9 +108,9 @@ class Ref:
 
 
 class NativeServer(Proc):
-    def __init__(self, model_dir, log, engine=ENGINE, slow_load=True, **environ):
+    def __init__(self, model_dir, log, engine=ENGINE, slow_load=True, args=(), **environ):
         """@slow_load: shadow-loads in slices of SLICE_MIB, SLICE_PAUSE apart;
-        @environ: more of the server's environment."""
+        @args: more of vLLM's command line; @environ: more of its environment."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         e = dict(env(), HWFS_ENGINE=engine, **environ)
@@ -121,7 +121,8 @@ class NativeServer(Proc):
                           "--port", self.port, "--load-format", "hwfs",
                           "--weight-transfer-config", '{"backend": "hwfs"}',
                           "--enforce-eager", "--dtype", "float32", "--max-model-len", "256",
-                          "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(256 << 20)],
+                          "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(256 << 20),
+                          *args],
                          log, e)
         self.t0 = time.monotonic()
 
