@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 import hwfs
+from hwfs.dtypes import st_dtype
 
 log = logging.getLogger("hwfs.trainers")
 
@@ -44,28 +45,10 @@ DEFAULT_MAX_FILE_BYTES = 4 << 30
 # The most bytes one write copies out of a non-contiguous or device shard at a time.
 WRITE_BUF_BYTES = 64 << 20
 
-_ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}
-for _name, _st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
-                   ("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")):
-    if hasattr(torch, _name):
-        _ST_DTYPES[getattr(torch, _name)] = _st
-
 
 class PublishError(RuntimeError):
     """publish() failed on some rank; the version was not made (and its
     partial files were removed).  The message says which rank and why."""
-
-
-def st_dtype(dt):
-    """The safetensors dtype string of torch dtype @dt (TypeError when none)."""
-    try:
-        return _ST_DTYPES[dt]
-    except KeyError:
-        raise TypeError(f"torch dtype {dt} has no safetensors dtype") from None
 
 
 def _is_dtensor(t):
