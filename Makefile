@@ -199,7 +199,8 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhwfs-core.a
 # helper (SBINDIR/mount.hwfs, a link to hwfs), the systemd units (UNITDIR),
 # the man pages (MANDIR), libhwfs, its
 # header and pkg-config file (hwfs.pc.in with PREFIX filled in), and the
-# Python package (tools/python/hwfs), told where the library is by a
+# Python package (tools/python/hwfs, with the split rules fs/ns/tp_rules.def
+# that hwfs/partition.py reads), told where the library is by a
 # generated _libdir.py, in the site directory PYTHON uses for PREFIX
 # (tools/python_dir.py: a directory of its sys.path under PREFIX/lib, else its
 # posix_prefix purelib for PREFIX; PYDIR=... overrides); it prints where, and
@@ -244,6 +245,7 @@ install: all
 		set -e; rm -rf $(DESTDIR)$(PYDIR); install -d $(DESTDIR)$(PYDIR); \
 		(cd tools/python/hwfs && find . -name __pycache__ -prune -o -type f -print) | \
 		while read -r f; do install -D -m 0644 "tools/python/hwfs/$$f" "$(DESTDIR)$(PYDIR)/$$f"; done; \
+		install -m 0644 fs/ns/tp_rules.def $(DESTDIR)$(PYDIR)/tp_rules.def; \
 		printf '# written by make install: where libhwfs.so.1 is\nLIBDIR = "%s"\n' \
 			'$(PREFIX)/lib' > $(DESTDIR)$(PYDIR)/_libdir.py; \
 		echo "installed the Python package in $(DESTDIR)$(PYDIR)"; \

@@ -133,26 +133,32 @@ static int expert_index(const char *name)
 }
 
 /*
- * The built-in rule for tensor @t: column-parallel q/k/v/gate/up, the
- * embeddings and lm_head on dim 0; row-parallel o/down (their weights) on dim
- * 1; MoE experts whole; everything else (norms, routers, biases of row-parallel
- * layers, rotary tables) replicated.
+ * The built-in rule for tensor @t: MoE experts whole; otherwise the first row
+ * of tp_rules.def (the table the Python package reads too) whose component
+ * the name holds: split on that row's dim when @t has more dims and its name
+ * ends with the row's suffix, else replicated (column-parallel q/k/v/gate/up,
+ * the embeddings and lm_head on dim 0; row-parallel o/down weights on dim 1);
+ * everything else (norms, routers, biases of row-parallel layers, rotary
+ * tables) replicated.
  */
 static enum tp_kind tp_rule(const struct hwfs_trec *t)
 {
-	static const char *const dim0[] = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj",
-					   "embed_tokens", "lm_head", "w1", "w3"};
-	static const char *const dim1[] = {"o_proj", "down_proj", "w2"};
+	static const struct {
+		uint32_t dim; /* 0 or 1 */
+		const char *comp, *suffix;
+	} split[] = {
+#define TP_SPLIT(dim, comp, suffix) {dim, comp, suffix},
+#include "tp_rules.def"
+#undef TP_SPLIT
+	};
 
 	if (expert_index(t->name) >= 0)
 		return TP_EXPERT;
-	for (size_t i = 0; i < HWFS_ARRAY_SIZE(dim0); i++)
-		if (has_comp(t->name, dim0[i]))
-			return t->ndim >= 1 ? TP_DIM0 : TP_REPLICATE;
-	for (size_t i = 0; i < HWFS_ARRAY_SIZE(dim1); i++)
-		if (has_comp(t->name, dim1[i]))
-			return t->ndim >= 2 && ns_ends_with(t->name, ".weight") ? TP_DIM1
-									     : TP_REPLICATE;
+	for (size_t i = 0; i < HWFS_ARRAY_SIZE(split); i++)
+		if (has_comp(t->name, split[i].comp))
+			return t->ndim > split[i].dim && ns_ends_with(t->name, split[i].suffix)
+				       ? (split[i].dim ? TP_DIM1 : TP_DIM0)
+				       : TP_REPLICATE;
 	return TP_REPLICATE;
 }
 

@@ -4,7 +4,9 @@ The package carries its own libhwfs (hwfs/libhwfs.so.1), built here from the
 C sources of the client library, with the flags and the version script of the
 repository's Makefile (CLIENT_OBJS, the libhwfs.so rule, INC_LIB), so that
 `pip install ./tools/python` works in any environment without `make install`
-or HWFS_LIBRARY.  The metadata is in pyproject.toml.
+or HWFS_LIBRARY.  It carries the tensor-parallel split rules of the daemon
+too (fs/ns/tp_rules.def, as hwfs/tp_rules.def: hwfs/partition.py reads them).
+The metadata is in pyproject.toml.
 
 Where the C sources come from:
   * csrc/ next to this file, when it exists: an sdist (the sdist command below
@@ -52,6 +54,10 @@ C_GLOBS = ("fs/lib",)  # every .c and .h of these folders, and the version scrip
 C_FILES = ("fs/common/ctl.c", "fs/common/ctl.h", "fs/common/util.c", "fs/common/hwfs_common.h",
            "gpu/cudart.c", "gpu/cudart.h", "include/hwfs.h")
 VERSION_SCRIPT = "fs/lib/libhwfs.map"
+# Data files of the repository the package carries beside its modules, and their
+# name there: the tensor-parallel split rules the daemon compiles in and
+# hwfs/partition.py reads (in an sdist under csrc/ too).
+PACKAGE_DATA = {"fs/ns/tp_rules.def": "tp_rules.def"}
 INC_LIB = ("include", "fs/common", "gpu", "fs/lib")  # the Makefile's INC_LIB
 CLIENT_PKGS = ("jansson", "libxxhash")  # the Makefile's CLIENT_PKGS
 # The Makefile's REQ_CFLAGS (-Werror only for a build from the repository: an
@@ -69,7 +75,7 @@ def source_files(root):
         for f in sorted(os.listdir(os.path.join(root, d))):
             if f.endswith((".c", ".h", ".map")):
                 out.append(f"{d}/{f}")
-    return out + list(C_FILES)
+    return out + list(C_FILES) + list(PACKAGE_DATA)
 
 
 def source_root():
@@ -163,15 +169,18 @@ class BuildLibhwfs:
 
 
 class build_py_with_lib(build_py):
-    """build_py, then hwfs/libhwfs.so.1 into the build tree beside the modules."""
+    """build_py, then hwfs/libhwfs.so.1 and PACKAGE_DATA into the build tree
+    beside the modules."""
 
     def run(self):
         super().run()
         if getattr(self, "editable_mode", False):
-            return  # pip install -e: the package finds the repository's build/ instead
+            return  # pip install -e: the package finds the repository's build/ and fs/ instead
         root, from_repo = source_root()
         dest = os.path.join(self.build_lib, "hwfs", LIBNAME)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
+        for rel, name in PACKAGE_DATA.items():
+            shutil.copyfile(os.path.join(root, rel), os.path.join(self.build_lib, "hwfs", name))
         with tempfile.TemporaryDirectory(prefix="hwfs-build-") as tmp:
             BuildLibhwfs(root, from_repo, tmp).build(dest)
 
@@ -179,7 +188,8 @@ class build_py_with_lib(build_py):
         out = super().get_outputs(include_bytecode)
         if getattr(self, "editable_mode", False):
             return out
-        return out + [os.path.join(self.build_lib, "hwfs", LIBNAME)]
+        return out + [os.path.join(self.build_lib, "hwfs", n)
+                      for n in (LIBNAME, *PACKAGE_DATA.values())]
 
 
 class sdist_with_csrc(sdist):

@@ -179,3 +179,15 @@ def check(rc, what):
         err = -rc
         raise OSError(err, f"{what}: {msg or os.strerror(err)}")
     return rc
+
+
+def cstr(value, what):
+    """@value as the NUL-terminated bytes libhwfs takes: bytes as they are,
+    anything else as str(value) in UTF-8.  Every name, path, reason and
+    request handed to libhwfs goes through here: C reads a string up to its
+    first NUL, so 'v1\\x00x' would be taken for 'v1'.  Raises ValueError
+    (naming @what) when @value holds a NUL."""
+    b = value if isinstance(value, bytes) else str(value).encode()
+    if b"\0" in b:
+        raise ValueError(f"{what} {value!r} holds a NUL character")
+    return b

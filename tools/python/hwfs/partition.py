@@ -15,6 +15,10 @@ object, fnmatch pattern -> 0, 1, "replicate" or "expert", the first matching
 pattern in file order wins), else from the built-in rules for
 Llama/Qwen/Mistral/Mixtral names (rule()).  A size that does not divide a
 split tensor raises ValueError naming it, with the daemon's words.
+
+The built-in rules are not written here: they are the table fs/ns/tp_rules.def,
+the one the daemon compiles in, read at import (SPLIT) from the copy installed
+beside this file, else from the repository this package sits in.
 """
 
 import fnmatch
@@ -22,14 +26,48 @@ import json
 import os
 import re
 
-from hwfs import Mapping
+from .mapping import Mapping
 
 __all__ = ["rule", "expert_index", "rules_for", "TPMapping", "PARTITION_FILE"]
 
 PARTITION_FILE = "hwfs-partition.json"
-_DIM0 = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head", "w1", "w3")
-_DIM1 = ("o_proj", "down_proj", "w2")
+RULES_FILE = "tp_rules.def"
 _EXPERT = re.compile(r"(?:^|\.)experts\.(\d+)(?:\.|$)")
+_ROW = re.compile(r'TP_SPLIT\((\d+), "([^"\\]*)", "([^"\\]*)"\)\s*$')
+
+
+def _rules_path():
+    """Where tp_rules.def is: beside this file (pip, make install), else in
+    the repository (tools/python/hwfs -> fs/ns)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    tried = [os.path.join(here, RULES_FILE),
+             os.path.normpath(os.path.join(here, "..", "..", "..", "fs", "ns", RULES_FILE))]
+    for p in tried:
+        if os.path.isfile(p):
+            return p
+    raise ImportError(f"hwfs.partition: the split rules {RULES_FILE} are missing (looked in "
+                      f"{' and '.join(tried)}): reinstall the package")
+
+
+def _read_rules(path):
+    """The TP_SPLIT rows of @path: a tuple of (component, dim, suffix), in file order."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if not line.startswith("TP_SPLIT("):
+                continue
+            m = _ROW.match(line)
+            if not m or m.group(1) not in ("0", "1"):
+                raise ImportError(f"{path}: not a TP_SPLIT(0|1, \"component\", \"suffix\") "
+                                  f"row: {line.strip()}")
+            rows.append((m.group(2), int(m.group(1)), m.group(3)))
+    if not rows:
+        raise ImportError(f"{path}: no TP_SPLIT row")
+    return tuple(rows)
+
+
+# The built-in rows: (component, dim, suffix), the first whose component a name holds decides.
+SPLIT = _read_rules(_rules_path())
 
 
 def expert_index(name):
@@ -43,13 +81,14 @@ def _has(name, comp):
 
 
 def rule(name, ndim):
-    """The built-in rule of tensor @name with @ndim dims: 0, 1, "replicate" or "expert"."""
+    """The built-in rule of tensor @name with @ndim dims: 0, 1, "replicate" or
+    "expert" (SPLIT's first row whose component @name holds: its dim when
+    @ndim is larger and @name ends with its suffix)."""
     if expert_index(name) >= 0:
         return "expert"
-    if any(_has(name, c) for c in _DIM0):
-        return 0 if ndim >= 1 else "replicate"
-    if any(_has(name, c) for c in _DIM1):
-        return 1 if ndim >= 2 and name.endswith(".weight") else "replicate"
+    for comp, dim, suffix in SPLIT:
+        if _has(name, comp):
+            return dim if ndim > dim and name.endswith(suffix) else "replicate"
     return "replicate"
 
 

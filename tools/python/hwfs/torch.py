@@ -35,6 +35,7 @@ import warnings
 import torch
 
 import hwfs
+from hwfs.dtypes import torch_dtype
 
 __all__ = ["HotSwap", "swap_in_place", "tensors", "torch_dtype", "Refused"]
 
@@ -44,27 +45,9 @@ log = logging.getLogger("hwfs.torch")
 # whether close() was asked for.
 EVENT_POLL_S = 0.2
 
-_TORCH_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}
-for _st, _name in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"),
-                   ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
-    if hasattr(torch, _name):
-        _TORCH_DTYPES[_st] = getattr(torch, _name)
-
 
 class Refused(ValueError):
     """A version cannot be served by the module (the message says which tensor and why)."""
-
-
-def torch_dtype(st_dtype):
-    """The torch dtype of safetensors dtype @st_dtype (TypeError when torch has none)."""
-    try:
-        return _TORCH_DTYPES[st_dtype]
-    except KeyError:
-        raise TypeError(f"safetensors dtype {st_dtype} has no torch dtype") from None
 
 
 def _view(mapping, key):

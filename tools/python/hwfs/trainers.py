@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 import hwfs
+from hwfs.dtypes import st_dtype
 
 log = logging.getLogger("hwfs.trainers")
 
@@ -44,28 +45,10 @@ DEFAULT_MAX_FILE_BYTES = 4 << 30
 # The most bytes one write copies out of a non-contiguous or device shard at a time.
 WRITE_BUF_BYTES = 64 << 20
 
-_ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}
-for _name, _st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
-                   ("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")):
-    if hasattr(torch, _name):
-        _ST_DTYPES[getattr(torch, _name)] = _st
-
 
 class PublishError(RuntimeError):
     """publish() failed on some rank; the version was not made (and its
     partial files were removed).  The message says which rank and why."""
-
-
-def st_dtype(dt):
-    """The safetensors dtype string of torch dtype @dt (TypeError when none)."""
-    try:
-        return _ST_DTYPES[dt]
-    except KeyError:
-        raise TypeError(f"torch dtype {dt} has no safetensors dtype") from None
 
 
 def _is_dtensor(t):
@@ -365,142 +348,178 @@ def publish(state_dict, version, mount=None, *, group=None, files=None,
 
     A process that runs no torch.distributed (none initialized, @group None)
     publishes alone: rank 0 of a world of one, no collective."""
-    if group is None:
-        solo = not (dist.is_available() and dist.is_initialized())
-        group = _SOLO if solo else dist.group.WORLD
-    rank, world = (0, 1) if group is _SOLO else (dist.get_rank(group),
-                                                 dist.get_world_size(group))
-    mnt, opened = (mount, False) if isinstance(mount, hwfs.Mount) else (hwfs.open(mount), True)
-    vdir = os.path.join(mnt.mountpoint, "versions")
-    tmp = None
-    fds = {}
+    p = _Publish(version, mount, group)
     ok = False
     try:
         with _TermGuard():
-            # 1. metadata, the same on every rank (checked)
-            err = None
-            entries = []
-            try:
-                granks = [0] if group is _SOLO else \
-                    [dist.get_global_rank(group, r) for r in range(world)]
-                entries = [_Entry(str(k), v, granks) for k, v in state_dict.items()]
-            except (TypeError, ValueError) as e:
-                err = str(e)
-            metas = [(err, [e.meta() for e in entries])]
-            if group is not _SOLO:
-                metas = [None] * world
-                dist.all_gather_object(metas, (err, [e.meta() for e in entries]), group=group)
-            for r, (e, _) in enumerate(metas):
-                if e is not None:
-                    raise PublishError(f"publish {version}: rank {r}: {e}")
-            for r, (_, m) in enumerate(metas):
-                if m != metas[0][1]:
-                    diff = next((a for a, b in zip(m, metas[0][1]) if a != b), None)
-                    raise PublishError(f"publish {version}: rank {r} has a different state "
-                                       f"dict than rank 0 (first difference: {diff}, "
-                                       f"{len(m)} against {len(metas[0][1])} tensors)")
-            # file order: larger elements first (keeps every tensor aligned), then as given
-            order = sorted(range(len(entries)), key=lambda i: -entries[i].itemsize)
-            entries = [entries[i] for i in order]
-            load = [0] * world  # replicated tensors: shared out by size, the same on every rank
-            for e in sorted((e for e in entries if e.kind == "replicated"),
-                            key=lambda e: -e.nbytes):
-                e.writer = min(range(world), key=lambda r: (load[r], r))
-                load[e.writer] += e.nbytes
-            plan = _plan_files(entries, max_file_bytes)
-            names = _file_names(len(plan))
-            headers = []
-            for fi, fentries in enumerate(plan):
-                hdr, size = _header(fentries)
-                headers.append((hdr, size))
-                for e in fentries:
-                    e.file = names[fi]
-
+            p.agree_entries(state_dict)  # 1. metadata, the same on every rank (checked)
+            p.lay_out(max_file_bytes)
             t_open = time.monotonic()
-            # 2. rank 0 opens the version and sizes the files (zero-filled, so
-            #    that every rank's writes land in place: docs/trainers.md)
-            err = None
-            if rank == 0:
-                try:
-                    if os.path.lexists(os.path.join(vdir, version)):
-                        raise FileExistsError(errno.EEXIST, f"version {version} exists")
-                    tmp = f".{version}.publish-{secrets.token_hex(4)}"
-                    os.mkdir(os.path.join(vdir, tmp))
-                    for fi, name in enumerate(names):
-                        fd = os.open(os.path.join(vdir, tmp, name),
-                                     os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                        fds[name] = fd
-                        os.ftruncate(fd, headers[fi][1])
-                    _write_extra(os.path.join(vdir, tmp), files or {}, names, plan)
-                except Exception as e:  # noqa: BLE001  (reported to every rank)
-                    err = f"{type(e).__name__}: {e}"
-            if group is not _SOLO:
-                box = [tmp, err]
-                dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-                tmp, err = box
-            if err is not None:
-                raise PublishError(f"publish {version}: rank 0: {err}")
-
-            # 3. every rank writes its shards and its share of the replicated tensors
-            def write_mine():
-                # first the exchanged ones, on every rank in the same order (collectives)
-                err = None
-                for e in entries:
-                    if e.a2a is None:
-                        continue
-                    if e.file not in fds and err is None:
-                        try:
-                            fds[e.file] = os.open(os.path.join(vdir, tmp, e.file), os.O_WRONLY)
-                        except OSError as x:
-                            err = x
-                    err = _write_exchanged(None if err else fds[e.file], e, rank, world,
-                                           group) or err
-                if err is not None:
-                    raise err
-                mine = [e for e in entries if e.local is not None and e.a2a is None and
-                        (e.kind == "dtensor" or e.writer == rank)]
-                for e in mine:
-                    if e.file not in fds:
-                        fds[e.file] = os.open(os.path.join(vdir, tmp, e.file), os.O_WRONLY)
-                    _write_local(fds[e.file], e)
-                if rank != 0:
-                    _close_all(fds)
+            p.open_version(files or {})  # 2. rank 0 makes the version and its files
             t_write = time.monotonic()
-            _step(version, group, write_mine)
+            _step(version, p.group, p.write_mine)  # 3. every rank writes its part
             t_seal = time.monotonic()
-
-            # 4. rank 0 writes the headers last (the daemon cuts and hashes each
-            #    file then) and seals by renaming the version
-            def seal():
-                nonlocal tmp
-                if rank != 0:
-                    return
-                for fi, name in enumerate(names):
-                    _pwrite_all(fds[name], headers[fi][0], 0)
-                _close_all(fds)
-                os.rename(os.path.join(vdir, tmp), os.path.join(vdir, version))
-                tmp = None
-            _step(version, group, seal)
+            _step(version, p.group, p.seal)  # 4. rank 0 writes the headers and seals
             log.debug("publish %s, rank %d: opened %.3f s, written %.3f s, sealed %.3f s",
-                      version, rank, t_write - t_open, t_seal - t_write, time.monotonic() - t_seal)
+                      version, p.rank, t_write - t_open, t_seal - t_write,
+                      time.monotonic() - t_seal)
             ok = True
-            return names + (["model.safetensors.index.json"] if len(names) > 1 else []) + \
+            return p.names + (["model.safetensors.index.json"] if len(p.names) > 1 else []) + \
                 sorted(files or {})
     except _Sigterm:
-        raise PublishError(f"publish {version}: rank {rank}: stopped by SIGTERM") from None
+        raise PublishError(f"publish {version}: rank {p.rank}: stopped by SIGTERM") from None
     except PublishError:
         raise
     except Exception as e:  # a collective failed: a peer died or its connection broke
-        raise PublishError(f"publish {version}: rank {rank}: {type(e).__name__}: {e}") from e
+        raise PublishError(f"publish {version}: rank {p.rank}: {type(e).__name__}: {e}") from e
     finally:
+        p.cleanup(ok)
+
+
+class _Publish:
+    """This rank's part of one publish(), step by step: the group, the mount,
+    the checkpoint's layout, and what was made so far (the version's temporary
+    name, the files open on this rank), so that cleanup() can undo it."""
+
+    def __init__(self, version, mount, group):
+        if group is None:
+            solo = not (dist.is_available() and dist.is_initialized())
+            group = _SOLO if solo else dist.group.WORLD
+        self.version, self.group = version, group
+        self.rank, self.world = (0, 1) if group is _SOLO else (dist.get_rank(group),
+                                                               dist.get_world_size(group))
+        self.mnt, self.opened = (mount, False) if isinstance(mount, hwfs.Mount) else \
+            (hwfs.open(mount), True)
+        self.vdir = os.path.join(self.mnt.mountpoint, "versions")
+        self.tmp = None  # the version's temporary name under versions/, once made
+        self.fds = {}  # file name -> descriptor open on this rank
+        self.entries, self.plan, self.names, self.headers = [], [], [], []
+
+    def agree_entries(self, state_dict):
+        """Step 1: an _Entry per tensor, checked to be the same on every rank
+        (PublishError naming the first rank that failed or differs)."""
+        group, world = self.group, self.world
+        err = None
+        entries = []
         try:
-            _close_all(fds)
+            granks = [0] if group is _SOLO else \
+                [dist.get_global_rank(group, r) for r in range(world)]
+            entries = [_Entry(str(k), v, granks) for k, v in state_dict.items()]
+        except (TypeError, ValueError) as e:
+            err = str(e)
+        metas = [(err, [e.meta() for e in entries])]
+        if group is not _SOLO:
+            metas = [None] * world
+            dist.all_gather_object(metas, (err, [e.meta() for e in entries]), group=group)
+        for r, (e, _) in enumerate(metas):
+            if e is not None:
+                raise PublishError(f"publish {self.version}: rank {r}: {e}")
+        for r, (_, m) in enumerate(metas):
+            if m != metas[0][1]:
+                diff = next((a for a, b in zip(m, metas[0][1]) if a != b), None)
+                raise PublishError(f"publish {self.version}: rank {r} has a different state "
+                                   f"dict than rank 0 (first difference: {diff}, "
+                                   f"{len(m)} against {len(metas[0][1])} tensors)")
+        self.entries = entries
+
+    def lay_out(self, max_file_bytes):
+        """Step 1, continued, the same on every rank: the file order, who
+        writes each replicated tensor, the files and their headers."""
+        # file order: larger elements first (keeps every tensor aligned), then as given
+        order = sorted(range(len(self.entries)), key=lambda i: -self.entries[i].itemsize)
+        entries = self.entries = [self.entries[i] for i in order]
+        load = [0] * self.world  # replicated tensors: shared out by size
+        for e in sorted((e for e in entries if e.kind == "replicated"), key=lambda e: -e.nbytes):
+            e.writer = min(range(self.world), key=lambda r: (load[r], r))
+            load[e.writer] += e.nbytes
+        self.plan = _plan_files(entries, max_file_bytes)
+        self.names = _file_names(len(self.plan))
+        self.headers = []
+        for fi, fentries in enumerate(self.plan):
+            hdr, size = _header(fentries)
+            self.headers.append((hdr, size))
+            for e in fentries:
+                e.file = self.names[fi]
+
+    def open_version(self, files):
+        """Step 2: rank 0 makes the version under a temporary name and sizes
+        its files (zero-filled, so that every rank's writes land in place:
+        docs/trainers.md), then tells every rank the name (or its error)."""
+        err = None
+        if self.rank == 0:
+            try:
+                if os.path.lexists(os.path.join(self.vdir, self.version)):
+                    raise FileExistsError(errno.EEXIST, f"version {self.version} exists")
+                self.tmp = f".{self.version}.publish-{secrets.token_hex(4)}"
+                os.mkdir(os.path.join(self.vdir, self.tmp))
+                for fi, name in enumerate(self.names):
+                    fd = os.open(os.path.join(self.vdir, self.tmp, name),
+                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    self.fds[name] = fd
+                    os.ftruncate(fd, self.headers[fi][1])
+                _write_extra(os.path.join(self.vdir, self.tmp), files, self.names, self.plan)
+            except Exception as e:  # noqa: BLE001  (reported to every rank)
+                err = f"{type(e).__name__}: {e}"
+        if self.group is not _SOLO:
+            box = [self.tmp, err]
+            dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0),
+                                       group=self.group)
+            self.tmp, err = box
+        if err is not None:
+            raise PublishError(f"publish {self.version}: rank 0: {err}")
+
+    def _fd(self, name):
+        """The descriptor of file @name of the version, opened on first use."""
+        if name not in self.fds:
+            self.fds[name] = os.open(os.path.join(self.vdir, self.tmp, name), os.O_WRONLY)
+        return self.fds[name]
+
+    def write_mine(self):
+        """Step 3 (run by _step): this rank's shards and its share of the
+        replicated tensors; first the exchanged ones, on every rank in the
+        same order (collectives)."""
+        err = None
+        for e in self.entries:
+            if e.a2a is None:
+                continue
+            if e.file not in self.fds and err is None:
+                try:
+                    self._fd(e.file)
+                except OSError as x:
+                    err = x
+            err = _write_exchanged(None if err else self.fds[e.file], e, self.rank, self.world,
+                                   self.group) or err
+        if err is not None:
+            raise err
+        mine = [e for e in self.entries if e.local is not None and e.a2a is None and
+                (e.kind == "dtensor" or e.writer == self.rank)]
+        for e in mine:
+            _write_local(self._fd(e.file), e)
+        if self.rank != 0:
+            _close_all(self.fds)
+
+    def seal(self):
+        """Step 4 (run by _step): rank 0 writes the headers last (the daemon
+        cuts and hashes each file then) and seals by renaming the version."""
+        if self.rank != 0:
+            return
+        for fi, name in enumerate(self.names):
+            _pwrite_all(self.fds[name], self.headers[fi][0], 0)
+        _close_all(self.fds)
+        os.rename(os.path.join(self.vdir, self.tmp), os.path.join(self.vdir, self.version))
+        self.tmp = None
+
+    def cleanup(self, ok):
+        """Close what is open; remove the version unless @ok; close the mount
+        when publish() opened it."""
+        try:
+            _close_all(self.fds)
         except OSError:
             pass
-        if not ok and tmp is not None:
-            _remove_version(mnt, tmp)
-        if opened:
-            mnt.close()
+        if not ok and self.tmp is not None:
+            _remove_version(self.mnt, self.tmp)
+        if self.opened:
+            self.mnt.close()
 
 
 def _write_extra(root, files, names, plan):
