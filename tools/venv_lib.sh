@@ -11,8 +11,9 @@
 
 venv_begin() {
 	local pkg_hash
-	pkg_hash=$(cd "$ROOT" && find tools/python/hwfs tools/python/pyproject.toml -type f \
-		\( -name '*.py' -o -name '*.toml' \) -not -path '*/__pycache__/*' -print0 |
+	pkg_hash=$(cd "$ROOT" && find tools/python/hwfs tools/python/pyproject.toml \
+		tools/python/setup.py fs/ns/tp_rules.def -type f \
+		\( -name '*.py' -o -name '*.toml' -o -name '*.def' \) -not -path '*/__pycache__/*' -print0 |
 		sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)
 	want="$1 python=$pkg_hash"
 	if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
