@@ -71,7 +71,7 @@ HWFS_CORE_VERB int mount_helper_main(int argc, char **argv);
 /* hwfs_watch.c */
 HWFS_CORE_VERB int cmd_watch(int argc, char **argv);
 
-/* hwfs_sim.c: `hwfs sim`, the replication simulator (replicator/sim.h) */
+/* hwfs_sim.c: `hwfs sim`, the replication simulator (tools/sim/sim.h) */
 HWFS_CORE_VERB int cmd_sim(int argc, char **argv);
 
 #endif /* HWFS_CLI_H */
