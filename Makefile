@@ -160,12 +160,14 @@ $(BUILD)/libhwfs.so.1 $(BUILD)/libhwfs.so: $(BUILD)/libhwfs.so.$(LIBHWFS_VERSION
 	ln -sf libhwfs.so.1 $(BUILD)/libhwfs.so
 
 # Two programs (tools/hwfs_cli.h): hwfs-core has every verb and runs the
-# daemons with the daemon's modules; hwfs, the command, is tools/hwfs.c with
-# libhwfs (static: bin/hwfs needs no library of ours at run time) and two
+# daemons with the daemon's modules; hwfs, the command, is tools/hwfs.c and
+# tools/hwfs_status.c (the client verbs) with libhwfs (static: bin/hwfs
+# needs no library of ours at run time) and two
 # helpers of fs/common, so a client verb (`hwfs commit`, on the path of every
 # commit) starts without loading FUSE, sqlite, ZeroMQ and their libraries; it
 # runs hwfs-core, beside it, for the other verbs.
-CLI_OBJS := $(BUILD)/tools/hwfs.o $(BUILD)/fs/common/util.o $(BUILD)/fs/common/names.o
+CLI_OBJS := $(BUILD)/tools/hwfs.o $(BUILD)/tools/hwfs_status.o $(BUILD)/fs/common/util.o \
+	    $(BUILD)/fs/common/names.o
 # `hwfs --version` (and hwfs-core's, the same object); rebuilt when the Makefile changes
 $(BUILD)/tools/hwfs.o: ALL_CFLAGS += -DHWFS_VERSION='"$(LIBHWFS_VERSION)"'
 $(BUILD)/tools/hwfs.o: Makefile
