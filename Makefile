@@ -64,6 +64,9 @@ LIBS    := $(PKG_LIBS) -ldl -lm
 #   fs/daemon   composes all of the above: control ops, engines, commits
 #   fs/lib      libhwfs, the client library (include/hwfs.h)
 #   tools       the programs
+#   tools/sim   the replication simulator of `hwfs sim` (a model, not part of
+#               the daemon): it sees the layers up to the replicator, and
+#               plans through replicator/planner.h
 INC_COMMON := -Ifs/common
 INC_STORE  := $(INC_COMMON) -Ifs/store
 INC_GPU    := $(INC_COMMON) -Igpu
@@ -80,6 +83,7 @@ $(BUILD)/fs/ns/%.o:     LAYER_INC = $(INC_NS)
 $(BUILD)/replicator/%.o: LAYER_INC = $(INC_REPL)
 $(BUILD)/fs/daemon/%.o: LAYER_INC = $(INC_DAEMON)
 $(BUILD)/client/%.o:    LAYER_INC = $(INC_LIB)
+$(BUILD)/tools/sim/%.o: LAYER_INC = $(INC_REPL)
 
 # The daemon's own modules (an internal archive, linked into build/hwfs-core and
 # the unit tests) and libhwfs, the public client library (include/hwfs.h).
@@ -88,6 +92,9 @@ CORE_SRCS := $(wildcard fs/common/*.c fs/store/*.c fs/ns/*.c fs/daemon/*.c repli
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/%.o)
 TOOL_SRCS := $(filter-out tools/hwfs_engine.c tools/bench_gpu.c tools/bench_delta.c,$(wildcard tools/*.c))
 TOOL_OBJS := $(TOOL_SRCS:%.c=$(BUILD)/%.o) $(BUILD)/tools/status_page.o
+# The simulator (tools/sim/): its own archive, linked into hwfs-core only.
+SIM_SRCS := $(wildcard tools/sim/*.c)
+SIM_OBJS := $(SIM_SRCS:%.c=$(BUILD)/%.o)
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 SYSTEMD_UNITS := $(patsubst %.in,%,$(notdir $(wildcard systemd/*.service.in)))
@@ -133,6 +140,10 @@ $(BUILD)/libhwfs-core.a: $(CORE_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+$(BUILD)/libhwfs-sim.a: $(SIM_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
 LD      ?= ld
 OBJCOPY ?= objcopy
 $(BUILD)/libhwfs.a: $(CLIENT_OBJS)
@@ -149,20 +160,23 @@ $(BUILD)/libhwfs.so.1 $(BUILD)/libhwfs.so: $(BUILD)/libhwfs.so.$(LIBHWFS_VERSION
 	ln -sf libhwfs.so.1 $(BUILD)/libhwfs.so
 
 # Two programs (tools/hwfs_cli.h): hwfs-core has every verb and runs the
-# daemons with the daemon's modules; hwfs, the command, is tools/hwfs.c with
-# libhwfs (static: bin/hwfs needs no library of ours at run time) and two
+# daemons with the daemon's modules; hwfs, the command, is tools/hwfs.c and
+# tools/hwfs_status.c (the client verbs) with libhwfs (static: bin/hwfs
+# needs no library of ours at run time) and two
 # helpers of fs/common, so a client verb (`hwfs commit`, on the path of every
 # commit) starts without loading FUSE, sqlite, ZeroMQ and their libraries; it
 # runs hwfs-core, beside it, for the other verbs.
-CLI_OBJS := $(BUILD)/tools/hwfs.o $(BUILD)/fs/common/util.o $(BUILD)/fs/common/names.o
+CLI_OBJS := $(BUILD)/tools/hwfs.o $(BUILD)/tools/hwfs_status.o $(BUILD)/fs/common/util.o \
+	    $(BUILD)/fs/common/names.o
 # `hwfs --version` (and hwfs-core's, the same object); rebuilt when the Makefile changes
 $(BUILD)/tools/hwfs.o: ALL_CFLAGS += -DHWFS_VERSION='"$(LIBHWFS_VERSION)"'
 $(BUILD)/tools/hwfs.o: Makefile
 $(BUILD)/hwfs: $(CLI_OBJS) $(BUILD)/libhwfs.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $(CLI_OBJS) $(BUILD)/libhwfs.a $(CLIENT_LIBS)
 
-$(BUILD)/hwfs-core: $(TOOL_OBJS) $(BUILD)/libhwfs.a $(BUILD)/libhwfs-core.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $(TOOL_OBJS) $(BUILD)/libhwfs.a $(BUILD)/libhwfs-core.a $(LIBS)
+$(BUILD)/hwfs-core: $(TOOL_OBJS) $(BUILD)/libhwfs.a $(BUILD)/libhwfs-sim.a $(BUILD)/libhwfs-core.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $(TOOL_OBJS) $(BUILD)/libhwfs.a $(BUILD)/libhwfs-sim.a \
+		$(BUILD)/libhwfs-core.a $(LIBS)
 
 # The coordinator's status page (tools/status_page.html) as a C string.
 $(BUILD)/tools/status_page.c: tools/status_page.html
@@ -192,7 +206,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhwfs-core.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -MMD -MP $(ALL_LDFLAGS) -o $@ $< $(BUILD)/libhwfs-core.a $(LIBS) $(CMOCKA_LIBS)
 
--include $(CORE_OBJS:.o=.d) $(CLIENT_OBJS:.o=.d) $(TOOL_OBJS:.o=.d) $(UNIT_BINS:=.d) \
+-include $(CORE_OBJS:.o=.d) $(SIM_OBJS:.o=.d) $(CLIENT_OBJS:.o=.d) $(TOOL_OBJS:.o=.d) $(UNIT_BINS:=.d) \
 	$(BUILD)/tools/hwfs_engine.d $(BUILD)/tools/bench_delta.d
 
 # `make install PREFIX=/usr/local DESTDIR=`: hwfs, hwfs-core and hwfs-engine, mount(8)'s
@@ -507,7 +521,7 @@ fuzz:
 	@echo "run e.g.: build-fuzz/fuzz_proto -max_total_time=60 tests/fuzz/corpus/proto (seeds: version-2 messages)"
 
 format:
-	clang-format -i fs/*/*.[ch] replicator/*.[ch] gpu/*.[ch] tools/*.c tests/unit/*.c
+	clang-format -i fs/*/*.[ch] replicator/*.[ch] gpu/*.[ch] tools/*.c tools/sim/*.[ch] tests/unit/*.c
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz

@@ -469,39 +469,30 @@ static int src_check(const struct devload_src *src, char *err, size_t errlen)
 }
 
 /*
- * The copy of devloads_run() (see devload.h), into @l's buckets; on error
- * everything it allocated is freed again (the caller marks @l failed).
+ * Plan @src's buckets on device @gpu (made current) within @pct% of its free
+ * memory, into @p (the caller frees it with devload_plan_free()).  Returns
+ * 0, or -errno with the sentence in @err: -ENOMEM when they do not fit.
  */
-static int copy(struct devloads *dl, struct devload *l, const struct devload_src *src,
-		unsigned pct, int streams, uint64_t max_bucket, devload_progress_fn progress,
-		void *arg, char *err, size_t errlen)
+static int plan_buckets(struct cudart *rt, int gpu, const struct devload_src *src, unsigned pct,
+			int streams, uint64_t max_bucket, struct devload_plan *p, char *err,
+			size_t errlen)
 {
-	struct cudart *rt = dl->rt;
-	struct devload_plan p = {0};
-	cudart_stream *st = NULL;
 	size_t free_b = 0, total_b = 0;
-	uint64_t done = 0, total = 0;
-	int nst = 0, r;
 	cudart_err e;
-	double t0 = hwfs_mono_s();
+	int r;
 
-	r = src_check(src, err, errlen);
-	if (r < 0)
-		return r;
-	for (size_t i = 0; i < src->n_tensors; i++)
-		total += src->lens[i]; /* fits: src_check() and the plan check the sums */
-	if ((e = rt->SetDevice(l->gpu)) != CUDART_SUCCESS)
+	if ((e = rt->SetDevice(gpu)) != CUDART_SUCCESS)
 		return cuda_fail(rt, "cudaSetDevice", e, err, errlen);
 	if ((e = rt->MemGetInfo(&free_b, &total_b)) != CUDART_SUCCESS)
 		return cuda_fail(rt, "cudaMemGetInfo", e, err, errlen);
-	r = devload_plan(src->lens, src->n_tensors, (uint64_t)free_b, pct, streams, max_bucket, &p);
-	if (r == -ENOMEM && p.need) {
+	r = devload_plan(src->lens, src->n_tensors, (uint64_t)free_b, pct, streams, max_bucket, p);
+	if (r == -ENOMEM && p->need) {
 		char need[32], fr[32], al[32];
 
 		snprintf(err, errlen, "needs %s (%llu bytes), %u%% of the %s free is %s",
-			 hwfs_fmt_size(p.need, need, sizeof(need)), (unsigned long long)p.need, pct,
+			 hwfs_fmt_size(p->need, need, sizeof(need)), (unsigned long long)p->need, pct,
 			 hwfs_fmt_size((uint64_t)free_b, fr, sizeof(fr)),
-			 hwfs_fmt_size(p.allowed, al, sizeof(al)));
+			 hwfs_fmt_size(p->allowed, al, sizeof(al)));
 		return -ENOMEM;
 	}
 	if (r == -EOVERFLOW) {
@@ -512,6 +503,102 @@ static int copy(struct devloads *dl, struct devload *l, const struct devload_src
 		snprintf(err, errlen, "cannot plan the buckets: %s", strerror(-r));
 		return r;
 	}
+	return 0;
+}
+
+/*
+ * cudaMalloc each bucket of plan @p into @l->b (calloc'ed, @l->nb set); a
+ * bucket that fails is left NULL, for buckets_free().  Returns 0 or -errno
+ * with the sentence in @err.
+ */
+static int alloc_buckets(struct cudart *rt, struct devload *l, const struct devload_plan *p,
+			 char *err, size_t errlen)
+{
+	cudart_err e;
+
+	for (size_t b = 0; b < p->n_buckets; b++) {
+		size_t len = (size_t)p->bucket_bytes[b]; /* > 0: the plan makes no empty bucket */
+
+		l->b[b].bytes = p->bucket_bytes[b];
+		if ((e = rt->Malloc(&l->b[b].ptr, len)) != CUDART_SUCCESS) {
+			char what[96];
+
+			l->b[b].ptr = NULL;
+			snprintf(what, sizeof(what), "cudaMalloc of bucket %zu (%zu bytes)", b, len);
+			return cuda_fail(rt, what, e, err, errlen);
+		}
+	}
+	return 0;
+}
+
+/*
+ * Queue the copies of @src's tensors, piece by piece from the arena, into
+ * their buckets of @l at the offsets of plan @p, each bucket on its stream
+ * of @st; @progress (when not NULL) hears the bytes queued of @total after
+ * each tensor.  Stops between tensors when the daemon is shutting down.
+ * Returns 0, or -errno with the sentence in @err (copies may be in flight).
+ */
+static int copy_tensors(struct devloads *dl, struct devload *l, const struct devload_src *src,
+			const struct devload_plan *p, cudart_stream *st, uint64_t total,
+			devload_progress_fn progress, void *arg, char *err, size_t errlen)
+{
+	struct cudart *rt = dl->rt;
+	uint64_t done = 0;
+	cudart_err e;
+
+	for (size_t i = 0; i < src->n_tensors; i++) {
+		int b = p->t_bucket[i];
+		uint64_t at = 0;
+
+		if (src->lens[i] == 0)
+			continue;
+		if (stopping(dl)) {
+			snprintf(err, errlen, "the daemon is shutting down");
+			return -ESHUTDOWN;
+		}
+		for (size_t k = src->piece_at[i]; k < src->piece_at[i + 1]; k++) {
+			const struct devload_piece *pc = &src->pieces[k];
+			uint8_t *dst = (uint8_t *)l->b[b].ptr + p->t_offset[i] + at;
+
+			if (pc->len == 0)
+				continue;
+			e = rt->MemcpyAsync(dst, src->arena_base + pc->arena_off, (size_t)pc->len,
+					    CUDART_MEMCPY_H2D, st[p->bucket_stream[b]]);
+			if (e != CUDART_SUCCESS)
+				return cuda_fail(rt, "cudaMemcpyAsync", e, err, errlen);
+			at += pc->len;
+		}
+		done += src->lens[i];
+		if (progress)
+			progress(arg, done, total);
+	}
+	return 0;
+}
+
+/*
+ * The copy of devloads_run() (see devload.h), into @l's buckets; on error
+ * everything it allocated is freed again (the caller marks @l failed).
+ */
+static int copy(struct devloads *dl, struct devload *l, const struct devload_src *src,
+		unsigned pct, int streams, uint64_t max_bucket, devload_progress_fn progress,
+		void *arg, char *err, size_t errlen)
+{
+	struct cudart *rt = dl->rt;
+	struct devload_plan p = {0};
+	cudart_stream *st = NULL;
+	uint64_t total = 0;
+	int nst = 0, r;
+	cudart_err e;
+	double t0 = hwfs_mono_s();
+
+	r = src_check(src, err, errlen);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < src->n_tensors; i++)
+		total += src->lens[i]; /* fits: src_check() and the plan check the sums */
+	r = plan_buckets(rt, l->gpu, src, pct, streams, max_bucket, &p, err, errlen);
+	if (r < 0)
+		return r;
 	l->b = calloc(p.n_buckets ? p.n_buckets : 1, sizeof(*l->b));
 	nst = (int)HWFS_MIN((size_t)streams, HWFS_MAX(p.n_buckets, (size_t)1));
 	st = calloc((size_t)nst, sizeof(*st));
@@ -521,19 +608,9 @@ static int copy(struct devloads *dl, struct devload *l, const struct devload_src
 		goto fail;
 	}
 	l->nb = p.n_buckets;
-	for (size_t b = 0; b < p.n_buckets; b++) {
-		size_t len = (size_t)p.bucket_bytes[b]; /* > 0: the plan makes no empty bucket */
-
-		l->b[b].bytes = p.bucket_bytes[b];
-		if ((e = rt->Malloc(&l->b[b].ptr, len)) != CUDART_SUCCESS) {
-			char what[96];
-
-			l->b[b].ptr = NULL;
-			snprintf(what, sizeof(what), "cudaMalloc of bucket %zu (%zu bytes)", b, len);
-			r = cuda_fail(rt, what, e, err, errlen);
-			goto fail;
-		}
-	}
+	r = alloc_buckets(rt, l, &p, err, errlen);
+	if (r < 0)
+		goto fail;
 	for (int s = 0; s < nst; s++)
 		if ((e = rt->StreamCreateWithFlags(&st[s], CUDART_STREAM_NON_BLOCKING)) !=
 		    CUDART_SUCCESS) {
@@ -541,35 +618,9 @@ static int copy(struct devloads *dl, struct devload *l, const struct devload_src
 			r = cuda_fail(rt, "cudaStreamCreateWithFlags", e, err, errlen);
 			goto fail;
 		}
-	for (size_t i = 0; i < src->n_tensors; i++) {
-		int b = p.t_bucket[i];
-		uint64_t at = 0;
-
-		if (src->lens[i] == 0)
-			continue;
-		if (stopping(dl)) {
-			snprintf(err, errlen, "the daemon is shutting down");
-			r = -ESHUTDOWN;
-			goto fail;
-		}
-		for (size_t k = src->piece_at[i]; k < src->piece_at[i + 1]; k++) {
-			const struct devload_piece *pc = &src->pieces[k];
-			uint8_t *dst = (uint8_t *)l->b[b].ptr + p.t_offset[i] + at;
-
-			if (pc->len == 0)
-				continue;
-			e = rt->MemcpyAsync(dst, src->arena_base + pc->arena_off, (size_t)pc->len,
-					    CUDART_MEMCPY_H2D, st[p.bucket_stream[b]]);
-			if (e != CUDART_SUCCESS) {
-				r = cuda_fail(rt, "cudaMemcpyAsync", e, err, errlen);
-				goto fail;
-			}
-			at += pc->len;
-		}
-		done += src->lens[i];
-		if (progress)
-			progress(arg, done, total);
-	}
+	r = copy_tensors(dl, l, src, &p, st, total, progress, arg, err, errlen);
+	if (r < 0)
+		goto fail;
 	for (int s = 0; s < nst; s++)
 		if ((e = rt->StreamSynchronize(st[s])) != CUDART_SUCCESS) {
 			r = cuda_fail(rt, "cudaStreamSynchronize", e, err, errlen);

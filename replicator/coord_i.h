@@ -2,9 +2,10 @@
  * coord_i.h — private declarations shared by the files of the coordinator:
  * coord.c (the nodes and the cluster's state: HELLO, ANNOUNCE, HAVE, status,
  * the state directory, the loop and coord_run()), coord_plan.c (who pulls
- * what from whom) and coord_commit.c (the two-phase commit).  Besides them
- * only the simulator (sim.c) includes it: it runs coord_plan.c on a
- * struct coord of its own, with no sockets.  The public API is coord.h.
+ * what from whom), coord_commit.c (the two-phase commit) and coord_status.c
+ * (what the coordinator shows).  Besides them only planner.c includes it:
+ * it runs coord_plan.c on a struct coord of its own, with no sockets, for
+ * models of a replication (planner.h).  The public API is coord.h.
  *
  * Everything runs on the coordinator's one thread.
  */
@@ -97,10 +98,10 @@ struct coord {
 	double status_at; /* next coord_opts.status call (monotonic s) */
 	/*
 	 * Where a plan goes: the PLAN's @fields (consumed) for node @to, pulling
-	 * @v.  coord.c sends it; the simulator (sim.c) records it.
+	 * @v.  coord.c sends it; planner.c hands it to its caller.
 	 */
 	void (*plan_out)(struct coord *c, struct cnode *to, struct cversion *v, json_t *fields);
-	void *plan_arg; /* the hook's own state (the simulator's) */
+	void *plan_arg; /* the hook's own state (planner.c's) */
 };
 
 #define COORD_HISTORY 20 /* commits and versions the status keeps */

@@ -14,8 +14,8 @@
  * node's own donors (plan_deaths()): the chain or tree closes over the gap.
  *
  * Nothing here does I/O: a plan goes to struct coord's plan_out hook, which
- * the coordinator (coord.c) sends as a PLAN and the simulator (sim.c, `hwfs
- * sim`) records, so both run this same code.  What the planner reads is the
+ * the coordinator (coord.c) sends as a PLAN and planner.c hands to a model
+ * (the simulator of `hwfs sim`, tools/sim/), so both run this same code.  What the planner reads is the
  * have-table (coord_node_has(), coord_alive()) and the versions' manifests.
  */
 #define _GNU_SOURCE

@@ -242,16 +242,148 @@ static void usage(void)
 	exit(2);
 }
 
+/*
+ * The reference: zstd -1 of the XOR of every tensor of @t (@nt of them,
+ * @bytes in all) as one stream, made in @out (as long as the largest).
+ * Returns its compressed bytes, or -1 after saying why on stderr.
+ */
+static long long zstd_reference(const struct tensor *t, size_t nt, uint64_t bytes, uint8_t *out)
+{
+	ZSTD_CCtx *zc = ZSTD_createCCtx();
+	uint8_t *zbuf = malloc(ZSTD_CStreamOutSize());
+	size_t ref = 0;
+
+	if (!zc || !zbuf) {
+		fprintf(stderr, "out of memory\n");
+		return -1;
+	}
+	ZSTD_CCtx_setParameter(zc, ZSTD_c_compressionLevel, 1);
+	ZSTD_CCtx_setPledgedSrcSize(zc, bytes);
+	for (size_t i = 0; i < nt; i++) {
+		uint8_t *x = out, *a = (uint8_t *)t[i].v1, *b = (uint8_t *)t[i].v2;
+		ZSTD_inBuffer in = {out, t[i].n * 2, 0};
+
+		for (size_t j = 0; j < t[i].n * 2; j++)
+			x[j] = a[j] ^ b[j];
+		while (in.pos < in.size || i + 1 == nt) {
+			ZSTD_outBuffer o = {zbuf, ZSTD_CStreamOutSize(), 0};
+			size_t r = ZSTD_compressStream2(zc, &o, &in,
+			                                i + 1 == nt ? ZSTD_e_end : ZSTD_e_continue);
+
+			ref += o.pos;
+			if (ZSTD_isError(r)) {
+				fprintf(stderr, "zstd: %s\n", ZSTD_getErrorName(r));
+				return -1;
+			}
+			if (i + 1 == nt && r == 0)
+				break;
+		}
+	}
+	ZSTD_freeCCtx(zc);
+	free(zbuf);
+	return (long long)ref;
+}
+
+/*
+ * One repetition: every tensor encoded (its delta kept in t[i].enc, the
+ * bytes summed in *@wire), then rebuilt into @out twice: delta_decode() and
+ * a hash, and delta_decode_hash(); a wrong result sets *@bad.  The CPU
+ * seconds of each go to *@e, *@d and *@f.  Returns 0, or the program's exit
+ * code (1: an encode failed, 2: no memory) after saying why.
+ */
+static int one_rep(struct delta_ctx *cx, struct tensor *t, size_t nt, uint8_t *out, double *e,
+		   double *d, double *f, size_t *wire, int *bad)
+{
+	double t0;
+
+	*wire = 0;
+	for (size_t i = 0; i < nt; i++) {
+		size_t len = t[i].n * 2, cap = len * hwfs_tun.delta_max_pct / 100;
+		ssize_t n;
+
+		free(t[i].enc);
+		t[i].enc = malloc(cap);
+		if (!t[i].enc) {
+			fprintf(stderr, "out of memory\n");
+			return 2;
+		}
+		t0 = cpu_s();
+		n = delta_encode(cx, t[i].v1, t[i].v2, len, 2, t[i].enc, cap);
+		*e += cpu_s() - t0;
+		if (n < 0) {
+			fprintf(stderr, "shard %zu: delta_encode: %s\n", i, strerror((int)-n));
+			return 1;
+		}
+		t[i].enc_len = (size_t)n;
+		*wire += (size_t)n;
+	}
+	for (size_t i = 0; i < nt; i++) {
+		size_t len = t[i].n * 2;
+		hwfs_hash_t h;
+		char err[160] = "";
+		int rc;
+
+		t0 = cpu_s();
+		rc = delta_decode(cx, t[i].v1, len, t[i].enc, t[i].enc_len, out, err,
+		                  sizeof(err));
+		if (!rc)
+			hwfs_hash_buf(out, len, &h);
+		*d += cpu_s() - t0;
+		if (rc || hwfs_hash_cmp(&h, &t[i].h2) || memcmp(out, t[i].v2, len)) {
+			fprintf(stderr, "shard %zu: decode+hash: wrong (%s)\n", i, err);
+			*bad = 1;
+		}
+		memset(&h, 0, sizeof(h));
+		t0 = cpu_s();
+		rc = delta_decode_hash(cx, t[i].v1, len, t[i].enc, t[i].enc_len, out, &h,
+		                       err, sizeof(err));
+		*f += cpu_s() - t0;
+		if (rc || hwfs_hash_cmp(&h, &t[i].h2) || memcmp(out, t[i].v2, len)) {
+			fprintf(stderr, "shard %zu: delta_decode_hash: wrong (%s)\n", i, err);
+			*bad = 1;
+		}
+	}
+	return 0;
+}
+
+/*
+ * Print the wire bytes against the reference @ref, the best and median CPU
+ * seconds per GiB of each of the @reps repetitions, and issue 20's targets.
+ */
+static void report(double *enc_s, double *dec_s, double *fused_s, int reps, size_t wire,
+		   uint64_t bytes, size_t ref)
+{
+	double eb, em, db, dm, fb, fm;
+
+	best_median(enc_s, reps, &eb, &em);
+	best_median(dec_s, reps, &db, &dm);
+	best_median(fused_s, reps, &fb, &fm);
+	printf("wire: %zu bytes (%.2f%% of the shards); zstd -1 of the XOR: %zu bytes; "
+	       "ratio %.3f x zstd -1\n",
+	       wire, 100.0 * (double)wire / (double)bytes, ref, (double)wire / (double)ref);
+	printf("CPU-s per GiB (%d reps)         best  median\n", reps);
+	printf("  encode                       %5.3f  %5.3f\n", eb, em);
+	printf("  decode, then XXH3-128        %5.3f  %5.3f\n", db, dm);
+	printf("  delta_decode_hash (fused)    %5.3f  %5.3f\n", fb, fm);
+	/* Issue 20's targets are bench-cluster rl's enc/dec columns, which
+	 * count the same CPU time inside daemons sharing the machine. */
+	printf("issue 20 targets, medians (bench-cluster rl enc/dec judge): encode <= %.1f: "
+	       "%s, rebuild <= %.1f: %s, wire <= %.1f x zstd -1: %s\n",
+	       ISSUE_ENC, em <= ISSUE_ENC ? "yes" : "NO", ISSUE_DEC,
+	       fm <= ISSUE_DEC ? "yes" : "NO", ISSUE_WIRE,
+	       (double)wire <= ISSUE_WIRE * (double)ref ? "yes" : "NO");
+}
+
 int main(int argc, char **argv)
 {
 	static struct tensor t[MAX_TENSORS];
 	int layers = 1, reps = 3, level = (int)hwfs_tun.delta_level, format = DELTA_FORMAT;
 	double target = 0.02, k, enc_s[MAX_REPS], dec_s[MAX_REPS], fused_s[MAX_REPS];
-	size_t nt, changed = 0, elems = 0, maxlen = 0, wire = 0, ref;
+	size_t nt, changed = 0, elems = 0, maxlen = 0, wire = 0;
+	long long ref;
 	uint64_t bytes = 0;
 	struct delta_ctx *cx;
-	uint8_t *out, *zbuf;
-	ZSTD_CCtx *zc;
+	uint8_t *out;
 	int bad = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -283,39 +415,14 @@ int main(int argc, char **argv)
 		if (t[i].n * 2 > maxlen)
 			maxlen = t[i].n * 2;
 	}
-	/* The reference: zstd -1 of the XOR, all tensors as one stream. */
-	zc = ZSTD_createCCtx();
-	zbuf = malloc(ZSTD_CStreamOutSize());
 	out = malloc(maxlen);
-	if (!zc || !zbuf || !out) {
+	if (!out) {
 		fprintf(stderr, "out of memory\n");
 		return 2;
 	}
-	ZSTD_CCtx_setParameter(zc, ZSTD_c_compressionLevel, 1);
-	ZSTD_CCtx_setPledgedSrcSize(zc, bytes);
-	ref = 0;
-	for (size_t i = 0; i < nt; i++) {
-		uint8_t *x = out, *a = (uint8_t *)t[i].v1, *b = (uint8_t *)t[i].v2;
-		ZSTD_inBuffer in = {out, t[i].n * 2, 0};
-
-		for (size_t j = 0; j < t[i].n * 2; j++)
-			x[j] = a[j] ^ b[j];
-		while (in.pos < in.size || i + 1 == nt) {
-			ZSTD_outBuffer o = {zbuf, ZSTD_CStreamOutSize(), 0};
-			size_t r = ZSTD_compressStream2(zc, &o, &in,
-			                                i + 1 == nt ? ZSTD_e_end : ZSTD_e_continue);
-
-			ref += o.pos;
-			if (ZSTD_isError(r)) {
-				fprintf(stderr, "zstd: %s\n", ZSTD_getErrorName(r));
-				return 2;
-			}
-			if (i + 1 == nt && r == 0)
-				break;
-		}
-	}
-	ZSTD_freeCCtx(zc);
-	free(zbuf);
+	ref = zstd_reference(t, nt, bytes, out);
+	if (ref < 0)
+		return 2;
 
 	printf("hwfs bench-delta: %zu bf16 shards of 16-64 MiB (%d layer%s), %.2f GiB, "
 	       "%.2f%% of the values changed (target %.2f%%), zstd level %d, format %d\n",
@@ -328,80 +435,16 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	for (int r = 0; r < reps; r++) {
-		double t0, e = 0, d = 0, f = 0;
+		double e = 0, d = 0, f = 0;
+		int rc = one_rep(cx, t, nt, out, &e, &d, &f, &wire, &bad);
 
-		wire = 0;
-		for (size_t i = 0; i < nt; i++) {
-			size_t len = t[i].n * 2, cap = len * hwfs_tun.delta_max_pct / 100;
-			ssize_t n;
-
-			free(t[i].enc);
-			t[i].enc = malloc(cap);
-			if (!t[i].enc) {
-				fprintf(stderr, "out of memory\n");
-				return 2;
-			}
-			t0 = cpu_s();
-			n = delta_encode(cx, t[i].v1, t[i].v2, len, 2, t[i].enc, cap);
-			e += cpu_s() - t0;
-			if (n < 0) {
-				fprintf(stderr, "shard %zu: delta_encode: %s\n", i, strerror((int)-n));
-				return 1;
-			}
-			t[i].enc_len = (size_t)n;
-			wire += (size_t)n;
-		}
-		for (size_t i = 0; i < nt; i++) {
-			size_t len = t[i].n * 2;
-			hwfs_hash_t h;
-			char err[160] = "";
-			int rc;
-
-			t0 = cpu_s();
-			rc = delta_decode(cx, t[i].v1, len, t[i].enc, t[i].enc_len, out, err,
-			                  sizeof(err));
-			if (!rc)
-				hwfs_hash_buf(out, len, &h);
-			d += cpu_s() - t0;
-			if (rc || hwfs_hash_cmp(&h, &t[i].h2) || memcmp(out, t[i].v2, len)) {
-				fprintf(stderr, "shard %zu: decode+hash: wrong (%s)\n", i, err);
-				bad = 1;
-			}
-			memset(&h, 0, sizeof(h));
-			t0 = cpu_s();
-			rc = delta_decode_hash(cx, t[i].v1, len, t[i].enc, t[i].enc_len, out, &h,
-			                       err, sizeof(err));
-			f += cpu_s() - t0;
-			if (rc || hwfs_hash_cmp(&h, &t[i].h2) || memcmp(out, t[i].v2, len)) {
-				fprintf(stderr, "shard %zu: delta_decode_hash: wrong (%s)\n", i, err);
-				bad = 1;
-			}
-		}
+		if (rc)
+			return rc;
 		enc_s[r] = e * GIB / (double)bytes;
 		dec_s[r] = d * GIB / (double)bytes;
 		fused_s[r] = f * GIB / (double)bytes;
 	}
-	{
-		double eb, em, db, dm, fb, fm;
-
-		best_median(enc_s, reps, &eb, &em);
-		best_median(dec_s, reps, &db, &dm);
-		best_median(fused_s, reps, &fb, &fm);
-		printf("wire: %zu bytes (%.2f%% of the shards); zstd -1 of the XOR: %zu bytes; "
-		       "ratio %.3f x zstd -1\n",
-		       wire, 100.0 * (double)wire / (double)bytes, ref, (double)wire / (double)ref);
-		printf("CPU-s per GiB (%d reps)         best  median\n", reps);
-		printf("  encode                       %5.3f  %5.3f\n", eb, em);
-		printf("  decode, then XXH3-128        %5.3f  %5.3f\n", db, dm);
-		printf("  delta_decode_hash (fused)    %5.3f  %5.3f\n", fb, fm);
-		/* Issue 20's targets are bench-cluster rl's enc/dec columns, which
-		 * count the same CPU time inside daemons sharing the machine. */
-		printf("issue 20 targets, medians (bench-cluster rl enc/dec judge): encode <= %.1f: "
-		       "%s, rebuild <= %.1f: %s, wire <= %.1f x zstd -1: %s\n",
-		       ISSUE_ENC, em <= ISSUE_ENC ? "yes" : "NO", ISSUE_DEC,
-		       fm <= ISSUE_DEC ? "yes" : "NO", ISSUE_WIRE,
-		       (double)wire <= ISSUE_WIRE * (double)ref ? "yes" : "NO");
-	}
+	report(enc_s, dec_s, fused_s, reps, wire, bytes, (size_t)ref);
 	for (size_t i = 0; i < nt; i++) {
 		free(t[i].v1);
 		free(t[i].v2);

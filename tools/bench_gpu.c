@@ -303,102 +303,73 @@ static double gbps(uint64_t bytes, double s)
 	return s > 0 ? bytes / s / 1e9 : 0;
 }
 
-static int cmd_run(int argc, char **argv)
+/* One run of the benchmark: its parameters and what it measured. */
+struct gpu_run {
+	const char *v;                  /* the version loaded */
+	int gpu, ns, reps, nipc;        /* device, streams, repetitions, IPC samples */
+	uint64_t piece;                 /* the baselines' bytes per cudaMemcpyAsync */
+	uint64_t *sizes;                /* the gpumap answer's bucket sizes */
+	int nb, nb_open;                /* its buckets; those bench_ipc_open() opened */
+	struct load_result pin, page;   /* (i) and (iv) */
+	double t_pinned[MAX_REPS], t_page[MAX_REPS]; /* (ii), (iii) like-for-like */
+	double c_pinned[MAX_REPS], c_page[MAX_REPS]; /* (ii), (iii) pure copy */
+	double ipc[1024], ipc_open[1024], first_ipc;
+};
+
+/* IPC latency while the version is loaded on @hp: hwfs_map_gpu + hwfs_unmap, then the opens alone. */
+static void bench_ipc(struct hwfs *hp, struct gpu_run *g)
 {
-	static const struct option opts[] = {
-		{"pinned", 1, NULL, 'p'}, {"pageable", 1, NULL, 'q'}, {"version", 1, NULL, 'v'},
-		{"gpu", 1, NULL, 'g'},    {"streams", 1, NULL, 's'},  {"piece", 1, NULL, 'c'},
-		{"reps", 1, NULL, 'r'},   {"ipc", 1, NULL, 'i'},      {NULL, 0, NULL, 0},
-	};
-	const char *pmnt = NULL, *qmnt = NULL, *v = NULL;
-	int gpu = 0, ns = 4, reps = 3, nipc = 20, o, nb;
-	uint64_t piece = 64ull << 20, *sizes, bsum = 0;
-	struct load_result pin = {0}, page = {0};
-	double t_pinned[MAX_REPS], t_page[MAX_REPS], c_pinned[MAX_REPS], c_page[MAX_REPS];
-	double ipc[1024], ipc_open[1024], first_ipc = 0;
-	int nb_open;
-	char why[512];
-	struct hwfs *hp, *hq;
-	uint8_t *hbuf;
-
-	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (o) {
-		case 'p': pmnt = optarg; break;
-		case 'q': qmnt = optarg; break;
-		case 'v': v = optarg; break;
-		case 'g': gpu = atoi(optarg); break;
-		case 's': ns = atoi(optarg); break;
-		case 'c': piece = strtoull(optarg, NULL, 0); break;
-		case 'r': reps = atoi(optarg); break;
-		case 'i': nipc = atoi(optarg); break;
-		default: die("%s", USAGE);
-		}
-	}
-	if (!pmnt || !qmnt || !v || ns < 1 || ns > MAX_STREAMS || reps < 1 || reps > MAX_REPS ||
-	    nipc < 1 || nipc > 1024 || piece < 4096)
-		die("%s", USAGE);
-	if (cudart_open(&rt, why, sizeof(why)) < 0)
-		die("bench-gpu needs a CUDA device: %s", why);
-	cu(rt->SetDevice(gpu), "cudaSetDevice");
-	if (hwfs_open(pmnt, &hp) < 0 || hwfs_open(qmnt, &hq) < 0)
-		die("hwfs_open: %s", hwfs_errmsg());
-
-	/* (i) the pinned arena, then the IPC latency while it is loaded. */
-	bench_load(hp, v, gpu, reps, &pin);
-	sizes = calloc(MAX_BUCKETS, sizeof(*sizes));
-	if (!sizes)
-		die("out of memory");
-	nb = bucket_sizes(hp, v, gpu, sizes);
-	for (int b = 0; b < nb; b++)
-		bsum += sizes[b];
-	if (nb < 1 || bsum < pin.bytes)
-		die("the gpumap answer lists %d buckets of %" PRIu64 " bytes for %" PRIu64
-		    " bytes of tensors", nb, bsum, pin.bytes);
-	for (int i = -1; i < nipc; i++) {
+	for (int i = -1; i < g->nipc; i++) {
 		struct hwfs_map *m;
 		double t0 = now();
 
-		if (hwfs_map_gpu(hp, v, gpu, &m) < 0)
-			die("hwfs_map_gpu(%s): %s", v, hwfs_errmsg());
+		if (hwfs_map_gpu(hp, g->v, g->gpu, &m) < 0)
+			die("hwfs_map_gpu(%s): %s", g->v, hwfs_errmsg());
 		if (i < 0)
-			first_ipc = now() - t0;
+			g->first_ipc = now() - t0;
 		else
-			ipc[i] = now() - t0;
+			g->ipc[i] = now() - t0;
 		hwfs_unmap(m);
 	}
-	nb_open = bench_ipc_open(hp, v, gpu, nipc, ipc_open);
-	json_decref(call(hp, "{\"op\":\"unload\",\"version\":\"%s\",\"gpu\":%d}", v, gpu));
+	g->nb_open = bench_ipc_open(hp, g->v, g->gpu, g->nipc, g->ipc_open);
+}
 
-	/* (iv) the pageable arena. */
-	bench_load(hq, v, gpu, reps, &page);
-	json_decref(call(hq, "{\"op\":\"unload\",\"version\":\"%s\",\"gpu\":%d}", v, gpu));
+/* (ii) and (iii) the baselines, into buckets of the same sizes: pinned, then pageable host memory. */
+static void bench_baselines(struct gpu_run *g)
+{
+	uint8_t *hbuf;
 
-	/* (ii) and (iii) the baselines, into buckets of the same sizes. */
-	cu(rt->MallocHost((void **)&hbuf, pin.bytes), "cudaMallocHost");
-	memset(hbuf, 0x5a, pin.bytes);
-	bench_memcpy(hbuf, pin.bytes, sizes, nb, ns, piece, reps, t_pinned, c_pinned);
+	cu(rt->MallocHost((void **)&hbuf, g->pin.bytes), "cudaMallocHost");
+	memset(hbuf, 0x5a, g->pin.bytes);
+	bench_memcpy(hbuf, g->pin.bytes, g->sizes, g->nb, g->ns, g->piece, g->reps, g->t_pinned,
+		     g->c_pinned);
 	rt->FreeHost(hbuf);
-	hbuf = malloc(pin.bytes);
+	hbuf = malloc(g->pin.bytes);
 	if (!hbuf)
-		die("out of memory (%" PRIu64 " bytes)", pin.bytes);
-	memset(hbuf, 0x5a, pin.bytes);
-	bench_memcpy(hbuf, pin.bytes, sizes, nb, ns, piece, reps, t_page, c_page);
+		die("out of memory (%" PRIu64 " bytes)", g->pin.bytes);
+	memset(hbuf, 0x5a, g->pin.bytes);
+	bench_memcpy(hbuf, g->pin.bytes, g->sizes, g->nb, g->ns, g->piece, g->reps, g->t_page,
+		     g->c_page);
 	free(hbuf);
+}
 
-	double s_pin = median(pin.secs, reps), w_pin = median(pin.wall, reps);
-	double s_page = median(page.secs, reps), w_page = median(page.wall, reps);
-	double m_pin = median(t_pinned, reps), m_page = median(t_page, reps);
-	double cp_pin = median(c_pinned, reps), cp_page = median(c_page, reps);
-	double ipc_med = median(ipc, nipc), open_med = median(ipc_open, nipc);
+/* The table, the ratio against its target, the IPC latencies, and the same as one JSON line. */
+static void print_results(struct gpu_run *g)
+{
+	double s_pin = median(g->pin.secs, g->reps), w_pin = median(g->pin.wall, g->reps);
+	double s_page = median(g->page.secs, g->reps), w_page = median(g->page.wall, g->reps);
+	double m_pin = median(g->t_pinned, g->reps), m_page = median(g->t_page, g->reps);
+	double cp_pin = median(g->c_pinned, g->reps), cp_page = median(g->c_page, g->reps);
+	double ipc_med = median(g->ipc, g->nipc), open_med = median(g->ipc_open, g->nipc);
 	double ratio = s_pin > 0 ? m_pin / s_pin : 0, ratio_copy = s_pin > 0 ? cp_pin / s_pin : 0;
-	uint64_t B = pin.bytes;
+	uint64_t B = g->pin.bytes;
 
 #define ROW(label, sec) \
 	printf("  %-58s %8.2f %9.3f %8.2f\n", label, gbps(B, sec), sec, (sec) > 0 ? m_pin / (sec) : 0)
 	printf("hwfs GPU benchmark: version %s, %" PRIu64 " bytes (%.2f GB, %.2f GiB) in %lld tensors, "
 	       "%d buckets (largest %.0f MiB), GPU %d, %d streams, pieces of %.0f MiB, median of %d "
-	       "runs\n", v, B, B / 1e9, B / 1073741824.0, pin.tensors, nb, sizes[0] / 1048576.0, gpu,
-	       ns, piece / 1048576.0, reps);
+	       "runs\n", g->v, B, B / 1e9, B / 1073741824.0, g->pin.tensors, g->nb, g->sizes[0] / 1048576.0, g->gpu,
+	       g->ns, g->piece / 1048576.0, g->reps);
 	printf("  rates in GB/s = 1e9 bytes per second; \"vs (ii)\" = time of (ii) like-for-like / "
 	       "time of the row\n");
 	printf("  %-58s %8s %9s %8s\n", "host-to-device path", "GB/s", "seconds", "vs (ii)");
@@ -413,16 +384,16 @@ static int cmd_run(int argc, char **argv)
 #undef ROW
 	printf("  like-for-like: cudaMemGetInfo, a cudaMalloc per bucket, %d streams created and "
 	       "destroyed, the copies and a cudaIpcGetMemHandle per bucket, as the load's \"seconds\" "
-	       "counts them; pure copy: first cudaMemcpyAsync to the last stream's end\n", ns);
-	printf("  sources reported by the loads: (i) %s, (iv) %s\n", pin.source, page.source);
+	       "counts them; pure copy: first cudaMemcpyAsync to the last stream's end\n", g->ns);
+	printf("  sources reported by the loads: (i) %s, (iv) %s\n", g->pin.source, g->page.source);
 	printf("ratio (i)/(ii) like-for-like = %.2f: target >= %.2f %s; (i)/(ii) pure copy = %.2f\n",
 	       ratio, TARGET_RATIO, ratio >= TARGET_RATIO ? "MET" : "NOT MET", ratio_copy);
 	printf("IPC: hwfs_map_gpu + hwfs_unmap (whole call, %d buckets): median %.3f ms over %d "
-	       "(the untimed first map, this process's first IPC opens: %.1f ms)\n", nb, ipc_med * 1e3,
-	       nipc, first_ipc * 1e3);
+	       "(the untimed first map, this process's first IPC opens: %.1f ms)\n", g->nb, ipc_med * 1e3,
+	       g->nipc, g->first_ipc * 1e3);
 	printf("IPC: cudaIpcOpenMemHandle alone, every bucket of the gpumap answer: median %.3f ms "
-	       "per map over %d, %.1f us per bucket (%d buckets)\n", open_med * 1e3, nipc,
-	       nb_open > 0 ? open_med * 1e6 / nb_open : 0, nb_open);
+	       "per map over %d, %.1f us per bucket (%d buckets)\n", open_med * 1e3, g->nipc,
+	       g->nb_open > 0 ? open_med * 1e6 / g->nb_open : 0, g->nb_open);
 	printf("{\"bench\": \"gpu\", \"version\": \"%s\", \"bytes\": %" PRIu64 ", \"tensors\": %lld, "
 	       "\"buckets\": %d, \"gpu\": %d, \"streams\": %d, \"piece_bytes\": %" PRIu64
 	       ", \"reps\": %d, \"units\": \"GB/s = 1e9 B/s\", \"load_pinned_gbps\": %.3f, "
@@ -435,12 +406,70 @@ static int cmd_run(int argc, char **argv)
 	       "\"map_gpu_ms_median\": %.4f, \"map_gpu_ms_first\": %.3f, "
 	       "\"ipc_open_ms_median\": %.4f, \"ipc_open_us_per_bucket\": %.2f, "
 	       "\"ipc_samples\": %d}\n",
-	       v, B, pin.tensors, nb, gpu, ns, piece, reps, gbps(B, s_pin), gbps(B, w_pin),
+	       g->v, B, g->pin.tensors, g->nb, g->gpu, g->ns, g->piece, g->reps, gbps(B, s_pin), gbps(B, w_pin),
 	       gbps(B, m_pin), gbps(B, cp_pin), gbps(B, m_page), gbps(B, cp_page), gbps(B, s_page),
 	       gbps(B, w_page), ratio, ratio_copy, TARGET_RATIO,
-	       ratio >= TARGET_RATIO ? "true" : "false", pin.source, page.source, ipc_med * 1e3,
-	       first_ipc * 1e3, open_med * 1e3, nb_open > 0 ? open_med * 1e6 / nb_open : 0, nipc);
-	free(sizes);
+	       ratio >= TARGET_RATIO ? "true" : "false", g->pin.source, g->page.source, ipc_med * 1e3,
+	       g->first_ipc * 1e3, open_med * 1e3, g->nb_open > 0 ? open_med * 1e6 / g->nb_open : 0, g->nipc);
+}
+
+static int cmd_run(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"pinned", 1, NULL, 'p'}, {"pageable", 1, NULL, 'q'}, {"version", 1, NULL, 'v'},
+		{"gpu", 1, NULL, 'g'},    {"streams", 1, NULL, 's'},  {"piece", 1, NULL, 'c'},
+		{"reps", 1, NULL, 'r'},   {"ipc", 1, NULL, 'i'},      {NULL, 0, NULL, 0},
+	};
+	struct gpu_run g = {.ns = 4, .reps = 3, .nipc = 20, .piece = 64ull << 20};
+	const char *pmnt = NULL, *qmnt = NULL;
+	uint64_t bsum = 0;
+	char why[512];
+	struct hwfs *hp, *hq;
+	int o;
+
+	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (o) {
+		case 'p': pmnt = optarg; break;
+		case 'q': qmnt = optarg; break;
+		case 'v': g.v = optarg; break;
+		case 'g': g.gpu = atoi(optarg); break;
+		case 's': g.ns = atoi(optarg); break;
+		case 'c': g.piece = strtoull(optarg, NULL, 0); break;
+		case 'r': g.reps = atoi(optarg); break;
+		case 'i': g.nipc = atoi(optarg); break;
+		default: die("%s", USAGE);
+		}
+	}
+	if (!pmnt || !qmnt || !g.v || g.ns < 1 || g.ns > MAX_STREAMS || g.reps < 1 ||
+	    g.reps > MAX_REPS || g.nipc < 1 || g.nipc > 1024 || g.piece < 4096)
+		die("%s", USAGE);
+	if (cudart_open(&rt, why, sizeof(why)) < 0)
+		die("bench-gpu needs a CUDA device: %s", why);
+	cu(rt->SetDevice(g.gpu), "cudaSetDevice");
+	if (hwfs_open(pmnt, &hp) < 0 || hwfs_open(qmnt, &hq) < 0)
+		die("hwfs_open: %s", hwfs_errmsg());
+
+	/* (i) the pinned arena, then the IPC latency while it is loaded. */
+	bench_load(hp, g.v, g.gpu, g.reps, &g.pin);
+	g.sizes = calloc(MAX_BUCKETS, sizeof(*g.sizes));
+	if (!g.sizes)
+		die("out of memory");
+	g.nb = bucket_sizes(hp, g.v, g.gpu, g.sizes);
+	for (int b = 0; b < g.nb; b++)
+		bsum += g.sizes[b];
+	if (g.nb < 1 || bsum < g.pin.bytes)
+		die("the gpumap answer lists %d buckets of %" PRIu64 " bytes for %" PRIu64
+		    " bytes of tensors", g.nb, bsum, g.pin.bytes);
+	bench_ipc(hp, &g);
+	json_decref(call(hp, "{\"op\":\"unload\",\"version\":\"%s\",\"gpu\":%d}", g.v, g.gpu));
+
+	/* (iv) the pageable arena. */
+	bench_load(hq, g.v, g.gpu, g.reps, &g.page);
+	json_decref(call(hq, "{\"op\":\"unload\",\"version\":\"%s\",\"gpu\":%d}", g.v, g.gpu));
+
+	bench_baselines(&g);
+	print_results(&g);
+	free(g.sizes);
 	hwfs_close(hp);
 	hwfs_close(hq);
 	return 0;

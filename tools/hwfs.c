@@ -1,12 +1,14 @@
 /*
  * hwfs.c — the `hwfs` command: one binary, one verb per subcommand.  This
  * file holds main(), the table of verbs (verbs[] at the bottom: the one place
- * that names a verb, its function and its line in `hwfs --help`) and the
- * client verbs; starting and stopping daemons (mount, umount, coord, keygen)
- * is in hwfs_daemon.c, and what the two share is declared in hwfs_cli.h.
- * build/hwfs is this file alone (with libhwfs): a verb of another file is
- * run by build/hwfs-core, the whole program beside it (run_core();
- * hwfs_cli.h says why).
+ * that names a verb, its function and its line in `hwfs --help`), the
+ * channel to a mount's daemon and the client verbs but `hwfs status`
+ * (hwfs_status.c; what the two share is hwfs_client.h); starting and
+ * stopping daemons (mount, umount, coord, keygen) is in hwfs_daemon.c, and
+ * what all of them share is declared in hwfs_cli.h.  build/hwfs is this
+ * file and hwfs_status.c (with libhwfs): a verb of another file is run by
+ * build/hwfs-core, the whole program beside it (run_core(); hwfs_cli.h says
+ * why).
  *
  * `hwfs mount` starts a daemon (fs/daemon/daemon.c) and returns once the mount
  * answers; every other verb asks the daemon of a mount through libhwfs
@@ -30,6 +32,7 @@
 
 #include "hwfs_api.h" /* first: the public API beside hwfs_common.h */
 #include "hwfs_cli.h"
+#include "hwfs_client.h"
 #include "names.h"
 
 #ifndef HWFS_VERSION /* the Makefile's LIBHWFS_VERSION, passed with -D */
@@ -37,11 +40,11 @@
 #endif
 
 static const char *g_mount;
-static int g_json;
+int cli_json;         /* --json (hwfs_client.h) */
 static int g_local;   /* commit --local */
 static int g_force;   /* seal --force */
-static int g_cluster; /* status --cluster */
-static int g_watch;   /* status --cluster --watch */
+int cli_cluster;      /* status --cluster */
+int cli_watch;        /* status --cluster --watch */
 static int g_elements; /* diff --elements */
 static const char *g_gpu; /* load/unload --gpu N (as given: checked by gpu_arg()) */
 
@@ -73,10 +76,10 @@ static const char *default_mount(void)
 /*
  * @s as it may be printed: hwfs_clean_text() blanks its control characters,
  * so a tensor name (or a sentence quoting one) cannot move the cursor, set a
- * title or split a line.  Valid until the fourth call after this one (one
+ * title or split a line.  Valid until the fourth cli_call after this one (one
  * printf may show three); "?" without memory.
  */
-static const char *shown(const char *s)
+const char *cli_shown(const char *s)
 {
 	static char *ring[4];
 	static unsigned k;
@@ -127,7 +130,7 @@ static struct hwfs *mount_handle(void)
  * Send @req (stolen) through hwfs_call() and return the final answer; dies
  * when the daemon cannot be asked and, with @die_on_error, on {"ok": false}.
  */
-static json_t *call(json_t *req, int die_on_error)
+json_t *cli_call(json_t *req, int die_on_error)
 {
 	struct progress p = {hwfs_mono_s(), isatty(2), 0};
 	char *line = json_dumps(req, JSON_COMPACT), *reply = NULL;
@@ -151,7 +154,7 @@ static json_t *call(json_t *req, int die_on_error)
 		json_t *e = json_object_get(res, "error");
 		char msg[1024];
 
-		snprintf(msg, sizeof(msg), "%s", json_is_string(e) ? shown(json_string_value(e))
+		snprintf(msg, sizeof(msg), "%s", json_is_string(e) ? cli_shown(json_string_value(e))
 								   : "request failed");
 		json_decref(res); /* die() exits: nothing may stay allocated (LeakSanitizer) */
 		die("%s", msg);
@@ -159,29 +162,32 @@ static json_t *call(json_t *req, int die_on_error)
 	return res;
 }
 
-static void print_json(json_t *res)
+/* Print @res without its "ok", indented. */
+void cli_print_json(json_t *res)
 {
 	json_object_del(res, "ok");
 	json_dumpf(res, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 	fputc('\n', stdout);
 }
 
-static int64_t jint(json_t *o, const char *k)
+/* Integer member @k of @o, 0 when none. */
+int64_t cli_jint(json_t *o, const char *k)
 {
 	return json_integer_value(json_object_get(o, k));
 }
 
-static const char *jstr(json_t *o, const char *k)
+/* String member @k of @o, "-" when none. */
+const char *cli_jstr(json_t *o, const char *k)
 {
 	json_t *v = json_object_get(o, k);
 
 	return json_is_string(v) ? json_string_value(v) : "-";
 }
 
-/* String member @k of @o as it may be printed: shown(jstr()). */
-static const char *jshown(json_t *o, const char *k)
+/* String member @k of @o as it may be printed: cli_shown(cli_jstr()). */
+const char *cli_jshown(json_t *o, const char *k)
 {
-	return shown(jstr(o, k));
+	return cli_shown(cli_jstr(o, k));
 }
 
 /* ------------------------------------------------------------ verbs */
@@ -195,14 +201,13 @@ static const char *version_arg(const char *v)
 {
 	if (!hwfs_valid_name(v))
 		die("invalid version name '%s' (1-%d bytes of UTF-8, no '/', no control "
-		    "character, not . or ..)", shown(v), HWFS_NAME_MAX);
+		    "character, not . or ..)", cli_shown(v), HWFS_NAME_MAX);
 	return v;
 }
 
 
 /* Common options of client verbs: -m, --json, --help. Returns optind. */
-static int client_opts(int argc, char **argv, const char *usage, int min_args, int max_args,
-		       int *keep)
+int cli_opts(int argc, char **argv, const char *usage, int min_args, int max_args, int *keep)
 {
 	static const struct option lo[] = {
 		{"mount", required_argument, NULL, 'm'}, {"json", no_argument, NULL, 'j'},
@@ -222,7 +227,7 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 			g_mount = optarg;
 			break;
 		case 'j':
-			g_json = 1;
+			cli_json = 1;
 			break;
 		case 'k':
 			if (!keep)
@@ -235,10 +240,10 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 			g_local = 1;
 			break;
 		case 'C':
-			g_cluster = 1;
+			cli_cluster = 1;
 			break;
 		case 'W':
-			g_watch = 1;
+			cli_watch = 1;
 			break;
 		case 'F':
 			g_force = 1;
@@ -261,301 +266,17 @@ static int client_opts(int argc, char **argv, const char *usage, int min_args, i
 	return optind;
 }
 
-static void print_versions_table(json_t *vers)
-{
-	size_t i;
-	json_t *v;
-
-	printf("%-24s %-8s %6s %8s %12s  %s\n", "VERSION", "STATE", "FILES", "TENSORS", "BYTES",
-	       "DIGEST");
-	json_array_foreach(vers, i, v) {
-		char sz[32];
-		json_t *errs = json_object_get(v, "errors"), *e;
-		size_t k;
-
-		printf("%-24s %-8s %6lld %8lld %12s  %s\n", jstr(v, "name"), jstr(v, "state"),
-		       (long long)jint(v, "files"), (long long)jint(v, "tensors"),
-		       hwfs_fmt_size((uint64_t)jint(v, "bytes"), sz, sizeof(sz)),
-		       jstr(v, "digest"));
-		json_array_foreach(errs, k, e)
-			printf("    %s: not parsed as safetensors: %s\n", jshown(e, "file"),
-			       jshown(e, "error"));
-	}
-}
-
-/*
- * One line per registered engine of @engines (status's "engines"): what it
- * serves, the version it shadow-loads and how that stands, its last swap.
- */
-static void print_engines(const char *indent, json_t *engines)
-{
-	size_t k;
-	json_t *e;
-
-	json_array_foreach(engines, k, e) {
-		json_t *shadow = json_object_get(e, "shadow"), *reason = json_object_get(e, "reason");
-
-		printf("%sengine:  %s (pid %lld): serving %s", indent, jstr(e, "name"),
-		       (long long)jint(e, "pid"),
-		       json_is_string(json_object_get(e, "serving")) ? jstr(e, "serving")
-								     : "nothing");
-		if (json_is_string(shadow))
-			printf(", shadow %s %s%s%s", json_string_value(shadow), jstr(e, "state"),
-			       json_is_string(reason) ? ": " : "",
-			       json_is_string(reason) ? json_string_value(reason) : "");
-		if (jint(e, "swaps"))
-			printf("; last swap paused %lld us (%lld swaps)",
-			       (long long)jint(e, "last_swap_pause_us"), (long long)jint(e, "swaps"));
-		if (json_is_integer(json_object_get(e, "last_drain_us")))
-			printf(", drain %lld us", (long long)jint(e, "last_drain_us"));
-		if (json_is_integer(json_object_get(e, "last_swap_us")))
-			printf(", swap %lld us", (long long)jint(e, "last_swap_us"));
-		printf("\n");
-	}
-}
-
-/*
- * status's gpu line: "gpu: none (why)", or the devices (PCI address, compute
- * capability, free of total memory), the runtime and driver versions and how
- * much of the arena is pinned for CUDA.
- */
-static void print_gpu(json_t *res)
-{
-	json_t *g = json_object_get(res, "gpu"), *dev;
-	const char *note = jstr(res, "gpu_note");
-	char a[32], b[32];
-	size_t k;
-
-	if (!json_is_object(g)) {
-		if (json_object_get(res, "gpu_note")) /* a daemon from before the GPU plane: nothing */
-			printf("gpu:     none (%s)\n", *note ? note : "no usable CUDA device");
-		return;
-	}
-	k = json_array_size(json_object_get(g, "devices"));
-	printf("gpu:     %zu device%s (", k, k == 1 ? "" : "s");
-	json_array_foreach(json_object_get(g, "devices"), k, dev) {
-		if (json_is_string(json_object_get(dev, "error")))
-			printf("%s%lld: %s", k ? "; " : "", (long long)jint(dev, "index"),
-			       jstr(dev, "error"));
-		else if (!json_object_get(dev, "free_bytes")) /* no context there: not asked */
-			printf("%s%lld: %s cc %s, memory not queried", k ? "; " : "",
-			       (long long)jint(dev, "index"), jstr(dev, "pci"), jstr(dev, "cc"));
-		else
-			printf("%s%lld: %s cc %s, %s free of %s", k ? "; " : "",
-			       (long long)jint(dev, "index"), jstr(dev, "pci"), jstr(dev, "cc"),
-			       hwfs_fmt_size((uint64_t)jint(dev, "free_bytes"), a, sizeof(a)),
-			       hwfs_fmt_size((uint64_t)jint(dev, "total_bytes"), b, sizeof(b)));
-	}
-	printf("), runtime %s, driver %s, %s pinned\n", jstr(g, "runtime"), jstr(g, "driver"),
-	       hwfs_fmt_size((uint64_t)jint(g, "pinned_bytes"), a, sizeof(a)));
-}
-
-/* One line for the leases of status: each mapped version and the pid holding it. */
-static void print_leases(json_t *leases)
-{
-	size_t k;
-	json_t *l;
-
-	if (!json_array_size(leases))
-		return;
-	printf("leases: ");
-	json_array_foreach(leases, k, l)
-		printf("%s %s (pid %lld)", k ? "," : "", jstr(l, "version"), (long long)jint(l, "pid"));
-	printf("\n");
-}
-
-/*
- * status's "held" line, beside the leases: the space open files keep (files
- * of removed versions still open, files being written); nothing when none.
- */
-static void print_held(json_t *held)
-{
-	int64_t rf = jint(held, "removed_files"), wf = jint(held, "writing_files");
-	char a[32], b[32];
-
-	if (!rf && !wf)
-		return;
-	printf("held:    ");
-	if (rf)
-		printf("%lld removed file%s still open (%s)", (long long)rf,
-		       rf == 1 ? "" : "s",
-		       hwfs_fmt_size((uint64_t)jint(held, "removed_bytes"), a, sizeof(a)));
-	if (wf)
-		printf("%s%lld file%s being written (%s)", rf ? ", " : "", (long long)wf,
-		       wf == 1 ? "" : "s",
-		       hwfs_fmt_size((uint64_t)jint(held, "writing_bytes"), b, sizeof(b)));
-	printf("\n");
-}
-
-/*
- * Percent of a version a node holds, 0..100.  The coordinator keeps a node's
- * last HAVE: bytes_held (distinct shard bytes here) and bytes_needed (those
- * still missing), so the version's size is their sum; dividing by
- * bytes_needed alone showed 44% as 77% and overflowed the bar past 50%.
- */
-static int progress_pct(int64_t held, int64_t missing, int complete)
-{
-	if (complete)
-		return 100;
-	if (held <= 0)
-		return 0;
-	if (missing <= 0)
-		return 99; /* all bytes here, the version not built yet */
-	return (int)HWFS_MIN(99.0, 100.0 * (double)held / ((double)held + (double)missing));
-}
-
-/* Print the cluster table once; returns how many (node, version) are still replicating. */
-static int print_cluster(json_t *cl)
-{
-	int busy = 0;
-	json_t *n, *v;
-	size_t i, k;
-	char a[32], b[32];
-
-	printf("coordinator %s, committed: %s\n", jstr(cl, "coordinator"),
-	       json_is_string(json_object_get(cl, "committed")) ? jstr(cl, "committed") : "(none)");
-	json_array_foreach(json_object_get(cl, "nodes"), i, n) {
-		printf("%-16s %-5s %s  current: %s%s\n", jstr(n, "name"),
-		       json_is_true(json_object_get(n, "alive")) ? "up" : "DOWN", jstr(n, "addr"),
-		       json_is_string(json_object_get(n, "current")) ? jstr(n, "current") : "(none)",
-		       json_is_true(json_object_get(n, "diverged")) ? "  DIVERGED from the committed version"
-								    : "");
-		json_array_foreach(json_object_get(n, "versions"), k, v) {
-			int64_t held = jint(v, "bytes_held"), missing = jint(v, "bytes_needed");
-			int complete = json_is_true(json_object_get(v, "complete")), w = 30;
-			int pct = progress_pct(held, missing, complete), fill = pct * w / 100;
-
-			printf("    %-20s [%.*s%*s] %3d%% ", jstr(v, "name"), fill,
-			       "##############################", w - fill, "", pct);
-			if (complete)
-				printf("complete\n");
-			else
-				printf("(%s of %s) %s\n",
-				       hwfs_fmt_size((uint64_t)HWFS_MAX(held, 0), a, sizeof(a)),
-				       hwfs_fmt_size((uint64_t)HWFS_MAX(held, 0) +
-						     (uint64_t)HWFS_MAX(missing, 0), b, sizeof(b)),
-				       json_is_string(json_object_get(v, "waiting"))
-					       ? jstr(v, "waiting") : "replicating");
-			busy += !complete && json_is_true(json_object_get(n, "alive"));
-		}
-		print_engines("    ", json_object_get(n, "engines"));
-	}
-	return busy;
-}
-
-/*
- * status --cluster: the coordinator's have-table, through this node.  With
- * --watch, redraw every second until nothing is replicating.
- */
-static int status_cluster(void)
-{
-	for (;;) {
-		json_t *res = call(json_pack("{s:s}", "op", "cluster"), 1);
-		json_t *cl = json_object_get(res, "cluster");
-		int busy;
-
-		if (g_json) {
-			json_dumpf(cl, stdout, JSON_INDENT(2));
-			fputc('\n', stdout);
-			json_decref(res);
-			return 0;
-		}
-		if (g_watch && isatty(1))
-			printf("\033[H\033[2J");
-		busy = print_cluster(cl);
-		json_decref(res);
-		fflush(stdout);
-		if (!g_watch || !busy)
-			return 0;
-		sleep(1);
-	}
-}
-
-/* status's last refused commit ({"version", "reason", "errno", "at"}), when there is one. */
-static void print_refused(json_t *r)
-{
-	char when[32];
-	time_t at;
-
-	if (!json_is_object(r))
-		return;
-	at = (time_t)jint(r, "at");
-	strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", localtime(&at));
-	printf("last refused commit: %s at %s: %s\n", jstr(r, "version"), when, jstr(r, "reason"));
-}
-
-static int cmd_status(int argc, char **argv)
-{
-	json_t *res, *st, *v;
-	char a[32], b[32];
-	size_t k;
-
-	client_opts(argc, argv, "hwfs status [-m MOUNT] [--json] [--cluster [--watch]]", 0, 0,
-		    NULL);
-	if (g_cluster)
-		return status_cluster();
-	res = call(json_pack("{s:s}", "op", "status"), 1);
-	if (g_json) {
-		print_json(res);
-	} else {
-		st = json_object_get(res, "store");
-		printf("hwfs on %s (pid %lld)\n", jstr(res, "mount"), (long long)jint(res, "pid"));
-		printf("store:   %s: %s of shards (%lld) in %s capacity", jstr(st, "path"),
-		       hwfs_fmt_size((uint64_t)jint(st, "used_bytes"), a, sizeof(a)),
-		       (long long)jint(st, "shards"),
-		       hwfs_fmt_size((uint64_t)jint(st, "capacity_bytes"), b, sizeof(b)));
-		if (!strcmp(jstr(st, "pinned"), "cuda") || !strcmp(jstr(st, "pinned"), "mlock"))
-			printf(", %s %s", hwfs_fmt_size((uint64_t)jint(st, "pinned_bytes"), a,
-							sizeof(a)),
-			       !strcmp(jstr(st, "pinned"), "cuda") ? "pinned for CUDA"
-								   : "locked (mlock)");
-		else if (json_is_string(json_object_get(st, "pinned")))
-			printf(", not pinned");
-		printf("\n");
-		print_gpu(res);
-		printf("current: %s\n", json_is_string(json_object_get(res, "current"))
-						? jstr(res, "current")
-						: "(none)");
-		print_refused(json_object_get(res, "last_refused_commit"));
-		print_versions_table(json_object_get(res, "versions"));
-		print_engines("", json_object_get(res, "engines"));
-		print_leases(json_object_get(res, "leases"));
-		print_held(json_object_get(res, "held"));
-		if (json_object_get(res, "node")) {
-			json_t *rep = json_object_get(res, "replication");
-
-			char wa[32], wb[32];
-
-			printf("node:    %s, coordinator %s; received %s (%s on the wire), sent %s "
-			       "(%s on the wire)\n",
-			       jstr(res, "node"), jstr(res, "coordinator"),
-			       hwfs_fmt_size((uint64_t)jint(rep, "bytes_received"), a, sizeof(a)),
-			       hwfs_fmt_size((uint64_t)jint(rep, "wire_bytes_received"), wa, sizeof(wa)),
-			       hwfs_fmt_size((uint64_t)jint(rep, "bytes_sent"), b, sizeof(b)),
-			       hwfs_fmt_size((uint64_t)jint(rep, "wire_bytes_sent"), wb, sizeof(wb)));
-			json_array_foreach(json_object_get(rep, "pulls"), k, v)
-				printf("pulling: %s, %s of %s%s%s\n", jstr(v, "version"),
-				       hwfs_fmt_size((uint64_t)jint(v, "bytes_held"), a, sizeof(a)),
-				       hwfs_fmt_size((uint64_t)jint(v, "bytes_total"), b, sizeof(b)),
-				       json_object_get(v, "waiting") ? "; " : "",
-				       json_object_get(v, "waiting") ? jstr(v, "waiting") : "");
-		}
-	}
-	json_decref(res);
-	return 0;
-}
-
 static int cmd_ls(int argc, char **argv)
 {
 	json_t *res;
 
-	client_opts(argc, argv, "hwfs ls [-m MOUNT] [--json]", 0, 0, NULL);
-	res = call(json_pack("{s:s}", "op", "ls"), 1);
-	if (g_json) {
+	cli_opts(argc, argv, "hwfs ls [-m MOUNT] [--json]", 0, 0, NULL);
+	res = cli_call(json_pack("{s:s}", "op", "ls"), 1);
+	if (cli_json) {
 		json_dumpf(json_object_get(res, "versions"), stdout, JSON_INDENT(2));
 		fputc('\n', stdout);
 	} else {
-		print_versions_table(json_object_get(res, "versions"));
+		cli_print_versions(json_object_get(res, "versions"));
 	}
 	json_decref(res);
 	return 0;
@@ -564,14 +285,14 @@ static int cmd_ls(int argc, char **argv)
 static int cmd_simple(int argc, char **argv, const char *op, const char *usage,
 		      const char *done_fmt)
 {
-	int i = client_opts(argc, argv, usage, 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:b, s:b}", "op", op, "version",
+	int i = cli_opts(argc, argv, usage, 1, 1, NULL);
+	json_t *res = cli_call(json_pack("{s:s, s:s, s:b, s:b}", "op", op, "version",
 				     version_arg(argv[i]), "local",
 				     g_local, "force", g_force),
 			   1);
 
-	if (g_json)
-		print_json(res);
+	if (cli_json)
+		cli_print_json(res);
 	else
 		printf(done_fmt, argv[i]);
 	json_decref(res);
@@ -610,18 +331,18 @@ static void print_nodes(const char *label, json_t *a)
  */
 static int cmd_commit(int argc, char **argv)
 {
-	int i = client_opts(argc, argv, "hwfs commit VERSION [--local [--force]] [-m MOUNT] [--json]",
+	int i = cli_opts(argc, argv, "hwfs commit VERSION [--local [--force]] [-m MOUNT] [--json]",
 			    1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:b, s:b}", "op", "commit", "version",
+	json_t *res = cli_call(json_pack("{s:s, s:s, s:b, s:b}", "op", "commit", "version",
 				     version_arg(argv[i]), "local", g_local, "force", g_force),
 			   0);
-	const char *outcome = jstr(res, "outcome"), *k;
+	const char *outcome = cli_jstr(res, "outcome"), *k;
 	int ok = json_is_true(json_object_get(res, "ok"));
 	int rc = ok ? 0 : !strcmp(outcome, "partial") ? 3 : !strcmp(outcome, "unknown") ? 4 : 1;
 	json_t *v;
 
-	if (g_json) {
-		print_json(res);
+	if (cli_json) {
+		cli_print_json(res);
 	} else {
 		if (ok)
 			printf("current -> versions/%s\n", argv[i]);
@@ -631,14 +352,14 @@ static int cmd_commit(int argc, char **argv)
 		print_nodes("no answer from", json_object_get(res, "unknown"));
 	}
 	if (!ok)
-		fprintf(stderr, "hwfs: error: %s\n", jshown(res, "error"));
+		fprintf(stderr, "hwfs: error: %s\n", cli_jshown(res, "error"));
 	json_decref(res);
 	return rc;
 }
 
 static int cmd_publish(int argc, char **argv)
 {
-	int i = client_opts(argc, argv, "hwfs publish SRC_DIR VERSION [-m MOUNT] [--json]", 2, 2,
+	int i = cli_opts(argc, argv, "hwfs publish SRC_DIR VERSION [-m MOUNT] [--json]", 2, 2,
 			    NULL);
 	const char *v = version_arg(argv[i + 1]);
 	char *src = realpath(argv[i], NULL);
@@ -648,15 +369,15 @@ static int cmd_publish(int argc, char **argv)
 
 	if (!src)
 		die("%s: %s", argv[i], strerror(errno));
-	res = call(json_pack("{s:s, s:s, s:s}", "op", "publish", "src", src, "version", v), 1);
+	res = cli_call(json_pack("{s:s, s:s, s:s}", "op", "publish", "src", src, "version", v), 1);
 	dt = hwfs_mono_s() - t0;
-	if (g_json) {
+	if (cli_json) {
 		json_object_set_new(res, "seconds", json_real(dt));
-		print_json(res);
+		cli_print_json(res);
 	} else {
 		printf("published %s: %s in %.2f s (%.2f GB/s)\n", v,
-		       hwfs_fmt_size((uint64_t)jint(res, "bytes"), sz, sizeof(sz)), dt,
-		       dt > 0 ? (double)jint(res, "bytes") / dt / 1e9 : 0.0);
+		       hwfs_fmt_size((uint64_t)cli_jint(res, "bytes"), sz, sizeof(sz)), dt,
+		       dt > 0 ? (double)cli_jint(res, "bytes") / dt / 1e9 : 0.0);
 	}
 	free(src);
 	json_decref(res);
@@ -698,26 +419,26 @@ static int gpu_arg(const char *verb, int required, const char *usage)
 static int cmd_load(int argc, char **argv)
 {
 	static const char usage[] = "hwfs load VERSION --gpu N [-m MOUNT] [--json]";
-	int i = client_opts(argc, argv, usage, 1, 1, NULL);
+	int i = cli_opts(argc, argv, usage, 1, 1, NULL);
 	int gpu = gpu_arg("load", 1, usage);
-	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "load", "version",
+	json_t *res = cli_call(json_pack("{s:s, s:s, s:i}", "op", "load", "version",
 				     version_arg(argv[i]), "gpu", gpu),
 			   1);
 	double dt = json_real_value(json_object_get(res, "seconds"));
 	char sz[32];
 
-	if (g_json) {
-		print_json(res);
+	if (cli_json) {
+		cli_print_json(res);
 	} else if (json_is_true(json_object_get(res, "already"))) {
 		printf("%s is loaded on GPU %d already (%s in %lld buckets)\n", argv[i], gpu,
-		       hwfs_fmt_size((uint64_t)jint(res, "bytes"), sz, sizeof(sz)),
-		       (long long)jint(res, "buckets"));
+		       hwfs_fmt_size((uint64_t)cli_jint(res, "bytes"), sz, sizeof(sz)),
+		       (long long)cli_jint(res, "buckets"));
 	} else {
 		printf("loaded %s on GPU %d: %s, %lld tensors in %lld buckets, %.2f s (%.2f GB/s "
 		       "from %s memory)\n", argv[i], gpu,
-		       hwfs_fmt_size((uint64_t)jint(res, "bytes"), sz, sizeof(sz)),
-		       (long long)jint(res, "tensors"), (long long)jint(res, "buckets"), dt,
-		       dt > 0 ? (double)jint(res, "bytes") / dt / 1e9 : 0.0, jstr(res, "source"));
+		       hwfs_fmt_size((uint64_t)cli_jint(res, "bytes"), sz, sizeof(sz)),
+		       (long long)cli_jint(res, "tensors"), (long long)cli_jint(res, "buckets"), dt,
+		       dt > 0 ? (double)cli_jint(res, "bytes") / dt / 1e9 : 0.0, cli_jstr(res, "source"));
 	}
 	json_decref(res);
 	return 0;
@@ -727,23 +448,23 @@ static int cmd_load(int argc, char **argv)
 static int cmd_unload(int argc, char **argv)
 {
 	static const char usage[] = "hwfs unload VERSION [--gpu N] [-m MOUNT] [--json]";
-	int i = client_opts(argc, argv, usage, 1, 1, NULL);
+	int i = cli_opts(argc, argv, usage, 1, 1, NULL);
 	int gpu = gpu_arg("unload", 0, usage);
-	json_t *res = call(json_pack("{s:s, s:s, s:i}", "op", "unload", "version",
+	json_t *res = cli_call(json_pack("{s:s, s:s, s:i}", "op", "unload", "version",
 				     version_arg(argv[i]), "gpu", gpu),
 			   1);
 	char sz[32], where[32] = "every GPU";
 
 	if (gpu >= 0)
 		snprintf(where, sizeof(where), "GPU %d", gpu);
-	if (g_json) {
-		print_json(res);
+	if (cli_json) {
+		cli_print_json(res);
 	} else {
 		printf("unloaded %s from %s: %s freed", argv[i], where,
-		       hwfs_fmt_size((uint64_t)jint(res, "freed_bytes"), sz, sizeof(sz)));
-		if (jint(res, "pending_maps"))
+		       hwfs_fmt_size((uint64_t)cli_jint(res, "freed_bytes"), sz, sizeof(sz)));
+		if (cli_jint(res, "pending_maps"))
 			printf(", the rest when its %lld open map(s) close",
-			       (long long)jint(res, "pending_maps"));
+			       (long long)cli_jint(res, "pending_maps"));
 		printf("\n");
 	}
 	json_decref(res);
@@ -752,22 +473,22 @@ static int cmd_unload(int argc, char **argv)
 
 static int cmd_verify(int argc, char **argv)
 {
-	int i = client_opts(argc, argv, "hwfs verify VERSION [-m MOUNT] [--json]", 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s}", "op", "verify", "version", version_arg(argv[i])),
+	int i = cli_opts(argc, argv, "hwfs verify VERSION [-m MOUNT] [--json]", 1, 1, NULL);
+	json_t *res = cli_call(json_pack("{s:s, s:s}", "op", "verify", "version", version_arg(argv[i])),
 			   1);
 	int intact = json_is_true(json_object_get(res, "intact"));
 	char sz[32];
 
-	if (g_json)
-		print_json(res);
+	if (cli_json)
+		cli_print_json(res);
 	else if (intact)
 		printf("%s: intact (%lld shards, %s re-hashed)\n", argv[i],
-		       (long long)jint(res, "shards"),
-		       hwfs_fmt_size((uint64_t)jint(res, "bytes"), sz, sizeof(sz)));
+		       (long long)cli_jint(res, "shards"),
+		       hwfs_fmt_size((uint64_t)cli_jint(res, "bytes"), sz, sizeof(sz)));
 	if (!intact)
 		fprintf(stderr, "hwfs: error: %s is damaged: %zu of %lld shards do not match their hash\n",
 			argv[i], json_array_size(json_object_get(res, "bad")),
-			(long long)jint(res, "shards"));
+			(long long)cli_jint(res, "shards"));
 	json_decref(res);
 	return intact ? 0 : 1;
 }
@@ -778,12 +499,12 @@ static int cmd_gc(int argc, char **argv)
 	json_t *res, *v;
 	size_t k;
 
-	client_opts(argc, argv, "hwfs gc --keep N [-m MOUNT] [--json]", 0, 0, &keep);
+	cli_opts(argc, argv, "hwfs gc --keep N [-m MOUNT] [--json]", 0, 0, &keep);
 	if (keep < 0)
 		usage_die("hwfs gc --keep N [-m MOUNT] [--json]");
-	res = call(json_pack("{s:s, s:i}", "op", "gc", "keep", keep), 1);
-	if (g_json)
-		print_json(res);
+	res = cli_call(json_pack("{s:s, s:i}", "op", "gc", "keep", keep), 1);
+	if (cli_json)
+		cli_print_json(res);
 	else
 		json_array_foreach(json_object_get(res, "removed"), k, v)
 			printf("removed %s\n", json_string_value(v));
@@ -810,37 +531,37 @@ static void print_diff_elements(const char *a, const char *b, json_t *res)
 	size_t k;
 
 	printf("%s -> %s: %lld of %lld tensors changed, %lld identical, %lld removed\n", a, b,
-	       (long long)jint(tot, "tensors_changed"), (long long)jint(tot, "tensors"),
-	       (long long)jint(tot, "tensors_identical"), (long long)jint(tot, "tensors_removed"));
-	if (jint(tot, "tensors_changed"))
+	       (long long)cli_jint(tot, "tensors_changed"), (long long)cli_jint(tot, "tensors"),
+	       (long long)cli_jint(tot, "tensors_identical"), (long long)cli_jint(tot, "tensors_removed"));
+	if (cli_jint(tot, "tensors_changed"))
 		printf("%-24s %-32s %-8s %12s %12s %8s %11s %11s  %s\n", "FILE", "TENSOR", "DTYPE",
 		       "ELEMENTS", "CHANGED", "FRACTION", "BYTES", "DELTA", "BASE");
 	json_array_foreach(json_object_get(res, "tensors"), k, t) {
 		int matched = json_is_true(json_object_get(t, "matched"));
 
-		if (matched && !jint(t, "changed_elements"))
+		if (matched && !cli_jint(t, "changed_elements"))
 			continue;
-		printf("%-24s %-32s %-8s %12lld %12lld %8s %11s %11s  %s\n", jshown(t, "file"),
-		       jshown(t, "tensor"), jshown(t, "dtype"), (long long)jint(t, "elements"),
-		       (long long)jint(t, "changed_elements"),
+		printf("%-24s %-32s %-8s %12lld %12lld %8s %11s %11s  %s\n", cli_jshown(t, "file"),
+		       cli_jshown(t, "tensor"), cli_jshown(t, "dtype"), (long long)cli_jint(t, "elements"),
+		       (long long)cli_jint(t, "changed_elements"),
 		       pct(json_real_value(json_object_get(t, "changed_fraction")), p1, sizeof(p1)),
-		       hwfs_fmt_size((uint64_t)jint(t, "bytes"), s1, sizeof(s1)),
-		       hwfs_fmt_size((uint64_t)jint(t, "delta_bytes"), s2, sizeof(s2)),
+		       hwfs_fmt_size((uint64_t)cli_jint(t, "bytes"), s1, sizeof(s1)),
+		       hwfs_fmt_size((uint64_t)cli_jint(t, "delta_bytes"), s2, sizeof(s2)),
 		       matched ? "A" : "none");
 	}
 	printf("total: %lld of %lld elements changed (%s); %s in B, %s to send with deltas (%s)\n",
-	       (long long)jint(tot, "changed_elements"), (long long)jint(tot, "elements"),
+	       (long long)cli_jint(tot, "changed_elements"), (long long)cli_jint(tot, "elements"),
 	       pct(json_real_value(json_object_get(tot, "changed_fraction")), p1, sizeof(p1)),
-	       hwfs_fmt_size((uint64_t)jint(tot, "bytes"), s1, sizeof(s1)),
-	       hwfs_fmt_size((uint64_t)jint(tot, "delta_bytes"), s2, sizeof(s2)),
+	       hwfs_fmt_size((uint64_t)cli_jint(tot, "bytes"), s1, sizeof(s1)),
+	       hwfs_fmt_size((uint64_t)cli_jint(tot, "delta_bytes"), s2, sizeof(s2)),
 	       pct(json_real_value(json_object_get(tot, "delta_ratio")), p2, sizeof(p2)));
 }
 
 static int cmd_diff(int argc, char **argv)
 {
-	int i = client_opts(argc, argv, "hwfs diff A B [--elements] [-m MOUNT] [--json]", 2, 2,
+	int i = cli_opts(argc, argv, "hwfs diff A B [--elements] [-m MOUNT] [--json]", 2, 2,
 			    NULL);
-	json_t *res = call(json_pack("{s:s, s:s, s:s, s:b}", "op", "diff", "a",
+	json_t *res = cli_call(json_pack("{s:s, s:s, s:s, s:b}", "op", "diff", "a",
 				     version_arg(argv[i]), "b", version_arg(argv[i + 1]), "elements",
 				     g_elements),
 			   1);
@@ -848,24 +569,24 @@ static int cmd_diff(int argc, char **argv)
 	json_t *v;
 	size_t k;
 
-	if (g_json) {
-		print_json(res);
+	if (cli_json) {
+		cli_print_json(res);
 	} else if (g_elements) {
 		print_diff_elements(argv[i], argv[i + 1], res);
 	} else {
 		printf("%s -> %s: %lld tensors changed, %lld added, %lld removed, %lld same\n",
-		       argv[i], argv[i + 1], (long long)jint(res, "tensors_changed"),
-		       (long long)jint(res, "tensors_added"), (long long)jint(res, "tensors_removed"),
-		       (long long)jint(res, "tensors_same"));
+		       argv[i], argv[i + 1], (long long)cli_jint(res, "tensors_changed"),
+		       (long long)cli_jint(res, "tensors_added"), (long long)cli_jint(res, "tensors_removed"),
+		       (long long)cli_jint(res, "tensors_same"));
 		printf("bytes in changed or added tensors: %s; new shard bytes: %s\n",
-		       hwfs_fmt_size((uint64_t)jint(res, "bytes_changed"), a, sizeof(a)),
-		       hwfs_fmt_size((uint64_t)jint(res, "new_shard_bytes"), b, sizeof(b)));
+		       hwfs_fmt_size((uint64_t)cli_jint(res, "bytes_changed"), a, sizeof(a)),
+		       hwfs_fmt_size((uint64_t)cli_jint(res, "new_shard_bytes"), b, sizeof(b)));
 		json_array_foreach(json_object_get(res, "changed"), k, v)
-			printf("  ~ %s\n", shown(json_string_value(v)));
+			printf("  ~ %s\n", cli_shown(json_string_value(v)));
 		json_array_foreach(json_object_get(res, "added"), k, v)
-			printf("  + %s\n", shown(json_string_value(v)));
+			printf("  + %s\n", cli_shown(json_string_value(v)));
 		json_array_foreach(json_object_get(res, "removed"), k, v)
-			printf("  - %s\n", shown(json_string_value(v)));
+			printf("  - %s\n", cli_shown(json_string_value(v)));
 	}
 	json_decref(res);
 	return 0;
@@ -895,12 +616,12 @@ static void print_manifest(FILE *f, const char *m)
 
 static int cmd_manifest(int argc, char **argv)
 {
-	int i = client_opts(argc, argv, "hwfs manifest VERSION [-m MOUNT]", 1, 1, NULL);
-	json_t *res = call(json_pack("{s:s, s:s}", "op", "manifest", "version",
+	int i = cli_opts(argc, argv, "hwfs manifest VERSION [-m MOUNT]", 1, 1, NULL);
+	json_t *res = cli_call(json_pack("{s:s, s:s}", "op", "manifest", "version",
 				     version_arg(argv[i])),
 			   1);
 
-	print_manifest(stdout, jstr(res, "manifest"));
+	print_manifest(stdout, cli_jstr(res, "manifest"));
 	json_decref(res);
 	return 0;
 }

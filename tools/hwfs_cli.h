@@ -7,7 +7,8 @@
  * Two programs are built from these files.  build/hwfs-core is all of them
  * with the daemon's modules (fs/, replicator/) and their libraries: every
  * verb, the daemon, the coordinator.  build/hwfs, the command people and
- * scripts run, is hwfs.c alone with libhwfs and two helpers of fs/common
+ * scripts run, is hwfs.c and hwfs_status.c (the client verbs, sharing
+ * hwfs_client.h) with libhwfs and two helpers of fs/common
  * (util.c, names.c): the client verbs (status, commit, publish, ...) start
  * without loading FUSE, sqlite, ZeroMQ and the libraries behind them (0.65
  * against 4.3-4.8 ms of CPU per command here, `perf stat hwfs status`;
@@ -71,7 +72,7 @@ HWFS_CORE_VERB int mount_helper_main(int argc, char **argv);
 /* hwfs_watch.c */
 HWFS_CORE_VERB int cmd_watch(int argc, char **argv);
 
-/* hwfs_sim.c: `hwfs sim`, the replication simulator (replicator/sim.h) */
+/* hwfs_sim.c: `hwfs sim`, the replication simulator (tools/sim/sim.h) */
 HWFS_CORE_VERB int cmd_sim(int argc, char **argv);
 
 #endif /* HWFS_CLI_H */

@@ -448,23 +448,39 @@ static void clear_dead_mounts(const char *mnt)
 	}
 }
 
-int cmd_mount(int argc, char **argv)
+/* `hwfs mount`'s usage line, and what --help adds to it before the tunables. */
+static const char mount_usage[] =
+	"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [--preallocate] [--pin] [-f]\n"
+	"       [-o NAME=VALUE,...] [-d] [--ctl-group GROUP]\n"
+	"       [--join tcp://COORD:PORT | --coordinator tcp://HOST:PORT] --node NAME\n"
+	"       --listen tcp://HOST:PORT [--keys DIR] [--insecure] [--http HOST:PORT]\n"
+	"       [--http-host NAME[,NAME...]]...";
+static const char mount_help[] =
+	"  --preallocate  allocate, touch and mlock the whole arena at start-up\n"
+	"  --pin          preallocate, then pin the arena for CUDA (cudaHostRegister, so\n"
+	"                 a load copies to the GPU with no staging copy); without a GPU\n"
+	"                 the arena is locked with mlock instead (a note says so)\n"
+	"  --http HOST:PORT  serve /metrics, /healthz, /readyz there (port 0: any free\n"
+	"                 port, shown by hwfs status); use loopback or a private address\n"
+	"  --http-host NAME  a name clients may give in Host: besides IP addresses,\n"
+	"                 localhost and the --http host (others get 421); repeatable\n";
+
+/* What the options of `hwfs mount` ask for. */
+struct mount_args {
+	struct daemon_opts o;
+	char http_hosts[1024]; /* the --http-host names, comma-separated (o.http_hosts) */
+	int insecure, fg;
+	const char *store;
+	char *opts[64];        /* the -o NAME=VALUE tunables */
+	size_t n_opts;
+};
+
+/*
+ * Read `hwfs mount`'s options into @a (a bad one dies with the usage or its
+ * sentence).  Returns 1 when --help was printed, else 0.
+ */
+static int mount_parse(int argc, char **argv, struct mount_args *a)
 {
-	static const char usage[] =
-		"hwfs mount MOUNTPOINT --store DIR [--capacity SIZE] [--preallocate] [--pin] [-f]\n"
-		"       [-o NAME=VALUE,...] [-d] [--ctl-group GROUP]\n"
-		"       [--join tcp://COORD:PORT | --coordinator tcp://HOST:PORT] --node NAME\n"
-		"       --listen tcp://HOST:PORT [--keys DIR] [--insecure] [--http HOST:PORT]\n"
-		"       [--http-host NAME[,NAME...]]...";
-	static const char mount_help[] =
-		"  --preallocate  allocate, touch and mlock the whole arena at start-up\n"
-		"  --pin          preallocate, then pin the arena for CUDA (cudaHostRegister, so\n"
-		"                 a load copies to the GPU with no staging copy); without a GPU\n"
-		"                 the arena is locked with mlock instead (a note says so)\n"
-		"  --http HOST:PORT  serve /metrics, /healthz, /readyz there (port 0: any free\n"
-		"                 port, shown by hwfs status); use loopback or a private address\n"
-		"  --http-host NAME  a name clients may give in Host: besides IP addresses,\n"
-		"                 localhost and the --http host (others get 421); repeatable\n";
 	static const struct option lo[] = {
 		{"store", required_argument, NULL, 's'}, {"capacity", required_argument, NULL, 'c'},
 		{"foreground", no_argument, NULL, 'f'},  {"help", no_argument, NULL, 'h'},
@@ -477,125 +493,156 @@ int cmd_mount(int argc, char **argv)
 		{"http-host", required_argument, NULL, 'A'},
 		{NULL, 0, NULL, 0},
 	};
-	struct daemon_opts o = {.notify_fd = -1, .ctl_gid = -1};
-	char http_hosts[1024] = "";
-	int insecure = 0;
-	const char *store = NULL;
-	char *mnt, *opts[64], buf[4096], *keys = NULL;
-	size_t n_opts = 0;
-	int c, fg = 0;
-	struct stat st;
+	int c;
 
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "s:c:fho:d", lo, NULL)) != -1) {
 		switch (c) {
 		case 's':
-			store = optarg;
+			a->store = optarg;
 			break;
 		case 'c':
-			if (hwfs_parse_size(optarg, &o.capacity) < 0 || o.capacity < (1u << 20))
+			if (hwfs_parse_size(optarg, &a->o.capacity) < 0 || a->o.capacity < (1u << 20))
 				die("bad --capacity %s (e.g. 512M, 8G; at least 1M)", optarg);
 			break;
 		case 'f':
-			fg = 1;
+			a->fg = 1;
 			break;
 		case 'd':
-			o.debug = 1;
-			fg = 1;
+			a->o.debug = 1;
+			a->fg = 1;
 			break;
 		case 'J':
-			o.join = optarg;
+			a->o.join = optarg;
 			break;
 		case 'N':
-			o.node = optarg;
+			a->o.node = optarg;
 			break;
 		case 'l':
-			o.listen = optarg;
+			a->o.listen = optarg;
 			break;
 		case 'I':
-			insecure = 1;
+			a->insecure = 1;
 			break;
 		case 'K':
-			o.keys = optarg;
+			a->o.keys = optarg;
 			break;
 		case 'O':
-			o.coordinator = optarg;
+			a->o.coordinator = optarg;
 			break;
 		case 'P':
-			o.preallocate = 1;
+			a->o.preallocate = 1;
 			break;
 		case 'H':
-			o.http = optarg;
+			a->o.http = optarg;
 			break;
 		case 'A':
-			add_http_host(http_hosts, sizeof(http_hosts), optarg);
-			o.http_hosts = http_hosts;
+			add_http_host(a->http_hosts, sizeof(a->http_hosts), optarg);
+			a->o.http_hosts = a->http_hosts;
 			break;
 		case 'p':
-			o.pin = 1; /* implies preallocation (fs/daemon/daemon.c, prepare_arena) */
+			a->o.pin = 1; /* implies preallocation (fs/daemon/daemon.c, prepare_arena) */
 			break;
 		case 'G':
-			o.ctl_gid = parse_group(optarg);
-			if (o.ctl_gid < 0)
+			a->o.ctl_gid = parse_group(optarg);
+			if (a->o.ctl_gid < 0)
 				die("--ctl-group %s: no such group", optarg);
 			break;
 		case 'o':
 			for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;
 			     t = strtok_r(NULL, ",", &save)) {
-				if (n_opts == HWFS_ARRAY_SIZE(opts))
-					die("too many -o tunables (at most %zu)", HWFS_ARRAY_SIZE(opts));
-				opts[n_opts++] = t;
+				if (a->n_opts == HWFS_ARRAY_SIZE(a->opts))
+					die("too many -o tunables (at most %zu)", HWFS_ARRAY_SIZE(a->opts));
+				a->opts[a->n_opts++] = t;
 			}
 			break;
 		case 'h':
-			printf("usage: %s\n\n%s\n", usage, mount_help);
+			printf("usage: %s\n\n%s\n", mount_usage, mount_help);
 			hwfs_tunables_print(stdout);
-			return 0;
+			return 1;
 		default:
-			usage_die(usage);
+			usage_die(mount_usage);
 		}
 	}
-	if (argc - optind != 1 || !store)
-		usage_die(usage);
-	if (o.coordinator && !o.join)
-		o.join = o.coordinator; /* a node with the coordinator inside joins it */
-	if (o.coordinator && !o.keys && !insecure)
-		die("refusing to run a coordinator on %s " KEYLESS_REFUSED, o.coordinator);
-	if (o.join && (!o.node || !o.listen))
+	if (argc - optind != 1 || !a->store)
+		usage_die(mount_usage);
+	return 0;
+}
+
+/*
+ * The options that go together (a coordinator's node joins it; --join with
+ * --node and --listen; keys unless --insecure), then the -o tunables
+ * loaded.  Dies with the sentence of the first that does not hold.
+ */
+static void mount_check(struct mount_args *a)
+{
+	struct daemon_opts *o = &a->o;
+
+	if (o->coordinator && !o->join)
+		o->join = o->coordinator; /* a node with the coordinator inside joins it */
+	if (o->coordinator && !o->keys && !a->insecure)
+		die("refusing to run a coordinator on %s " KEYLESS_REFUSED, o->coordinator);
+	if (o->join && (!o->node || !o->listen))
 		die("--join needs --node NAME and --listen tcp://HOST:PORT");
-	if (!o.join && (o.node || o.listen))
+	if (!o->join && (o->node || o->listen))
 		die("--node and --listen only make sense with --join");
-	if (o.join && !o.keys && !insecure)
-		die("refusing to join %s and serve shards on %s " KEYLESS_REFUSED, o.join, o.listen);
-	if (hwfs_tunables_load((const char *const *)opts, n_opts) < 0)
+	if (o->join && !o->keys && !a->insecure)
+		die("refusing to join %s and serve shards on %s " KEYLESS_REFUSED, o->join, o->listen);
+	if (hwfs_tunables_load((const char *const *)a->opts, a->n_opts) < 0)
 		die("bad tunable in -o (see hwfs mount --help)");
-	mnt = abs_path(argv[optind]);
+}
+
+/*
+ * The mount point @arg made ready: a dead hwfs mount there cleared, then
+ * resolved (a directory, not already an hwfs mount), and the store @store
+ * made.  Returns the mount point's real path (the caller frees it); dies
+ * with the sentence of what is wrong.
+ */
+static char *mount_point(const char *arg, const char *store)
+{
+	struct stat st;
+	char *mnt = abs_path(arg);
+
 	if (!mnt)
 		die("out of memory");
 	clear_dead_mounts(mnt);
 	free(mnt);
-	mnt = realpath(argv[optind], NULL);
+	mnt = realpath(arg, NULL);
 	if (!mnt || stat(mnt, &st) < 0 || !S_ISDIR(st.st_mode))
-		die("mount point %s: %s", argv[optind], mnt ? "not a directory" : strerror(errno));
+		die("mount point %s: %s", arg, mnt ? "not a directory" : strerror(errno));
 	if (mount_pid(mnt) >= 0)
 		die("%s is already an hwfs mount", mnt);
 	if (mkdir(store, 0700) < 0 && errno != EEXIST)
 		die("store %s: %s", store, strerror(errno));
-	o.mountpoint = mnt;
-	o.store = store;
-	if (fg) {
-		c = daemon_run(&o) < 0 ? 1 : 0;
+	return mnt;
+}
+
+int cmd_mount(int argc, char **argv)
+{
+	struct mount_args a = {.o = {.notify_fd = -1, .ctl_gid = -1}};
+	struct daemon_opts *o = &a.o;
+	char *mnt, buf[4096], *keys = NULL;
+	int c;
+
+	if (mount_parse(argc, argv, &a))
+		return 0;
+	mount_check(&a);
+	mnt = mount_point(argv[optind], a.store);
+	o->mountpoint = mnt;
+	o->store = a.store;
+	if (a.fg) {
+		c = daemon_run(o) < 0 ? 1 : 0;
 		free(mnt);
 		return c;
 	}
 
 	{
-		struct mount_run m = {&o, mnt, realpath(store, NULL)};
+		struct mount_run m = {o, mnt, realpath(a.store, NULL)};
 
 		if (!m.store)
-			die("store %s: %s", store, strerror(errno));
-		o.store = m.store;
-		if (o.keys && !(o.keys = keys = realpath(o.keys, NULL)))
+			die("store %s: %s", a.store, strerror(errno));
+		o->store = m.store;
+		if (o->keys && !(o->keys = keys = realpath(o->keys, NULL)))
 			die("keys: %s", strerror(errno));
 		snprintf(buf, sizeof(buf), "%s/hwfs.log", m.store);
 		spawn_daemon(buf, run_mount, &m, "daemon");

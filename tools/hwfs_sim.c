@@ -1,6 +1,6 @@
 /*
  * hwfs_sim.c — `hwfs sim`: predict how one version replicates over a
- * modelled cluster (replicator/sim.h; the model, its assumptions and limits
+ * modelled cluster (tools/sim/sim.h; the model, its assumptions and limits
  * are docs/sim.md; the options are docs/cli.md and hwfs(1)).
  *
  *   hwfs sim [--nodes N] [--size BYTES] [--link RATE] [--topology T] ... [--json]
@@ -22,7 +22,7 @@
 #include <time.h>
 
 #include "hwfs_cli.h"
-#include "sim.h"
+#include "sim/sim.h"
 #include "tunables.h"
 
 #define SIM_USAGE                                                                              \
@@ -232,6 +232,173 @@ static void print_human(json_t *res, double cpu)
 	       (long long)json_integer_value(json_object_get(res, "events")), cpu);
 }
 
+/*
+ * Measure the rates @p lacks (over @cal_mib MiB), run the simulation and
+ * print its result: as JSON with @json, else for people; the CPU since @t0
+ * is the run's "sim_cpu_s".  A failure dies with its sentence.
+ */
+static void sim_and_print(struct sim_params *p, unsigned cal_mib, int json, double t0)
+{
+	char err[256];
+	json_t *res;
+	int r;
+
+	if (p->r.hash <= 0 || p->r.copy <= 0 ||
+	    (p->delta && (p->r.encode <= 0 || p->r.decode <= 0 || p->r.delta_ratio <= 0))) {
+		if (!json)
+			fprintf(stderr, "hwfs sim: measuring the rates not given (%u MiB)...\n", cal_mib);
+		r = sim_calibrate(&p->r, p->changed, cal_mib);
+		if (r < 0)
+			die("calibration: %s", strerror(-r));
+	}
+	r = sim_run(p, &res, err, sizeof(err));
+	if (r < 0)
+		die("%s", err);
+	json_object_set_new(res, "sim_cpu_s", json_real(cpu_now() - t0));
+	if (json) {
+		if (json_dumpf(res, stdout, JSON_INDENT(1)) < 0)
+			die("cannot write the result");
+		putchar('\n');
+	} else {
+		print_human(res, cpu_now() - t0);
+	}
+	json_decref(res);
+}
+
+/*
+ * Apply option @c of the cluster's shape (its argument @arg) to @p: nodes,
+ * sizes, links, topology, timings, late joins and deaths.  A bad value
+ * dies with its sentence.  Returns 1, or 0 when @c is not one of them.
+ */
+static int opt_cluster(int c, const char *arg, struct sim_params *p)
+{
+	switch (c) {
+	case 'n':
+		p->nodes = (unsigned)num("--nodes", arg, 1);
+		return 1;
+	case 's':
+		if (hwfs_parse_size(arg, &p->size) < 0 || !p->size)
+			die("--size: not a size: %s", arg);
+		return 1;
+	case 'l':
+		if (parse_rate(arg, &p->link_bps) < 0)
+			die("--link: not a rate (1gbit, 100gbit): %s", arg);
+		return 1;
+	case 'L':
+		if (parse_time(arg, &p->latency_s) < 0)
+			die("--latency: not a time (50us, 1ms): %s", arg);
+		return 1;
+	case 't':
+		if (parse_topology(arg, &p->fanout) < 0)
+			die("--topology: chain, tree:K (K 1..1024) or star: %s", arg);
+		return 1;
+	case 'S':
+		if (hwfs_parse_size(arg, &p->shard_bytes) < 0 || !p->shard_bytes)
+			die("--shard: not a size: %s", arg);
+		return 1;
+	case 'p':
+		if (hwfs_parse_size(arg, &p->piece_bytes) < 0 || !p->piece_bytes)
+			die("--piece: not a size: %s", arg);
+		return 1;
+	case 'o':
+		p->overhead = num("--overhead", arg, 1);
+		return 1;
+	case 'T':
+		if (parse_time(arg, &p->control_s) < 0)
+			die("--control: not a time: %s", arg);
+		return 1;
+	case 'F':
+		if (parse_time(arg, &p->finish_s) < 0)
+			die("--finish: not a time: %s", arg);
+		return 1;
+	case 'P':
+		if (parse_time(arg, &p->finish_cpu_s) < 0)
+			die("--finish-cpu: not a time: %s", arg);
+		return 1;
+	case 'j':
+		if (p->n_late == SIM_MAX_LATE || parse_time(arg, &p->late[p->n_late]) < 0)
+			die("--late-join: a time, at most %d of them: %s", SIM_MAX_LATE, arg);
+		p->n_late++;
+		return 1;
+	case 'k': {
+		const char *at = strchr(arg, '@');
+
+		if (p->n_kill == SIM_MAX_KILLS || !at || at == arg ||
+		    (size_t)(at - arg) >= sizeof(p->kill_name[0]) ||
+		    parse_time(at + 1, &p->kill_at[p->n_kill]) < 0)
+			die("--kill: NODE@TIME (r3@2.5), at most %d: %s", SIM_MAX_KILLS, arg);
+		snprintf(p->kill_name[p->n_kill], sizeof(p->kill_name[0]), "%.*s",
+			 (int)(at - arg), arg);
+		p->n_kill++;
+		return 1;
+	}
+	}
+	return 0;
+}
+
+/*
+ * Apply option @c of the work's model (its argument @arg) to @p: deltas,
+ * relays, encoding, threads, cores and CPU rates.  A bad value dies with
+ * its sentence.  Returns 1, or 0 when @c is not one of them.
+ */
+static int opt_work(int c, const char *arg, struct sim_params *p)
+{
+	switch (c) {
+	case 'd':
+		p->delta = 1;
+		p->changed = num("--delta", arg, 0);
+		if (p->changed > 1)
+			die("--delta: a fraction (0.02 = 2%%): %s", arg);
+		return 1;
+	case 'R':
+		p->r.delta_ratio = num("--delta-ratio", arg, 1e-9);
+		return 1;
+	case 'r':
+		if (strcmp(arg, "store") && strcmp(arg, "cut"))
+			die("--relay: store or cut: %s", arg);
+		p->relay = strcmp(arg, "cut") ? SIM_RELAY_STORE : SIM_RELAY_CUT;
+		return 1;
+	case 'e':
+		if (strcmp(arg, "first-request") && strcmp(arg, "ahead"))
+			die("--encode: first-request or ahead: %s", arg);
+		p->encode = strcmp(arg, "ahead") ? SIM_ENCODE_FIRST_REQUEST : SIM_ENCODE_AHEAD;
+		return 1;
+	case 'w':
+		p->codec_workers = (unsigned)num("--codec-workers", arg, 0);
+		return 1;
+	case 'I':
+		p->io_threads = (unsigned)num("--io-threads", arg, 1);
+		return 1;
+	case 'H':
+		p->host_cores = (unsigned)num("--host-cores", arg, 0);
+		return 1;
+	case 'N':
+		p->node_cores = (unsigned)num("--node-cores", arg, 0);
+		return 1;
+	case 'x':
+		p->r.hash = num("--hash", arg, 1e-6);
+		return 1;
+	case 'c':
+		p->r.copy = num("--copy", arg, 1e-6);
+		return 1;
+	case 'E':
+		p->r.encode = num("--encode-rate", arg, 1e-6);
+		return 1;
+	case 'D':
+		p->r.decode = num("--decode", arg, 1e-6);
+		return 1;
+	case 'C':
+		p->r.net_send_s = p->r.net_recv_s = num("--net-cpu", arg, 0);
+		return 1;
+	case 'B':
+		if (strcmp(arg, "separate") && strcmp(arg, "fused"))
+			die("--rebuild: separate or fused: %s", arg);
+		p->rebuild_fused = !strcmp(arg, "fused");
+		return 1;
+	}
+	return 0;
+}
+
 int cmd_sim(int argc, char **argv)
 {
 	static const struct option lo[] = {
@@ -253,126 +420,16 @@ int cmd_sim(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0}};
 	struct sim_params p;
 	unsigned cal_mib = SIM_CALIBRATE_MIB;
-	int json = 0, c, r;
+	int json = 0, c;
 	double t0 = cpu_now();
-	char err[256];
-	json_t *res;
 
 	sim_defaults(&p);
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+		if (opt_cluster(c, optarg, &p) || opt_work(c, optarg, &p))
+			continue;
 		switch (c) {
-		case 'n':
-			p.nodes = (unsigned)num("--nodes", optarg, 1);
-			break;
-		case 's':
-			if (hwfs_parse_size(optarg, &p.size) < 0 || !p.size)
-				die("--size: not a size: %s", optarg);
-			break;
-		case 'l':
-			if (parse_rate(optarg, &p.link_bps) < 0)
-				die("--link: not a rate (1gbit, 100gbit): %s", optarg);
-			break;
-		case 'L':
-			if (parse_time(optarg, &p.latency_s) < 0)
-				die("--latency: not a time (50us, 1ms): %s", optarg);
-			break;
-		case 't':
-			if (parse_topology(optarg, &p.fanout) < 0)
-				die("--topology: chain, tree:K (K 1..1024) or star: %s", optarg);
-			break;
-		case 'S':
-			if (hwfs_parse_size(optarg, &p.shard_bytes) < 0 || !p.shard_bytes)
-				die("--shard: not a size: %s", optarg);
-			break;
-		case 'p':
-			if (hwfs_parse_size(optarg, &p.piece_bytes) < 0 || !p.piece_bytes)
-				die("--piece: not a size: %s", optarg);
-			break;
-		case 'd':
-			p.delta = 1;
-			p.changed = num("--delta", optarg, 0);
-			if (p.changed > 1)
-				die("--delta: a fraction (0.02 = 2%%): %s", optarg);
-			break;
-		case 'R':
-			p.r.delta_ratio = num("--delta-ratio", optarg, 1e-9);
-			break;
-		case 'r':
-			if (strcmp(optarg, "store") && strcmp(optarg, "cut"))
-				die("--relay: store or cut: %s", optarg);
-			p.relay = strcmp(optarg, "cut") ? SIM_RELAY_STORE : SIM_RELAY_CUT;
-			break;
-		case 'e':
-			if (strcmp(optarg, "first-request") && strcmp(optarg, "ahead"))
-				die("--encode: first-request or ahead: %s", optarg);
-			p.encode = strcmp(optarg, "ahead") ? SIM_ENCODE_FIRST_REQUEST : SIM_ENCODE_AHEAD;
-			break;
-		case 'w':
-			p.codec_workers = (unsigned)num("--codec-workers", optarg, 0);
-			break;
-		case 'I':
-			p.io_threads = (unsigned)num("--io-threads", optarg, 1);
-			break;
-		case 'H':
-			p.host_cores = (unsigned)num("--host-cores", optarg, 0);
-			break;
-		case 'N':
-			p.node_cores = (unsigned)num("--node-cores", optarg, 0);
-			break;
-		case 'x':
-			p.r.hash = num("--hash", optarg, 1e-6);
-			break;
-		case 'c':
-			p.r.copy = num("--copy", optarg, 1e-6);
-			break;
-		case 'E':
-			p.r.encode = num("--encode-rate", optarg, 1e-6);
-			break;
-		case 'D':
-			p.r.decode = num("--decode", optarg, 1e-6);
-			break;
-		case 'C':
-			p.r.net_send_s = p.r.net_recv_s = num("--net-cpu", optarg, 0);
-			break;
-		case 'o':
-			p.overhead = num("--overhead", optarg, 1);
-			break;
-		case 'T':
-			if (parse_time(optarg, &p.control_s) < 0)
-				die("--control: not a time: %s", optarg);
-			break;
-		case 'F':
-			if (parse_time(optarg, &p.finish_s) < 0)
-				die("--finish: not a time: %s", optarg);
-			break;
-		case 'P':
-			if (parse_time(optarg, &p.finish_cpu_s) < 0)
-				die("--finish-cpu: not a time: %s", optarg);
-			break;
-		case 'B':
-			if (strcmp(optarg, "separate") && strcmp(optarg, "fused"))
-				die("--rebuild: separate or fused: %s", optarg);
-			p.rebuild_fused = !strcmp(optarg, "fused");
-			break;
-		case 'j':
-			if (p.n_late == SIM_MAX_LATE || parse_time(optarg, &p.late[p.n_late]) < 0)
-				die("--late-join: a time, at most %d of them: %s", SIM_MAX_LATE, optarg);
-			p.n_late++;
-			break;
-		case 'k': {
-			const char *at = strchr(optarg, '@');
-
-			if (p.n_kill == SIM_MAX_KILLS || !at || at == optarg ||
-			    (size_t)(at - optarg) >= sizeof(p.kill_name[0]) ||
-			    parse_time(at + 1, &p.kill_at[p.n_kill]) < 0)
-				die("--kill: NODE@TIME (r3@2.5), at most %d: %s", SIM_MAX_KILLS, optarg);
-			snprintf(p.kill_name[p.n_kill], sizeof(p.kill_name[0]), "%.*s",
-				 (int)(at - optarg), optarg);
-			p.n_kill++;
-			break;
-		}
 		case 'M':
 			cal_mib = (unsigned)num("--calibrate-mib", optarg, 1);
 			break;
@@ -388,25 +445,6 @@ int cmd_sim(int argc, char **argv)
 	}
 	if (optind < argc)
 		usage_die(SIM_USAGE);
-	if (p.r.hash <= 0 || p.r.copy <= 0 ||
-	    (p.delta && (p.r.encode <= 0 || p.r.decode <= 0 || p.r.delta_ratio <= 0))) {
-		if (!json)
-			fprintf(stderr, "hwfs sim: measuring the rates not given (%u MiB)...\n", cal_mib);
-		r = sim_calibrate(&p.r, p.changed, cal_mib);
-		if (r < 0)
-			die("calibration: %s", strerror(-r));
-	}
-	r = sim_run(&p, &res, err, sizeof(err));
-	if (r < 0)
-		die("%s", err);
-	json_object_set_new(res, "sim_cpu_s", json_real(cpu_now() - t0));
-	if (json) {
-		if (json_dumpf(res, stdout, JSON_INDENT(1)) < 0)
-			die("cannot write the result");
-		putchar('\n');
-	} else {
-		print_human(res, cpu_now() - t0);
-	}
-	json_decref(res);
+	sim_and_print(&p, cal_mib, json, t0);
 	return 0;
 }

@@ -434,16 +434,6 @@ static void set_read_ahead(struct daemon *d)
 }
 
 /*
- * Choose and make the directory of the control socket, whose file modes never
- * depend on the umask.  A daemon run as root: HWFS_CTL_DIR_ROOT, mode 0755,
- * which must be a root-owned directory (not a symlink); the socket is
- * PID.sock.  Any other user: a private directory made by mkdtemp under
- * $XDG_RUNTIME_DIR (else /tmp), mode 0700, removed at exit.  The socket file
- * itself is chmod'ed to 0666 after bind: who may do what is decided per
- * request from SO_PEERCRED (authorize()), not by file modes.  Returns 0 with
- * d->ctl_path set, or -errno with a sentence in @msg.
- */
-/*
  * Remove the sockets in the shared control directory @dir that no daemon
  * listens on any more (left by a daemon killed with SIGKILL).  A socket is
  * judged by connecting to it, not by its name's pid, so the socket of a
@@ -478,6 +468,16 @@ static void sweep_dead_sockets(const char *dir)
 	closedir(dh);
 }
 
+/*
+ * Choose and make the directory of the control socket, whose file modes never
+ * depend on the umask.  A daemon run as root: HWFS_CTL_DIR_ROOT, mode 0755,
+ * which must be a root-owned directory (not a symlink); the socket is
+ * PID.sock.  Any other user: a private directory made by mkdtemp under
+ * $XDG_RUNTIME_DIR (else /tmp), mode 0700, removed at exit.  The socket file
+ * itself is chmod'ed to 0666 after bind: who may do what is decided per
+ * request from SO_PEERCRED (authorize()), not by file modes.  Returns 0 with
+ * d->ctl_path set, or -errno with a sentence in @msg.
+ */
 static int make_ctl_dir(struct daemon *d, char *msg, size_t len)
 {
 	const char *base = secure_getenv("XDG_RUNTIME_DIR");
@@ -541,22 +541,19 @@ static void on_init(void *arg)
 		__atomic_store_n(&d->init_started, 1, __ATOMIC_RELEASE);
 }
 
-int daemon_run(const struct daemon_opts *o)
+/*
+ * Process-wide settings of a daemon: SIGPIPE ignored (a peer that hangs up
+ * is an error return, not a signal), the connection condition variable on
+ * the monotonic clock, and malloc's thresholds for the replication buffers.
+ */
+static void daemon_process_setup(struct daemon *d)
 {
-	struct daemon d = {.o = o, .ctl_fd = -1, .conn_mu = PTHREAD_MUTEX_INITIALIZER,
-			   .http_mu = PTHREAD_MUTEX_INITIALIZER,
-			   .commit_mu = PTHREAD_MUTEX_INITIALIZER};
 	pthread_condattr_t ca;
-	struct fuse_loop_config *cfg = NULL;
-	char optstr[4096], msg[4352];
-	char *argv[] = {"hwfs", "-o", optstr, o->debug ? "-d" : NULL, NULL};
-	struct fuse_args args = FUSE_ARGS_INIT(o->debug ? 4 : 3, argv);
-	int r, mounted = 0;
 
 	signal(SIGPIPE, SIG_IGN);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&d.conn_cv, &ca);
+	pthread_cond_init(&d->conn_cv, &ca);
 	pthread_condattr_destroy(&ca);
 	/*
 	 * Shards arrive as messages of up to max_shard bytes, which libzmq
@@ -566,223 +563,320 @@ int daemon_run(const struct daemon_opts *o)
 	 */
 	mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's maximum */
 	mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
+
+/*
+ * The node's state, before anything is served: the store (its capacity
+ * checked first when one was asked for), the namespace loaded from the
+ * index, the engine registry and the element diffs, the GPU and its device
+ * loads, the hooks that connect them, and the arena prepared (--preallocate,
+ * --pin).  Returns 0, or -errno with the "error: ...\n" line in @msg.
+ */
+static int daemon_open_node(struct daemon *d, char *msg, size_t len)
+{
+	const struct daemon_opts *o = d->o;
+	int r;
+
 	if (o->capacity) { /* asked for: refused past the filesystem, noted past the memory */
 		char cmsg[512];
 
 		r = store_check_capacity(o->store, o->capacity, cmsg, sizeof(cmsg));
 		if (r == -EFBIG) {
-			snprintf(msg, sizeof(msg), "error: %s\n", cmsg);
-			goto fail;
+			snprintf(msg, len, "error: %s\n", cmsg);
+			return r;
 		}
 		if (r == 1)
 			notify_note(o, cmsg);
 	}
-	r = store_open(o->store, o->capacity, &d.st);
+	r = store_open(o->store, o->capacity, &d->st);
 	if (r < 0) {
-		snprintf(msg, sizeof(msg), "error: cannot open store %s: %s\n", o->store,
+		snprintf(msg, len, "error: cannot open store %s: %s\n", o->store,
 			 r == -EBUSY ? "in use by another hwfs daemon" : strerror(-r));
-		goto fail;
+		return r;
 	}
-	r = ns_create(d.st, &d.ns);
+	r = ns_create(d->st, &d->ns);
 	if (r < 0) {
-		snprintf(msg, sizeof(msg), "error: cannot load index: %s\n", strerror(-r));
-		goto fail;
+		snprintf(msg, len, "error: cannot load index: %s\n", strerror(-r));
+		return r;
 	}
-	r = engines_create(d.ns, &d.engines);
+	r = engines_create(d->ns, &d->engines);
 	if (r == 0)
-		r = daemon_diffs_create(&d.diffs);
+		r = daemon_diffs_create(&d->diffs);
 	if (r < 0) {
-		snprintf(msg, sizeof(msg), "error: %s\n", strerror(-r));
-		goto fail;
+		snprintf(msg, len, "error: %s\n", strerror(-r));
+		return r;
 	}
 	/* the GPU (none is not an error) and its table of device loads */
-	r = gpu_open(&d.gpu);
+	r = gpu_open(&d->gpu);
 	if (r == 0)
-		r = devloads_create(gpu_runtime(d.gpu), &d.loads);
+		r = devloads_create(gpu_runtime(d->gpu), &d->loads);
 	if (r < 0) {
-		snprintf(msg, sizeof(msg), "error: %s\n", strerror(-r));
-		goto fail;
+		snprintf(msg, len, "error: %s\n", strerror(-r));
+		return r;
 	}
 	/* engines registered with a GPU are ready when the version is loaded there */
-	engines_set_gpu_hook(d.engines, daemon_gpu_ready, &d);
+	engines_set_gpu_hook(d->engines, daemon_gpu_ready, d);
 	/* seals reach the watchers (and, once joined, the agent): set before FUSE runs */
-	ns_set_seal_hook(d.ns, daemon_sealed, &d);
-	ns_set_current_hook(d.ns, daemon_current, &d);
-	if (o->preallocate || o->pin) {
-		r = prepare_arena(&d, msg, sizeof(msg));
-		if (r < 0)
-			goto fail;
-	}
-	d.owner = getuid();
+	ns_set_seal_hook(d->ns, daemon_sealed, d);
+	ns_set_current_hook(d->ns, daemon_current, d);
+	if (o->preallocate || o->pin)
+		return prepare_arena(d, msg, len);
+	return 0;
+}
+
+/*
+ * The control socket and the HTTP endpoint: who owns the daemon (and the
+ * name of --ctl-group, for status), the socket's directory and the socket
+ * listening, then --http.  Returns 0, or -errno with the line in @msg.
+ */
+static int daemon_open_control(struct daemon *d, char *msg, size_t len)
+{
+	const struct daemon_opts *o = d->o;
+	int r;
+
+	d->owner = getuid();
 	if (o->ctl_gid >= 0) {
 		struct group *g = getgrgid((gid_t)o->ctl_gid);
 
 		if (g)
-			snprintf(d.group_name, sizeof(d.group_name), "%s", g->gr_name);
+			snprintf(d->group_name, sizeof(d->group_name), "%s", g->gr_name);
 		else
-			snprintf(d.group_name, sizeof(d.group_name), "%ld", o->ctl_gid);
+			snprintf(d->group_name, sizeof(d->group_name), "%ld", o->ctl_gid);
 	}
-	r = make_ctl_dir(&d, msg, sizeof(msg));
+	r = make_ctl_dir(d, msg, len);
 	if (r < 0)
-		goto fail;
-	d.ctl_fd = ctl_listen(d.ctl_path, 0666);
-	if (d.ctl_fd < 0) {
-		r = d.ctl_fd;
-		snprintf(msg, sizeof(msg), "error: control socket %s: %s\n", d.ctl_path,
-			 strerror(-r));
-		goto fail;
+		return r;
+	d->ctl_fd = ctl_listen(d->ctl_path, 0666);
+	if (d->ctl_fd < 0) {
+		r = d->ctl_fd;
+		snprintf(msg, len, "error: control socket %s: %s\n", d->ctl_path, strerror(-r));
+		return r;
 	}
-	r = daemon_http_start(&d, msg, sizeof(msg));
-	if (r < 0)
-		goto fail;
-	snprintf(optstr, sizeof(optstr),
-		 "fsname=hwfs:%s,subtype=hwfs,max_read=1048576,default_permissions%s",
-		 store_dir(d.st), geteuid() == 0 ? ",allow_other" : "");
-	d.fsctx = (struct fsctx){d.ns, d.ctl_path, on_init, &d, daemon_rename_commit};
-	d.se = fuse_session_new(&args, hwfs_fuse_ops(), sizeof(struct fuse_lowlevel_ops), &d.fsctx);
-	if (!d.se) {
-		r = -EINVAL;
-		snprintf(msg, sizeof(msg), "error: cannot create the FUSE session\n");
-		goto fail;
-	}
-	{
-		struct stat bare;
+	return daemon_http_start(d, msg, len);
+}
 
-		if (stat(o->mountpoint, &bare) == 0) /* a flip's symlink there: the mount is gone */
-			own_mount_set_bare_dev(bare.st_dev);
+/*
+ * The FUSE session (with @args, whose -o string is @optstr of @optlen
+ * bytes) mounted on the mountpoint; *@mounted is set once it is.  Returns
+ * 0, or -errno with the line in @msg.
+ */
+static int daemon_mount(struct daemon *d, struct fuse_args *args, char *optstr, size_t optlen,
+			int *mounted, char *msg, size_t len)
+{
+	const struct daemon_opts *o = d->o;
+	struct stat bare;
+
+	snprintf(optstr, optlen,
+		 "fsname=hwfs:%s,subtype=hwfs,max_read=1048576,default_permissions%s",
+		 store_dir(d->st), geteuid() == 0 ? ",allow_other" : "");
+	d->fsctx = (struct fsctx){d->ns, d->ctl_path, on_init, d, daemon_rename_commit};
+	d->se = fuse_session_new(args, hwfs_fuse_ops(), sizeof(struct fuse_lowlevel_ops), &d->fsctx);
+	if (!d->se) {
+		snprintf(msg, len, "error: cannot create the FUSE session\n");
+		return -EINVAL;
 	}
-	if (fuse_set_signal_handlers(d.se) < 0 || fuse_session_mount(d.se, o->mountpoint) < 0) {
-		r = -EIO;
-		snprintf(msg, sizeof(msg), "error: cannot mount on %s (see %s/hwfs.log)\n",
-			 o->mountpoint, store_dir(d.st));
-		goto fail;
+	if (stat(o->mountpoint, &bare) == 0) /* a flip's symlink there: the mount is gone */
+		own_mount_set_bare_dev(bare.st_dev);
+	if (fuse_set_signal_handlers(d->se) < 0 || fuse_session_mount(d->se, o->mountpoint) < 0) {
+		snprintf(msg, len, "error: cannot mount on %s (see %s/hwfs.log)\n", o->mountpoint,
+			 store_dir(d->st));
+		return -EIO;
 	}
-	mounted = 1;
+	*mounted = 1;
 	/* the daemon's own renames through the mount run in children without this fd */
-	own_mount_set_fd(fuse_session_fd(d.se));
-	if (pthread_create(&d.ctl_thread, NULL, ctl_main, &d) != 0) {
-		r = -EAGAIN;
-		snprintf(msg, sizeof(msg), "error: cannot start the control thread\n");
-		goto fail;
+	own_mount_set_fd(fuse_session_fd(d->se));
+	return 0;
+}
+
+/*
+ * What runs beside the mount: the control socket's accept thread, the
+ * embedded coordinator (--coordinator) and the replication agent (--join;
+ * our own coordinator at the port it bound).  Returns 0, or -errno with the
+ * line in @msg.
+ */
+static int daemon_start_threads(struct daemon *d, char *msg, size_t len)
+{
+	const struct daemon_opts *o = d->o;
+	int r;
+
+	if (pthread_create(&d->ctl_thread, NULL, ctl_main, d) != 0) {
+		snprintf(msg, len, "error: cannot start the control thread\n");
+		return -EAGAIN;
 	}
-	d.ctl_running = 1;
+	d->ctl_running = 1;
 	if (o->coordinator) {
-		r = start_coord(&d, msg, sizeof(msg));
+		r = start_coord(d, msg, len);
 		if (r < 0)
-			goto fail;
+			return r;
 	}
 	if (o->join) {
 		/* joining our own coordinator: at the port it bound (tcp://HOST:* allowed) */
-		const char *join = o->coordinator && d.coord_ep[0] ? d.coord_ep : o->join;
+		const char *join = o->coordinator && d->coord_ep[0] ? d->coord_ep : o->join;
 		struct agent *agent = NULL;
 
-		r = daemon_join(&d, join, &agent);
-		__atomic_store_n(&d.agent, agent, __ATOMIC_RELEASE);
+		r = daemon_join(d, join, &agent);
+		__atomic_store_n(&d->agent, agent, __ATOMIC_RELEASE);
 		if (r < 0) {
-			snprintf(msg, sizeof(msg), "error: cannot join %s: %s\n", o->join,
+			snprintf(msg, len, "error: cannot join %s: %s\n", o->join,
 				 r == -EADDRINUSE ? "listen address in use" : strerror(-r));
-			goto fail;
+			return r;
 		}
 		/* engine reports and disconnects wake the agent's pending barrier */
-		engines_set_wake(d.engines, agent_wake, d.agent);
+		engines_set_wake(d->engines, agent_wake, d->agent);
 	}
-	LOG_INFO("mounted %s (store %s, pid %d)", o->mountpoint, store_dir(d.st), (int)getpid());
+	return 0;
+}
+
+/* FUSE's multi-threaded loop (clone_fd, max_threads), until the mount goes. */
+static void daemon_serve(struct daemon *d)
+{
+	struct fuse_loop_config *cfg;
+
+	LOG_INFO("mounted %s (store %s, pid %d)", d->o->mountpoint, store_dir(d->st), (int)getpid());
 	cfg = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_clone_fd(cfg, 1);
 	fuse_loop_cfg_set_max_threads(cfg, (unsigned)hwfs_tun.max_threads);
 	fuse_loop_cfg_set_idle_threads(cfg, (unsigned)HWFS_MIN(hwfs_tun.max_threads, 4));
-	r = fuse_session_loop_mt(d.se, cfg);
+	fuse_session_loop_mt(d->se, cfg);
 	fuse_loop_cfg_destroy(cfg);
-	LOG_INFO("unmounted %s", o->mountpoint);
-	r = 0;
-	goto out;
-fail:
-	LOG_ERR("%.*s", (int)strcspn(msg, "\n"), msg);
-	notify(o, msg);
-out:
-	/*
-	 * Control connections first: no new ones, the live ones ended, and
-	 * nothing they use (agent, namespace, store) is freed until they are
-	 * gone.  The mount goes before the wait, so a commit or publish that
-	 * renames through it fails instead of waiting for a loop that has ended.
-	 */
-	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
-	hwfs_sd_notify("STOPPING=1");
-	if (__atomic_load_n(&d.init_started, __ATOMIC_ACQUIRE))
-		pthread_join(d.init_thread, NULL);
-	daemon_http_stop(&d); /* its handler reads the agent, engines and store */
-	if (d.loads)
-		devloads_stop(d.loads); /* copies end at their next tensor */
-	if (d.ctl_running) {
-		shutdown(d.ctl_fd, SHUT_RDWR);
-		pthread_join(d.ctl_thread, NULL);
-	}
-	if (d.se && mounted) {
-		fuse_session_unmount(d.se);
-		mounted = 0;
-	}
-	if (drain_conns(&d) < 0) {
-		unsigned left = 0;
+	LOG_INFO("unmounted %s", d->o->mountpoint);
+}
 
-		/*
-		 * The barrier's load workers use this stack's struct daemon, the
-		 * arena and CUDA: returning (then exit(), whose atexit handlers
-		 * tear CUDA down) while one runs is undefined.  They stop at their
-		 * next tensor; wait for them a bounded while, else _exit() now.
-		 */
-		if (d.loads) {
-			engines_set_gpu_hook(d.engines, NULL, NULL);
-			devloads_stop(d.loads);
-			if (devloads_drain_for(d.loads, (unsigned)hwfs_tun.ctl_drain_ms, &left) < 0) {
-				LOG_ERR("%u device load worker(s) still running after %llu ms: exiting "
-					"at once (_exit), nothing freed", left,
-					(unsigned long long)hwfs_tun.ctl_drain_ms);
-				fflush(stderr);
-				_exit(1);
-			}
+/*
+ * The first steps of shutdown: nothing new starts, then what still uses the
+ * node stops coming.  Control connections first: no new ones, the live
+ * ones ended, and nothing they use (agent, namespace, store) is freed until
+ * they are gone.  The mount goes before the wait, so a commit or publish
+ * that renames through it fails instead of waiting for a loop that has
+ * ended.  Returns drain_conns()'s answer: < 0 when connections are still
+ * live after ctl_drain_ms.
+ */
+static int daemon_stop(struct daemon *d, int mounted)
+{
+	__atomic_store_n(&d->stopping, 1, __ATOMIC_RELEASE);
+	hwfs_sd_notify("STOPPING=1");
+	if (__atomic_load_n(&d->init_started, __ATOMIC_ACQUIRE))
+		pthread_join(d->init_thread, NULL);
+	daemon_http_stop(d); /* its handler reads the agent, engines and store */
+	if (d->loads)
+		devloads_stop(d->loads); /* copies end at their next tensor */
+	if (d->ctl_running) {
+		shutdown(d->ctl_fd, SHUT_RDWR);
+		pthread_join(d->ctl_thread, NULL);
+	}
+	if (d->se && mounted)
+		fuse_session_unmount(d->se);
+	return drain_conns(d);
+}
+
+/*
+ * Connections are still live: nothing may be freed.  The barrier's load
+ * workers use this stack's struct daemon, the arena and CUDA: returning
+ * (then exit(), whose atexit handlers tear CUDA down) while one runs is
+ * undefined.  They stop at their next tensor; wait for them a bounded
+ * while, else _exit() now.
+ */
+static void daemon_abandon(struct daemon *d)
+{
+	unsigned left = 0;
+
+	if (d->loads) {
+		engines_set_gpu_hook(d->engines, NULL, NULL);
+		devloads_stop(d->loads);
+		if (devloads_drain_for(d->loads, (unsigned)hwfs_tun.ctl_drain_ms, &left) < 0) {
+			LOG_ERR("%u device load worker(s) still running after %llu ms: exiting "
+				"at once (_exit), nothing freed", left,
+				(unsigned long long)hwfs_tun.ctl_drain_ms);
+			fflush(stderr);
+			_exit(1);
 		}
-		LOG_ERR("exiting without freeing the namespace and store (still in use)");
+	}
+	LOG_ERR("exiting without freeing the namespace and store (still in use)");
+}
+
+/*
+ * The rest of shutdown, once no connection is live: device loads drained,
+ * hooks unset, the agent and the coordinator stopped, the control socket
+ * and its directory removed, the FUSE session destroyed, then the modules
+ * freed in the reverse order of daemon_open_node().
+ */
+static void daemon_close(struct daemon *d)
+{
+	if (d->loads) {
+		/* no barrier starts a load any more; the loads it started end */
+		engines_set_gpu_hook(d->engines, NULL, NULL);
+		devloads_drain(d->loads);
+	}
+	if (d->ns) {
+		ns_set_seal_hook(d->ns, NULL, NULL);
+		ns_set_current_hook(d->ns, NULL, NULL);
+	}
+	if (d->agent) {
+		engines_set_wake(d->engines, NULL, NULL);
+		agent_stop(d->agent);
+	}
+	if (d->coord_running) {
+		__atomic_store_n(&d->coord_stop, 1, __ATOMIC_RELEASE);
+		pthread_join(d->coord_thread, NULL);
+	}
+	if (d->ctl_fd >= 0) {
+		close(d->ctl_fd);
+		unlink(d->ctl_path);
+	}
+	if (d->ctl_dir_private)
+		rmdir(d->ctl_dir);
+	if (d->se) {
+		own_mount_set_fd(-1);
+		fuse_remove_signal_handlers(d->se);
+		fuse_session_destroy(d->se);
+	}
+	pthread_cond_destroy(&d->conn_cv);
+	devloads_destroy(d->loads); /* device memory (copied from the arena), before the runtime goes */
+	engines_destroy(d->engines);
+	daemon_diffs_destroy(d->diffs);
+	ns_destroy(d->ns);
+	json_decref(d->last_refused);
+	/* unpin, then close the runtime, then unmap the arena */
+	gpu_unpin(d->gpu);
+	gpu_close(d->gpu);
+	store_close(d->st);
+}
+
+/*
+ * One node from start to shutdown: each step of start-up in order (the
+ * first that fails says why to the starter and the log), the FUSE loop,
+ * then shutdown in the reverse order.
+ */
+int daemon_run(const struct daemon_opts *o)
+{
+	struct daemon d = {.o = o, .ctl_fd = -1, .conn_mu = PTHREAD_MUTEX_INITIALIZER,
+			   .http_mu = PTHREAD_MUTEX_INITIALIZER,
+			   .commit_mu = PTHREAD_MUTEX_INITIALIZER};
+	char optstr[4096], msg[4352];
+	char *argv[] = {"hwfs", "-o", optstr, o->debug ? "-d" : NULL, NULL};
+	struct fuse_args args = FUSE_ARGS_INIT(o->debug ? 4 : 3, argv);
+	int r, mounted = 0;
+
+	daemon_process_setup(&d);
+	r = daemon_open_node(&d, msg, sizeof(msg));
+	if (r == 0)
+		r = daemon_open_control(&d, msg, sizeof(msg));
+	if (r == 0)
+		r = daemon_mount(&d, &args, optstr, sizeof(optstr), &mounted, msg, sizeof(msg));
+	if (r == 0)
+		r = daemon_start_threads(&d, msg, sizeof(msg));
+	if (r == 0) {
+		daemon_serve(&d);
+	} else {
+		LOG_ERR("%.*s", (int)strcspn(msg, "\n"), msg);
+		notify(o, msg);
+	}
+	if (daemon_stop(&d, mounted) < 0) {
+		daemon_abandon(&d);
 		fuse_opt_free_args(&args);
 		return r;
 	}
-	if (d.loads) {
-		/* no barrier starts a load any more; the loads it started end */
-		engines_set_gpu_hook(d.engines, NULL, NULL);
-		devloads_drain(d.loads);
-	}
-	if (d.ns) {
-		ns_set_seal_hook(d.ns, NULL, NULL);
-		ns_set_current_hook(d.ns, NULL, NULL);
-	}
-	if (d.agent) {
-		engines_set_wake(d.engines, NULL, NULL);
-		agent_stop(d.agent);
-	}
-	if (d.coord_running) {
-		__atomic_store_n(&d.coord_stop, 1, __ATOMIC_RELEASE);
-		pthread_join(d.coord_thread, NULL);
-	}
-	if (d.ctl_fd >= 0) {
-		close(d.ctl_fd);
-		unlink(d.ctl_path);
-	}
-	if (d.ctl_dir_private)
-		rmdir(d.ctl_dir);
-	if (d.se) {
-		own_mount_set_fd(-1);
-		fuse_remove_signal_handlers(d.se);
-		fuse_session_destroy(d.se);
-	}
-	pthread_cond_destroy(&d.conn_cv);
-	devloads_destroy(d.loads); /* device memory (copied from the arena), before the runtime goes */
-	engines_destroy(d.engines);
-	daemon_diffs_destroy(d.diffs);
-	ns_destroy(d.ns);
-	json_decref(d.last_refused);
-	/* unpin, then close the runtime, then unmap the arena */
-	gpu_unpin(d.gpu);
-	gpu_close(d.gpu);
-	store_close(d.st);
+	daemon_close(&d);
 	fuse_opt_free_args(&args);
 	return r;
 }

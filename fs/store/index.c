@@ -439,12 +439,128 @@ out:
 	return rc;
 }
 
+/* index_put_version()'s statements, prepared once per version. */
+struct put_stmts {
+	sqlite3_stmt *version, *file, *extent, *tensor, *shard;
+};
+
+/* Prepare @ps's statements.  Returns 0 or -errno (those prepared are finalized by put_finalize()). */
+static int put_prepare(sqlite3 *db, struct put_stmts *ps)
+{
+	int rc;
+
+	if ((rc = prepare(db,
+			  "INSERT INTO versions(name, seq, state, created_ns, sealed_ns, digest)"
+			  " VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
+			  &ps->version)) ||
+	    (rc = prepare(db,
+			  "INSERT INTO files(version, path, kind, mode, uid, gid, mtime_ns, size,"
+			  " target, st_error) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+			  &ps->file)) ||
+	    (rc = prepare(db,
+			  "INSERT INTO extents(version, path, off, len, hash)"
+			  " VALUES(?1, ?2, ?3, ?4, ?5)",
+			  &ps->extent)) ||
+	    (rc = prepare(db,
+			  "INSERT INTO tensors(version, path, name, dtype, shape, off, len, hash)"
+			  " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+			  &ps->tensor)) ||
+	    (rc = prepare(db,
+			  "INSERT OR IGNORE INTO shards(hash, arena_off, size) VALUES(?1, ?2, ?3)",
+			  &ps->shard)))
+		return rc;
+	return 0;
+}
+
+/* Finalize @ps's statements (those never prepared are NULL: a no-op). */
+static void put_finalize(struct put_stmts *ps)
+{
+	sqlite3_finalize(ps->version);
+	sqlite3_finalize(ps->file);
+	sqlite3_finalize(ps->extent);
+	sqlite3_finalize(ps->tensor);
+	sqlite3_finalize(ps->shard);
+}
+
+/* The row of version @v.  Returns 0 or -errno. */
+static int put_version_row(sqlite3 *db, sqlite3_stmt *sv, const struct hwfs_vrec *v)
+{
+	sqlite3_bind_text(sv, 1, v->name, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(sv, 2, (sqlite3_int64)v->seq);
+	sqlite3_bind_int(sv, 3, (int)v->state);
+	sqlite3_bind_int64(sv, 4, v->created_ns);
+	sqlite3_bind_int64(sv, 5, v->sealed_ns);
+	bind_hash(sv, 6, &v->digest);
+	return step_done(db, sv, "insert version");
+}
+
+/*
+ * The rows of file @f (the @i-th of version @vname, which @ps's file,
+ * extent and tensor statements have bound already): the file, its extents,
+ * its tensors.  Returns 0 or -errno.
+ */
+static int put_file(sqlite3 *db, struct put_stmts *ps, const char *vname, size_t i,
+		    const struct hwfs_frec *f)
+{
+	sqlite3_stmt *sf = ps->file, *se = ps->extent, *stn = ps->tensor;
+	int rc;
+
+	if (!f->path) {
+		LOG_ERR("index: version %s: file %zu has no path", vname, i);
+		return -EINVAL;
+	}
+	sqlite3_bind_text(sf, 2, f->path, -1, SQLITE_STATIC);
+	sqlite3_bind_int(sf, 3, (int)f->kind);
+	sqlite3_bind_int64(sf, 4, f->mode);
+	sqlite3_bind_int64(sf, 5, f->uid);
+	sqlite3_bind_int64(sf, 6, f->gid);
+	sqlite3_bind_int64(sf, 7, f->mtime_ns);
+	sqlite3_bind_int64(sf, 8, (sqlite3_int64)f->size);
+	bind_text_or_null(sf, 9, f->target);
+	bind_text_or_null(sf, 10, f->st_error);
+	rc = step_done(db, sf, "insert file");
+	if (rc)
+		return rc;
+
+	sqlite3_bind_text(se, 2, f->path, -1, SQLITE_STATIC);
+	for (size_t j = 0; j < f->n_ext; j++) {
+		const struct hwfs_extent *e = &f->ext[j];
+
+		sqlite3_bind_int64(se, 3, (sqlite3_int64)e->off);
+		sqlite3_bind_int64(se, 4, (sqlite3_int64)e->len);
+		bind_hash(se, 5, &e->hash);
+		rc = step_done(db, se, "insert extent");
+		if (rc)
+			return rc;
+	}
+
+	sqlite3_bind_text(stn, 2, f->path, -1, SQLITE_STATIC);
+	for (size_t j = 0; j < f->n_tensors; j++) {
+		const struct hwfs_trec *t = &f->tensors[j];
+		char *shape = shape_to_json(t);
+
+		if (!shape)
+			return -ENOMEM;
+		sqlite3_bind_text(stn, 3, t->name ? t->name : "", -1, SQLITE_STATIC);
+		sqlite3_bind_text(stn, 4, t->dtype, (int)strnlen(t->dtype, sizeof(t->dtype)),
+				  SQLITE_STATIC);
+		sqlite3_bind_text(stn, 5, shape, -1, SQLITE_TRANSIENT);
+		sqlite3_bind_int64(stn, 6, (sqlite3_int64)t->off);
+		sqlite3_bind_int64(stn, 7, (sqlite3_int64)t->len);
+		bind_hash(stn, 8, &t->hash);
+		free(shape); /* bound as a copy */
+		rc = step_done(db, stn, "insert tensor");
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 int index_put_version(struct index *ix, const struct hwfs_vrec *v,
 		      const struct hwfs_shardloc *locs, size_t n_locs)
 {
 	sqlite3 *db = ix->db;
-	sqlite3_stmt *sv = NULL, *sf = NULL, *se = NULL, *stn = NULL, *ss = NULL;
-	char *shape = NULL;
+	struct put_stmts ps = {0};
 	int in_tx = 0, rc;
 
 	if (!v || !v->name) {
@@ -458,105 +574,28 @@ int index_put_version(struct index *ix, const struct hwfs_vrec *v,
 	rc = delete_rows(db, v->name, NULL);
 	if (rc)
 		goto out;
-
-	if ((rc = prepare(db,
-			  "INSERT INTO versions(name, seq, state, created_ns, sealed_ns, digest)"
-			  " VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
-			  &sv)) ||
-	    (rc = prepare(db,
-			  "INSERT INTO files(version, path, kind, mode, uid, gid, mtime_ns, size,"
-			  " target, st_error) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-			  &sf)) ||
-	    (rc = prepare(db,
-			  "INSERT INTO extents(version, path, off, len, hash)"
-			  " VALUES(?1, ?2, ?3, ?4, ?5)",
-			  &se)) ||
-	    (rc = prepare(db,
-			  "INSERT INTO tensors(version, path, name, dtype, shape, off, len, hash)"
-			  " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-			  &stn)) ||
-	    (rc = prepare(db,
-			  "INSERT OR IGNORE INTO shards(hash, arena_off, size) VALUES(?1, ?2, ?3)",
-			  &ss)))
+	rc = put_prepare(db, &ps);
+	if (rc)
 		goto out;
-
-	sqlite3_bind_text(sv, 1, v->name, -1, SQLITE_STATIC);
-	sqlite3_bind_int64(sv, 2, (sqlite3_int64)v->seq);
-	sqlite3_bind_int(sv, 3, (int)v->state);
-	sqlite3_bind_int64(sv, 4, v->created_ns);
-	sqlite3_bind_int64(sv, 5, v->sealed_ns);
-	bind_hash(sv, 6, &v->digest);
-	rc = step_done(db, sv, "insert version");
+	rc = put_version_row(db, ps.version, v);
 	if (rc)
 		goto out;
 
 	/* The version name is bound once; only the other parameters change. */
-	sqlite3_bind_text(sf, 1, v->name, -1, SQLITE_STATIC);
-	sqlite3_bind_text(se, 1, v->name, -1, SQLITE_STATIC);
-	sqlite3_bind_text(stn, 1, v->name, -1, SQLITE_STATIC);
-
+	sqlite3_bind_text(ps.file, 1, v->name, -1, SQLITE_STATIC);
+	sqlite3_bind_text(ps.extent, 1, v->name, -1, SQLITE_STATIC);
+	sqlite3_bind_text(ps.tensor, 1, v->name, -1, SQLITE_STATIC);
 	for (size_t i = 0; i < v->n_files; i++) {
-		const struct hwfs_frec *f = &v->files[i];
-
-		if (!f->path) {
-			LOG_ERR("index: version %s: file %zu has no path", v->name, i);
-			rc = -EINVAL;
-			goto out;
-		}
-		sqlite3_bind_text(sf, 2, f->path, -1, SQLITE_STATIC);
-		sqlite3_bind_int(sf, 3, (int)f->kind);
-		sqlite3_bind_int64(sf, 4, f->mode);
-		sqlite3_bind_int64(sf, 5, f->uid);
-		sqlite3_bind_int64(sf, 6, f->gid);
-		sqlite3_bind_int64(sf, 7, f->mtime_ns);
-		sqlite3_bind_int64(sf, 8, (sqlite3_int64)f->size);
-		bind_text_or_null(sf, 9, f->target);
-		bind_text_or_null(sf, 10, f->st_error);
-		rc = step_done(db, sf, "insert file");
+		rc = put_file(db, &ps, v->name, i, &v->files[i]);
 		if (rc)
 			goto out;
-
-		sqlite3_bind_text(se, 2, f->path, -1, SQLITE_STATIC);
-		for (size_t j = 0; j < f->n_ext; j++) {
-			const struct hwfs_extent *e = &f->ext[j];
-
-			sqlite3_bind_int64(se, 3, (sqlite3_int64)e->off);
-			sqlite3_bind_int64(se, 4, (sqlite3_int64)e->len);
-			bind_hash(se, 5, &e->hash);
-			rc = step_done(db, se, "insert extent");
-			if (rc)
-				goto out;
-		}
-
-		sqlite3_bind_text(stn, 2, f->path, -1, SQLITE_STATIC);
-		for (size_t j = 0; j < f->n_tensors; j++) {
-			const struct hwfs_trec *t = &f->tensors[j];
-
-			shape = shape_to_json(t);
-			if (!shape) {
-				rc = -ENOMEM;
-				goto out;
-			}
-			sqlite3_bind_text(stn, 3, t->name ? t->name : "", -1, SQLITE_STATIC);
-			sqlite3_bind_text(stn, 4, t->dtype, (int)strnlen(t->dtype, sizeof(t->dtype)),
-					  SQLITE_STATIC);
-			sqlite3_bind_text(stn, 5, shape, -1, SQLITE_TRANSIENT);
-			sqlite3_bind_int64(stn, 6, (sqlite3_int64)t->off);
-			sqlite3_bind_int64(stn, 7, (sqlite3_int64)t->len);
-			bind_hash(stn, 8, &t->hash);
-			free(shape); /* bound as a copy */
-			shape = NULL;
-			rc = step_done(db, stn, "insert tensor");
-			if (rc)
-				goto out;
-		}
 	}
 
 	for (size_t i = 0; i < n_locs; i++) {
-		bind_hash(ss, 1, &locs[i].hash);
-		sqlite3_bind_int64(ss, 2, (sqlite3_int64)locs[i].arena_off);
-		sqlite3_bind_int64(ss, 3, (sqlite3_int64)locs[i].size);
-		rc = step_done(db, ss, "insert shard");
+		bind_hash(ps.shard, 1, &locs[i].hash);
+		sqlite3_bind_int64(ps.shard, 2, (sqlite3_int64)locs[i].arena_off);
+		sqlite3_bind_int64(ps.shard, 3, (sqlite3_int64)locs[i].size);
+		rc = step_done(db, ps.shard, "insert shard");
 		if (rc)
 			goto out;
 	}
@@ -566,12 +605,7 @@ int index_put_version(struct index *ix, const struct hwfs_vrec *v,
 		goto out;
 	in_tx = 0;
 out:
-	free(shape);
-	sqlite3_finalize(sv);
-	sqlite3_finalize(sf);
-	sqlite3_finalize(se);
-	sqlite3_finalize(stn);
-	sqlite3_finalize(ss);
+	put_finalize(&ps);
 	if (in_tx)
 		rollback(db);
 	return rc;

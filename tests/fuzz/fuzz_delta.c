@@ -1,5 +1,5 @@
 /*
- * fuzz_delta.c — libFuzzer target for the delta decoder (fs/common/delta.c),
+ * fuzz_delta.c — libFuzzer target for the delta decoder (fs/common/delta_decode.c),
  * the only code that reads a delta from the network.
  *
  * The first input byte picks the shard length (its low 3 bits: 0, 1, 7, 64,

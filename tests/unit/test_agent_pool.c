@@ -46,7 +46,7 @@
 #include "agent_pool.h"
 #include "tmpdir.h"
 
-#define LEN (1u << 20) /* bytes per shard: above few_changed()'s probe threshold */
+#define LEN (1u << 20) /* bytes per shard: above worth_encoding()'s sample */
 
 struct fx {
 	char dir[64];

@@ -2,10 +2,10 @@
  * sim.h — `hwfs sim`: a discrete-event simulator of replicating one version
  * over a modelled cluster (docs/sim.md).
  *
- * The planner is the coordinator's own (coord_plan.c, unchanged): the
- * simulator keeps a struct coord with a have-table and no sockets, calls
- * plan_all() when the version is announced, plan_for() when a node joins
- * late and plan_deaths() when a node dies, and moves bytes as the plans say.
+ * The planner is the coordinator's own (coord_plan.c, unchanged, through
+ * replicator/planner.h): the simulator hands it the announce, each late
+ * join and each death the coordinator notices, and moves bytes as its plans
+ * say.
  * What it models: every node's link (rate each way, latency), pieces
  * forwarded cut-through by relays, the publisher's encode, each receiver's
  * rebuild of a delta (store-and-forward or cut-through relays, on the agent
