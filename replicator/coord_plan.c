@@ -353,7 +353,9 @@ static void replan_orphan(struct coord *c, struct cnode *to, struct cversion *v,
  */
 void plan_deaths(struct coord *c)
 {
-	unsigned char seen[MAX_NODES]; /* stand_ins()'s, per orphan (n_nodes <= MAX_NODES) */
+	/* stand_ins()'s, per orphan: a coordinator keeps MAX_NODES nodes, the
+	 * simulator's planner (planner.h) its publisher beside as many receivers */
+	unsigned char seen[MAX_NODES + 1];
 	int died = 0;
 
 	for (size_t i = 0; i < c->n_nodes; i++) {

@@ -70,6 +70,8 @@ int planner_add_node(struct planner *pl, const char *name, const char *addr)
 {
 	struct cnode *cn;
 
+	if (pl->c.n_nodes > PLANNER_MAX_NODES) /* the publisher and PLANNER_MAX_NODES more */
+		return -ENOSPC;
 	if (pl->c.n_nodes == pl->cap_nodes) {
 		size_t cap = pl->cap_nodes ? 2 * pl->cap_nodes : 16;
 		struct cnode *m = realloc(pl->c.nodes, cap * sizeof(*m));

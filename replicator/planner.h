@@ -51,7 +51,8 @@ void planner_free(struct planner *pl);
 /**
  * planner_add_node() - node @name, reachable at @addr (what its pullers are
  * told), joins alive.  Returns its index (0, 1, ...: the number of nodes
- * before it) or -ENOMEM.
+ * before it), -ENOSPC past PLANNER_MAX_NODES + 1 nodes (a publisher and
+ * PLANNER_MAX_NODES receivers), or -ENOMEM.
  */
 int planner_add_node(struct planner *pl, const char *name, const char *addr);
 

@@ -55,8 +55,12 @@ static int start_coord(struct daemon *d, char *msg, size_t len)
 	ssize_t n;
 	int pfd[2];
 
-	if (pipe2(pfd, O_CLOEXEC) < 0)
-		return -errno;
+	if (pipe2(pfd, O_CLOEXEC) < 0) {
+		int e = errno;
+
+		snprintf(msg, len, "error: embedded coordinator: pipe: %s\n", strerror(e));
+		return -e;
+	}
 	snprintf(d->coord_state, sizeof(d->coord_state), "%s/coord", store_dir(d->st));
 	d->copts = (struct coord_opts){.listen = d->o->coordinator, .state = d->coord_state,
 				       .keys = d->o->keys, .fanout = 1, .notify_fd = pfd[1],
@@ -64,6 +68,7 @@ static int start_coord(struct daemon *d, char *msg, size_t len)
 	if (pthread_create(&d->coord_thread, NULL, coord_main, d) != 0) {
 		close(pfd[0]);
 		close(pfd[1]);
+		snprintf(msg, len, "error: embedded coordinator: no thread\n");
 		return -EAGAIN;
 	}
 	d->coord_running = 1;
