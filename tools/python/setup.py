@@ -52,7 +52,7 @@ LIBNAME = "libhwfs.so.1"  # the soname (Makefile LIBHWFS_SONAME)
 # relative to the repository root, and to csrc/ in an sdist.
 C_GLOBS = ("fs/lib",)  # every .c and .h of these folders, and the version script
 C_FILES = ("fs/common/ctl.c", "fs/common/ctl.h", "fs/common/util.c", "fs/common/hwfs_common.h",
-           "gpu/cudart.c", "gpu/cudart.h", "include/hwfs.h")
+           "fs/common/names.h", "gpu/cudart.c", "gpu/cudart.h", "include/hwfs.h")
 VERSION_SCRIPT = "fs/lib/libhwfs.map"
 # Data files of the repository the package carries beside its modules, and their
 # name there: the tensor-parallel split rules the daemon compiles in and
@@ -76,6 +76,14 @@ def source_files(root):
             if f.endswith((".c", ".h", ".map")):
                 out.append(f"{d}/{f}")
     return out + list(C_FILES) + list(PACKAGE_DATA)
+
+
+def stage_sources(root, dest):
+    """Copy source_files(@root) under @dest (the layout of an sdist's csrc/); returns @dest."""
+    for rel in source_files(root):
+        os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+        shutil.copyfile(os.path.join(root, rel), os.path.join(dest, rel))
+    return dest
 
 
 def source_root():
@@ -182,6 +190,10 @@ class build_py_with_lib(build_py):
         for rel, name in PACKAGE_DATA.items():
             shutil.copyfile(os.path.join(root, rel), os.path.join(self.build_lib, "hwfs", name))
         with tempfile.TemporaryDirectory(prefix="hwfs-build-") as tmp:
+            if from_repo:
+                # Compile a copy of exactly the files an sdist carries, so that a
+                # header missing from C_FILES fails here too, not only in an sdist.
+                root = stage_sources(root, os.path.join(tmp, "csrc"))
             BuildLibhwfs(root, from_repo, tmp).build(dest)
 
     def get_outputs(self, include_bytecode=True):
@@ -199,10 +211,7 @@ class sdist_with_csrc(sdist):
     def make_release_tree(self, base_dir, files):
         super().make_release_tree(base_dir, files)
         root, _ = source_root()
-        for rel in source_files(root):
-            dest = os.path.join(base_dir, "csrc", rel)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            shutil.copy2(os.path.join(root, rel), dest)
+        stage_sources(root, os.path.join(base_dir, "csrc"))
 
 
 if bdist_wheel is not None:
