@@ -395,12 +395,14 @@ static struct handled *shadow_load(struct watch *s, const char *version, int res
 		}
 	}
 	h->loaded = !h->reason[0];
+	/* Report first, then print: a line read from the watch means the
+	 * daemon has the report (a script may commit on seeing it). */
+	if (s->engine)
+		report(s, h->loaded ? HWFS_LOADED : HWFS_REFUSED, version, h->reason, 0);
 	if (h->loaded)
 		say("loaded %s", version);
 	else
 		say("refused %s: %s", version, h->reason);
-	if (s->engine)
-		report(s, h->loaded ? HWFS_LOADED : HWFS_REFUSED, version, h->reason, 0);
 	return h;
 }
 
@@ -432,9 +434,9 @@ static void swap_to(struct watch *s, const char *version, int pause0)
 		return;
 	}
 	pause_us = pause0 ? 0 : took;
-	say("swapped %s (pause %llu us)", version, (unsigned long long)pause_us);
 	if (s->engine)
 		report(s, HWFS_SWAPPED, version, NULL, pause_us);
+	say("swapped %s (pause %llu us)", version, (unsigned long long)pause_us);
 }
 
 /* Print event @ev and act on it. */
