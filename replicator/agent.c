@@ -275,17 +275,21 @@ static json_int_t us_since(uint64_t since_ns)
 }
 
 /*
- * Answer PREPARE @txid of @name: READY, @ok or not because of @reason, with
- * the microseconds since the PREPARE arrived (@since_ns): the checks and the
- * engine barrier here, what the coordinator's commit record shows per node.
+ * Answer PREPARE @txid of @name: READY, ready when @r is 0, else not because
+ * of @reason with errno -@r (the coordinator relays it to the requester),
+ * with the microseconds since the PREPARE arrived (@since_ns): the checks and
+ * the engine barrier here, what the coordinator's commit record shows per node.
  */
-static void send_ready(struct agent *a, uint64_t txid, const char *name, int ok,
+static void send_ready(struct agent *a, uint64_t txid, const char *name, int r,
 		       const char *reason, uint64_t since_ns)
 {
-	agent_send_coord(a, P_READY,
-			 json_pack("{s:I, s:s, s:b, s:s, s:I}", "txid", (json_int_t)txid, "version",
-				   name, "ok", ok, "reason", reason, "prepare_us", us_since(since_ns)),
-			 NULL, 0);
+	json_t *f = json_pack("{s:I, s:s, s:b, s:s, s:I}", "txid", (json_int_t)txid, "version",
+			      name, "ok", r == 0, "reason", r == 0 ? "ready" : reason, "prepare_us",
+			      us_since(since_ns));
+
+	if (f && r < 0)
+		json_object_set_new(f, "errno", json_integer(-r));
+	agent_send_coord(a, P_READY, f, NULL, 0);
 }
 
 /* Forget the PREPARE waiting for the engine barrier, if any. */
@@ -341,8 +345,7 @@ static void barrier_check(struct agent *a)
 	}
 	if (r < 0)
 		LOG_INFO("agent: not ready for %s: %s", a->prep_version, err);
-	send_ready(a, a->prep_txid, a->prep_version, r == 0, r == 0 ? "ready" : err,
-		   a->prep_started);
+	send_ready(a, a->prep_txid, a->prep_version, r, err, a->prep_started);
 	prep_clear(a);
 }
 
@@ -391,7 +394,7 @@ static void on_prepare(struct agent *a, struct proto_msg *m)
 		r = -ENOMEM;
 		snprintf(err, sizeof(err), "out of memory");
 	}
-	send_ready(a, txid, name, r == 0, r == 0 ? "ready" : err, t0);
+	send_ready(a, txid, name, r, err, t0);
 }
 
 /*
@@ -405,6 +408,7 @@ static void on_commit(struct agent *a, struct proto_msg *m)
 	char err[256] = "flipped";
 	uint64_t t0 = hwfs_mono_ns();
 	int r = a->o.hooks->flip_current(a->o.arg, name, err, sizeof(err));
+	json_t *ack;
 
 	if (r == 0) {
 		free(a->pending_commit);
@@ -412,10 +416,11 @@ static void on_commit(struct agent *a, struct proto_msg *m)
 		if (json_object_get(m->h, "epoch"))
 			set_applied(a, name, proto_int(m, "epoch"));
 	}
-	agent_send_coord(a, P_ACK,
-		   json_pack("{s:I, s:s, s:b, s:s, s:I}", "txid", (json_int_t)proto_int(m, "txid"),
-			     "version", name, "ok", r == 0, "reason", err, "flip_us", us_since(t0)),
-		   NULL, 0);
+	ack = json_pack("{s:I, s:s, s:b, s:s, s:I}", "txid", (json_int_t)proto_int(m, "txid"),
+			"version", name, "ok", r == 0, "reason", err, "flip_us", us_since(t0));
+	if (ack && r < 0) /* the coordinator keeps it with the node's reason */
+		json_object_set_new(ack, "errno", json_integer(-r));
+	agent_send_coord(a, P_ACK, ack, NULL, 0);
 }
 
 static void on_result(struct agent *a, struct proto_msg *m)
@@ -438,6 +443,48 @@ static void on_result(struct agent *a, struct proto_msg *m)
 		break;
 	}
 	pthread_mutex_unlock(&a->mu);
+}
+
+/* ------------------------------------------------------------- requests */
+
+/* The fields of COMMIT_REQ for agent_call() @req, request id @id (NULL without memory). */
+static json_t *commit_req(const json_t *req, uint64_t id)
+{
+	return json_pack("{s:I, s:O, s:i}", "req", (json_int_t)id, "version",
+			 json_object_get(req, "version"), "deadline_ms",
+			 (json_int_t)hwfs_tun.commit_deadline_ms);
+}
+
+/* The fields of STATUS_REQ, request id @id (NULL without memory). */
+static json_t *status_req(const json_t *req, uint64_t id)
+{
+	(void)req;
+	return json_pack("{s:I}", "req", (json_int_t)id);
+}
+
+/*
+ * What agent_call() may ask the coordinator, by "op" (agent.h): the message
+ * it becomes and how its fields are made.  An op not in this table is
+ * answered at once, by agent_call(), with an EOPNOTSUPP error reply.
+ */
+static const struct agent_req {
+	const char *op;
+	enum proto_type t;
+	json_t *(*fields)(const json_t *req, uint64_t id);
+} agent_reqs[] = {
+	{"commit", P_COMMIT_REQ, commit_req},
+	{"cluster", P_STATUS_REQ, status_req},
+};
+
+/* The entry of agent_reqs for request @req's "op", or NULL (none, or not a string). */
+static const struct agent_req *agent_req_of(const json_t *req)
+{
+	const char *op = json_string_value(json_object_get(req, "op"));
+
+	for (size_t i = 0; op && i < sizeof(agent_reqs) / sizeof(agent_reqs[0]); i++)
+		if (!strcmp(agent_reqs[i].op, op))
+			return &agent_reqs[i];
+	return NULL;
 }
 
 /*
@@ -473,19 +520,9 @@ static void drain_queues(struct agent *a)
 	out = n_out ? calloc(n_out, sizeof(*out)) : NULL;
 	n_out = 0;
 	for (struct call *c = calls; c && out; c = c->next) {
-		const char *op = json_string_value(json_object_get(c->req, "op"));
-
 		c->id = ++a->next_req;
-		if (op && !strcmp(op, "commit")) {
-			out[n_out].t = P_COMMIT_REQ;
-			out[n_out].body = json_pack("{s:I, s:O, s:i}", "req", (json_int_t)c->id,
-						    "version", json_object_get(c->req, "version"),
-						    "deadline_ms",
-						    (json_int_t)hwfs_tun.commit_deadline_ms);
-		} else {
-			out[n_out].t = P_STATUS_REQ;
-			out[n_out].body = json_pack("{s:I}", "req", (json_int_t)c->id);
-		}
+		out[n_out].t = c->rq->t; /* agent_call() queued only ops of agent_reqs */
+		out[n_out].body = c->rq->fields(c->req, c->id);
 		n_out++;
 	}
 	while (calls) { /* unsent ones (no memory) time out at their caller */
@@ -523,6 +560,84 @@ static void pool_results(struct agent *a)
 	}
 }
 
+/* Where a message came from: its socket, and the ROUTER identity of a puller. */
+struct rx_from {
+	void *sock;
+	int is_router;           /* the serving ROUTER: @ident names the puller */
+	const uint8_t *ident;
+	size_t ident_len;
+	const char *what;        /* for logs: "the coordinator", "a puller", a donor's address */
+};
+
+static void rx_pong(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	learn_commit(a, proto_str(m, "committed"), proto_int(m, "epoch"));
+}
+
+static void rx_welcome(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	on_welcome(a, m);
+}
+
+static void rx_plan(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	pull_on_plan(a, m);
+}
+
+static void rx_prepare(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	on_prepare(a, m);
+}
+
+static void rx_commit(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	on_commit(a, m);
+}
+
+static void rx_abort(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	LOG_INFO("agent: commit of %s aborted: %s (%s)", proto_str(m, "version"),
+		 proto_str(m, "reason"), strerror(proto_errno(m, ECANCELED)));
+	if (a->prep_version && proto_int(m, "txid") == a->prep_txid)
+		prep_clear(a); /* decided: no READY is wanted any more */
+}
+
+static void rx_result(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	on_result(a, m);
+}
+
+static void rx_get(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	if (from->is_router) /* a GET comes only to the serving socket */
+		serve_on_get(a, from->ident, from->ident_len, m);
+}
+
+static void rx_shard(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	__atomic_add_fetch(&a->wire_rx, m->payload_len, __ATOMIC_RELAXED);
+	pull_on_shard(a, m, from->what, from->sock);
+}
+
+static void rx_missing(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	pull_on_missing(a, m);
+}
+
+/*
+ * What the agent does with each message it may receive, by type; a type
+ * without an entry (one the nodes send the coordinator, say) is logged as
+ * unexpected and dropped.
+ */
+static void (*const rx_table[P_MISSING + 1])(struct agent *, struct proto_msg *,
+					      const struct rx_from *) = {
+	[P_PONG] = rx_pong,	  [P_WELCOME] = rx_welcome, [P_PLAN] = rx_plan,
+	[P_PREPARE] = rx_prepare, [P_COMMIT] = rx_commit,   [P_ABORT] = rx_abort,
+	[P_COMMIT_RES] = rx_result, [P_STATUS_RES] = rx_result, [P_GET] = rx_get,
+	[P_SHARD] = rx_shard,	  [P_MISSING] = rx_missing,
+};
+
+/* Take up to HANDLE_BURST messages from @sock (@what in logs) and dispatch them (rx_table). */
 static void handle(struct agent *a, void *sock, int is_router, const char *what)
 {
 	for (int k = 0; k < HANDLE_BURST; k++) {
@@ -551,44 +666,11 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 		}
 		if (sock == a->coord)
 			__atomic_store_n(&a->last_coord_ns, (int64_t)(now_s() * 1e9), __ATOMIC_RELAXED);
-		switch (m.type) {
-		case P_PONG:
-			learn_commit(a, proto_str(&m, "committed"), proto_int(&m, "epoch"));
-			break;
-		case P_WELCOME:
-			on_welcome(a, &m);
-			break;
-		case P_PLAN:
-			pull_on_plan(a, &m);
-			break;
-		case P_PREPARE:
-			on_prepare(a, &m);
-			break;
-		case P_COMMIT:
-			on_commit(a, &m);
-			break;
-		case P_ABORT:
-			LOG_INFO("agent: commit of %s aborted: %s", proto_str(&m, "version"),
-				 proto_str(&m, "reason"));
-			if (a->prep_version && proto_int(&m, "txid") == a->prep_txid)
-				prep_clear(a); /* decided: no READY is wanted any more */
-			break;
-		case P_COMMIT_RES:
-		case P_STATUS_RES:
-			on_result(a, &m);
-			break;
-		case P_GET:
-			if (is_router)
-				serve_on_get(a, ident, ident_len, &m);
-			break;
-		case P_SHARD:
-			__atomic_add_fetch(&a->wire_rx, m.payload_len, __ATOMIC_RELAXED);
-			pull_on_shard(a, &m, what, sock);
-			break;
-		case P_MISSING:
-			pull_on_missing(a, &m);
-			break;
-		default:
+		if ((int)m.type >= 0 && (int)m.type <= P_MISSING && rx_table[m.type]) {
+			struct rx_from from = {sock, is_router, ident, ident_len, what};
+
+			rx_table[m.type](a, &m, &from);
+		} else {
 			LOG_WARN("agent: unexpected %s from %s", proto_type_name(m.type), what);
 		}
 		proto_msg_clear(&m);
@@ -871,10 +953,17 @@ int agent_coord_reachable(struct agent *a)
 
 int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 {
-	struct call c = {.req = req};
+	struct call c = {.req = req, .rq = agent_req_of(req)};
 	struct timespec dl;
 	int r = 0;
 
+	if (!c.rq) { /* not a request of the table: refused, never guessed */
+		const char *op = json_string_value(json_object_get(req, "op"));
+
+		*res = json_pack("{s:b, s:s+, s:i}", "ok", 0, "error", "unknown replication request ",
+				 op ? op : "(no op)", "errno", EOPNOTSUPP);
+		return *res ? 0 : -ENOMEM;
+	}
 	if (coord_silent(a)) /* unreachable */
 		return -EHOSTUNREACH;
 	pthread_cond_init(&c.cv, NULL);

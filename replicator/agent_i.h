@@ -215,6 +215,7 @@ struct peer {
 struct call {
 	uint64_t id;
 	json_t *req;
+	const struct agent_req *rq; /* its op's entry of the request table (agent.c) */
 	json_t *res;
 	int done;
 	pthread_cond_t cv;

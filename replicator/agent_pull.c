@@ -660,7 +660,207 @@ static void wait_room(struct agent *a, struct fetch *f, double now)
 	}
 }
 
-/* Keep each fetch's window full: GET batches from each want's donor. */
+/* HAVE for @f when progress_ms passed since the last one (status --cluster shows it). */
+static void report_due(struct agent *a, struct fetch *f, double now)
+{
+	if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
+		pull_report(a, f, NULL);
+		f->last_report = now;
+	}
+}
+
+/*
+ * space_waiting() - @f stopped because the store could not take a shard
+ * (pull_wait_space()): is it still waiting?  It retries once its back-off
+ * ended or space was freed here.  Returns 1 (still waiting: ask for nothing)
+ * or 0.
+ */
+static int space_waiting(struct agent *a, struct fetch *f, double now)
+{
+	uint64_t free_now;
+	char fb[32];
+
+	if (!f->space_wait)
+		return 0;
+	free_now = store_stage_room(a->o.st);
+	if (now < f->space_retry_at && free_now <= f->space_free) {
+		report_due(a, f, now);
+		return 1;
+	}
+	LOG_INFO("agent: %s: retrying (%s free%s)", f->name, hwfs_fmt_size(free_now, fb, sizeof(fb)),
+		 free_now > f->space_free ? ", space was freed here" : "");
+	f->space_wait = 0;
+	return 0;
+}
+
+/*
+ * room_waiting() - does what is left of @f not fit here, with @all_inflight
+ * bytes of every fetch in flight (wait_room())?  Returns 1 (ask for nothing)
+ * or 0, saying once that it fits again.
+ */
+static int room_waiting(struct agent *a, struct fetch *f, uint64_t all_inflight, double now)
+{
+	if (!fetch_fits(a, f, all_inflight)) {
+		wait_room(a, f, now);
+		return 1;
+	}
+	if (f->room_wait) {
+		LOG_INFO("agent: %s fits here now: pulling it", f->name);
+		f->room_wait = 0;
+		publish_pulls(a);
+	}
+	return 0;
+}
+
+/*
+ * fail_silent() - no piece of @f arrived for donor_silence_ms while @inflight
+ * bytes were asked for: every donor with a shard in flight is backed off and
+ * those shards go to their next donor.  Returns the bytes still in flight.
+ */
+static uint64_t fail_silent(struct agent *a, struct fetch *f, uint64_t inflight, double now)
+{
+	if (!inflight || now - f->last_rx <= ms_s(hwfs_tun.donor_silence_ms))
+		return inflight;
+	for (size_t d = 0; d < f->n_donors; d++)
+		for (size_t i = 0; i < f->n; i++)
+			if (f->w[i].state == W_INFLIGHT && f->w[i].donor == d) {
+				pull_donor_failed(a, f, d, "is silent");
+				break;
+			}
+	for (size_t i = 0; i < f->n; i++)
+		if (f->w[i].state == W_INFLIGHT)
+			pull_next_donor(a, f, &f->w[i]);
+	f->last_rx = now;
+	LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next donor",
+		 f->name, ms_s(hwfs_tun.donor_silence_ms));
+	return 0;
+}
+
+/*
+ * ring_again() - every donor of a shard failed once: not a reason to give up
+ * (a busy machine makes donors look silent, a dead donor may come back).
+ * Start round the ring again after a pause (once: the pause used to be
+ * renewed on every pass, so the shard was never asked for again); the
+ * coordinator re-plans if a donor died or came back.
+ */
+static void ring_again(struct fetch *f, double now)
+{
+	for (size_t i = 0; i < f->n; i++)
+		if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
+			if (!f->ring_warned)
+				LOG_WARN("agent: every donor of a shard of %s failed once; going round "
+					 "them again after %.1f s", f->name,
+					 ms_s(hwfs_tun.donor_backoff_ms));
+			f->ring_warned = 1;
+			f->w[i].tries = 0;
+			f->w[i].not_before = now + ms_s(hwfs_tun.donor_backoff_ms);
+		}
+}
+
+/* One GET being made: its hashes, and per hash the base the puller holds and its width. */
+struct get_batch {
+	json_t *hashes, *bases, *widths;
+	size_t n_based; /* hashes with a base (asked for as deltas) */
+	uint64_t bytes; /* shard bytes asked for */
+};
+
+/*
+ * batch_fill() - the queued shards of @f whose donor is @d (and whose pause
+ * ended) into @b, marked in flight, while the window (@inflight of @f) and
+ * get_batch_bytes and PROTO_MAX_GET allow.
+ */
+static void batch_fill(struct agent *a, struct fetch *f, size_t d, struct get_batch *b,
+		       uint64_t inflight, double now)
+{
+	static const hwfs_hash_t none;
+
+	for (size_t i = 0; i < f->n && inflight + b->bytes < hwfs_tun.pull_window_bytes &&
+			   b->bytes < hwfs_tun.get_batch_bytes &&
+			   json_array_size(b->hashes) < PROTO_MAX_GET;
+	     i++) {
+		struct want *w = &f->w[i];
+
+		if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
+			continue;
+		json_array_append_new(b->hashes, hwfs_hash_json(&w->hash));
+		if (want_delta(w) && base_held(a, w)) {
+			json_array_append_new(b->bases, hwfs_hash_json(&w->base));
+			json_array_append_new(b->widths, json_integer(w->width));
+			b->n_based++;
+		} else {
+			json_array_append_new(b->bases, hwfs_hash_json(&none));
+			json_array_append_new(b->widths, json_integer(1));
+		}
+		w->state = W_INFLIGHT;
+		w->sent_at = now;
+		b->bytes += w->size;
+	}
+}
+
+/*
+ * batch_send() - send GET @b to donor @d of @f.  Returns 0, or -1 when
+ * nothing went out (no connection to the donor: nothing is in flight; the
+ * shards are asked again after a pause, the next donor first: unsend()).
+ */
+static int batch_send(struct agent *a, struct fetch *f, size_t d, struct get_batch *b, double now)
+{
+	struct peer *p = peer_get(a, f->donors[d], f->donor_keys[d]);
+	json_t *g;
+	int r;
+
+	if (!p) {
+		unsend(a, f, d, now);
+		return -1;
+	}
+	g = json_pack("{s:I, s:O}", "req", (json_int_t)++a->next_req, "hashes", b->hashes);
+	if (g && b->n_based) {
+		json_object_set(g, "bases", b->bases);
+		json_object_set(g, "widths", b->widths);
+	}
+	r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
+	json_decref(g);
+	if (r < 0) {
+		LOG_WARN("agent: GET to %s: %s; asking the next donor", f->donors[d],
+			 r == -EAGAIN ? "no connection" : strerror(-r));
+		unsend(a, f, d, now);
+		return -1;
+	}
+	__atomic_add_fetch(&a->req_tx, json_array_size(b->hashes), __ATOMIC_RELAXED);
+	__atomic_add_fetch(&a->ds.asked, b->n_based, __ATOMIC_RELAXED);
+	return 0;
+}
+
+/*
+ * ask_donors() - fill @f's request window: one GET batch per donor that is
+ * not backing off, while *@inflight (of @f) is below pull_window_bytes; what
+ * goes out is added to *@inflight and *@all_inflight (of every fetch).
+ */
+static void ask_donors(struct agent *a, struct fetch *f, uint64_t *inflight,
+		       uint64_t *all_inflight, double now)
+{
+	for (size_t d = 0; d < f->n_donors && *inflight < hwfs_tun.pull_window_bytes; d++) {
+		struct get_batch b = {json_array(), json_array(), json_array(), 0, 0};
+
+		if (!donor_off(a, f, d, now))
+			batch_fill(a, f, d, &b, *inflight, now);
+		if (json_array_size(b.hashes) && batch_send(a, f, d, &b, now) == 0) {
+			*inflight += b.bytes;
+			*all_inflight += b.bytes;
+			if (*inflight == b.bytes) /* nothing was in flight: the silence clock starts */
+				f->last_rx = now;
+		}
+		json_decref(b.hashes);
+		json_decref(b.bases);
+		json_decref(b.widths);
+	}
+}
+
+/*
+ * pull_pump() - every pass of the loop, for each fetch: unless it waits for
+ * space or room, fail over from silent donors, go round the ring again where
+ * every donor failed, move shards off donors that back off, keep the request
+ * window full, and report progress.
+ */
 void pull_pump(struct agent *a)
 {
 	double now = now_s();
@@ -675,143 +875,13 @@ void pull_pump(struct agent *a)
 		uint64_t inflight;
 
 		next = f->next;
-		if (f->space_wait) {
-			uint64_t free_now = store_stage_room(a->o.st);
-			char fb[32];
-
-			if (now < f->space_retry_at && free_now <= f->space_free) {
-				if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
-					pull_report(a, f, NULL);
-					f->last_report = now;
-				}
-				continue;
-			}
-			LOG_INFO("agent: %s: retrying (%s free%s)", f->name,
-				 hwfs_fmt_size(free_now, fb, sizeof(fb)),
-				 free_now > f->space_free ? ", space was freed here" : "");
-			f->space_wait = 0;
-		}
-		if (!fetch_fits(a, f, all_inflight)) {
-			wait_room(a, f, now);
+		if (space_waiting(a, f, now) || room_waiting(a, f, all_inflight, now))
 			continue;
-		}
-		if (f->room_wait) {
-			LOG_INFO("agent: %s fits here now: pulling it", f->name);
-			f->room_wait = 0;
-			publish_pulls(a);
-		}
-		inflight = fetch_inflight(f);
-		if (inflight && now - f->last_rx > ms_s(hwfs_tun.donor_silence_ms)) {
-			for (size_t d = 0; d < f->n_donors; d++)
-				for (size_t i = 0; i < f->n; i++)
-					if (f->w[i].state == W_INFLIGHT && f->w[i].donor == d) {
-						pull_donor_failed(a, f, d, "is silent");
-						break;
-					}
-			for (size_t i = 0; i < f->n; i++)
-				if (f->w[i].state == W_INFLIGHT)
-					pull_next_donor(a, f, &f->w[i]);
-			inflight = 0;
-			f->last_rx = now;
-			LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next "
-				 "donor", f->name, ms_s(hwfs_tun.donor_silence_ms));
-		}
-		/*
-		 * Every donor of a shard failed once: not a reason to give up (a
-		 * busy machine makes donors look silent, a dead donor may come
-		 * back).  Start round the ring again after a pause (once: the
-		 * pause used to be renewed on every pass, so the shard was never
-		 * asked for again); the coordinator re-plans if a donor died or
-		 * came back.
-		 */
-		for (size_t i = 0; i < f->n; i++)
-			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
-				if (!f->ring_warned)
-					LOG_WARN("agent: every donor of a shard of %s failed once; "
-						 "going round them again after %.1f s",
-						 f->name, ms_s(hwfs_tun.donor_backoff_ms));
-				f->ring_warned = 1;
-				f->w[i].tries = 0;
-				f->w[i].not_before = now + ms_s(hwfs_tun.donor_backoff_ms);
-			}
+		inflight = fail_silent(a, f, fetch_inflight(f), now);
+		ring_again(f, now);
 		prefer_donors(a, f, now);
-		for (size_t d = 0; d < f->n_donors && inflight < hwfs_tun.pull_window_bytes; d++) {
-			json_t *hashes = json_array(), *bases = json_array(), *widths = json_array();
-			static const hwfs_hash_t none;
-			size_t n_based = 0;
-
-			if (donor_off(a, f, d, now)) {
-				json_decref(hashes);
-				json_decref(bases);
-				json_decref(widths);
-				continue;
-			}
-			uint64_t batch = 0;
-			struct peer *p;
-
-			for (size_t i = 0; i < f->n && inflight + batch < hwfs_tun.pull_window_bytes &&
-					   batch < hwfs_tun.get_batch_bytes &&
-					   json_array_size(hashes) < PROTO_MAX_GET;
-			     i++) {
-				struct want *w = &f->w[i];
-
-				if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
-					continue;
-				json_array_append_new(hashes, hwfs_hash_json(&w->hash));
-				if (want_delta(w) && base_held(a, w)) {
-					json_array_append_new(bases, hwfs_hash_json(&w->base));
-					json_array_append_new(widths, json_integer(w->width));
-					n_based++;
-				} else {
-					json_array_append_new(bases, hwfs_hash_json(&none));
-					json_array_append_new(widths, json_integer(1));
-				}
-				w->state = W_INFLIGHT;
-				w->sent_at = now;
-				batch += w->size;
-			}
-			p = json_array_size(hashes) ? peer_get(a, f->donors[d], f->donor_keys[d]) : NULL;
-			if (p) {
-				json_t *g = json_pack("{s:I, s:O}", "req", (json_int_t)++a->next_req,
-						      "hashes", hashes);
-				int r;
-
-				if (g && n_based) {
-					json_object_set(g, "bases", bases);
-					json_object_set(g, "widths", widths);
-				}
-				r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
-
-				json_decref(g);
-				if (r < 0) {
-					/*
-					 * Nothing went out (no connection to the donor): nothing
-					 * is in flight.  Ask again after a pause, the next donor
-					 * first.
-					 */
-					LOG_WARN("agent: GET to %s: %s; asking the next donor", f->donors[d],
-						 r == -EAGAIN ? "no connection" : strerror(-r));
-					unsend(a, f, d, now);
-				} else {
-					__atomic_add_fetch(&a->req_tx, json_array_size(hashes), __ATOMIC_RELAXED);
-					__atomic_add_fetch(&a->ds.asked, n_based, __ATOMIC_RELAXED);
-					inflight += batch;
-					all_inflight += batch;
-					if (inflight == batch) /* nothing was in flight: the silence clock starts */
-						f->last_rx = now;
-				}
-			} else if (json_array_size(hashes)) {
-				unsend(a, f, d, now);
-			}
-			json_decref(hashes);
-			json_decref(bases);
-			json_decref(widths);
-		}
-		/* progress for status --cluster */
-		if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
-			pull_report(a, f, NULL);
-			f->last_report = now;
-		}
+		ask_donors(a, f, &inflight, &all_inflight, now);
+		report_due(a, f, now);
 	}
 }
 

@@ -115,28 +115,49 @@ out:
 	return r;
 }
 
-/* Tell the puller @ident that this node does not have (any more) shard @h. */
+/*
+ * Tell the puller @ident that this node does not have shard @h, with why
+ * (@err): ENOENT (not here, or not any more), EAGAIN (what was forwarded of
+ * it was dropped here: ask again).
+ */
 static void send_missing(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
-			 const hwfs_hash_t *h)
+			 const hwfs_hash_t *h, int err)
 {
-	json_t *mf = json_pack("{s:I, s:o}", "req", (json_int_t)req, "hash", hwfs_hash_json(h));
+	json_t *mf = json_pack("{s:I, s:o, s:i}", "req", (json_int_t)req, "hash", hwfs_hash_json(h),
+			       "errno", err);
 
 	proto_send(a->serve, ident, ident_len, P_MISSING, mf, NULL, 0);
 	json_decref(mf);
+}
+
+/*
+ * send_range() - send bytes [@from, @to) of a shard of @total bytes (or,
+ * with @base, of its delta against @base, @total bytes long) to puller
+ * @ident, in pieces of at most piece_bytes (send_piece()): zero copy from
+ * @sh, else copied from @data, which holds all @total bytes.  Stops at the
+ * first piece that cannot be sent.  Returns the offset reached: @to when all
+ * of it went.
+ */
+static uint64_t send_range(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+			   const hwfs_hash_t *hash, const hwfs_hash_t *base, uint64_t from,
+			   uint64_t to, uint64_t total, struct shard *sh, const uint8_t *data)
+{
+	while (from < to) {
+		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, to - from);
+
+		if (send_piece(a, ident, ident_len, req, hash, base, from, len, total, sh,
+			       data ? data + from : NULL) < 0)
+			break;
+		from += len;
+	}
+	return from;
 }
 
 /* Send shard @sh from byte @pos on, in pieces, whole. */
 static void send_whole(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 		       struct shard *sh, uint64_t pos)
 {
-	while (pos < sh->size) {
-		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, sh->size - pos);
-
-		if (send_piece(a, ident, ident_len, req, &sh->hash, NULL, pos, len, sh->size, sh,
-			       NULL) < 0)
-			break;
-		pos += len;
-	}
+	send_range(a, ident, ident_len, req, &sh->hash, NULL, pos, sh->size, sh->size, sh, NULL);
 }
 
 /* ------------------------------------------------------------ deltas kept */
@@ -290,17 +311,8 @@ static struct deferred *deferred_new(const void *ident, size_t ident_len, uint64
 static void send_delta(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 		       struct shard *sh, const hwfs_hash_t *base, struct dentry *e)
 {
-	uint64_t off = 0;
-
-	while (off < e->len) {
-		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, e->len - off);
-
-		if (send_piece(a, ident, ident_len, req, &sh->hash, base, off, len, e->len, NULL,
-			       e->enc + off) < 0)
-			break;
-		off += len;
-	}
-	if (off == e->len) { /* all of it went */
+	if (send_range(a, ident, ident_len, req, &sh->hash, base, 0, e->len, e->len, NULL,
+		       e->enc) == e->len) { /* all of it went */
 		__atomic_add_fetch(&a->ds.sent, 1, __ATOMIC_RELAXED);
 		__atomic_add_fetch(&a->tx, sh->size, __ATOMIC_RELAXED);
 		if (e->ahead) {
@@ -457,7 +469,7 @@ void serve_on_encoded(struct agent *a, struct pool_job *j)
 		pe->waiters = d->next;
 		a->n_waiting--;
 		if (!sh) {
-			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
+			send_missing(a, d->ident, d->ident_len, d->req, &d->hash, ENOENT);
 		} else if (e && e->enc) {
 			send_delta(a, d->ident, d->ident_len, d->req, sh, &d->base, e);
 		} else {
@@ -682,7 +694,7 @@ void serve_flush_deferred(struct agent *a)
 		if (sh) {
 			serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width, 0);
 		} else {
-			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
+			send_missing(a, d->ident, d->ident_len, d->req, &d->hash, ENOENT);
 		}
 		*pp = d->next;
 		free(d);
@@ -700,7 +712,7 @@ void serve_arrived(struct agent *a, struct shard *sh)
 			continue;
 		}
 		if (d->dmode) { /* (serve_finish_delta() answers these first) */
-			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
+			send_missing(a, d->ident, d->ident_len, d->req, &d->hash, EAGAIN);
 		} else {
 			store_ref(a->o.st, sh);
 			serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width,
@@ -731,14 +743,9 @@ void serve_forward(struct agent *a, struct want *w)
 		 * base), so cutting through beats waiting to find that again.
 		 */
 		memset(&d->base, 0, sizeof(d->base));
-		while (d->sent < w->got) {
-			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, w->got - d->sent);
-
-			if (send_piece(a, d->ident, d->ident_len, d->req, &w->hash, NULL, d->sent,
-				       len, w->size, NULL, staged + d->sent) < 0)
-				break;
-			d->sent += len;
-		}
+		if (d->sent < w->got)
+			d->sent = send_range(a, d->ident, d->ident_len, d->req, &w->hash, NULL,
+					     d->sent, w->got, w->size, NULL, staged);
 	}
 }
 
@@ -758,14 +765,9 @@ void serve_forward_delta(struct agent *a, struct want *w)
 				continue; /* another base: answered once the shard is here */
 			d->dmode = 1;
 		}
-		while (d->sent < limit) {
-			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, limit - d->sent);
-
-			if (send_piece(a, d->ident, d->ident_len, d->req, &w->hash, &w->base, d->sent,
-				       len, w->enc_total, NULL, w->enc + d->sent) < 0)
-				break;
-			d->sent += len;
-		}
+		if (d->sent < limit)
+			d->sent = send_range(a, d->ident, d->ident_len, d->req, &w->hash, &w->base,
+					     d->sent, limit, w->enc_total, NULL, w->enc);
 	}
 }
 
@@ -774,21 +776,13 @@ void serve_finish_delta(struct agent *a, const hwfs_hash_t *h, uint64_t size, co
 {
 	for (struct deferred **pp = &a->deferred; *pp;) {
 		struct deferred *d = *pp;
-		uint64_t off;
 
 		if (hwfs_hash_cmp(&d->hash, h) || !d->dmode) {
 			pp = &d->next;
 			continue;
 		}
-		for (off = d->sent; off < len;) {
-			uint64_t n = HWFS_MIN(hwfs_tun.piece_bytes, len - off);
-
-			if (send_piece(a, d->ident, d->ident_len, d->req, h, &d->base, off, n, len, NULL,
-				       enc + off) < 0)
-				break;
-			off += n;
-		}
-		if (off == len) {
+		if (send_range(a, d->ident, d->ident_len, d->req, h, &d->base, d->sent, len, len, NULL,
+			       enc) == len) {
 			__atomic_add_fetch(&a->ds.sent, 1, __ATOMIC_RELAXED);
 			__atomic_add_fetch(&a->ds.forwarded, 1, __ATOMIC_RELAXED);
 			__atomic_add_fetch(&a->tx, size, __ATOMIC_RELAXED);
@@ -807,7 +801,7 @@ void serve_abort_forwarded(struct agent *a, const hwfs_hash_t *h, int delta_only
 			pp = &d->next;
 			continue;
 		}
-		send_missing(a, d->ident, d->ident_len, d->req, h);
+		send_missing(a, d->ident, d->ident_len, d->req, h, EAGAIN);
 		*pp = d->next;
 		free(d);
 	}
@@ -865,7 +859,7 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 				continue;
 			}
 		}
-		send_missing(a, ident, ident_len, req, &h);
+		send_missing(a, ident, ident_len, req, &h, ENOENT);
 	}
 }
 
