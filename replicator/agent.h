@@ -114,9 +114,10 @@ void agent_wake(void *agent);
  * {"op":"commit","version":V} (two-phase commit) or {"op":"cluster"} (cluster
  * status). *@res gets the coordinator's answer fields, or an {"ok":false,
  * "error":...} object; any other op (or none) is answered at once, without
- * the coordinator, by {"ok":false, "error":..., "errno":EOPNOTSUPP}. Returns 0, -EHOSTUNREACH at once when the coordinator
- * has not answered the heartbeats lately, -ECONNRESET when it stops answering
- * while the call waits (the outcome is then unknown), -ETIMEDOUT, -ENOMEM.
+ * the coordinator, by {"ok":false, "error":..., "errno":EOPNOTSUPP}.
+ * Returns 0, -EHOSTUNREACH at once when the coordinator has not answered the
+ * heartbeats lately, -ECONNRESET when it stops answering while the call
+ * waits (the outcome is then unknown), -ETIMEDOUT, -ENOMEM.
  */
 int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms);
 

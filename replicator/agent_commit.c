@@ -107,18 +107,18 @@ static void apply_commit(struct agent *a, const char *version, uint64_t epoch)
  */
 void commit_learn(struct agent *a, const char *committed, uint64_t epoch)
 {
+	struct agent_commit *c = &a->commit;
 	enum hwfs_vstate state;
 	hwfs_hash_t digest;
 
-	if (!committed ||
-	    (a->commit.applied && !strcmp(a->commit.applied, committed) && a->commit.applied_epoch == epoch))
+	if (!committed || (c->applied && !strcmp(c->applied, committed) && c->applied_epoch == epoch))
 		return;
 	if (a->o.hooks->lookup(a->o.arg, committed, &state, &digest) < 0 ||
 	    state != HWFS_V_SEALED) {
-		if (!a->commit.pending_commit || strcmp(a->commit.pending_commit, committed)) {
-			free(a->commit.pending_commit);
-			a->commit.pending_commit = strdup(committed);
-			a->commit.pending_epoch = epoch;
+		if (!c->pending_commit || strcmp(c->pending_commit, committed)) {
+			free(c->pending_commit);
+			c->pending_commit = strdup(committed);
+			c->pending_epoch = epoch;
 			LOG_INFO("agent: the cluster committed %s; flipping once it is here", committed);
 		}
 		return;
@@ -184,39 +184,40 @@ static int prepare_check(struct agent *a, const char *name, const hwfs_hash_t *d
 }
 
 /*
- * commit_barrier_check() - the PREPARE that waits, if any (every pass of the loop,
- * and at once when agent_wake() says an engine reported): while its version
- * is on its way here, check whether it arrived; then ask the engine barrier;
- * once that is decided, check the version again (the wait may have been
- * long), answer READY and forget it.
+ * commit_barrier_check() - the PREPARE that waits, if any (every pass of the
+ * loop, and at once when agent_wake() says an engine reported): while its
+ * version is on its way here, check whether it arrived; then ask the engine
+ * barrier; once that is decided, check the version again (the wait may have
+ * been long), answer READY and forget it.
  */
 void commit_barrier_check(struct agent *a)
 {
+	struct agent_commit *c = &a->commit;
 	char err[600];
 	int r = 0;
 
-	if (!a->commit.prep_version)
+	if (!c->prep_version)
 		return;
-	if (!a->commit.prep_barrier_ns) {
-		r = prepare_check(a, a->commit.prep_version, &a->commit.prep_digest, err, sizeof(err));
+	if (!c->prep_barrier_ns) {
+		r = prepare_check(a, c->prep_version, &c->prep_digest, err, sizeof(err));
 		if (r == -ENOENT)
 			return; /* still on its way: the coordinator's deadline bounds the wait */
 		if (r == 0) {
-			a->commit.prep_barrier_ns = hwfs_mono_ns();
-			LOG_INFO("agent: %s arrived for the commit that waits for it", a->commit.prep_version);
+			c->prep_barrier_ns = hwfs_mono_ns();
+			LOG_INFO("agent: %s arrived for the commit that waits for it", c->prep_version);
 		}
 	}
 	if (r == 0 && a->o.hooks->barrier) {
-		r = a->o.hooks->barrier(a->o.arg, a->commit.prep_version, a->commit.prep_barrier_ns, err,
+		r = a->o.hooks->barrier(a->o.arg, c->prep_version, c->prep_barrier_ns, err,
 					sizeof(err));
 		if (r == -EINPROGRESS)
 			return;
 		if (r == 0)
-			r = prepare_check(a, a->commit.prep_version, &a->commit.prep_digest, err, sizeof(err));
+			r = prepare_check(a, c->prep_version, &c->prep_digest, err, sizeof(err));
 	}
 	if (r < 0)
-		LOG_INFO("agent: not ready for %s: %s", a->commit.prep_version, err);
-	send_ready(a, a->commit.prep_txid, a->commit.prep_version, r, err, a->commit.prep_started);
+		LOG_INFO("agent: not ready for %s: %s", c->prep_version, err);
+	send_ready(a, c->prep_txid, c->prep_version, r, err, c->prep_started);
 	prep_clear(a);
 }
 
@@ -224,11 +225,11 @@ void commit_barrier_check(struct agent *a)
  * commit_on_prepare() - the coordinator asks whether this node can flip to a
  * version: it must be here sealed, intact and with the cluster's digest, and
  * then every engine registered here must have it loaded (the barrier hook,
- * which may take a while: READY is then sent by commit_barrier_check()).  A version
- * the coordinator knows (it has its digest) but that is not here yet is on
- * its way (its announcement or its shards are still travelling): the READY
- * waits for it (commit_barrier_check()), and the coordinator's deadline bounds that
- * wait.  A newer PREPARE replaces one still waiting (the coordinator runs one
+ * which may take a while: READY is then sent by commit_barrier_check()).
+ * A version the coordinator knows (it has its digest) but that is not here
+ * yet is on its way (its announcement or its shards are still travelling):
+ * the READY waits for it (commit_barrier_check()), and the coordinator's
+ * deadline bounds that wait.  A newer PREPARE replaces one still waiting (the coordinator runs one
  * commit at a time).
  */
 void commit_on_prepare(struct agent *a, struct proto_msg *m)
