@@ -2,11 +2,14 @@
  * agent.c — the node side of replication (see agent.h for the model): the
  * session with the coordinator and the agent thread.
  *
- * This file holds HELLO/WELCOME and the heartbeat, PREPARE/COMMIT and the
- * cluster's decisions (flipping current), announcing sealed versions, the
- * loop that polls every socket and dispatches what arrives, and the public
- * API.  Pulling is in agent_pull.c and agent_recv.c, serving in
- * agent_serve.c; what they share is in agent_i.h.  The node itself (its
+ * This file holds HELLO/WELCOME and the heartbeat, announcing sealed
+ * versions, the requests of agent_call() (a table by op: an unknown op is an
+ * EOPNOTSUPP reply), the loop that polls every socket and dispatches what
+ * arrives (a table by message type), and the public API.  The commit is in
+ * agent_commit.c, pulling in agent_recv.c and agent_pull.c, serving in
+ * agent_serve.c; what they share is in agent_i.h.  The files call one way:
+ * agent.c -> agent_commit.c -> agent_recv.c -> agent_pull.c -> agent_serve.c
+ * -> agent_pool.c (agent_i.h).  The node itself (its
  * namespace, mount and engines) is reached only through the hooks of
  * agent_opts (agent.h).
  *
@@ -38,155 +41,6 @@ static void wake(struct agent *a)
 
 	if (write(a->pipe[1], &c, 1) < 0 && errno != EAGAIN)
 		LOG_WARN("agent: wake-up pipe: %s", strerror(errno));
-}
-
-/* ------------------------------------------------------------- sending */
-
-void agent_send_coord(struct agent *a, enum proto_type t, json_t *fields, const void *payload,
-		      size_t len)
-{
-	int r = proto_send(a->coord, NULL, 0, t, fields, payload, len);
-
-	if (r < 0 && !a->coord_send_failing)
-		LOG_WARN("agent: sending %s to the coordinator: %s (messages are dropped until it is "
-			 "reachable; HELLO resynchronises then)", proto_type_name(t),
-			 r == -EAGAIN ? "no connection" : strerror(-r));
-	a->coord_send_failing = r < 0;
-	json_decref(fields);
-}
-
-/*
- * Back off reconnects (a refused or dead peer is not hammered), and never
- * block on a send: a DEALER with no live connection (peer gone, CURVE
- * handshake refused) blocks zmq_send() for ever, which would freeze this
- * thread and, through agent_stop(), the unmount.  A send that cannot be
- * queued now fails with EAGAIN instead; what it carried is re-sent by the
- * protocol (heartbeat HELLO, a GET's donor silence, a commit's deadline).
- */
-void agent_set_backoff(void *sock)
-{
-	int ivl = (int)hwfs_tun.reconnect_ms, max = (int)hwfs_tun.reconnect_max_ms;
-	int linger = 0, sndtimeo = 0;
-
-	zmq_setsockopt(sock, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
-	zmq_setsockopt(sock, ZMQ_RECONNECT_IVL_MAX, &max, sizeof(max));
-	zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
-	zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof(sndtimeo));
-}
-
-/*
- * flip_to() - point current at the cluster's committed @version (nothing to
- * do when it does already).  Returns 0 or the -errno of the flip, logged once
- * until a flip succeeds again (it is retried on every heartbeat answer).
- */
-static int flip_to(struct agent *a, const char *version)
-{
-	char err[256];
-	char *cur = a->o.hooks->current(a->o.arg);
-	int same = cur && !strcmp(cur, version), r = 0;
-
-	free(cur);
-	if (same)
-		goto out;
-	r = a->o.hooks->flip_current(a->o.arg, version, err, sizeof(err));
-	if (r < 0 && !a->flip_failing)
-		LOG_ERR("agent: cannot flip current to %s, committed by the cluster: %s (retried "
-			"on every heartbeat; logged once)", version, err);
-	else if (r == 0)
-		LOG_INFO("agent: current -> %s (committed by the cluster)", version);
-out:
-	a->flip_failing = r < 0;
-	return r;
-}
-
-/* Where the applied decision is kept in the store: "EPOCH VERSION". */
-#define APPLIED_KEY "cluster_applied"
-
-/*
- * Remember the cluster decision (@version, @epoch) as applied here, in memory
- * and in the store: a node restarted after a `commit --local` override must
- * not take the decision it had already applied for one it missed.
- */
-static void set_applied(struct agent *a, const char *version, uint64_t epoch)
-{
-	char *v = strdup(version), buf[64 + 4096];
-
-	if (!v)
-		return; /* retried on the next heartbeat answer */
-	free(a->applied);
-	a->applied = v;
-	a->applied_epoch = epoch;
-	snprintf(buf, sizeof(buf), "%llu %s", (unsigned long long)epoch, version);
-	if (store_meta_set(a->o.st, APPLIED_KEY, buf) < 0)
-		LOG_WARN("agent: cannot record the applied commit %s in the store", version);
-}
-
-/* The decision applied before a restart (see set_applied), if any. */
-static void load_applied(struct agent *a)
-{
-	char *val = NULL, *sp;
-	unsigned long long epoch;
-
-	if (store_meta_get(a->o.st, APPLIED_KEY, &val) < 0)
-		return;
-	sp = strchr(val, ' ');
-	if (sp && sp[1] && sscanf(val, "%llu ", &epoch) == 1) {
-		a->applied = strdup(sp + 1);
-		a->applied_epoch = epoch;
-	}
-	free(val);
-}
-
-/*
- * Flip to the cluster's committed @version (decision @epoch) and, once that
- * worked, record it as applied: nothing is pending any more.  A failed flip
- * leaves everything as it was (retried on the next heartbeat answer).
- */
-static void apply_commit(struct agent *a, const char *version, uint64_t epoch)
-{
-	if (flip_to(a, version) < 0)
-		return;
-	set_applied(a, version, epoch);
-	free(a->pending_commit);
-	a->pending_commit = NULL;
-}
-
-/*
- * learn_commit() - the coordinator's last decision (@committed, @epoch) from
- * a WELCOME or PONG.  A decision this node has not applied yet is applied:
- * flip now if the version is here complete, else once it arrives
- * (pending_commit).  A flip that fails is retried on the next answer.
- */
-static void learn_commit(struct agent *a, const char *committed, uint64_t epoch)
-{
-	enum hwfs_vstate state;
-	hwfs_hash_t digest;
-
-	if (!committed ||
-	    (a->applied && !strcmp(a->applied, committed) && a->applied_epoch == epoch))
-		return;
-	if (a->o.hooks->lookup(a->o.arg, committed, &state, &digest) < 0 ||
-	    state != HWFS_V_SEALED) {
-		if (!a->pending_commit || strcmp(a->pending_commit, committed)) {
-			free(a->pending_commit);
-			a->pending_commit = strdup(committed);
-			a->pending_epoch = epoch;
-			LOG_INFO("agent: the cluster committed %s; flipping once it is here", committed);
-		}
-		return;
-	}
-	apply_commit(a, committed, epoch);
-}
-
-/*
- * agent_flip_pending() - version @name just arrived complete: if it is the
- * cluster's committed version this node was waiting for, flip to it and
- * record the decision as applied (a failed flip is retried on heartbeats).
- */
-void agent_flip_pending(struct agent *a, const char *name)
-{
-	if (a->pending_commit && !strcmp(a->pending_commit, name))
-		apply_commit(a, name, a->pending_epoch);
 }
 
 /* ------------------------------------------------------------- coordinator */
@@ -233,9 +87,9 @@ static void hello(struct agent *a, json_t *engines)
 			    json_integer((json_int_t)__atomic_load_n(&a->wire_rx, __ATOMIC_RELAXED)));
 	json_object_set_new(h, "wire_bytes_sent",
 			    json_integer((json_int_t)__atomic_load_n(&a->wire_tx, __ATOMIC_RELAXED)));
-	if (a->applied) { /* docs/protocol.md, HELLO.applied */
-		json_object_set_new(h, "applied", json_string(a->applied));
-		json_object_set_new(h, "epoch", json_integer((json_int_t)a->applied_epoch));
+	if (a->commit.applied) { /* docs/protocol.md, HELLO.applied */
+		json_object_set_new(h, "applied", json_string(a->commit.applied));
+		json_object_set_new(h, "epoch", json_integer((json_int_t)a->commit.applied_epoch));
 	}
 	if (a->o.hooks->engines && !engines) {
 		__atomic_store_n(&a->engines_changed, 0, __ATOMIC_RELAXED); /* before the read */
@@ -263,159 +117,7 @@ static void on_welcome(struct agent *a, struct proto_msg *m)
 	json_array_foreach(vers, i, v)
 		announce(a, json_string_value(json_object_get(v, "name")));
 	json_decref(vers);
-	learn_commit(a, proto_str(m, "committed"), proto_int(m, "epoch"));
-}
-
-/* Microseconds from @since_ns (hwfs_mono_ns) to now: a node's share of a commit. */
-static json_int_t us_since(uint64_t since_ns)
-{
-	uint64_t now = hwfs_mono_ns();
-
-	return now > since_ns ? (json_int_t)((now - since_ns) / 1000) : 0;
-}
-
-/*
- * Answer PREPARE @txid of @name: READY, @ok or not because of @reason, with
- * the microseconds since the PREPARE arrived (@since_ns): the checks and the
- * engine barrier here, what the coordinator's commit record shows per node.
- */
-static void send_ready(struct agent *a, uint64_t txid, const char *name, int ok,
-		       const char *reason, uint64_t since_ns)
-{
-	agent_send_coord(a, P_READY,
-			 json_pack("{s:I, s:s, s:b, s:s, s:I}", "txid", (json_int_t)txid, "version",
-				   name, "ok", ok, "reason", reason, "prepare_us", us_since(since_ns)),
-			 NULL, 0);
-}
-
-/* Forget the PREPARE waiting for the engine barrier, if any. */
-static void prep_clear(struct agent *a)
-{
-	free(a->prep_version);
-	a->prep_version = NULL;
-}
-
-/*
- * prepare_check() - may this node flip to @name, the cluster's version with
- * @digest: here, sealed, intact and with that digest?  Run on PREPARE, and
- * again when the engine barrier let it wait (hwfs rm, a new version of the
- * name or hwfs verify may have changed it meanwhile).  Returns 0, or -errno
- * with the reason in @err.
- */
-static int prepare_check(struct agent *a, const char *name, const hwfs_hash_t *digest, char *err,
-			 size_t errlen)
-{
-	return a->o.hooks->committable(a->o.arg, name, digest, err, errlen);
-}
-
-/*
- * barrier_check() - the PREPARE that waits, if any (every pass of the loop,
- * and at once when agent_wake() says an engine reported): while its version
- * is on its way here, check whether it arrived; then ask the engine barrier;
- * once that is decided, check the version again (the wait may have been
- * long), answer READY and forget it.
- */
-static void barrier_check(struct agent *a)
-{
-	char err[600];
-	int r = 0;
-
-	if (!a->prep_version)
-		return;
-	if (!a->prep_barrier_ns) {
-		r = prepare_check(a, a->prep_version, &a->prep_digest, err, sizeof(err));
-		if (r == -ENOENT)
-			return; /* still on its way: the coordinator's deadline bounds the wait */
-		if (r == 0) {
-			a->prep_barrier_ns = hwfs_mono_ns();
-			LOG_INFO("agent: %s arrived for the commit that waits for it", a->prep_version);
-		}
-	}
-	if (r == 0 && a->o.hooks->barrier) {
-		r = a->o.hooks->barrier(a->o.arg, a->prep_version, a->prep_barrier_ns, err,
-					sizeof(err));
-		if (r == -EINPROGRESS)
-			return;
-		if (r == 0)
-			r = prepare_check(a, a->prep_version, &a->prep_digest, err, sizeof(err));
-	}
-	if (r < 0)
-		LOG_INFO("agent: not ready for %s: %s", a->prep_version, err);
-	send_ready(a, a->prep_txid, a->prep_version, r == 0, r == 0 ? "ready" : err,
-		   a->prep_started);
-	prep_clear(a);
-}
-
-/*
- * on_prepare() - the coordinator asks whether this node can flip to a
- * version: it must be here sealed, intact and with the cluster's digest, and
- * then every engine registered here must have it loaded (the barrier hook,
- * which may take a while: READY is then sent by barrier_check()).  A version
- * the coordinator knows (it has its digest) but that is not here yet is on
- * its way (its announcement or its shards are still travelling): the READY
- * waits for it (barrier_check()), and the coordinator's deadline bounds that
- * wait.  A newer PREPARE replaces one still waiting (the coordinator runs one
- * commit at a time).
- */
-static void on_prepare(struct agent *a, struct proto_msg *m)
-{
-	const char *name = proto_str(m, "version");
-	uint64_t txid = proto_int(m, "txid"), t0 = hwfs_mono_ns();
-	hwfs_hash_t digest;
-	char err[256] = "";
-	int r;
-
-	if (!name) {
-		LOG_WARN("agent: PREPARE without a version ignored");
-		return;
-	}
-	prep_clear(a);
-	if (proto_hash(m, "digest", &digest) < 0) {
-		r = -EINVAL;
-		snprintf(err, sizeof(err), "PREPARE of %s without a valid digest", name);
-	} else {
-		r = prepare_check(a, name, &digest, err, sizeof(err));
-	}
-	if (r == 0 || r == -ENOENT) {
-		a->prep_version = strdup(name);
-		if (a->prep_version) {
-			a->prep_digest = digest;
-			a->prep_txid = txid;
-			a->prep_started = t0;
-			a->prep_barrier_ns = r == 0 ? t0 : 0;
-			if (r == -ENOENT)
-				LOG_INFO("agent: PREPARE of %s: not here yet; waiting for it", name);
-			barrier_check(a); /* with no engine: READY right now, as before */
-			return;
-		}
-		r = -ENOMEM;
-		snprintf(err, sizeof(err), "out of memory");
-	}
-	send_ready(a, txid, name, r == 0, r == 0 ? "ready" : err, t0);
-}
-
-/*
- * on_commit() - the cluster decided @name: flip, record the decision as
- * applied, ACK with the outcome and the microseconds that took here
- * ("flip_us": the flip through the mount and the store's record).
- */
-static void on_commit(struct agent *a, struct proto_msg *m)
-{
-	const char *name = proto_str(m, "version");
-	char err[256] = "flipped";
-	uint64_t t0 = hwfs_mono_ns();
-	int r = a->o.hooks->flip_current(a->o.arg, name, err, sizeof(err));
-
-	if (r == 0) {
-		free(a->pending_commit);
-		a->pending_commit = NULL;
-		if (json_object_get(m->h, "epoch"))
-			set_applied(a, name, proto_int(m, "epoch"));
-	}
-	agent_send_coord(a, P_ACK,
-		   json_pack("{s:I, s:s, s:b, s:s, s:I}", "txid", (json_int_t)proto_int(m, "txid"),
-			     "version", name, "ok", r == 0, "reason", err, "flip_us", us_since(t0)),
-		   NULL, 0);
+	commit_learn(a, proto_str(m, "committed"), proto_int(m, "epoch"));
 }
 
 static void on_result(struct agent *a, struct proto_msg *m)
@@ -438,6 +140,48 @@ static void on_result(struct agent *a, struct proto_msg *m)
 		break;
 	}
 	pthread_mutex_unlock(&a->mu);
+}
+
+/* ------------------------------------------------------------- requests */
+
+/* The fields of COMMIT_REQ for agent_call() @req, request id @id (NULL without memory). */
+static json_t *commit_req(const json_t *req, uint64_t id)
+{
+	return json_pack("{s:I, s:O, s:i}", "req", (json_int_t)id, "version",
+			 json_object_get(req, "version"), "deadline_ms",
+			 (json_int_t)hwfs_tun.commit_deadline_ms);
+}
+
+/* The fields of STATUS_REQ, request id @id (NULL without memory). */
+static json_t *status_req(const json_t *req, uint64_t id)
+{
+	(void)req;
+	return json_pack("{s:I}", "req", (json_int_t)id);
+}
+
+/*
+ * What agent_call() may ask the coordinator, by "op" (agent.h): the message
+ * it becomes and how its fields are made.  An op not in this table is
+ * answered at once, by agent_call(), with an EOPNOTSUPP error reply.
+ */
+static const struct agent_req {
+	const char *op;
+	enum proto_type t;
+	json_t *(*fields)(const json_t *req, uint64_t id);
+} agent_reqs[] = {
+	{"commit", P_COMMIT_REQ, commit_req},
+	{"cluster", P_STATUS_REQ, status_req},
+};
+
+/* The entry of agent_reqs for request @req's "op", or NULL (none, or not a string). */
+static const struct agent_req *agent_req_of(const json_t *req)
+{
+	const char *op = json_string_value(json_object_get(req, "op"));
+
+	for (size_t i = 0; op && i < sizeof(agent_reqs) / sizeof(agent_reqs[0]); i++)
+		if (!strcmp(agent_reqs[i].op, op))
+			return &agent_reqs[i];
+	return NULL;
 }
 
 /*
@@ -473,19 +217,9 @@ static void drain_queues(struct agent *a)
 	out = n_out ? calloc(n_out, sizeof(*out)) : NULL;
 	n_out = 0;
 	for (struct call *c = calls; c && out; c = c->next) {
-		const char *op = json_string_value(json_object_get(c->req, "op"));
-
 		c->id = ++a->next_req;
-		if (op && !strcmp(op, "commit")) {
-			out[n_out].t = P_COMMIT_REQ;
-			out[n_out].body = json_pack("{s:I, s:O, s:i}", "req", (json_int_t)c->id,
-						    "version", json_object_get(c->req, "version"),
-						    "deadline_ms",
-						    (json_int_t)hwfs_tun.commit_deadline_ms);
-		} else {
-			out[n_out].t = P_STATUS_REQ;
-			out[n_out].body = json_pack("{s:I}", "req", (json_int_t)c->id);
-		}
+		out[n_out].t = c->rq->t; /* agent_call() queued only ops of agent_reqs */
+		out[n_out].body = c->rq->fields(c->req, c->id);
 		n_out++;
 	}
 	while (calls) { /* unsent ones (no memory) time out at their caller */
@@ -519,10 +253,85 @@ static void pool_results(struct agent *a)
 		if (j->kind == POOL_ENCODE)
 			serve_on_encoded(a, j);
 		else
-			pull_on_rebuilt(a, j);
+			recv_on_rebuilt(a, j);
 	}
 }
 
+/* Where a message came from: its socket, and the ROUTER identity of a puller. */
+struct rx_from {
+	void *sock;
+	int is_router;           /* the serving ROUTER: @ident names the puller */
+	const uint8_t *ident;
+	size_t ident_len;
+	const char *what;        /* for logs: "the coordinator", "a puller", a donor's address */
+};
+
+static void rx_pong(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	commit_learn(a, proto_str(m, "committed"), proto_int(m, "epoch"));
+}
+
+static void rx_welcome(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	on_welcome(a, m);
+}
+
+static void rx_plan(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	pull_on_plan(a, m);
+}
+
+static void rx_prepare(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	commit_on_prepare(a, m);
+}
+
+static void rx_commit(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	commit_on_commit(a, m);
+}
+
+static void rx_abort(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	commit_on_abort(a, m);
+}
+
+static void rx_result(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	on_result(a, m);
+}
+
+static void rx_get(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	if (from->is_router) /* a GET comes only to the serving socket */
+		serve_on_get(a, from->ident, from->ident_len, m);
+}
+
+static void rx_shard(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	__atomic_add_fetch(&a->wire_rx, m->payload_len, __ATOMIC_RELAXED);
+	recv_on_shard(a, m, from->what, from->sock);
+}
+
+static void rx_missing(struct agent *a, struct proto_msg *m, const struct rx_from *from)
+{
+	pull_on_missing(a, m);
+}
+
+/*
+ * What the agent does with each message it may receive, by type; a type
+ * without an entry (one the nodes send the coordinator, say) is logged as
+ * unexpected and dropped.
+ */
+static void (*const rx_table[P_MISSING + 1])(struct agent *, struct proto_msg *,
+					      const struct rx_from *) = {
+	[P_PONG] = rx_pong,	  [P_WELCOME] = rx_welcome, [P_PLAN] = rx_plan,
+	[P_PREPARE] = rx_prepare, [P_COMMIT] = rx_commit,   [P_ABORT] = rx_abort,
+	[P_COMMIT_RES] = rx_result, [P_STATUS_RES] = rx_result, [P_GET] = rx_get,
+	[P_SHARD] = rx_shard,	  [P_MISSING] = rx_missing,
+};
+
+/* Take up to HANDLE_BURST messages from @sock (@what in logs) and dispatch them (rx_table). */
 static void handle(struct agent *a, void *sock, int is_router, const char *what)
 {
 	for (int k = 0; k < HANDLE_BURST; k++) {
@@ -551,44 +360,11 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 		}
 		if (sock == a->coord)
 			__atomic_store_n(&a->last_coord_ns, (int64_t)(now_s() * 1e9), __ATOMIC_RELAXED);
-		switch (m.type) {
-		case P_PONG:
-			learn_commit(a, proto_str(&m, "committed"), proto_int(&m, "epoch"));
-			break;
-		case P_WELCOME:
-			on_welcome(a, &m);
-			break;
-		case P_PLAN:
-			pull_on_plan(a, &m);
-			break;
-		case P_PREPARE:
-			on_prepare(a, &m);
-			break;
-		case P_COMMIT:
-			on_commit(a, &m);
-			break;
-		case P_ABORT:
-			LOG_INFO("agent: commit of %s aborted: %s", proto_str(&m, "version"),
-				 proto_str(&m, "reason"));
-			if (a->prep_version && proto_int(&m, "txid") == a->prep_txid)
-				prep_clear(a); /* decided: no READY is wanted any more */
-			break;
-		case P_COMMIT_RES:
-		case P_STATUS_RES:
-			on_result(a, &m);
-			break;
-		case P_GET:
-			if (is_router)
-				serve_on_get(a, ident, ident_len, &m);
-			break;
-		case P_SHARD:
-			__atomic_add_fetch(&a->wire_rx, m.payload_len, __ATOMIC_RELAXED);
-			pull_on_shard(a, &m, what, sock);
-			break;
-		case P_MISSING:
-			pull_on_missing(a, &m);
-			break;
-		default:
+		if ((int)m.type >= 0 && (int)m.type <= P_MISSING && rx_table[m.type]) {
+			struct rx_from from = {sock, is_router, ident, ident_len, what};
+
+			rx_table[m.type](a, &m, &from);
+		} else {
 			LOG_WARN("agent: unexpected %s from %s", proto_type_name(m.type), what);
 		}
 		proto_msg_clear(&m);
@@ -637,12 +413,7 @@ static long loop_timeout_ms(struct agent *a)
 {
 	double left = ms_s(LOOP_TICK_MS);
 
-	if (a->prep_version && a->prep_barrier_ns) {
-		uint64_t due = a->prep_barrier_ns + hwfs_tun.engine_deadline_ms * 1000000ull;
-		uint64_t now = hwfs_mono_ns();
-
-		left = HWFS_MIN(left, due > now ? (double)(due - now) / 1e9 : 0.0);
-	}
+	left = commit_wait_left(a, left);
 	if (__atomic_load_n(&a->engines_changed, __ATOMIC_RELAXED))
 		left = HWFS_MIN(left, a->last_hello + ENGINES_HELLO_GAP_S - now_s());
 	/* rounded up: waking a hair early would only poll again */
@@ -659,16 +430,16 @@ static void *agent_main(void *arg)
 		struct peer *p;
 		zmq_pollitem_t *items;
 
-		for (p = a->peers; p; p = p->next)
+		for (p = a->pull.peers; p; p = p->next)
 			np++;
 		items = calloc(4 + np, sizeof(*items));
 		if (!items)
 			break;
 		items[0] = (zmq_pollitem_t){a->coord, 0, ZMQ_POLLIN, 0};
-		items[1] = (zmq_pollitem_t){a->serve, 0, ZMQ_POLLIN, 0};
+		items[1] = (zmq_pollitem_t){a->router, 0, ZMQ_POLLIN, 0};
 		items[2] = (zmq_pollitem_t){NULL, a->pipe[0], ZMQ_POLLIN, 0};
 		items[3] = (zmq_pollitem_t){NULL, pool_fd(a->pool), ZMQ_POLLIN, 0};
-		for (p = a->peers, i = 4; p; p = p->next, i++)
+		for (p = a->pull.peers, i = 4; p; p = p->next, i++)
 			items[i] = (zmq_pollitem_t){p->sock, 0, ZMQ_POLLIN, 0};
 		if (zmq_poll(items, (int)(4 + np), loop_timeout_ms(a)) < 0 && errno != EINTR) {
 			free(items);
@@ -678,13 +449,13 @@ static void *agent_main(void *arg)
 		drain_queues(a);
 		pool_results(a);
 		handle(a, a->coord, 0, "the coordinator");
-		handle(a, a->serve, 1, "a puller");
-		for (p = a->peers; p; p = p->next)
+		handle(a, a->router, 1, "a puller");
+		for (p = a->pull.peers; p; p = p->next)
 			handle(a, p->sock, 0, p->addr);
 		pool_results(a); /* (what finished while the sockets were handled) */
 		pull_pump(a);
 		serve_ahead_pump(a);
-		barrier_check(a);
+		commit_barrier_check(a);
 		hello_if_due(a);
 	}
 	return NULL;
@@ -701,6 +472,8 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 	pthread_mutex_init(&a->mu, NULL);
 	a->o = *o;
 	a->o.keys = NULL; /* used by agent_start() only */
+	a->pull.arrived = commit_arrived; /* the hooks that keep the files calling one way */
+	a->serve.find_want = pull_find_want;
 	a->o.node = strdup(o->node);
 	a->o.listen = strdup(o->listen);
 	a->o.coordinator = strdup(o->coordinator);
@@ -711,7 +484,7 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 	if (r < 0)
 		goto fail;
 	r = -ENOMEM;
-	load_applied(a);
+	commit_load_applied(a);
 	{
 		hwfs_hash_t h;
 		struct {
@@ -733,13 +506,13 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		LOG_WARN("agent: %d ZeroMQ I/O threads refused (%s); keeping the default",
 			 (int)hwfs_tun.zmq_io_threads, zmq_strerror(zmq_errno()));
 	a->coord = a->ctx ? zmq_socket(a->ctx, ZMQ_DEALER) : NULL;
-	a->serve = a->ctx ? zmq_socket(a->ctx, ZMQ_ROUTER) : NULL;
-	if (!a->coord || !a->serve) {
+	a->router = a->ctx ? zmq_socket(a->ctx, ZMQ_ROUTER) : NULL;
+	if (!a->coord || !a->router) {
 		r = -EIO;
 		goto fail;
 	}
 	agent_set_backoff(a->coord);
-	zmq_setsockopt(a->serve, ZMQ_LINGER, &linger, sizeof(linger));
+	zmq_setsockopt(a->router, ZMQ_LINGER, &linger, sizeof(linger));
 	if (o->keys) {
 		r = keys_load(o->keys, &a->keys);
 		if (r == 0 && !keys_coordinator(a->keys)) {
@@ -749,7 +522,7 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		if (r == 0)
 			r = keys_start_zap(a->keys, a->ctx);
 		if (r == 0)
-			r = keys_server(a->keys, a->serve);
+			r = keys_server(a->keys, a->router);
 		if (r == 0)
 			r = keys_client(a->keys, a->coord, keys_coordinator(a->keys));
 		if (r < 0)
@@ -761,7 +534,7 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		LOG_ERR("agent: coordinator %s: %s", a->o.coordinator, zmq_strerror(errno));
 		goto fail;
 	}
-	if (zmq_bind(a->serve, a->o.listen) < 0) {
+	if (zmq_bind(a->router, a->o.listen) < 0) {
 		r = -errno;
 		LOG_ERR("agent: cannot listen on %s: %s", a->o.listen, zmq_strerror(errno));
 		goto fail;
@@ -771,7 +544,7 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 		size_t len = sizeof(ep);
 		char *dup;
 
-		if (zmq_getsockopt(a->serve, ZMQ_LAST_ENDPOINT, ep, &len) == 0 && (dup = strdup(ep))) {
+		if (zmq_getsockopt(a->router, ZMQ_LAST_ENDPOINT, ep, &len) == 0 && (dup = strdup(ep))) {
 			free((char *)a->o.listen);
 			a->o.listen = dup;
 		}
@@ -804,8 +577,8 @@ void agent_stop(struct agent *a)
 	serve_free(a);
 	if (a->coord)
 		zmq_close(a->coord);
-	if (a->serve)
-		zmq_close(a->serve);
+	if (a->router)
+		zmq_close(a->router);
 	keys_free(a->keys);
 	if (a->ctx)
 		zmq_ctx_term(a->ctx);
@@ -819,11 +592,9 @@ void agent_stop(struct agent *a)
 		close(a->pipe[0]);
 	if (a->pipe[1] >= 0)
 		close(a->pipe[1]);
-	free(a->pending_commit);
-	free(a->prep_version);
+	commit_free(a);
 	json_decref(a->hello_engines);
-	free(a->applied);
-	json_decref(a->pulls);
+	json_decref(a->pull.pulls);
 	free((char *)a->o.node);
 	free((char *)a->o.listen);
 	free((char *)a->o.coordinator);
@@ -871,10 +642,17 @@ int agent_coord_reachable(struct agent *a)
 
 int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms)
 {
-	struct call c = {.req = req};
+	struct call c = {.req = req, .rq = agent_req_of(req)};
 	struct timespec dl;
 	int r = 0;
 
+	if (!c.rq) { /* not a request of the table: refused, never guessed */
+		const char *op = json_string_value(json_object_get(req, "op"));
+
+		*res = json_pack("{s:b, s:s+, s:i}", "ok", 0, "error", "unknown replication request ",
+				 op ? op : "(no op)", "errno", EOPNOTSUPP);
+		return *res ? 0 : -ENOMEM;
+	}
 	if (coord_silent(a)) /* unreachable */
 		return -EHOSTUNREACH;
 	pthread_cond_init(&c.cv, NULL);
@@ -937,7 +715,7 @@ json_t *agent_pulls(struct agent *a)
 	json_t *r;
 
 	pthread_mutex_lock(&a->mu);
-	r = a->pulls ? json_deep_copy(a->pulls) : json_array();
+	r = a->pull.pulls ? json_deep_copy(a->pull.pulls) : json_array();
 	pthread_mutex_unlock(&a->mu);
 	return r;
 }
@@ -963,8 +741,8 @@ json_t *agent_counters(struct agent *a)
 			 "io_threads", zmq_ctx_get(a->ctx, ZMQ_IO_THREADS), "bytes_received",
 			 counter(&a->rx), "wire_bytes_received", counter(&a->wire_rx), "bytes_sent",
 			 counter(&a->tx), "wire_bytes_sent", counter(&a->wire_tx), "requests_received",
-			 counter(&a->req_rx), "requests_sent", counter(&a->req_tx), "retries",
-			 counter(&a->retries), "delta", "encoded",
+			 counter(&a->serve.req_rx), "requests_sent", counter(&a->pull.req_tx), "retries",
+			 counter(&a->pull.retries), "delta", "encoded",
 			 counter(&d->encoded), "encode_bytes", counter(&d->encode_bytes),
 			 "encode_cpu_s", seconds(&d->encode_ns), "decoded", counter(&d->decoded),
 			 "decode_bytes", counter(&d->decode_bytes), "decode_cpu_s",

@@ -113,9 +113,11 @@ void agent_wake(void *agent);
  * agent_call() - ask the coordinator (any thread, blocking up to @timeout_ms):
  * {"op":"commit","version":V} (two-phase commit) or {"op":"cluster"} (cluster
  * status). *@res gets the coordinator's answer fields, or an {"ok":false,
- * "error":...} object. Returns 0, -EHOSTUNREACH at once when the coordinator
- * has not answered the heartbeats lately, -ECONNRESET when it stops answering
- * while the call waits (the outcome is then unknown), -ETIMEDOUT, -ENOMEM.
+ * "error":...} object; any other op (or none) is answered at once, without
+ * the coordinator, by {"ok":false, "error":..., "errno":EOPNOTSUPP}.
+ * Returns 0, -EHOSTUNREACH at once when the coordinator has not answered the
+ * heartbeats lately, -ECONNRESET when it stops answering while the call
+ * waits (the outcome is then unknown), -ETIMEDOUT, -ENOMEM.
  */
 int agent_call(struct agent *a, json_t *req, json_t **res, int timeout_ms);
 

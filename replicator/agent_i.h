@@ -1,10 +1,12 @@
 /*
  * agent_i.h — private declarations shared by the files of the replication
  * agent: agent.c (the session with the coordinator, the thread, the public
- * API), agent_pull.c (pulling versions from donors: the fetch, its donors),
- * agent_recv.c (what a pull receives: shards, deltas, the version built) and
+ * API), agent_commit.c (PREPARE/COMMIT/ABORT, the cluster's decision),
+ * agent_recv.c (what a pull receives: shards, deltas), agent_pull.c
+ * (pulling versions from donors: the fetch, its donors, the version built),
  * agent_serve.c (serving shards to pullers, the deltas kept and encoded
- * ahead) and agent_pool.c (the codec workers).  Nothing outside those files
+ * ahead) and agent_pool.c (the codec workers), which call each other in that
+ * order only.  Nothing outside those files
  * includes it; the public API is agent.h.
  *
  * Everything declared here runs on the agent thread unless its comment says
@@ -215,6 +217,7 @@ struct peer {
 struct call {
 	uint64_t id;
 	json_t *req;
+	const struct agent_req *rq; /* its op's entry of the request table (agent.c) */
 	json_t *res;
 	int done;
 	pthread_cond_t cv;
@@ -222,42 +225,15 @@ struct call {
 };
 
 /*
- * The agent.  Its thread owns every field except: those set in agent_start()
- * before the thread starts and never written again (read by any thread:
- * listen through agent_endpoint(), pipe[1] through wake()), those marked
- * "atomic" (read and written only with __atomic builtins) and those marked
- * "under mu".
+ * The commit's state (agent_commit.c): the PREPARE that waits, the decision
+ * that waits for its version, the decision applied.  Agent thread only.
  */
-struct agent {
+struct agent_commit {
 	/*
-	 * The options agent_start() was given, set before the thread starts:
-	 * the strings are the agent's own copies (o.listen is replaced by the
-	 * endpoint bound, a :* port resolved); o.keys is NULL once started.
-	 */
-	struct agent_opts o;
-
-	void *ctx, *coord, *serve;
-	struct keys *keys;
-	struct peer *peers;
-	pthread_t thread;
-	int running; /* agent_start()/agent_stop() only */
-	int stop;    /* atomic: agent_stop() asks the thread to end */
-	int pipe[2]; /* the wake-up pipe: set before the thread starts */
-
-	pthread_mutex_t mu; /* guards sealed_q, n_sealed, the call lists and pulls */
-	char **sealed_q;
-	size_t n_sealed;
-	struct call *calls_new, *calls_wait;
-	uint64_t next_req; /* agent thread only (also used under mu, by drain_queues()) */
-
-	struct fetch *fetches;
-	struct deferred *deferred;
-	char *pending_commit; /* committed version to flip to once it is here */
-	/*
-	 * A PREPARE whose READY waits for the engine barrier (agent.c): its
-	 * txid, version (NULL: none pending), the cluster's digest of it (checked
-	 * again before READY) and arrival (monotonic ns).  A newer PREPARE
-	 * replaces it; an ABORT of its txid forgets it.
+	 * A PREPARE whose READY waits for the engine barrier: its txid, version
+	 * (NULL: none pending), the cluster's digest of it (checked again
+	 * before READY) and arrival (monotonic ns).  A newer PREPARE replaces
+	 * it; an ABORT of its txid forgets it.
 	 */
 	char *prep_version;
 	hwfs_hash_t prep_digest;
@@ -275,10 +251,89 @@ struct agent {
 	 * a different one in a PONG/WELCOME is a commit it missed (it was away,
 	 * or its flip failed) and it flips; the same one is left alone, so a
 	 * `commit --local` override stands until the cluster commits again.
+	 * agent.c's HELLO carries it.
 	 */
 	char *applied;
-	uint64_t applied_epoch, pending_epoch;
+	uint64_t applied_epoch;
+	char *pending_commit;   /* committed version to flip to once it is here */
+	uint64_t pending_epoch; /* its decision's epoch */
 	int flip_failing; /* the last flip to the cluster's version failed (logged once) */
+};
+
+/*
+ * The pulls' state (agent_pull.c, agent_recv.c): the versions being pulled
+ * and the donor connections.  Agent thread only, except where marked.
+ */
+struct agent_pull {
+	struct fetch *fetches;
+	struct peer *peers; /* one DEALER per donor address (agent.c polls them) */
+	/*
+	 * Set by agent_start(): a version pulled here arrived complete and was
+	 * built (agent_commit.c flips to it if the cluster committed it).
+	 */
+	void (*arrived)(struct agent *a, const char *name);
+	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */
+	double last_pulls;  /* when the agent thread last rebuilt it */
+	uint64_t retries;   /* atomic: shard requests moved to another donor (next_donor) */
+	uint64_t req_tx;    /* atomic: shard requests sent (hashes in this node's GETs) */
+};
+
+/*
+ * The serving state (agent_serve.c): requests waiting, encodes in flight,
+ * the deltas kept and the encode-ahead runs.  Agent thread only, except
+ * where marked.
+ */
+struct agent_serve {
+	struct deferred *deferred; /* GETs for shards still arriving here */
+	struct penc *pencs;        /* encodes pullers wait for */
+	size_t n_waiting;          /* requests waiting on them */
+	struct ahead *aheads;      /* encode-ahead runs, oldest first */
+	char *imported[IMPORTED_KEEP]; /* versions pulled here lately (not encoded ahead) */
+	size_t n_imported;
+	struct dcache dcache;      /* deltas kept to send again */
+	/*
+	 * Set by agent_start(): the want for shard @h among the pulls (and its
+	 * fetch in *@fp), or NULL: pull_find_want() (agent_pull.c), which this
+	 * file, after it, does not call.
+	 */
+	struct want *(*find_want)(struct agent *a, const hwfs_hash_t *h, struct fetch **fp);
+	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
+};
+
+/*
+ * The agent.  Its thread owns every field except: those set in agent_start()
+ * before the thread starts and never written again (read by any thread:
+ * listen through agent_endpoint(), pipe[1] through wake()), those marked
+ * "atomic" (read and written only with __atomic builtins) and those marked
+ * "under mu".  What each role keeps is in its own member: @commit, @pull,
+ * @serve; the rest is the session with the coordinator, the loop and what
+ * every role counts.
+ */
+struct agent {
+	/*
+	 * The options agent_start() was given, set before the thread starts:
+	 * the strings are the agent's own copies (o.listen is replaced by the
+	 * endpoint bound, a :* port resolved); o.keys is NULL once started.
+	 */
+	struct agent_opts o;
+
+	void *ctx, *coord, *router; /* the coordinator's DEALER, the serving ROUTER */
+	struct keys *keys;
+	pthread_t thread;
+	int running; /* agent_start()/agent_stop() only */
+	int stop;    /* atomic: agent_stop() asks the thread to end */
+	int pipe[2]; /* the wake-up pipe: set before the thread starts */
+
+	pthread_mutex_t mu; /* guards sealed_q, n_sealed, the call lists and pull.pulls */
+	char **sealed_q;
+	size_t n_sealed;
+	struct call *calls_new, *calls_wait;
+	uint64_t next_req; /* agent thread only (also used under mu, by drain_queues()) */
+
+	struct agent_commit commit; /* agent_commit.c */
+	struct agent_pull pull;     /* agent_pull.c, agent_recv.c */
+	struct agent_serve serve;   /* agent_serve.c */
+
 	double last_hello;
 	int engines_changed; /* atomic: set by agent_wake(); look whether the engines changed */
 	json_t *hello_engines; /* the engines the last HELLO carried (agent thread only) */
@@ -290,19 +345,8 @@ struct agent {
 	struct delta_stats ds;
 	struct pool *pool;     /* the codec workers (agent_pool.h) */
 	uint64_t next_job;     /* the last job id given (agent thread) */
-	struct penc *pencs;    /* encodes pullers wait for (agent thread) */
-	size_t n_waiting;      /* requests waiting on them (agent thread) */
-	struct ahead *aheads;  /* encode-ahead runs, oldest first (agent thread) */
-	char *imported[IMPORTED_KEEP]; /* versions pulled here lately (agent thread) */
-	size_t n_imported;
-	struct dcache dcache;  /* deltas kept to send again (agent thread) */
-	uint64_t req_rx; /* atomic: shard requests received (hashes in GETs) */
-	uint64_t retries; /* atomic: shard requests moved to another donor (next_donor) */
-	uint64_t req_tx;  /* atomic: shard requests sent (hashes in this node's GETs) */
 	double badmsg_logged; /* when a malformed message was last logged */
 	uint64_t badmsg_quiet; /* malformed messages dropped since, not logged */
-	json_t *pulls;      /* under mu: the fetches as agent_pulls() reports them */
-	double last_pulls;  /* when the agent thread last rebuilt it */
 };
 
 /* Monotonic seconds (the agent's clock for every timer). */
@@ -317,18 +361,48 @@ static inline double ms_s(uint64_t ms)
 	return (double)ms / 1000.0;
 }
 
-/* agent.c: the session with the coordinator */
+/*
+ * The files call one way: agent.c -> agent_commit.c -> agent_recv.c ->
+ * agent_pull.c -> agent_serve.c -> agent_pool.c; a file calls only files
+ * after it.  What a later file needs of an earlier one it gets through a hook
+ * agent_start() sets (agent_pull.arrived, agent_serve.find_want).
+ */
+
+/* agent_commit.c: PREPARE, COMMIT, ABORT and the cluster's decision */
+
+/** The coordinator's last decision (@committed, @epoch) from a WELCOME or PONG: apply it. */
+void commit_learn(struct agent *a, const char *committed, uint64_t epoch);
+/** agent_start(): the decision applied before a restart, from the store. */
+void commit_load_applied(struct agent *a);
+/** Version @name arrived complete (agent_pull.arrived): flip to it if the cluster committed it. */
+void commit_arrived(struct agent *a, const char *name);
+/** PREPARE: check the version and ask the engine barrier; READY now or later. */
+void commit_on_prepare(struct agent *a, struct proto_msg *m);
+/** COMMIT: flip, record the decision, ACK. */
+void commit_on_commit(struct agent *a, struct proto_msg *m);
+/** ABORT: log it (with its errno) and forget the PREPARE it ends. */
+void commit_on_abort(struct agent *a, struct proto_msg *m);
+/** Every pass of the loop: the PREPARE that waits, if any; READY once it is decided. */
+void commit_barrier_check(struct agent *a);
+/** @left seconds, or less: until the engine deadline of the PREPARE that waits. */
+double commit_wait_left(const struct agent *a, double left);
+/** agent_stop(): free the commit's state. */
+void commit_free(struct agent *a);
+
+/* agent_recv.c: what a pull receives */
+
+/** A SHARD piece from donor socket @peer (named @from in logs). */
+void recv_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer);
+/** A rebuild job finished (pool_take_done()): intern the shard, or fall back; frees @j. */
+void recv_on_rebuilt(struct agent *a, struct pool_job *j);
+
+/* agent_pull.c: the sockets to the coordinator and donors; pulling versions from donors */
 
 /** Send @t with @fields (consumed) to the coordinator; a failure is logged once. */
 void agent_send_coord(struct agent *a, enum proto_type t, json_t *fields, const void *payload,
 		      size_t len);
 /** Reconnect back-off, no linger, and no blocking send on a DEALER @sock. */
 void agent_set_backoff(void *sock);
-/** Version @name is here complete: flip to it if the cluster committed it meanwhile. */
-void agent_flip_pending(struct agent *a, const char *name);
-
-/* agent_pull.c: pulling versions from donors (the fetch, its donors, the GETs) */
-
 /** The want for shard @h in any fetch (and its fetch in *@fp), or NULL. */
 struct want *pull_find_want(struct agent *a, const hwfs_hash_t *h, struct fetch **fp);
 /** PLAN from the coordinator: start pulling a version, or take its new donors. */
@@ -348,6 +422,8 @@ void pull_report(struct agent *a, struct fetch *f, const char *bad_donor);
 void pull_wait_space(struct agent *a, struct fetch *f);
 /** Is every shard of @f here?  Returns 1 or 0. */
 int pull_complete(const struct fetch *f);
+/** Every shard of @f is here: build and seal the version (import hook), then end @f. */
+void pull_materialize(struct agent *a, struct fetch *f);
 /** @f is over (built or given up): free it and answer the requests that waited on it. */
 void pull_end(struct agent *a, struct fetch *f);
 /** Give up on @f (@why is logged): report it and end it. */
@@ -358,15 +434,6 @@ void pull_donor_failed(struct agent *a, struct fetch *f, size_t d, const char *w
 void pull_donor_ok(struct agent *a, const void *peer);
 /** Give up on @w's current donor: the next one round the ring. */
 void pull_next_donor(struct agent *a, struct fetch *f, struct want *w);
-
-/* agent_recv.c: what a pull receives */
-
-/** A SHARD piece from donor socket @peer (named @from in logs). */
-void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer);
-/** Every shard of @f is here: build and seal the version (import hook), then end @f. */
-void pull_materialize(struct agent *a, struct fetch *f);
-/** A rebuild job finished (pool_take_done()): intern the shard, or fall back; frees @j. */
-void pull_on_rebuilt(struct agent *a, struct pool_job *j);
 /** MISSING from a donor: ask it again later, or the next donor. */
 void pull_on_missing(struct agent *a, struct proto_msg *m);
 /** Keep every fetch's window full, fail over from silent donors, report progress. */

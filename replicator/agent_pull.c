@@ -13,8 +13,14 @@
  * a version that does not fit fetches no bytes to drop and takes no room
  * from one that does; a shard that finds no room when it arrives makes its
  * fetch back off (pull_wait_space()).
- * What arrives (SHARD pieces, deltas rebuilt, the version built once every
- * shard is here) is agent_recv.c's.  Runs on the agent thread only.
+ * What arrives (SHARD pieces, deltas rebuilt) is agent_recv.c's; the
+ * version is built here once every shard is (pull_materialize()), and
+ * agent_pull.arrived tells the commit (agent_commit.c) without a call back.
+ * This file also holds the sockets' helpers every earlier file uses:
+ * agent_send_coord() and agent_set_backoff().
+ *
+ * Called by agent.c, agent_commit.c and agent_recv.c; calls agent_serve.c and
+ * agent_pool.c only.  Runs on the agent thread only.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -28,10 +34,50 @@
 #include "manifest.h"
 #include "metrics.h"
 
+/* ------------------------------------------------------------- sockets */
+
+/*
+ * The coordinator's DEALER (agent.c opens it) and the donors' (here): sending to
+ * the coordinator, and the options every DEALER of the agent gets.
+ */
+void agent_send_coord(struct agent *a, enum proto_type t, json_t *fields, const void *payload,
+		      size_t len)
+{
+	int r = proto_send(a->coord, NULL, 0, t, fields, payload, len);
+
+	if (r < 0 && !a->coord_send_failing)
+		LOG_WARN("agent: sending %s to the coordinator: %s (messages are dropped until it is "
+			 "reachable; HELLO resynchronises then)", proto_type_name(t),
+			 r == -EAGAIN ? "no connection" : strerror(-r));
+	a->coord_send_failing = r < 0;
+	json_decref(fields);
+}
+
+/*
+ * Back off reconnects (a refused or dead peer is not hammered), and never
+ * block on a send: a DEALER with no live connection (peer gone, CURVE
+ * handshake refused) blocks zmq_send() for ever, which would freeze this
+ * thread and, through agent_stop(), the unmount.  A send that cannot be
+ * queued now fails with EAGAIN instead; what it carried is re-sent by the
+ * protocol (heartbeat HELLO, a GET's donor silence, a commit's deadline).
+ */
+void agent_set_backoff(void *sock)
+{
+	int ivl = (int)hwfs_tun.reconnect_ms, max = (int)hwfs_tun.reconnect_max_ms;
+	int linger = 0, sndtimeo = 0;
+
+	zmq_setsockopt(sock, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
+	zmq_setsockopt(sock, ZMQ_RECONNECT_IVL_MAX, &max, sizeof(max));
+	zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+	zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof(sndtimeo));
+}
+
+/* ------------------------------------------------------------- donors */
+
 /* The donor connection to @addr, or NULL if none was opened yet. */
 static struct peer *peer_find(struct agent *a, const char *addr)
 {
-	for (struct peer *p = a->peers; p; p = p->next)
+	for (struct peer *p = a->pull.peers; p; p = p->next)
 		if (!strcmp(p->addr, addr))
 			return p;
 	return NULL;
@@ -60,8 +106,8 @@ static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
 		free(p);
 		return NULL;
 	}
-	p->next = a->peers;
-	a->peers = p;
+	p->next = a->pull.peers;
+	a->pull.peers = p;
 	return p;
 }
 
@@ -69,7 +115,7 @@ static struct peer *peer_get(struct agent *a, const char *addr, const char *key)
 
 struct want *pull_find_want(struct agent *a, const hwfs_hash_t *h, struct fetch **fp)
 {
-	for (struct fetch *f = a->fetches; f; f = f->next)
+	for (struct fetch *f = a->pull.fetches; f; f = f->next)
 		for (size_t i = 0; i < f->n; i++)
 			if (!hwfs_hash_cmp(&f->w[i].hash, h)) {
 				if (fp)
@@ -82,7 +128,7 @@ struct want *pull_find_want(struct agent *a, const hwfs_hash_t *h, struct fetch 
 /*
  * Forget a shard, or its delta, that was arriving in pieces (its range goes
  * back; the pullers a delta was forwarded to get MISSING).  A want being
- * rebuilt is left to its job (pull_on_rebuilt()).
+ * rebuilt is left to its job (recv_on_rebuilt()).
  */
 void pull_drop_partial(struct agent *a, struct want *w)
 {
@@ -134,7 +180,7 @@ static void fetch_free(struct agent *a, struct fetch *f)
 
 static void fetch_unlink(struct agent *a, struct fetch *f)
 {
-	struct fetch **pp = &a->fetches;
+	struct fetch **pp = &a->pull.fetches;
 
 	while (*pp && *pp != f)
 		pp = &(*pp)->next;
@@ -239,7 +285,7 @@ static void publish_pulls(struct agent *a)
 {
 	json_t *arr = json_array();
 
-	for (struct fetch *f = a->fetches; arr && f; f = f->next) {
+	for (struct fetch *f = a->pull.fetches; arr && f; f = f->next) {
 		char why[128];
 		json_t *e = json_pack("{s:s, s:I, s:I}", "version", f->name, "bytes_held",
 				      (json_int_t)fetch_held(f),
@@ -258,10 +304,10 @@ static void publish_pulls(struct agent *a)
 	if (!arr)
 		return;
 	pthread_mutex_lock(&a->mu);
-	json_decref(a->pulls);
-	a->pulls = arr;
+	json_decref(a->pull.pulls);
+	a->pull.pulls = arr;
 	pthread_mutex_unlock(&a->mu);
-	a->last_pulls = now_s();
+	a->pull.last_pulls = now_s();
 }
 
 /*
@@ -344,7 +390,7 @@ void pull_donor_failed(struct agent *a, struct fetch *f, size_t d, const char *w
 /* Donor @peer sent a good shard: its back-off ends. */
 void pull_donor_ok(struct agent *a, const void *peer)
 {
-	for (struct peer *p = a->peers; p; p = p->next)
+	for (struct peer *p = a->pull.peers; p; p = p->next)
 		if (p->sock == peer && p->backoff > 0) {
 			LOG_INFO("agent: donor %s sends good shards again", p->addr);
 			p->backoff = p->until = 0;
@@ -364,7 +410,7 @@ void pull_next_donor(struct agent *a, struct fetch *f, struct want *w)
 {
 	pull_drop_partial(a, w);
 	w->tries++;
-	__atomic_fetch_add(&a->retries, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&a->pull.retries, 1, __ATOMIC_RELAXED);
 	w->donor = f->n_donors ? (w->donor + 1) % f->n_donors : 0;
 	w->misses = 0;
 	w->state = W_QUEUED;
@@ -484,7 +530,7 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 		LOG_ERR("agent: plan for %s, but a different %s exists here; ignored", name, name);
 		return;
 	}
-	for (f = a->fetches; f; f = f->next)
+	for (f = a->pull.fetches; f; f = f->next)
 		if (!strcmp(f->name, name)) { /* a new plan: new donors, maybe another base */
 			set_donors(a, f, json_object_get(m->h, "donors"), proto_bool(m, "stripe"));
 			assign_bases(a, f, proto_str(m, "base"));
@@ -554,8 +600,8 @@ void pull_on_plan(struct agent *a, struct proto_msg *m)
 	if (set_donors(a, f, json_object_get(m->h, "donors"), proto_bool(m, "stripe")) < 0)
 		goto oom;
 	f->last_rx = now_s();
-	f->next = a->fetches;
-	a->fetches = f;
+	f->next = a->pull.fetches;
+	a->pull.fetches = f;
 	LOG_INFO("agent: pulling %s: %llu bytes missing of %zu shards, from %s", name,
 		 (unsigned long long)f->bytes_needed, f->n, f->n_donors ? f->donors[0] : "nobody");
 	if (pull_complete(f))
@@ -567,6 +613,29 @@ oom:
 	if (f)
 		fetch_free(a, f);
 	LOG_ERR("agent: out of memory planning %s", name);
+}
+
+/* Every shard is here: build the version and seal it in through the mount (import hook). */
+void pull_materialize(struct agent *a, struct fetch *f)
+{
+	char err[512] = "";
+	int ok;
+
+	serve_note_imported(a, f->name); /* its seal is not this node's to encode ahead */
+	ok = a->o.hooks->import(a->o.arg, f->rec, err, sizeof(err)) == 0;
+
+	if (ok) {
+		LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
+			 (unsigned long long)f->bytes_held);
+		hwfs_hist_observe_ns(&hwfs_nm.arrival, hwfs_mono_ns() - f->planned_ns);
+		pull_send_have(a, f->name, &f->digest, 1, f->total, 0, NULL, NULL);
+		if (a->pull.arrived) /* the commit waiting for it (agent_commit.c) */
+			a->pull.arrived(a, f->name);
+	} else {
+		LOG_ERR("agent: %s", err);
+		pull_report(a, f, NULL);
+	}
+	pull_end(a, f);
 }
 
 /*
@@ -660,158 +729,228 @@ static void wait_room(struct agent *a, struct fetch *f, double now)
 	}
 }
 
-/* Keep each fetch's window full: GET batches from each want's donor. */
+/* HAVE for @f when progress_ms passed since the last one (status --cluster shows it). */
+static void report_due(struct agent *a, struct fetch *f, double now)
+{
+	if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
+		pull_report(a, f, NULL);
+		f->last_report = now;
+	}
+}
+
+/*
+ * space_waiting() - @f stopped because the store could not take a shard
+ * (pull_wait_space()): is it still waiting?  It retries once its back-off
+ * ended or space was freed here.  Returns 1 (still waiting: ask for nothing)
+ * or 0.
+ */
+static int space_waiting(struct agent *a, struct fetch *f, double now)
+{
+	uint64_t free_now;
+	char fb[32];
+
+	if (!f->space_wait)
+		return 0;
+	free_now = store_stage_room(a->o.st);
+	if (now < f->space_retry_at && free_now <= f->space_free) {
+		report_due(a, f, now);
+		return 1;
+	}
+	LOG_INFO("agent: %s: retrying (%s free%s)", f->name, hwfs_fmt_size(free_now, fb, sizeof(fb)),
+		 free_now > f->space_free ? ", space was freed here" : "");
+	f->space_wait = 0;
+	return 0;
+}
+
+/*
+ * room_waiting() - does what is left of @f not fit here, with @all_inflight
+ * bytes of every fetch in flight (wait_room())?  Returns 1 (ask for nothing)
+ * or 0, saying once that it fits again.
+ */
+static int room_waiting(struct agent *a, struct fetch *f, uint64_t all_inflight, double now)
+{
+	if (!fetch_fits(a, f, all_inflight)) {
+		wait_room(a, f, now);
+		return 1;
+	}
+	if (f->room_wait) {
+		LOG_INFO("agent: %s fits here now: pulling it", f->name);
+		f->room_wait = 0;
+		publish_pulls(a);
+	}
+	return 0;
+}
+
+/*
+ * fail_silent() - no piece of @f arrived for donor_silence_ms while @inflight
+ * bytes were asked for: every donor with a shard in flight is backed off and
+ * those shards go to their next donor.  Returns the bytes still in flight.
+ */
+static uint64_t fail_silent(struct agent *a, struct fetch *f, uint64_t inflight, double now)
+{
+	if (!inflight || now - f->last_rx <= ms_s(hwfs_tun.donor_silence_ms))
+		return inflight;
+	for (size_t d = 0; d < f->n_donors; d++)
+		for (size_t i = 0; i < f->n; i++)
+			if (f->w[i].state == W_INFLIGHT && f->w[i].donor == d) {
+				pull_donor_failed(a, f, d, "is silent");
+				break;
+			}
+	for (size_t i = 0; i < f->n; i++)
+		if (f->w[i].state == W_INFLIGHT)
+			pull_next_donor(a, f, &f->w[i]);
+	f->last_rx = now;
+	LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next donor",
+		 f->name, ms_s(hwfs_tun.donor_silence_ms));
+	return 0;
+}
+
+/*
+ * ring_again() - every donor of a shard failed once: not a reason to give up
+ * (a busy machine makes donors look silent, a dead donor may come back).
+ * Start round the ring again after a pause (once: the pause used to be
+ * renewed on every pass, so the shard was never asked for again); the
+ * coordinator re-plans if a donor died or came back.
+ */
+static void ring_again(struct fetch *f, double now)
+{
+	for (size_t i = 0; i < f->n; i++)
+		if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
+			if (!f->ring_warned)
+				LOG_WARN("agent: every donor of a shard of %s failed once; going round "
+					 "them again after %.1f s", f->name,
+					 ms_s(hwfs_tun.donor_backoff_ms));
+			f->ring_warned = 1;
+			f->w[i].tries = 0;
+			f->w[i].not_before = now + ms_s(hwfs_tun.donor_backoff_ms);
+		}
+}
+
+/* One GET being made: its hashes, and per hash the base the puller holds and its width. */
+struct get_batch {
+	json_t *hashes, *bases, *widths;
+	size_t n_based; /* hashes with a base (asked for as deltas) */
+	uint64_t bytes; /* shard bytes asked for */
+};
+
+/*
+ * batch_fill() - the queued shards of @f whose donor is @d (and whose pause
+ * ended) into @b, marked in flight, while the window (@inflight of @f) and
+ * get_batch_bytes and PROTO_MAX_GET allow.
+ */
+static void batch_fill(struct agent *a, struct fetch *f, size_t d, struct get_batch *b,
+		       uint64_t inflight, double now)
+{
+	static const hwfs_hash_t none;
+
+	for (size_t i = 0; i < f->n && inflight + b->bytes < hwfs_tun.pull_window_bytes &&
+			   b->bytes < hwfs_tun.get_batch_bytes &&
+			   json_array_size(b->hashes) < PROTO_MAX_GET;
+	     i++) {
+		struct want *w = &f->w[i];
+
+		if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
+			continue;
+		json_array_append_new(b->hashes, hwfs_hash_json(&w->hash));
+		if (want_delta(w) && base_held(a, w)) {
+			json_array_append_new(b->bases, hwfs_hash_json(&w->base));
+			json_array_append_new(b->widths, json_integer(w->width));
+			b->n_based++;
+		} else {
+			json_array_append_new(b->bases, hwfs_hash_json(&none));
+			json_array_append_new(b->widths, json_integer(1));
+		}
+		w->state = W_INFLIGHT;
+		w->sent_at = now;
+		b->bytes += w->size;
+	}
+}
+
+/*
+ * batch_send() - send GET @b to donor @d of @f.  Returns 0, or -1 when
+ * nothing went out (no connection to the donor: nothing is in flight; the
+ * shards are asked again after a pause, the next donor first: unsend()).
+ */
+static int batch_send(struct agent *a, struct fetch *f, size_t d, struct get_batch *b, double now)
+{
+	struct peer *p = peer_get(a, f->donors[d], f->donor_keys[d]);
+	json_t *g;
+	int r;
+
+	if (!p) {
+		unsend(a, f, d, now);
+		return -1;
+	}
+	g = json_pack("{s:I, s:O}", "req", (json_int_t)++a->next_req, "hashes", b->hashes);
+	if (g && b->n_based) {
+		json_object_set(g, "bases", b->bases);
+		json_object_set(g, "widths", b->widths);
+	}
+	r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
+	json_decref(g);
+	if (r < 0) {
+		LOG_WARN("agent: GET to %s: %s; asking the next donor", f->donors[d],
+			 r == -EAGAIN ? "no connection" : strerror(-r));
+		unsend(a, f, d, now);
+		return -1;
+	}
+	__atomic_add_fetch(&a->pull.req_tx, json_array_size(b->hashes), __ATOMIC_RELAXED);
+	__atomic_add_fetch(&a->ds.asked, b->n_based, __ATOMIC_RELAXED);
+	return 0;
+}
+
+/*
+ * ask_donors() - fill @f's request window: one GET batch per donor that is
+ * not backing off, while *@inflight (of @f) is below pull_window_bytes; what
+ * goes out is added to *@inflight and *@all_inflight (of every fetch).
+ */
+static void ask_donors(struct agent *a, struct fetch *f, uint64_t *inflight,
+		       uint64_t *all_inflight, double now)
+{
+	for (size_t d = 0; d < f->n_donors && *inflight < hwfs_tun.pull_window_bytes; d++) {
+		struct get_batch b = {json_array(), json_array(), json_array(), 0, 0};
+
+		if (!donor_off(a, f, d, now))
+			batch_fill(a, f, d, &b, *inflight, now);
+		if (json_array_size(b.hashes) && batch_send(a, f, d, &b, now) == 0) {
+			*inflight += b.bytes;
+			*all_inflight += b.bytes;
+			if (*inflight == b.bytes) /* nothing was in flight: the silence clock starts */
+				f->last_rx = now;
+		}
+		json_decref(b.hashes);
+		json_decref(b.bases);
+		json_decref(b.widths);
+	}
+}
+
+/*
+ * pull_pump() - every pass of the loop, for each fetch: unless it waits for
+ * space or room, fail over from silent donors, go round the ring again where
+ * every donor failed, move shards off donors that back off, keep the request
+ * window full, and report progress.
+ */
 void pull_pump(struct agent *a)
 {
 	double now = now_s();
 	uint64_t all_inflight = 0; /* of every fetch, kept as GETs go out below */
 
-	for (const struct fetch *g = a->fetches; g; g = g->next)
+	for (const struct fetch *g = a->pull.fetches; g; g = g->next)
 		all_inflight += fetch_inflight(g);
 
-	if (now - a->last_pulls >= PULLS_SNAPSHOT_S)
+	if (now - a->pull.last_pulls >= PULLS_SNAPSHOT_S)
 		publish_pulls(a);
-	for (struct fetch *f = a->fetches, *next; f; f = next) {
+	for (struct fetch *f = a->pull.fetches, *next; f; f = next) {
 		uint64_t inflight;
 
 		next = f->next;
-		if (f->space_wait) {
-			uint64_t free_now = store_stage_room(a->o.st);
-			char fb[32];
-
-			if (now < f->space_retry_at && free_now <= f->space_free) {
-				if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
-					pull_report(a, f, NULL);
-					f->last_report = now;
-				}
-				continue;
-			}
-			LOG_INFO("agent: %s: retrying (%s free%s)", f->name,
-				 hwfs_fmt_size(free_now, fb, sizeof(fb)),
-				 free_now > f->space_free ? ", space was freed here" : "");
-			f->space_wait = 0;
-		}
-		if (!fetch_fits(a, f, all_inflight)) {
-			wait_room(a, f, now);
+		if (space_waiting(a, f, now) || room_waiting(a, f, all_inflight, now))
 			continue;
-		}
-		if (f->room_wait) {
-			LOG_INFO("agent: %s fits here now: pulling it", f->name);
-			f->room_wait = 0;
-			publish_pulls(a);
-		}
-		inflight = fetch_inflight(f);
-		if (inflight && now - f->last_rx > ms_s(hwfs_tun.donor_silence_ms)) {
-			for (size_t d = 0; d < f->n_donors; d++)
-				for (size_t i = 0; i < f->n; i++)
-					if (f->w[i].state == W_INFLIGHT && f->w[i].donor == d) {
-						pull_donor_failed(a, f, d, "is silent");
-						break;
-					}
-			for (size_t i = 0; i < f->n; i++)
-				if (f->w[i].state == W_INFLIGHT)
-					pull_next_donor(a, f, &f->w[i]);
-			inflight = 0;
-			f->last_rx = now;
-			LOG_WARN("agent: no shard of %s for %.1f s (donor_silence_ms): asking the next "
-				 "donor", f->name, ms_s(hwfs_tun.donor_silence_ms));
-		}
-		/*
-		 * Every donor of a shard failed once: not a reason to give up (a
-		 * busy machine makes donors look silent, a dead donor may come
-		 * back).  Start round the ring again after a pause (once: the
-		 * pause used to be renewed on every pass, so the shard was never
-		 * asked for again); the coordinator re-plans if a donor died or
-		 * came back.
-		 */
-		for (size_t i = 0; i < f->n; i++)
-			if (f->w[i].state == W_QUEUED && f->w[i].tries >= f->n_donors) {
-				if (!f->ring_warned)
-					LOG_WARN("agent: every donor of a shard of %s failed once; "
-						 "going round them again after %.1f s",
-						 f->name, ms_s(hwfs_tun.donor_backoff_ms));
-				f->ring_warned = 1;
-				f->w[i].tries = 0;
-				f->w[i].not_before = now + ms_s(hwfs_tun.donor_backoff_ms);
-			}
+		inflight = fail_silent(a, f, fetch_inflight(f), now);
+		ring_again(f, now);
 		prefer_donors(a, f, now);
-		for (size_t d = 0; d < f->n_donors && inflight < hwfs_tun.pull_window_bytes; d++) {
-			json_t *hashes = json_array(), *bases = json_array(), *widths = json_array();
-			static const hwfs_hash_t none;
-			size_t n_based = 0;
-
-			if (donor_off(a, f, d, now)) {
-				json_decref(hashes);
-				json_decref(bases);
-				json_decref(widths);
-				continue;
-			}
-			uint64_t batch = 0;
-			struct peer *p;
-
-			for (size_t i = 0; i < f->n && inflight + batch < hwfs_tun.pull_window_bytes &&
-					   batch < hwfs_tun.get_batch_bytes &&
-					   json_array_size(hashes) < PROTO_MAX_GET;
-			     i++) {
-				struct want *w = &f->w[i];
-
-				if (w->state != W_QUEUED || w->donor != d || w->not_before > now)
-					continue;
-				json_array_append_new(hashes, hwfs_hash_json(&w->hash));
-				if (want_delta(w) && base_held(a, w)) {
-					json_array_append_new(bases, hwfs_hash_json(&w->base));
-					json_array_append_new(widths, json_integer(w->width));
-					n_based++;
-				} else {
-					json_array_append_new(bases, hwfs_hash_json(&none));
-					json_array_append_new(widths, json_integer(1));
-				}
-				w->state = W_INFLIGHT;
-				w->sent_at = now;
-				batch += w->size;
-			}
-			p = json_array_size(hashes) ? peer_get(a, f->donors[d], f->donor_keys[d]) : NULL;
-			if (p) {
-				json_t *g = json_pack("{s:I, s:O}", "req", (json_int_t)++a->next_req,
-						      "hashes", hashes);
-				int r;
-
-				if (g && n_based) {
-					json_object_set(g, "bases", bases);
-					json_object_set(g, "widths", widths);
-				}
-				r = proto_send(p->sock, NULL, 0, P_GET, g, NULL, 0);
-
-				json_decref(g);
-				if (r < 0) {
-					/*
-					 * Nothing went out (no connection to the donor): nothing
-					 * is in flight.  Ask again after a pause, the next donor
-					 * first.
-					 */
-					LOG_WARN("agent: GET to %s: %s; asking the next donor", f->donors[d],
-						 r == -EAGAIN ? "no connection" : strerror(-r));
-					unsend(a, f, d, now);
-				} else {
-					__atomic_add_fetch(&a->req_tx, json_array_size(hashes), __ATOMIC_RELAXED);
-					__atomic_add_fetch(&a->ds.asked, n_based, __ATOMIC_RELAXED);
-					inflight += batch;
-					all_inflight += batch;
-					if (inflight == batch) /* nothing was in flight: the silence clock starts */
-						f->last_rx = now;
-				}
-			} else if (json_array_size(hashes)) {
-				unsend(a, f, d, now);
-			}
-			json_decref(hashes);
-			json_decref(bases);
-			json_decref(widths);
-		}
-		/* progress for status --cluster */
-		if (now - f->last_report >= ms_s(hwfs_tun.progress_ms)) {
-			pull_report(a, f, NULL);
-			f->last_report = now;
-		}
+		ask_donors(a, f, &inflight, &all_inflight, now);
+		report_due(a, f, now);
 	}
 }
 
@@ -836,16 +975,16 @@ void pull_on_missing(struct agent *a, struct proto_msg *m)
 /* agent_stop(), after the thread ended: free every fetch and close every donor socket. */
 void pull_free(struct agent *a)
 {
-	while (a->fetches) {
-		struct fetch *f = a->fetches;
+	while (a->pull.fetches) {
+		struct fetch *f = a->pull.fetches;
 
-		a->fetches = f->next;
+		a->pull.fetches = f->next;
 		fetch_free(a, f);
 	}
-	while (a->peers) {
-		struct peer *p = a->peers;
+	while (a->pull.peers) {
+		struct peer *p = a->pull.peers;
 
-		a->peers = p->next;
+		a->pull.peers = p->next;
 		zmq_close(p->sock); /* LINGER 0: agent_set_backoff() */
 		free(p->addr);
 		free(p);

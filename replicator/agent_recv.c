@@ -9,10 +9,13 @@
  * forwarded to the pullers waiting for it as it arrives: agent_serve.c),
  * then rebuilt against the base this node holds by a codec worker
  * (agent_pool.h), which checks its hash before anything is staged; the
- * agent interns it when the job comes back (pull_on_rebuilt()), while
+ * agent interns it when the job comes back (recv_on_rebuilt()), while
  * other shards keep arriving.  When every shard is here the version is
  * built and sealed in through the mount (the import hook,
- * pull_materialize()).  Runs on the agent thread only.
+ * pull_materialize(), agent_pull.c's).
+ *
+ * Called by agent.c (recv_on_shard(), recv_on_rebuilt()); calls agent_pull.c,
+ * agent_serve.c and agent_pool.c only.  Runs on the agent thread only.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -20,28 +23,6 @@
 
 #include "agent_i.h"
 #include "metrics.h"
-
-/* Every shard is here: build the version and seal it in through the mount (import hook). */
-void pull_materialize(struct agent *a, struct fetch *f)
-{
-	char err[512] = "";
-	int ok;
-
-	serve_note_imported(a, f->name); /* its seal is not this node's to encode ahead */
-	ok = a->o.hooks->import(a->o.arg, f->rec, err, sizeof(err)) == 0;
-
-	if (ok) {
-		LOG_INFO("agent: %s complete (%llu bytes received)", f->name,
-			 (unsigned long long)f->bytes_held);
-		hwfs_hist_observe_ns(&hwfs_nm.arrival, hwfs_mono_ns() - f->planned_ns);
-		pull_send_have(a, f->name, &f->digest, 1, f->total, 0, NULL, NULL);
-		agent_flip_pending(a, f->name);
-	} else {
-		LOG_ERR("agent: %s", err);
-		pull_report(a, f, NULL);
-	}
-	pull_end(a, f);
-}
 
 /*
  * shard_arrived() - @w's shard @sh (one reference, kept by @w) is here and
@@ -64,7 +45,7 @@ static void shard_arrived(struct agent *a, struct fetch *f, struct want *w, stru
 /* The address of donor socket @peer (for the logs), or "a donor". */
 static const char *peer_addr(struct agent *a, const void *peer)
 {
-	for (struct peer *p = a->peers; p; p = p->next)
+	for (struct peer *p = a->pull.peers; p; p = p->next)
 		if (p->sock == peer)
 			return p->addr;
 	return "a donor";
@@ -73,7 +54,7 @@ static const char *peer_addr(struct agent *a, const void *peer)
 /*
  * rebuild_start() - the whole delta of @w is here (w->enc): hand it to a
  * codec worker, which rebuilds the shard from the base this node holds,
- * checks its hash and stages it (pull_on_rebuilt() takes it from there).
+ * checks its hash and stages it (recv_on_rebuilt() takes it from there).
  * The want waits in W_REBUILD; its delta stays readable (w->enc, now the
  * job's) for the pullers it is forwarded to.  A base that went meanwhile
  * (hwfs rm) makes it ask for the whole shard.
@@ -109,7 +90,7 @@ static void rebuild_start(struct agent *a, struct fetch *f, struct want *w)
 /* The want rebuilt by job @id (W_REBUILD), and its fetch in *@fp; NULL: it went. */
 static struct want *rebuilt_want(struct agent *a, uint64_t id, struct fetch **fp)
 {
-	for (struct fetch *f = a->fetches; f; f = f->next)
+	for (struct fetch *f = a->pull.fetches; f; f = f->next)
 		for (size_t i = 0; i < f->n; i++)
 			if (f->w[i].state == W_REBUILD && f->w[i].job == id) {
 				*fp = f;
@@ -119,7 +100,7 @@ static struct want *rebuilt_want(struct agent *a, uint64_t id, struct fetch **fp
 }
 
 /*
- * pull_on_rebuilt() - a rebuild job is back.  Its shard matched its hash and
+ * recv_on_rebuilt() - a rebuild job is back.  Its shard matched its hash and
  * is staged: intern it, finish forwarding the delta to the pullers that had
  * it as it arrived, keep it to send on as it is.  Else nothing was staged:
  * a base damaged here makes it ask for the shard whole, and marks that
@@ -131,7 +112,7 @@ static struct want *rebuilt_want(struct agent *a, uint64_t id, struct fetch **fp
  * want went meanwhile (the fetch ended) is dropped, its staged range given
  * back.
  */
-void pull_on_rebuilt(struct agent *a, struct pool_job *j)
+void recv_on_rebuilt(struct agent *a, struct pool_job *j)
 {
 	struct fetch *f = NULL;
 	struct want *w = rebuilt_want(a, j->id, &f);
@@ -251,7 +232,7 @@ static void on_delta_piece(struct agent *a, struct fetch *f, struct want *w, str
  * to a running hash, and the last one checks the hash and interns the shard
  * (store_intern_staged()).
  */
-void pull_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer)
+void recv_on_shard(struct agent *a, struct proto_msg *m, const char *from, const void *peer)
 {
 	struct fetch *f = NULL;
 	struct want *w;

@@ -33,6 +33,9 @@
  * workers meanwhile; the delta's last byte goes only once the rebuild here
  * matched the shard's hash (serve_finish_delta()), so a bad delta reaches no
  * puller whole from a relay that caught it: they get MISSING and ask again.
+ *
+ * Calls agent_pool.c only; what it needs of the pulls (is a shard being
+ * pulled here?) it asks through agent_serve.find_want, set by agent_start().
  * Runs on the agent thread only.
  */
 #define _GNU_SOURCE
@@ -81,8 +84,8 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 	}
 	if (!f || proto_encode(P_SHARD, f, len, &hdr, &hlen) < 0)
 		goto out;
-	if (zmq_send(a->serve, ident, ident_len, ZMQ_SNDMORE) < 0 ||
-	    zmq_send(a->serve, hdr, hlen, ZMQ_SNDMORE) < 0) {
+	if (zmq_send(a->router, ident, ident_len, ZMQ_SNDMORE) < 0 ||
+	    zmq_send(a->router, hdr, hlen, ZMQ_SNDMORE) < 0) {
 		r = -errno;
 		goto out;
 	}
@@ -91,17 +94,17 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 		if (!ref || zmq_msg_init_data(&m, (void *)(store_shard_data(a->o.st, sh) + pos), len,
 					      sent_free, ref) < 0) {
 			free(ref);
-			zmq_send(a->serve, "", 0, 0); /* end the message: the receiver drops it */
+			zmq_send(a->router, "", 0, 0); /* end the message: the receiver drops it */
 			goto out;
 		}
 		store_ref(a->o.st, sh);
 		*ref = (struct sent_ref){a->o.st, sh};
-		if (zmq_msg_send(&m, a->serve, 0) < 0) {
+		if (zmq_msg_send(&m, a->router, 0) < 0) {
 			r = -errno;
 			zmq_msg_close(&m);
 			goto out;
 		}
-	} else if (zmq_send(a->serve, data, len, 0) < 0) {
+	} else if (zmq_send(a->router, data, len, 0) < 0) {
 		r = -errno;
 		goto out;
 	}
@@ -115,28 +118,49 @@ out:
 	return r;
 }
 
-/* Tell the puller @ident that this node does not have (any more) shard @h. */
+/*
+ * Tell the puller @ident that this node does not have shard @h, with why
+ * (@err): ENOENT (not here, or not any more), EAGAIN (what was forwarded of
+ * it was dropped here: ask again).
+ */
 static void send_missing(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
-			 const hwfs_hash_t *h)
+			 const hwfs_hash_t *h, int err)
 {
-	json_t *mf = json_pack("{s:I, s:o}", "req", (json_int_t)req, "hash", hwfs_hash_json(h));
+	json_t *mf = json_pack("{s:I, s:o, s:i}", "req", (json_int_t)req, "hash", hwfs_hash_json(h),
+			       "errno", err);
 
-	proto_send(a->serve, ident, ident_len, P_MISSING, mf, NULL, 0);
+	proto_send(a->router, ident, ident_len, P_MISSING, mf, NULL, 0);
 	json_decref(mf);
+}
+
+/*
+ * send_range() - send bytes [@from, @to) of a shard of @total bytes (or,
+ * with @base, of its delta against @base, @total bytes long) to puller
+ * @ident, in pieces of at most piece_bytes (send_piece()): zero copy from
+ * @sh, else copied from @data, which holds all @total bytes.  Stops at the
+ * first piece that cannot be sent.  Returns the offset reached: @to when all
+ * of it went.
+ */
+static uint64_t send_range(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
+			   const hwfs_hash_t *hash, const hwfs_hash_t *base, uint64_t from,
+			   uint64_t to, uint64_t total, struct shard *sh, const uint8_t *data)
+{
+	while (from < to) {
+		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, to - from);
+
+		if (send_piece(a, ident, ident_len, req, hash, base, from, len, total, sh,
+			       data ? data + from : NULL) < 0)
+			break;
+		from += len;
+	}
+	return from;
 }
 
 /* Send shard @sh from byte @pos on, in pieces, whole. */
 static void send_whole(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 		       struct shard *sh, uint64_t pos)
 {
-	while (pos < sh->size) {
-		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, sh->size - pos);
-
-		if (send_piece(a, ident, ident_len, req, &sh->hash, NULL, pos, len, sh->size, sh,
-			       NULL) < 0)
-			break;
-		pos += len;
-	}
+	send_range(a, ident, ident_len, req, &sh->hash, NULL, pos, sh->size, sh->size, sh, NULL);
 }
 
 /* ------------------------------------------------------------ deltas kept */
@@ -266,7 +290,7 @@ static struct dentry *dcache_put(struct dcache *c, const hwfs_hash_t *base,
 void serve_keep_delta(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
 		      unsigned width, uint8_t *enc, size_t len)
 {
-	dcache_put(&a->dcache, base, hash, width, enc, len);
+	dcache_put(&a->serve.dcache, base, hash, width, enc, len);
 }
 
 /* A request (@ident, @req) for shard @hash, as a waiter or a deferred GET; NULL without memory. */
@@ -290,17 +314,8 @@ static struct deferred *deferred_new(const void *ident, size_t ident_len, uint64
 static void send_delta(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 		       struct shard *sh, const hwfs_hash_t *base, struct dentry *e)
 {
-	uint64_t off = 0;
-
-	while (off < e->len) {
-		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, e->len - off);
-
-		if (send_piece(a, ident, ident_len, req, &sh->hash, base, off, len, e->len, NULL,
-			       e->enc + off) < 0)
-			break;
-		off += len;
-	}
-	if (off == e->len) { /* all of it went */
+	if (send_range(a, ident, ident_len, req, &sh->hash, base, 0, e->len, e->len, NULL,
+		       e->enc) == e->len) { /* all of it went */
 		__atomic_add_fetch(&a->ds.sent, 1, __ATOMIC_RELAXED);
 		__atomic_add_fetch(&a->tx, sh->size, __ATOMIC_RELAXED);
 		if (e->ahead) {
@@ -314,7 +329,7 @@ static void send_delta(struct agent *a, const void *ident, size_t ident_len, uin
 static struct penc *penc_find(struct agent *a, const hwfs_hash_t *base, const hwfs_hash_t *hash,
 			      unsigned width)
 {
-	for (struct penc *pe = a->pencs; pe; pe = pe->next)
+	for (struct penc *pe = a->serve.pencs; pe; pe = pe->next)
 		if (pe->job->width == width && !hwfs_hash_cmp(&pe->job->hash, hash) &&
 		    !hwfs_hash_cmp(&pe->job->base, base))
 			return pe;
@@ -345,8 +360,8 @@ static struct penc *encode_submit(struct agent *a, struct shard *sh, struct shar
 			       .width = width, .size = sh->size};
 	pe->job = j;
 	pe->batch = batch;
-	pe->next = a->pencs;
-	a->pencs = pe;
+	pe->next = a->serve.pencs;
+	a->serve.pencs = pe;
 	pool_submit(a->pool, j);
 	return pe;
 }
@@ -367,7 +382,7 @@ static int encode_start(struct agent *a, const void *ident, size_t ident_len, ui
 	struct deferred *d;
 	struct shard *bsh;
 
-	if (a->n_waiting >= ENCODE_WAIT_MAX)
+	if (a->serve.n_waiting >= ENCODE_WAIT_MAX)
 		return -EAGAIN;
 	pe = penc_find(a, base, &sh->hash, width);
 	d = deferred_new(ident, ident_len, req, &sh->hash, base, width);
@@ -392,7 +407,7 @@ static int encode_start(struct agent *a, const void *ident, size_t ident_len, ui
 	}
 	d->next = pe->waiters;
 	pe->waiters = d;
-	a->n_waiting++;
+	a->serve.n_waiting++;
 	return 0;
 }
 
@@ -410,10 +425,10 @@ static void serve_shard(struct agent *a, const void *ident, size_t ident_len, ui
 	int based = hwfs_tun.delta && !hwfs_hash_is_zero(base);
 
 	if (pos == 0 && based && hwfs_hash_cmp(base, &sh->hash)) {
-		struct dentry *e = dcache_find(&a->dcache, base, &sh->hash, width);
+		struct dentry *e = dcache_find(&a->serve.dcache, base, &sh->hash, width);
 
 		if (e) {
-			dcache_touch(&a->dcache, e);
+			dcache_touch(&a->serve.dcache, e);
 			if (e->enc) {
 				send_delta(a, ident, ident_len, req, sh, base, e);
 				store_unref(a->o.st, sh);
@@ -434,7 +449,7 @@ static void ahead_done(struct agent *a, struct ahead *r, const struct pool_job *
 
 void serve_on_encoded(struct agent *a, struct pool_job *j)
 {
-	struct penc **pp = &a->pencs, *pe;
+	struct penc **pp = &a->serve.pencs, *pe;
 	struct dentry *e = NULL;
 
 	while (*pp && (*pp)->job != j)
@@ -443,21 +458,21 @@ void serve_on_encoded(struct agent *a, struct pool_job *j)
 	if (pe)
 		*pp = pe->next;
 	if (j->r == 0) {
-		e = dcache_put(&a->dcache, &j->base, &j->hash, j->width, j->enc, j->enc_len);
+		e = dcache_put(&a->serve.dcache, &j->base, &j->hash, j->width, j->enc, j->enc_len);
 		j->enc = NULL;
 		if (e && j->ahead)
 			e->ahead = 1;
 	} else if (j->r == -E2BIG) { /* not worth it: remember, do not encode it again */
-		dcache_put(&a->dcache, &j->base, &j->hash, j->width, NULL, 0);
+		dcache_put(&a->serve.dcache, &j->base, &j->hash, j->width, NULL, 0);
 	}
 	while (pe && pe->waiters) {
 		struct deferred *d = pe->waiters;
 		struct shard *sh = store_get(a->o.st, &d->hash);
 
 		pe->waiters = d->next;
-		a->n_waiting--;
+		a->serve.n_waiting--;
 		if (!sh) {
-			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
+			send_missing(a, d->ident, d->ident_len, d->req, &d->hash, ENOENT);
 		} else if (e && e->enc) {
 			send_delta(a, d->ident, d->ident_len, d->req, sh, &d->base, e);
 		} else {
@@ -482,18 +497,18 @@ void serve_note_imported(struct agent *a, const char *name)
 
 	if (!dup)
 		return;
-	if (a->n_imported == IMPORTED_KEEP) {
-		free(a->imported[0]);
-		memmove(a->imported, a->imported + 1, (IMPORTED_KEEP - 1) * sizeof(char *));
-		a->n_imported--;
+	if (a->serve.n_imported == IMPORTED_KEEP) {
+		free(a->serve.imported[0]);
+		memmove(a->serve.imported, a->serve.imported + 1, (IMPORTED_KEEP - 1) * sizeof(char *));
+		a->serve.n_imported--;
 	}
-	a->imported[a->n_imported++] = dup;
+	a->serve.imported[a->serve.n_imported++] = dup;
 }
 
 static int was_imported(struct agent *a, const char *name)
 {
-	for (size_t i = 0; i < a->n_imported; i++)
-		if (!strcmp(a->imported[i], name))
+	for (size_t i = 0; i < a->serve.n_imported; i++)
+		if (!strcmp(a->serve.imported[i], name))
 			return 1;
 	return 0;
 }
@@ -551,7 +566,7 @@ void serve_ahead_sealed(struct agent *a, const char *name)
 	if (!r->n) /* every shard is its base's: nothing to encode */
 		goto out;
 	r->digest = v->digest;
-	for (tail = &a->aheads; *tail; tail = &(*tail)->next_run)
+	for (tail = &a->serve.aheads; *tail; tail = &(*tail)->next_run)
 		;
 	*tail = r;
 	LOG_INFO("agent: %s: encoding %zu delta(s) against %s ahead of demand", name, r->n,
@@ -572,12 +587,12 @@ out:
 /* Take run @r off the list and free it (its jobs in flight no longer point to it). */
 static void ahead_end(struct agent *a, struct ahead *r)
 {
-	for (struct ahead **pp = &a->aheads; *pp; pp = &(*pp)->next_run)
+	for (struct ahead **pp = &a->serve.aheads; *pp; pp = &(*pp)->next_run)
 		if (*pp == r) {
 			*pp = r->next_run;
 			break;
 		}
-	for (struct penc *pe = a->pencs; pe; pe = pe->next)
+	for (struct penc *pe = a->serve.pencs; pe; pe = pe->next)
 		if (pe->batch == r)
 			pe->batch = NULL;
 	free(r->items);
@@ -610,12 +625,12 @@ void serve_ahead_pump(struct agent *a)
 {
 	size_t inflight = 0, cap = a->pool ? pool_threads(a->pool) : 0;
 
-	for (struct ahead *r = a->aheads; r; r = r->next_run)
+	for (struct ahead *r = a->serve.aheads; r; r = r->next_run)
 		inflight += r->inflight;
-	for (struct ahead *r = a->aheads, *next; r; r = next) {
+	for (struct ahead *r = a->serve.aheads, *next; r; r = next) {
 		next = r->next_run;
 		if (!ahead_alive(a, r)) { /* removed (or replaced): stop, drop what is queued */
-			for (struct penc *pe = a->pencs; pe; pe = pe->next)
+			for (struct penc *pe = a->serve.pencs; pe; pe = pe->next)
 				if (pe->batch == r && !pe->waiters)
 					__atomic_store_n(&pe->job->cancel, 1, __ATOMIC_RELEASE);
 			__atomic_add_fetch(&a->ds.ahead_cancelled, 1, __ATOMIC_RELAXED);
@@ -637,7 +652,7 @@ void serve_ahead_pump(struct agent *a)
 				break;
 			}
 			r->next++;
-			if (dcache_find(&a->dcache, &it->base, &it->hash, it->width) ||
+			if (dcache_find(&a->serve.dcache, &it->base, &it->hash, it->width) ||
 			    penc_find(a, &it->base, &it->hash, it->width))
 				continue; /* kept or being made (a shard used twice) */
 			sh = store_get(a->o.st, &it->hash);
@@ -670,11 +685,11 @@ void serve_ahead_pump(struct agent *a)
  */
 void serve_flush_deferred(struct agent *a)
 {
-	for (struct deferred **pp = &a->deferred; *pp;) {
+	for (struct deferred **pp = &a->serve.deferred; *pp;) {
 		struct deferred *d = *pp;
 		struct shard *sh;
 
-		if (pull_find_want(a, &d->hash, NULL)) {
+		if (a->serve.find_want(a, &d->hash, NULL)) {
 			pp = &d->next;
 			continue;
 		}
@@ -682,7 +697,7 @@ void serve_flush_deferred(struct agent *a)
 		if (sh) {
 			serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width, 0);
 		} else {
-			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
+			send_missing(a, d->ident, d->ident_len, d->req, &d->hash, ENOENT);
 		}
 		*pp = d->next;
 		free(d);
@@ -692,7 +707,7 @@ void serve_flush_deferred(struct agent *a)
 /* Answer requests that waited for @sh to arrive here (the rest, if forwarded in part). */
 void serve_arrived(struct agent *a, struct shard *sh)
 {
-	for (struct deferred **pp = &a->deferred; *pp;) {
+	for (struct deferred **pp = &a->serve.deferred; *pp;) {
 		struct deferred *d = *pp;
 
 		if (hwfs_hash_cmp(&d->hash, &sh->hash)) {
@@ -700,7 +715,7 @@ void serve_arrived(struct agent *a, struct shard *sh)
 			continue;
 		}
 		if (d->dmode) { /* (serve_finish_delta() answers these first) */
-			send_missing(a, d->ident, d->ident_len, d->req, &d->hash);
+			send_missing(a, d->ident, d->ident_len, d->req, &d->hash, EAGAIN);
 		} else {
 			store_ref(a->o.st, sh);
 			serve_shard(a, d->ident, d->ident_len, d->req, sh, &d->base, d->width,
@@ -721,7 +736,7 @@ void serve_forward(struct agent *a, struct want *w)
 {
 	const uint8_t *staged = store_stage_data(a->o.st, w->roff);
 
-	for (struct deferred *d = a->deferred; d; d = d->next) {
+	for (struct deferred *d = a->serve.deferred; d; d = d->next) {
 		if (hwfs_hash_cmp(&d->hash, &w->hash) || d->dmode)
 			continue;
 		/*
@@ -731,14 +746,9 @@ void serve_forward(struct agent *a, struct want *w)
 		 * base), so cutting through beats waiting to find that again.
 		 */
 		memset(&d->base, 0, sizeof(d->base));
-		while (d->sent < w->got) {
-			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, w->got - d->sent);
-
-			if (send_piece(a, d->ident, d->ident_len, d->req, &w->hash, NULL, d->sent,
-				       len, w->size, NULL, staged + d->sent) < 0)
-				break;
-			d->sent += len;
-		}
+		if (d->sent < w->got)
+			d->sent = send_range(a, d->ident, d->ident_len, d->req, &w->hash, NULL,
+					     d->sent, w->got, w->size, NULL, staged);
 	}
 }
 
@@ -749,7 +759,7 @@ void serve_forward_delta(struct agent *a, struct want *w)
 	if (!w->enc || !w->got)
 		return;
 	limit = HWFS_MIN(w->got, w->enc_total - 1); /* the last byte waits for the check */
-	for (struct deferred *d = a->deferred; d; d = d->next) {
+	for (struct deferred *d = a->serve.deferred; d; d = d->next) {
 		if (hwfs_hash_cmp(&d->hash, &w->hash))
 			continue;
 		if (!d->dmode) {
@@ -758,37 +768,24 @@ void serve_forward_delta(struct agent *a, struct want *w)
 				continue; /* another base: answered once the shard is here */
 			d->dmode = 1;
 		}
-		while (d->sent < limit) {
-			uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, limit - d->sent);
-
-			if (send_piece(a, d->ident, d->ident_len, d->req, &w->hash, &w->base, d->sent,
-				       len, w->enc_total, NULL, w->enc + d->sent) < 0)
-				break;
-			d->sent += len;
-		}
+		if (d->sent < limit)
+			d->sent = send_range(a, d->ident, d->ident_len, d->req, &w->hash, &w->base,
+					     d->sent, limit, w->enc_total, NULL, w->enc);
 	}
 }
 
 void serve_finish_delta(struct agent *a, const hwfs_hash_t *h, uint64_t size, const uint8_t *enc,
 			size_t len)
 {
-	for (struct deferred **pp = &a->deferred; *pp;) {
+	for (struct deferred **pp = &a->serve.deferred; *pp;) {
 		struct deferred *d = *pp;
-		uint64_t off;
 
 		if (hwfs_hash_cmp(&d->hash, h) || !d->dmode) {
 			pp = &d->next;
 			continue;
 		}
-		for (off = d->sent; off < len;) {
-			uint64_t n = HWFS_MIN(hwfs_tun.piece_bytes, len - off);
-
-			if (send_piece(a, d->ident, d->ident_len, d->req, h, &d->base, off, n, len, NULL,
-				       enc + off) < 0)
-				break;
-			off += n;
-		}
-		if (off == len) {
+		if (send_range(a, d->ident, d->ident_len, d->req, h, &d->base, d->sent, len, len, NULL,
+			       enc) == len) {
 			__atomic_add_fetch(&a->ds.sent, 1, __ATOMIC_RELAXED);
 			__atomic_add_fetch(&a->ds.forwarded, 1, __ATOMIC_RELAXED);
 			__atomic_add_fetch(&a->tx, size, __ATOMIC_RELAXED);
@@ -800,14 +797,14 @@ void serve_finish_delta(struct agent *a, const hwfs_hash_t *h, uint64_t size, co
 
 void serve_abort_forwarded(struct agent *a, const hwfs_hash_t *h, int delta_only)
 {
-	for (struct deferred **pp = &a->deferred; *pp;) {
+	for (struct deferred **pp = &a->serve.deferred; *pp;) {
 		struct deferred *d = *pp;
 
 		if (hwfs_hash_cmp(&d->hash, h) || d->sent == 0 || (delta_only && !d->dmode)) {
 			pp = &d->next;
 			continue;
 		}
-		send_missing(a, d->ident, d->ident_len, d->req, h);
+		send_missing(a, d->ident, d->ident_len, d->req, h, EAGAIN);
 		*pp = d->next;
 		free(d);
 	}
@@ -836,7 +833,7 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 	uint64_t req = proto_int(m, "req");
 	size_t i;
 
-	__atomic_add_fetch(&a->req_rx, json_array_size(hashes), __ATOMIC_RELAXED);
+	__atomic_add_fetch(&a->serve.req_rx, json_array_size(hashes), __ATOMIC_RELAXED);
 	json_array_foreach(hashes, i, hj) {
 		hwfs_hash_t h, base;
 		unsigned width;
@@ -851,13 +848,13 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 			serve_shard(a, ident, ident_len, req, sh, &base, width, 0);
 			continue;
 		}
-		w = pull_find_want(a, &h, NULL);
+		w = a->serve.find_want(a, &h, NULL);
 		if (w) {
 			struct deferred *d = deferred_new(ident, ident_len, req, &h, &base, width);
 
 			if (d) {
-				d->next = a->deferred;
-				a->deferred = d;
+				d->next = a->serve.deferred;
+				a->serve.deferred = d;
 				if (w->xs && w->got) /* arriving: pass on what is here */
 					serve_forward(a, w);
 				else if (w->enc && w->got) /* its delta arriving, or rebuilding */
@@ -865,7 +862,7 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 				continue;
 			}
 		}
-		send_missing(a, ident, ident_len, req, &h);
+		send_missing(a, ident, ident_len, req, &h, ENOENT);
 	}
 }
 
@@ -876,10 +873,10 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
  */
 void serve_free(struct agent *a)
 {
-	while (a->pencs) {
-		struct penc *pe = a->pencs;
+	while (a->serve.pencs) {
+		struct penc *pe = a->serve.pencs;
 
-		a->pencs = pe->next;
+		a->serve.pencs = pe->next;
 		while (pe->waiters) {
 			struct deferred *d = pe->waiters;
 
@@ -888,20 +885,20 @@ void serve_free(struct agent *a)
 		}
 		free(pe);
 	}
-	a->n_waiting = 0;
-	while (a->aheads)
-		ahead_end(a, a->aheads);
-	for (size_t i = 0; i < a->n_imported; i++)
-		free(a->imported[i]);
-	a->n_imported = 0;
-	while (a->deferred) {
-		struct deferred *d = a->deferred;
+	a->serve.n_waiting = 0;
+	while (a->serve.aheads)
+		ahead_end(a, a->serve.aheads);
+	for (size_t i = 0; i < a->serve.n_imported; i++)
+		free(a->serve.imported[i]);
+	a->serve.n_imported = 0;
+	while (a->serve.deferred) {
+		struct deferred *d = a->serve.deferred;
 
-		a->deferred = d->next;
+		a->serve.deferred = d->next;
 		free(d);
 	}
-	while (a->dcache.oldest)
-		dcache_evict(&a->dcache);
-	free(a->dcache.bucket);
-	memset(&a->dcache, 0, sizeof(a->dcache));
+	while (a->serve.dcache.oldest)
+		dcache_evict(&a->serve.dcache);
+	free(a->serve.dcache.bucket);
+	memset(&a->serve.dcache, 0, sizeof(a->serve.dcache));
 }

@@ -52,27 +52,29 @@ void commit_tx_free(struct tx *tx)
  * only ok result), "partial" (the decision was commit, but some nodes failed
  * to flip or did not ACK before the deadline: "unknown"), or "aborted"
  * (nobody was told to flip).  Every answer but "committed" carries "errno":
- * EINPROGRESS (partial) or ECANCELED (aborted); a refused COMMIT_REQ has
- * EBUSY or ENOENT (docs/protocol.md).
+ * @err, or when it is 0 EINPROGRESS (partial) or ECANCELED (aborted); an
+ * abort has the refusing node's errno (its READY's) or ETIMEDOUT (the
+ * deadline); a refused COMMIT_REQ has EBUSY or ENOENT (docs/protocol.md).
  */
-static void tx_finish(struct coord *c, const char *outcome, const char *reason)
+static void tx_finish(struct coord *c, const char *outcome, const char *reason, int err)
 {
 	json_t *res = json_pack("{s:I, s:b, s:s, s:O, s:s, s:O, s:O, s:O}", "req",
 				(json_int_t)c->tx.req, "ok", !strcmp(outcome, "committed"), "reason",
 				reason, "nodes", c->tx.nodes, "outcome", outcome, "committed",
 				c->tx.done, "failed", c->tx.failed, "unknown", c->tx.pending);
 
+	if (!err)
+		err = strcmp(outcome, "partial") ? ECANCELED : EINPROGRESS;
 	if (res && strcmp(outcome, "committed")) /* the node relays it (protocol.md) */
-		json_object_set_new(res, "errno", json_integer(strcmp(outcome, "partial")
-								       ? ECANCELED
-								       : EINPROGRESS));
+		json_object_set_new(res, "errno", json_integer(err));
 	coord_send(c, c->tx.requester, P_COMMIT_RES, res, NULL, 0);
 	coord_record_commit(c, outcome, reason);
 	commit_tx_free(&c->tx);
 }
 
-/* Send @t {txid, version[, @key: @val]} to every node of the transaction. */
-static void tx_send_all(struct coord *c, enum proto_type t, const char *key, const char *val)
+/* Send @t {txid, version[, @key: @val][, errno: @err]} to every node of the transaction. */
+static void tx_send_all(struct coord *c, enum proto_type t, const char *key, const char *val,
+			int err)
 {
 	size_t i;
 	json_t *nm;
@@ -83,17 +85,20 @@ static void tx_send_all(struct coord *c, enum proto_type t, const char *key, con
 
 		if (f && key)
 			json_object_set_new(f, key, json_string(val));
+		if (f && err)
+			json_object_set_new(f, "errno", json_integer(err));
 		if (f && t == P_COMMIT) /* the decision's epoch: the node records what it applied */
 			json_object_set_new(f, "epoch", json_integer((json_int_t)c->epoch));
 		coord_send(c, json_string_value(nm), t, f, NULL, 0);
 	}
 }
 
-static void tx_abort(struct coord *c, const char *reason)
+/* Abort the transaction for @reason, errno @err: ABORT to its nodes, the answer to its requester. */
+static void tx_abort(struct coord *c, const char *reason, int err)
 {
-	LOG_WARN("coord: commit of %s aborted: %s", c->tx.version, reason);
-	tx_send_all(c, P_ABORT, "reason", reason);
-	tx_finish(c, "aborted", reason);
+	LOG_WARN("coord: commit of %s aborted: %s (%s)", c->tx.version, reason, strerror(err));
+	tx_send_all(c, P_ABORT, "reason", reason, err);
+	tx_finish(c, "aborted", reason, err);
 }
 
 void commit_on_req(struct coord *c, const char *from, struct proto_msg *m)
@@ -129,7 +134,7 @@ void commit_on_req(struct coord *c, const char *from, struct proto_msg *m)
 						 MAX_COMMIT_DEADLINE_MS) / 1000.0};
 	snprintf(c->tx.requester, sizeof(c->tx.requester), "%s", from);
 	LOG_INFO("coord: commit %s: prepare on %zu node(s)", name, json_array_size(nodes));
-	tx_send_all(c, P_PREPARE, "digest", v->digest);
+	tx_send_all(c, P_PREPARE, "digest", v->digest, 0);
 }
 
 /* Keep @m's @key (a node's own microseconds, when it sends them) as @node's in @obj. */
@@ -170,7 +175,8 @@ void commit_on_ready(struct coord *c, const char *from, struct proto_msg *m)
 		snprintf(reason, sizeof(reason), "node %s is not ready: %s", from,
 			 why ? json_string_value(why) : "not ready");
 		json_object_set_new(c->tx.failed, from, why ?: json_string("not ready"));
-		tx_abort(c, reason);
+		/* a node that predates errno: ECANCELED, as before; a bad one: EPROTO */
+		tx_abort(c, reason, proto_errno(m, ECANCELED));
 		return;
 	}
 	if (json_array_size(c->tx.pending))
@@ -185,7 +191,7 @@ void commit_on_ready(struct coord *c, const char *from, struct proto_msg *m)
 	c->tx.phase = 2;
 	json_decref(c->tx.pending);
 	c->tx.pending = json_deep_copy(c->tx.nodes);
-	tx_send_all(c, P_COMMIT, NULL, NULL);
+	tx_send_all(c, P_COMMIT, NULL, NULL, 0);
 	c->tx.decided_s = hwfs_mono_s() - c->tx.started;
 }
 
@@ -201,8 +207,9 @@ void commit_on_ack(struct coord *c, const char *from, struct proto_msg *m)
 	} else {
 		json_t *why = node_reason(m, "?");
 
-		LOG_ERR("coord: %s could not flip to %s: %s (it retries on its heartbeats)", from,
-			c->tx.version, why ? json_string_value(why) : "?");
+		LOG_ERR("coord: %s could not flip to %s: %s (%s; it retries on its heartbeats)",
+			from, c->tx.version, why ? json_string_value(why) : "?",
+			strerror(proto_errno(m, EIO)));
 		json_object_set_new(c->tx.failed, from, why ?: json_string("?"));
 	}
 	if (json_array_size(c->tx.pending))
@@ -210,12 +217,12 @@ void commit_on_ack(struct coord *c, const char *from, struct proto_msg *m)
 	if (json_object_size(c->tx.failed) == 0) {
 		LOG_INFO("coord: %s committed on %zu node(s)", c->tx.version,
 			 json_array_size(c->tx.nodes));
-		tx_finish(c, "committed", "committed");
+		tx_finish(c, "committed", "committed", 0);
 	} else {
 		LOG_ERR("coord: %s committed on %zu of %zu node(s); %zu failed to flip",
 			c->tx.version, json_array_size(c->tx.done), json_array_size(c->tx.nodes),
 			json_object_size(c->tx.failed));
-		tx_finish(c, "partial", "some nodes failed to flip");
+		tx_finish(c, "partial", "some nodes failed to flip", 0);
 	}
 }
 
@@ -229,11 +236,11 @@ void commit_tick(struct coord *c)
 		 json_string_value(json_array_get(c->tx.pending, 0)) ?: "?",
 		 json_array_size(c->tx.pending) > 1 ? " and others" : "");
 	if (c->tx.phase == 1) {
-		tx_abort(c, reason);
+		tx_abort(c, reason, ETIMEDOUT);
 	} else { /* decided already: report exactly who flipped; the rest catch up */
 		LOG_ERR("coord: commit of %s decided, but %s: %zu node(s) ACKed, %zu failed, %zu "
 			"unknown", c->tx.version, reason, json_array_size(c->tx.done),
 			json_object_size(c->tx.failed), json_array_size(c->tx.pending));
-		tx_finish(c, "partial", reason);
+		tx_finish(c, "partial", reason, 0);
 	}
 }

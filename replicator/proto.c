@@ -39,6 +39,7 @@ enum fkind {
 	F_WIDTHS,   /* array of F_INT, 1..PROTO_MAX_GET */
 	F_VERSIONS, /* array of {name:str, digest:hex, complete:bool}, <= PROTO_MAX_ARRAY */
 	F_DONORS,   /* array of {node:str, addr:str}, <= PROTO_MAX_ARRAY */
+	F_ERRNO,    /* anything: read only through proto_errno(), which maps a bad one */
 };
 
 struct field {
@@ -77,10 +78,12 @@ static const struct schema schemas[] = {
 		     {"waiting", F_STR, 1}}},
 	[P_READY] = {"READY",
 		     0,
-		     {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"ok", F_BOOL, 0}, {"reason", F_STR, 1}}},
+		     {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"ok", F_BOOL, 0}, {"reason", F_STR, 1},
+		      {"errno", F_ERRNO, 1}}},
 	[P_ACK] = {"ACK",
 		   0,
-		   {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"ok", F_BOOL, 0}, {"reason", F_STR, 1}}},
+		   {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"ok", F_BOOL, 0}, {"reason", F_STR, 1},
+		    {"errno", F_ERRNO, 1}}},
 	[P_COMMIT_REQ] = {"COMMIT_REQ",
 			  0,
 			  {{"req", F_INT, 0}, {"version", F_STR, 0}, {"deadline_ms", F_INT, 0}}},
@@ -100,7 +103,8 @@ static const struct schema schemas[] = {
 	[P_COMMIT] = {"COMMIT", 0, {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"epoch", F_INT, 1}}},
 	[P_ABORT] = {"ABORT",
 		     0,
-		     {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"reason", F_STR, 0}}},
+		     {{"txid", F_INT, 0}, {"version", F_STR, 0}, {"reason", F_STR, 0},
+		      {"errno", F_ERRNO, 1}}},
 	[P_COMMIT_RES] = {"COMMIT_RES",
 			  0,
 			  {{"req", F_INT, 0},
@@ -111,7 +115,7 @@ static const struct schema schemas[] = {
 			   {"committed", F_STRS, 1},
 			   {"failed", F_OBJ, 1},
 			   {"unknown", F_STRS, 1},
-			   {"errno", F_INT, 1}}},
+			   {"errno", F_ERRNO, 1}}},
 	[P_STATUS_RES] = {"STATUS_RES", 0, {{"req", F_INT, 0}, {"cluster", F_OBJ, 0}}},
 	[P_PONG] = {"PONG", 0, {{"committed", F_STR, 1}, {"epoch", F_INT, 1}}},
 	/* node <-> node */
@@ -125,7 +129,7 @@ static const struct schema schemas[] = {
 	[P_SHARD] = {"SHARD", 1, {{"req", F_INT, 0}, {"hash", F_HEX, 0}, {"size", F_INT, 0},
 				  {"offset", F_INT, 1}, {"total", F_INT, 1}, {"enc", F_STR, 1},
 				  {"base", F_HEX, 1}}},
-	[P_MISSING] = {"MISSING", 0, {{"req", F_INT, 0}, {"hash", F_HEX, 0}}},
+	[P_MISSING] = {"MISSING", 0, {{"req", F_INT, 0}, {"hash", F_HEX, 0}, {"errno", F_ERRNO, 1}}},
 };
 
 /* Entries of the "versions" and "donors" arrays. */
@@ -237,6 +241,8 @@ static int check_value(struct ectx *e, const char *tname, const char *path, cons
 	case F_OBJ:
 		if (!json_is_object(v))
 			return fail(e, "%s: \"%s\" is not an object", tname, path);
+		return 0;
+	case F_ERRNO: /* a bad one costs the peer its errno (proto_errno()), not the message */
 		return 0;
 	case F_STRS:
 	case F_HASHES:
@@ -598,6 +604,17 @@ uint64_t proto_int(const struct proto_msg *m, const char *key)
 	if (!json_is_integer(v) || json_integer_value(v) < 0)
 		return 0;
 	return (uint64_t)json_integer_value(v);
+}
+
+int proto_errno(const struct proto_msg *m, int def)
+{
+	const json_t *v = get(m, "errno");
+	json_int_t n;
+
+	if (!v || json_is_null(v))
+		return def;
+	n = json_is_integer(v) ? json_integer_value(v) : 0;
+	return n >= 1 && n <= PROTO_ERRNO_MAX ? (int)n : EPROTO;
 }
 
 int proto_bool(const struct proto_msg *m, const char *key)

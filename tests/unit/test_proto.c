@@ -540,10 +540,11 @@ static void test_optional_result_fields(void **state)
 	json_object_set_new(f, "committed", json_array());
 	json_object_set_new(f, "errno", json_integer(EINPROGRESS)); /* relayed by the node */
 	assert_int_equal(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), 0);
+	/* a bad errno costs the message its errno (proto_errno(): EPROTO), not the message */
 	json_object_set_new(f, "errno", json_string("EINPROGRESS"));
-	assert_bad(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), err);
+	assert_int_equal(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), 0);
 	json_object_set_new(f, "errno", json_integer(-EINPROGRESS));
-	assert_bad(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), err);
+	assert_int_equal(dec_fields(P_COMMIT_RES, f, err, sizeof(err)), 0);
 	json_decref(f);
 
 	f = json_pack("{s:s, s:i}", "committed", "v2", "epoch", 4);
@@ -560,6 +561,59 @@ static void test_optional_result_fields(void **state)
 	json_object_set_new(f, "waiting", json_integer(1));
 	assert_bad(dec_fields(P_HAVE, f, err, sizeof(err)), err);
 	json_decref(f);
+}
+
+/*
+ * The errno of every reply that can fail (READY, ACK, ABORT, MISSING,
+ * COMMIT_RES): absent or null -> the caller's default, 1..PROTO_ERRNO_MAX as
+ * sent, anything else (a hostile peer: the wrong JSON type, zero, negative,
+ * out of range) -> EPROTO; the message itself is accepted every time.
+ */
+static void test_errno_field(void **state)
+{
+	static const enum proto_type types[] = {P_READY, P_ACK, P_ABORT, P_MISSING, P_COMMIT_RES};
+	struct {
+		json_t *val; /* NULL: absent */
+		int want;    /* with ECANCELED as the default */
+	} cases[] = {
+		{NULL, ECANCELED},
+		{json_null(), ECANCELED},
+		{json_integer(ETIMEDOUT), ETIMEDOUT},
+		{json_integer(ENOSPC), ENOSPC},
+		{json_integer(PROTO_ERRNO_MAX), PROTO_ERRNO_MAX},
+		{json_integer(PROTO_ERRNO_MAX + 1), EPROTO},
+		{json_integer(0), EPROTO},
+		{json_integer(-5), EPROTO},
+		{json_integer((json_int_t)1 << 62), EPROTO},
+		{json_string("ETIMEDOUT"), EPROTO},
+		{json_real(110.0), EPROTO},
+		{json_true(), EPROTO},
+		{json_pack("[i]", ETIMEDOUT), EPROTO},
+		{json_pack("{s:i}", "errno", ETIMEDOUT), EPROTO},
+	};
+
+	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+			json_t *f = valid_fields(types[t]);
+			size_t plen;
+			const char *pl = valid_payload(types[t], &plen);
+			struct proto_msg m;
+			char err[256], *hdr;
+
+			if (cases[i].val)
+				json_object_set(f, "errno", cases[i].val);
+			hdr = raw_header(PROTO_VERSION, proto_type_name(types[t]), f);
+			assert_int_equal(dec(hdr, pl, plen, takes_payload(types[t]), &m, err,
+					     sizeof(err)),
+					 0);
+			assert_int_equal(proto_errno(&m, ECANCELED), cases[i].want);
+			proto_msg_clear(&m);
+			free(hdr);
+			json_decref(f);
+		}
+	}
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		json_decref(cases[i].val);
 }
 
 /* ---- rejections, field by field ---- */
@@ -1420,6 +1474,7 @@ int main(void)
 		cmocka_unit_test(test_hello_engines),
 		cmocka_unit_test(test_missing_field_every_type),
 		cmocka_unit_test(test_wrong_type_every_type),
+		cmocka_unit_test(test_errno_field),
 		cmocka_unit_test(test_nested_entries),
 		cmocka_unit_test(test_hex),
 		cmocka_unit_test(test_ints),
