@@ -271,9 +271,7 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 
 	if (!v)
 		return daemon_err_reply(EINVAL, "map: missing version");
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, sizeof(err));
-	ns_unlock(d->ns);
+	r = ns_check_committable(d->ns, v, NULL, err, sizeof(err));
 	if (r < 0)
 		return daemon_err_reply(-r, "cannot map %s: %s", v, err);
 	pidfd = daemon_peer_pidfd(peer->pid);

@@ -82,17 +82,7 @@ static int gpu_usable(struct daemon *d, int gpu, char *err, size_t errlen)
 /* The seq of sealed version @v in *@seq.  Returns 0 or -ENOENT. */
 static int sealed_seq(struct daemon *d, const char *v, uint64_t *seq)
 {
-	struct version *ver;
-	int r = -ENOENT;
-
-	ns_rdlock(d->ns);
-	ver = ns_version(d->ns, v);
-	if (ver) {
-		*seq = ver->seq;
-		r = 0;
-	}
-	ns_unlock(d->ns);
-	return r;
+	return ns_version_state(d->ns, v, NULL, seq, NULL);
 }
 
 /* ----------------------------------------------------------- the source */
@@ -150,9 +140,7 @@ static int load_src_make(struct daemon *d, const char *v, uint64_t seq, struct l
 	int r;
 
 	memset(ls, 0, sizeof(*ls));
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, errlen);
-	ns_unlock(d->ns);
+	r = ns_check_committable(d->ns, v, NULL, err, errlen);
 	if (r < 0)
 		return r;
 	r = ns_snapshot(d->ns, v, &ls->rec);
@@ -367,9 +355,7 @@ static json_t *load(struct daemon *d, json_t *req, struct ctl_reader *rd,
 				 "0-%d)", DAEMON_GPU_MAX);
 	/* the version first, then the device: an open, damaged or missing version is
 	 * refused the same way with or without a GPU */
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, sizeof(err));
-	ns_unlock(d->ns);
+	r = ns_check_committable(d->ns, v, NULL, err, sizeof(err));
 	if (r == 0)
 		r = sealed_seq(d, v, &seq);
 	if (r < 0)

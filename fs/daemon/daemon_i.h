@@ -104,8 +104,8 @@ struct daemon_op {
 
 /** Is @p root, the mount's owner or a member of --ctl-group?  Returns 1 or 0. */
 int daemon_peer_privileged(const struct daemon *d, const struct ctl_peer *p);
-/** The rwx bits (0..7) of node @n that apply to @p, as the kernel picks them (ns lock held). */
-uint32_t daemon_peer_bits(const struct ctl_peer *p, const struct node *n);
+/** The rwx bits (0..7) of a node of @mode, @uid and @gid that apply to @p, as the kernel picks them. */
+uint32_t daemon_peer_bits(const struct ctl_peer *p, uint32_t mode, uint32_t uid, uint32_t gid);
 
 /** The row of operation @name, or NULL when there is no such operation. */
 const struct daemon_op *daemon_op_find(const char *name);

@@ -30,16 +30,16 @@ static json_t *repl_versions(void *arg)
 
 	if (ns_list(d->ns, &names, &n) < 0)
 		n = 0;
-	ns_rdlock(d->ns);
 	for (size_t i = 0; i < n; i++) {
-		struct version *v = ns_version(d->ns, names[i]);
+		enum hwfs_vstate state;
+		hwfs_hash_t digest;
 
-		if (out && v && v->state == HWFS_V_SEALED)
-			json_array_append_new(out, json_pack("{s:s, s:o}", "name", v->name, "digest",
-							     hwfs_hash_json(&v->digest)));
+		if (out && ns_version_state(d->ns, names[i], &state, NULL, &digest) == 0 &&
+		    state == HWFS_V_SEALED)
+			json_array_append_new(out, json_pack("{s:s, s:o}", "name", names[i], "digest",
+							     hwfs_hash_json(&digest)));
 		free(names[i]);
 	}
-	ns_unlock(d->ns);
 	free(names);
 	return out;
 }
@@ -48,16 +48,8 @@ static json_t *repl_versions(void *arg)
 static int repl_lookup(void *arg, const char *name, enum hwfs_vstate *state, hwfs_hash_t *digest)
 {
 	struct daemon *d = arg;
-	struct version *v;
 
-	ns_rdlock(d->ns);
-	v = ns_version(d->ns, name);
-	if (v) {
-		*state = v->state;
-		*digest = v->digest;
-	}
-	ns_unlock(d->ns);
-	return v ? 0 : -ENOENT;
+	return ns_version_state(d->ns, name, state, NULL, digest);
 }
 
 /* A record of version @name; the daemon's hidden staging versions are not the cluster's. */
@@ -82,17 +74,14 @@ static int repl_committable(void *arg, const char *name, const hwfs_hash_t *dige
 			   size_t errlen)
 {
 	struct daemon *d = arg;
-	struct version *v;
+	hwfs_hash_t here;
 	int r;
 
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, name, err, errlen);
-	v = ns_version(d->ns, name);
-	if (r == 0 && hwfs_hash_cmp(&v->digest, digest)) {
+	r = ns_check_committable(d->ns, name, &here, err, errlen);
+	if (r == 0 && hwfs_hash_cmp(&here, digest)) {
 		r = -EINVAL;
 		snprintf(err, errlen, "%s here differs from the cluster's", name);
 	}
-	ns_unlock(d->ns);
 	return r;
 }
 
@@ -106,8 +95,7 @@ static int repl_import(void *arg, struct hwfs_vrec *rec, char *err, size_t errle
 {
 	struct daemon *d = arg;
 	char hidden[128], from[4096], to[4096], *name = strdup(rec->name);
-	hwfs_hash_t want = rec->digest;
-	struct version *v;
+	hwfs_hash_t want = rec->digest, got;
 	int r, ok;
 
 	if (!name) {
@@ -129,10 +117,7 @@ static int repl_import(void *arg, struct hwfs_vrec *rec, char *err, size_t errle
 		ns_remove_version(d->ns, hidden);
 		goto out;
 	}
-	ns_rdlock(d->ns);
-	v = ns_version(d->ns, name);
-	ok = v && !hwfs_hash_cmp(&v->digest, &want);
-	ns_unlock(d->ns);
+	ok = ns_version_state(d->ns, name, NULL, NULL, &got) == 0 && !hwfs_hash_cmp(&got, &want);
 	if (!ok) {
 		r = -EBADMSG;
 		snprintf(err, errlen, "%s arrived with a digest that does not match its manifest; "

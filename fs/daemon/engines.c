@@ -357,21 +357,19 @@ static int shadow_is(const struct watcher *w, const char *v, uint64_t seq)
  */
 static int version_seq(struct engines *reg, const char *v, uint64_t *seq)
 {
-	struct version *ver;
-	int r = 0;
+	enum hwfs_vstate state;
+	uint64_t s;
+	int r;
 
 	if (ns_hidden_name(v))
 		return -ENOENT;
-	ns_rdlock(reg->ns);
-	ver = ns_version(reg->ns, v);
-	if (!ver)
-		r = -ENOENT;
-	else if (__atomic_load_n(&ver->state, __ATOMIC_ACQUIRE) == HWFS_V_OPEN)
-		r = -EBUSY;
-	else
-		*seq = ver->seq;
-	ns_unlock(reg->ns);
-	return r;
+	r = ns_version_state(reg->ns, v, &state, &s, NULL);
+	if (r < 0)
+		return r;
+	if (state == HWFS_V_OPEN)
+		return -EBUSY;
+	*seq = s;
+	return 0;
 }
 
 /*

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "fuse_ops.h"
+#include "ns_i.h"
 #include "metrics.h"
 #include "tunables.h"
 

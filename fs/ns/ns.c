@@ -384,6 +384,23 @@ struct node *ns_root(struct ns *ns)
 	return ns->root;
 }
 
+struct node *ns_versions_dir(struct ns *ns)
+{
+	return ns->versions;
+}
+
+void ns_attr(struct ns *ns, struct node *n, uint32_t *mode, uint32_t *uid, uint32_t *gid)
+{
+	ns_rdlock(ns);
+	if (mode)
+		*mode = n->mode;
+	if (uid)
+		*uid = n->uid;
+	if (gid)
+		*gid = n->gid;
+	ns_unlock(ns);
+}
+
 void ns_rdlock(struct ns *ns)
 {
 	pthread_rwlock_rdlock(&ns->lock);
