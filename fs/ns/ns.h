@@ -23,10 +23,17 @@
  * (nopen == 0); a sealed file's extents never change, so reads of sealed data
  * take no lock at all (ns_i.h has the details).
  *
- * Code layout: ns.c (core: nodes, references, life cycle), ns_version.c
- * (versions: load, import, seal, remove, current, records), ns_tensors.c
- * (the tensors/ view), ns_tp.c (the tp/ resharding views), ns_tree.c (tree changes through FUSE), ns_io.c (file
- * data); they share the private ns_i.h.
+ * Code layout, in call order: each file calls only those after it.
+ *   fuse_ops.c    the FUSE operations (fuse_ops.h)
+ *   ns_life.c     ns_create, ns_destroy
+ *   ns_tree.c     tree changes through FUSE
+ *   ns_io.c       file data
+ *   ns_version.c  versions: load, import, seal, remove, current, records
+ *   ns_tensors.c  the tensors/ view
+ *   ns_tp.c       the tp/ resharding views: the rules (tp_rules.def), the build
+ *   ns.c          the core: nodes, directories, references, the lock
+ *   ns_tp_file.c  the files of the tp/ view: size, reads, end
+ * They share the private ns_i.h (the structs); nothing else includes it.
  */
 #ifndef HWFS_NS_H
 #define HWFS_NS_H

@@ -1,7 +1,8 @@
 /*
- * ns_i.h — private declarations shared by the files of the namespace:
- * ns.c (core), ns_version.c, ns_tensors.c, ns_tp.c, ns_tree.c and ns_io.c.  Nothing
- * outside those files includes it; the public API is ns.h.
+ * ns_i.h — private declarations shared by the files of fs/ns (their order
+ * is in ns.h): the structs of the namespace, its nodes and versions, and the
+ * helpers the files share.  Nothing outside fs/ns includes it; the public
+ * API is ns.h, which has functions only.
  *
  * Helpers that read the tree expect the namespace lock held; those that
  * change it, the exclusive one.
@@ -143,6 +144,27 @@ struct ns {
 	uint64_t next_seq;
 };
 
+/** Whether string @s ends with @suffix. */
+static inline int ns_ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+
+	return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/*
+ * Whether the tensors of this file are exposed and listed: decided by content,
+ * whatever the file's name (a Hugging Face cache names its blobs by hash).
+ * Ingest parsed the bytes strictly: a plausible header length (the header
+ * starts with '{', fits the file and the size limit), a valid header, and a
+ * data buffer ending exactly at the file's end; anything else leaves no
+ * tensors.  Only *.safetensors files that fail report why (build_vrec).
+ */
+static inline int ns_exposes_tensors(const struct node *n)
+{
+	return n->data.tensors && !n->data.st_error;
+}
+
 /* ns.c: nodes and directories */
 
 /** A new unattached node with a fresh inode number, or NULL (out of memory). */
@@ -222,17 +244,44 @@ void ns_node_finish_writer(struct node *n);
 
 /* ns_tensors.c */
 
-/** Whether string @s ends with @suffix. */
-int ns_ends_with(const char *s, const char *suffix);
-/** Whether file node @n has a tensor view (valid safetensors content). */
-int ns_exposes_tensors(const struct node *n);
 /** Add tensors/ to sealed version @v and compute its figures. */
 void ns_version_finish_tree(struct ns *ns, struct version *v);
+
+/* ns_tp.c and ns_tp_file.c: a file of the tp/ view */
+
+struct tp_seg {
+	uint64_t off;           /* first byte in the view file */
+	uint64_t len;           /* bytes in the view file */
+	const struct node *src; /* the source file (pinned by the view file) */
+	uint64_t src_off;       /* first byte of the first run in the source */
+	uint64_t run;           /* bytes per run (== len: contiguous) */
+	uint64_t stride;        /* source distance from one run to the next */
+};
+
+/* A header, shared by the view files of one size when they hold the same tensors. */
+struct tp_head {
+	char *buf;
+	uint64_t len;
+	unsigned refs; /* view files using it (changed under the exclusive lock, or at build) */
+};
+
+struct tp_file {
+	struct tp_head *head; /* the header (or the text of README) */
+	uint64_t head_len;
+	struct tp_seg *seg; /* in file order */
+	size_t nseg;
+	uint64_t size;
+	struct node **pins; /* distinct source files, each pinned once */
+	size_t npins;
+};
 
 /* ns_tp.c */
 
 /** Add tp/ (the resharding views) to sealed version @v, from its files @l in @order. */
 void tp_build(struct ns *ns, struct version *v, struct nodelist *l, const size_t *order);
+
+/* ns_tp_file.c */
+
 /** Free a view file's layout (not its pins). */
 void tp_file_free(struct tp_file *f);
 /** The source files view file @f pins: their count, the array in *@pins. */
