@@ -138,23 +138,6 @@ static void conn_done(struct conn *c)
 	pthread_mutex_unlock(&d->conn_mu);
 }
 
-/* Is @p root, the mount's owner or a member of --ctl-group?  Returns 1 or 0. */
-int daemon_peer_privileged(const struct daemon *d, const struct ctl_peer *p)
-{
-	return p->uid == 0 || p->uid == d->owner ||
-	       (d->o->ctl_gid >= 0 && ctl_peer_in_group(p, (gid_t)d->o->ctl_gid));
-}
-
-/* The rwx bits (0..7) of a node of @mode, @uid and @gid that apply to @p (see daemon_i.h). */
-uint32_t daemon_peer_bits(const struct ctl_peer *p, uint32_t mode, uint32_t uid, uint32_t gid)
-{
-	if (p->uid == uid)
-		return (mode >> 6) & 7;
-	if (ctl_peer_in_group(p, gid))
-		return (mode >> 3) & 7;
-	return mode & 7;
-}
-
 /*
  * May @p run @op (docs/cli.md, "Permissions")?  Mutating and privileged verbs
  * (@mutates, from the table of operations: its mutates or privileged column):

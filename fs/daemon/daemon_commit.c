@@ -111,9 +111,8 @@ static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
  * committed, else failed).  The flip of a commit that a rename onto
  * `current` asked for is that rename's (see below).
  */
-int daemon_flip_current(void *arg, const char *v, char *err, size_t errlen)
+int daemon_flip_current(struct daemon *d, const char *v, char *err, size_t errlen)
 {
-	struct daemon *d = arg;
 	uint64_t t0 = hwfs_mono_ns();
 	int r, deferred;
 

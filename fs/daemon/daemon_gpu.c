@@ -4,7 +4,7 @@
  * `unload`, `gpumap` (long-lived: the IPC handles and tensor layout of a
  * loaded version, one reference for the life of the connection), and the
  * engines' device-load hook that makes an engine registered with a GPU ready
- * when the version is resident (the commit barrier, engines.h).
+ * when the version is resident (the commit barrier, engine_registry.h).
  *
  * The table of loads and the copy are gpu/devload.c; this file finds the
  * bytes: a snapshot of the sealed version, a reference on every shard it
@@ -34,31 +34,6 @@
 #include "gpu.h"
 #include "names.h"
 #include "tunables.h"
-
-/* ----------------------------------------------------------- requests */
-
-/* The "gpu" member of @req (daemon_i.h): 0 or -EINVAL. */
-int daemon_req_gpu(json_t *req, int optional, int *gpu)
-{
-	json_t *g = json_object_get(req, "gpu");
-	json_int_t n;
-
-	if (!g || json_is_null(g)) {
-		*gpu = -1;
-		return optional ? 0 : -EINVAL;
-	}
-	if (!json_is_integer(g))
-		return -EINVAL;
-	n = json_integer_value(g);
-	if (n == -1 && optional) {
-		*gpu = -1;
-		return 0;
-	}
-	if (n < 0 || n > DAEMON_GPU_MAX)
-		return -EINVAL;
-	*gpu = (int)n;
-	return 0;
-}
 
 /*
  * Can device @gpu be used at all?  Returns 0, or -ENODEV with the reason in

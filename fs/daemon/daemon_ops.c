@@ -10,7 +10,7 @@
  * (names with the reserved prefix, the daemon's own staging, are refused
  * there for every operation).  daemon.c's connection threads dispatch through
  * it; publish lives in daemon_publish.c, commit in daemon_commit.c, and the
- * long-lived map, watch and engine in daemon_engines.c.  Handlers run on control threads,
+ * long-lived map, watch and engine in daemon_engine_ops.c.  Handlers run on control threads,
  * never inside a FUSE request, and hold no namespace lock while the kernel
  * calls back into the daemon (commit renames through the mount).
  */
@@ -25,32 +25,6 @@
 #include "own_mount.h"
 #include "names.h"
 #include "tunables.h"
-
-/* ----------------------------------------------------------- helpers */
-json_t *daemon_err_reply(int err, const char *fmt, ...)
-{
-	char buf[1024];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
-	if (err <= 0 || err > CTL_ERRNO_MAX)
-		err = EIO;
-	return json_pack("{s:b, s:s, s:i}", "ok", 0, "error", buf, "errno", err);
-}
-
-json_t *daemon_ok_reply(void)
-{
-	return json_pack("{s:b}", "ok", 1);
-}
-
-const char *daemon_req_str(json_t *req, const char *key)
-{
-	json_t *v = json_object_get(req, key);
-
-	return json_is_string(v) ? json_string_value(v) : NULL;
-}
 
 /* One version as shown by status and ls. */
 static json_t *version_json(const struct ns_vinfo *v)
@@ -223,31 +197,10 @@ static json_t *op_cluster(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	return out;
 }
 
+/* bsearch comparator over hwfs_hash_t. */
 static int cmp_hash(const void *a, const void *b)
 {
 	return hwfs_hash_cmp(a, b);
-}
-
-/* The distinct shard hashes of snapshot @v, sorted (daemon_i.h). */
-hwfs_hash_t *daemon_vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n)
-{
-	size_t total = 0, k = 0;
-	hwfs_hash_t *h;
-
-	for (size_t i = 0; i < v->n_files; i++)
-		total += v->files[i].n_ext;
-	h = malloc((total ? total : 1) * sizeof(*h));
-	if (!h)
-		return NULL;
-	for (size_t i = 0; i < v->n_files; i++)
-		for (size_t j = 0; j < v->files[i].n_ext; j++)
-			h[k++] = v->files[i].ext[j].hash;
-	qsort(h, k, sizeof(*h), cmp_hash);
-	*n = 0;
-	for (size_t i = 0; i < k; i++)
-		if (i == 0 || hwfs_hash_cmp(&h[i], &h[*n - 1]))
-			h[(*n)++] = h[i];
-	return h;
 }
 
 static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
@@ -611,8 +564,9 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 		const char *v = daemon_req_str(req, op->names[i]);
 
 		if (v && !hwfs_valid_name(v))
-			return daemon_err_reply(EINVAL, "%s: invalid version name (1-255 bytes of UTF-8, "
-						"no '/', no control character, not . or ..)", op->name);
+			return daemon_err_reply(EINVAL, "%s: invalid version name (1-%d bytes of UTF-8, "
+						"no '/', no control character, not . or ..)", op->name,
+						HWFS_NAME_MAX);
 		if (v && ns_hidden_name(v))
 			return daemon_err_reply(EINVAL, "%s %s: reserved name (%s* are the daemon's staging "
 					 "versions)", op->name, v, NS_HIDDEN_PREFIX);

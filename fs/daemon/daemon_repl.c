@@ -1,6 +1,10 @@
 /*
- * daemon_repl.c — the daemon's side of replication: the hooks the agent is
- * handed (replicator/agent.h, struct agent_hooks) and joining a cluster.
+ * daemon_repl.c — the replication adapter: everything between the daemon and
+ * the replication agent in one file.  The hooks the agent is handed
+ * (replicator/agent.h, struct agent_hooks: versions, lookup, snapshot,
+ * current, committable, import, flip_current, barrier, engines), joining a
+ * cluster (daemon_join), and the one call the other way, the announcement of
+ * a version sealed here (daemon_repl_sealed, from the namespace's seal hook).
  *
  * The replicator sits below the namespace and the daemon in the layers
  * (docs/design.md, "Module map") and includes nothing of theirs: whatever it
@@ -8,8 +12,9 @@
  * `current`, building and sealing a version that arrived, flipping current,
  * the engine barrier and the engines for the heartbeat — it asks through
  * these hooks, which adapt the namespace (fs/ns), the daemon's own calls
- * through its mount (own_mount.h) and the engine registry (engines.h).
- * Every hook runs on the agent thread.
+ * through its mount (own_mount.h) and the engine registry (engine_registry.h).
+ * Every hook runs on the agent thread.  Of the daemon's files it calls only
+ * daemon_commit.c (the flip of `current`).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -158,6 +163,12 @@ static json_t *repl_engines(void *arg)
 	return engines_json(d->engines);
 }
 
+/* The agent's COMMIT: flip `current` to @version through the mount (daemon_commit.c). */
+static int repl_flip_current(void *arg, const char *version, char *err, size_t errlen)
+{
+	return daemon_flip_current(arg, version, err, errlen);
+}
+
 static const struct agent_hooks repl_hooks = {
 	.versions = repl_versions,
 	.lookup = repl_lookup,
@@ -165,7 +176,7 @@ static const struct agent_hooks repl_hooks = {
 	.current = repl_current,
 	.committable = repl_committable,
 	.import = repl_import,
-	.flip_current = daemon_flip_current,
+	.flip_current = repl_flip_current,
 	.barrier = repl_barrier,
 	.engines = repl_engines,
 };
@@ -183,4 +194,13 @@ int daemon_join(struct daemon *d, const char *coordinator, struct agent **out)
 	};
 
 	return agent_start(&ao, out);
+}
+
+/* A version was sealed here: the agent announces it to the coordinator (when joined). */
+void daemon_repl_sealed(struct daemon *d, const char *name)
+{
+	struct agent *agent = daemon_agent(d);
+
+	if (agent)
+		agent_sealed(agent, name);
 }

@@ -25,7 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "engines.h"
+#include "engine_registry.h"
 #include "ns.h"
 #include "tmpdir.h"
 #include "tunables.h"
