@@ -119,7 +119,7 @@ struct daemon_op {
 
 /** Is @p root, the mount's owner or a member of --ctl-group?  Returns 1 or 0. */
 int daemon_peer_privileged(const struct daemon *d, const struct ctl_peer *p);
-/** The rwx bits (0..7) of a node of @mode, @uid and @gid that apply to @p, as the kernel picks them. */
+/** The rwx bits (0..7) of a node of @mode, @uid, @gid that apply to @p, as the kernel does. */
 uint32_t daemon_peer_bits(const struct ctl_peer *p, uint32_t mode, uint32_t uid, uint32_t gid);
 
 /** The row of operation @name, or NULL when there is no such operation. */
@@ -170,7 +170,7 @@ int daemon_rename_commit(void *arg, const char *target, pid_t pid);
 /** The last refused commit as status shows it (a new reference; JSON null when none). */
 json_t *daemon_commit_status(struct daemon *d);
 
-/** The seal hook of the namespace (daemon_ns_hooks.c): tell the watchers ("arrived") and the agent. */
+/** Seal hook of the namespace (daemon_ns_hooks.c): tell the watchers ("arrived") and the agent. */
 void daemon_sealed(void *arg, const char *name);
 /** Current hook (daemon_ns_hooks.c): {"event": "current"} to the watchers after a commit. */
 void daemon_current(void *arg);

@@ -154,8 +154,8 @@ int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *
 /**
  * ns_seal() - seal open version @name, renaming it to @new_name when given.
  * Finishes every file, persists the version in one index transaction, builds
- * tensors/.  A version holding a file whose write or truncation failed (see
- * node.write_error) is refused with -EIO unless @flags has NS_SEAL_FORCE; then
+ * tensors/.  A version holding a file whose write or truncation failed (the
+ * namespace remembers it per file) is refused with -EIO unless @flags has NS_SEAL_FORCE; then
  * @err (when not NULL) gets a sentence naming the file(s).  Returns 0, -ENOENT,
  * -EEXIST (new name taken), -EROFS (not open), -EBUSY (a seal is running),
  * -EIO (failed writes) or an error from the index.
@@ -206,8 +206,8 @@ int ns_list(struct ns *ns, char ***names, size_t *n);
 
 /*
  * File data.  @n must be held open (ns_open_ref).  Writes and truncation
- * need a writable version (-EROFS otherwise) and serialise on n->mu; reads of
- * sealed files take no lock.
+ * need a writable version (-EROFS otherwise) and serialise on the file's own
+ * mutex; reads of sealed files take no lock.
  */
 /** Write @len bytes at @off. Returns 0 or -errno (-ENOSPC when the arena is full). */
 int ns_write(struct ns *ns, struct node *n, uint64_t off, const void *buf, size_t len);

@@ -1,6 +1,6 @@
 /*
  * test_engines.c — unit tests for the registry of watchers and engines and
- * the commit barrier (fs/daemon/engines.c).
+ * the commit barrier (fs/daemon/engine_registry.c).
  *
  * Each test opens a real store and namespace in a fresh /dev/shm directory
  * (with a sealed version "v1" made through the namespace API, as a mount
