@@ -281,6 +281,7 @@ deps:
 
 unit: all
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
+	@sh tests/call_line.sh $(BUILD)
 
 integration: all
 	$(PYTEST) tests/integration

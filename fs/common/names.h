@@ -27,7 +27,7 @@
 /* Longest refusal reason kept from an engine's report (longer ones are cut). */
 #define HWFS_ENGINE_REASON_MAX 512
 
-/** The engine states `hwfs status` shows, in the order of enum eng_state (engines.c). */
+/** The engine states `hwfs status` shows, in the order of enum eng_state (engine_registry.c). */
 extern const char *const hwfs_engine_states[4];
 
 /** @h as a new JSON string of 32 lowercase hex digits (what proto_hash() reads), or NULL. */

@@ -138,23 +138,6 @@ static void conn_done(struct conn *c)
 	pthread_mutex_unlock(&d->conn_mu);
 }
 
-/* Is @p root, the mount's owner or a member of --ctl-group?  Returns 1 or 0. */
-int daemon_peer_privileged(const struct daemon *d, const struct ctl_peer *p)
-{
-	return p->uid == 0 || p->uid == d->owner ||
-	       (d->o->ctl_gid >= 0 && ctl_peer_in_group(p, (gid_t)d->o->ctl_gid));
-}
-
-/* The rwx bits (0..7) of @n that apply to @p, as the kernel picks them. */
-uint32_t daemon_peer_bits(const struct ctl_peer *p, const struct node *n)
-{
-	if (p->uid == n->uid)
-		return (n->mode >> 6) & 7;
-	if (ctl_peer_in_group(p, n->gid))
-		return (n->mode >> 3) & 7;
-	return n->mode & 7;
-}
-
 /*
  * May @p run @op (docs/cli.md, "Permissions")?  Mutating and privileged verbs
  * (@mutates, from the table of operations: its mutates or privileged column):
@@ -167,7 +150,7 @@ uint32_t daemon_peer_bits(const struct ctl_peer *p, const struct node *n)
 static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char *op,
 			 int mutates)
 {
-	uint32_t bits;
+	uint32_t bits, mode, uid, gid;
 
 	if (daemon_peer_privileged(d, p))
 		return NULL;
@@ -178,9 +161,8 @@ static json_t *authorize(struct daemon *d, const struct ctl_peer *p, const char 
 					   d->group_name)
 			       : daemon_err_reply(EACCES, "permission denied: %s needs root or the mount's "
 					   "owner (uid %u)", op, (unsigned)d->owner);
-	ns_rdlock(d->ns);
-	bits = daemon_peer_bits(p, ns_root(d->ns));
-	ns_unlock(d->ns);
+	ns_attr(d->ns, ns_root(d->ns), &mode, &uid, &gid);
+	bits = daemon_peer_bits(p, mode, uid, gid);
 	if ((bits & 4) && geteuid() == 0)
 		return NULL;
 	return daemon_err_reply(EACCES, "permission denied: %s needs read access to the mount", op);

@@ -74,9 +74,7 @@ static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
 	char tmp[4096], cur[4096], target[1024];
 	int r, step;
 
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, errlen);
-	ns_unlock(d->ns);
+	r = ns_check_committable(d->ns, v, NULL, err, errlen);
 	if (r < 0)
 		return r;
 	snprintf(target, sizeof(target), "versions/%s", v);
@@ -113,9 +111,8 @@ static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
  * committed, else failed).  The flip of a commit that a rename onto
  * `current` asked for is that rename's (see below).
  */
-int daemon_flip_current(void *arg, const char *v, char *err, size_t errlen)
+int daemon_flip_current(struct daemon *d, const char *v, char *err, size_t errlen)
 {
-	struct daemon *d = arg;
 	uint64_t t0 = hwfs_mono_ns();
 	int r, deferred;
 
@@ -203,9 +200,7 @@ static int local_prepare(struct daemon *d, const char *v, int force, char *err, 
 	uint64_t t0 = hwfs_mono_ns();
 	int r;
 
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, errlen);
-	ns_unlock(d->ns);
+	r = ns_check_committable(d->ns, v, NULL, err, errlen);
 	if (r == 0 && !force)
 		r = engines_barrier_wait(d->engines, v, err, errlen);
 	hwfs_hist_observe_ns(&hwfs_nm.commit_prepare, hwfs_mono_ns() - t0);
@@ -225,9 +220,7 @@ static json_t *cluster_commit(struct daemon *d, struct agent *agent, const char 
 	json_t *call, *res = NULL;
 	int r;
 
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, sizeof(err));
-	ns_unlock(d->ns);
+	r = ns_check_committable(d->ns, v, NULL, err, sizeof(err));
 	if (r < 0)
 		return daemon_err_reply(-r, "cannot commit: %s", err);
 	call = json_pack("{s:s, s:s}", "op", "commit", "version", v);

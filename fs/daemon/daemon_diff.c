@@ -79,6 +79,28 @@ static int cmp_hash(const void *a, const void *b)
 	return hwfs_hash_cmp(a, b);
 }
 
+/* The distinct shard hashes of snapshot @v, sorted (daemon_i.h). */
+hwfs_hash_t *daemon_vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n)
+{
+	size_t total = 0, k = 0;
+	hwfs_hash_t *h;
+
+	for (size_t i = 0; i < v->n_files; i++)
+		total += v->files[i].n_ext;
+	h = malloc((total ? total : 1) * sizeof(*h));
+	if (!h)
+		return NULL;
+	for (size_t i = 0; i < v->n_files; i++)
+		for (size_t j = 0; j < v->files[i].n_ext; j++)
+			h[k++] = v->files[i].ext[j].hash;
+	qsort(h, k, sizeof(*h), cmp_hash);
+	*n = 0;
+	for (size_t i = 0; i < k; i++)
+		if (i == 0 || hwfs_hash_cmp(&h[i], &h[*n - 1]))
+			h[(*n)++] = h[i];
+	return h;
+}
+
 /* qsort/bsearch comparator over struct tref: file path, then tensor name. */
 static int cmp_tref(const void *a, const void *b)
 {

@@ -4,7 +4,7 @@
  * `unload`, `gpumap` (long-lived: the IPC handles and tensor layout of a
  * loaded version, one reference for the life of the connection), and the
  * engines' device-load hook that makes an engine registered with a GPU ready
- * when the version is resident (the commit barrier, engines.h).
+ * when the version is resident (the commit barrier, engine_registry.h).
  *
  * The table of loads and the copy are gpu/devload.c; this file finds the
  * bytes: a snapshot of the sealed version, a reference on every shard it
@@ -35,31 +35,6 @@
 #include "names.h"
 #include "tunables.h"
 
-/* ----------------------------------------------------------- requests */
-
-/* The "gpu" member of @req (daemon_i.h): 0 or -EINVAL. */
-int daemon_req_gpu(json_t *req, int optional, int *gpu)
-{
-	json_t *g = json_object_get(req, "gpu");
-	json_int_t n;
-
-	if (!g || json_is_null(g)) {
-		*gpu = -1;
-		return optional ? 0 : -EINVAL;
-	}
-	if (!json_is_integer(g))
-		return -EINVAL;
-	n = json_integer_value(g);
-	if (n == -1 && optional) {
-		*gpu = -1;
-		return 0;
-	}
-	if (n < 0 || n > DAEMON_GPU_MAX)
-		return -EINVAL;
-	*gpu = (int)n;
-	return 0;
-}
-
 /*
  * Can device @gpu be used at all?  Returns 0, or -ENODEV with the reason in
  * @err ("no CUDA device: ...", "this node has 1 GPU").
@@ -82,17 +57,7 @@ static int gpu_usable(struct daemon *d, int gpu, char *err, size_t errlen)
 /* The seq of sealed version @v in *@seq.  Returns 0 or -ENOENT. */
 static int sealed_seq(struct daemon *d, const char *v, uint64_t *seq)
 {
-	struct version *ver;
-	int r = -ENOENT;
-
-	ns_rdlock(d->ns);
-	ver = ns_version(d->ns, v);
-	if (ver) {
-		*seq = ver->seq;
-		r = 0;
-	}
-	ns_unlock(d->ns);
-	return r;
+	return ns_version_state(d->ns, v, NULL, seq, NULL);
 }
 
 /* ----------------------------------------------------------- the source */
@@ -150,9 +115,7 @@ static int load_src_make(struct daemon *d, const char *v, uint64_t seq, struct l
 	int r;
 
 	memset(ls, 0, sizeof(*ls));
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, errlen);
-	ns_unlock(d->ns);
+	r = ns_check_committable(d->ns, v, NULL, err, errlen);
 	if (r < 0)
 		return r;
 	r = ns_snapshot(d->ns, v, &ls->rec);
@@ -367,9 +330,7 @@ static json_t *load(struct daemon *d, json_t *req, struct ctl_reader *rd,
 				 "0-%d)", DAEMON_GPU_MAX);
 	/* the version first, then the device: an open, damaged or missing version is
 	 * refused the same way with or without a GPU */
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, sizeof(err));
-	ns_unlock(d->ns);
+	r = ns_check_committable(d->ns, v, NULL, err, sizeof(err));
 	if (r == 0)
 		r = sealed_seq(d, v, &seq);
 	if (r < 0)

@@ -1,13 +1,26 @@
 /*
- * daemon_i.h — private declarations shared by the files of the daemon:
- * daemon.c (the life of one node: start-up, shutdown, FUSE session, control
- * socket and its connections), daemon_ops.c (the table of control operations
- * and their handlers), daemon_publish.c (`hwfs publish`), daemon_diff.c
- * (`hwfs diff --elements`), daemon_engines.c (map, watch and engine: the
- * long-lived operations of docs/engines.md), daemon_gpu.c (load, unload,
- * gpumap: docs/gpu.md) and daemon_repl.c (joining a cluster: the hooks the
- * replication agent is handed).  Nothing outside those files includes it;
- * the public API is daemon.h.
+ * daemon_i.h — private declarations shared by the files of the daemon.  In
+ * call order (each file calls only those after it):
+ *   daemon.c             the life of one node: start-up, shutdown, FUSE session,
+ *                        control socket and its connections
+ *   daemon_ns_hooks.c    the namespace's seal and current hooks
+ *   daemon_ops.c         the table of control operations, the short handlers
+ *   daemon_repl.c        the replication adapter: every hook the agent is
+ *                        handed (struct agent_hooks), daemon_join, the seal
+ *                        announcement
+ *   daemon_commit.c      `hwfs commit`, the flip of `current`
+ *   daemon_publish.c     `hwfs publish`
+ *   daemon_diff.c        `hwfs diff --elements`
+ *   daemon_engine_ops.c  map, watch and engine: the long-lived operations of
+ *                        docs/engines.md
+ *   daemon_gpu.c         load, unload, gpumap (docs/gpu.md), the barrier's
+ *                        device-load hook
+ *   daemon_lease.c       leases on shards, the end of a long-lived connection
+ *   daemon_http.c        /metrics, /healthz, /readyz
+ *   daemon_req.c         replies, request members, peers
+ *   engine_registry.c    the registry of watchers, engines and leases
+ *                        (engine_registry.h), own_mount.c (own_mount.h)
+ * Nothing outside those files includes it; the public API is daemon.h.
  */
 #ifndef HWFS_DAEMON_I_H
 #define HWFS_DAEMON_I_H
@@ -16,7 +29,7 @@
 #include "coord.h"
 #include "ctl.h"
 #include "daemon.h"
-#include "engines.h"
+#include "engine_registry.h"
 #include "fuse_ops.h"
 #include "gpu.h"
 #include "http.h"
@@ -102,10 +115,12 @@ struct daemon_op {
 	const char *names[2]; /* request keys naming an existing version (NULL: unused) */
 };
 
+/* daemon_req.c: peers, replies, requests */
+
 /** Is @p root, the mount's owner or a member of --ctl-group?  Returns 1 or 0. */
 int daemon_peer_privileged(const struct daemon *d, const struct ctl_peer *p);
-/** The rwx bits (0..7) of node @n that apply to @p, as the kernel picks them (ns lock held). */
-uint32_t daemon_peer_bits(const struct ctl_peer *p, const struct node *n);
+/** The rwx bits (0..7) of a node of @mode, @uid, @gid that apply to @p, as the kernel does. */
+uint32_t daemon_peer_bits(const struct ctl_peer *p, uint32_t mode, uint32_t uid, uint32_t gid);
 
 /** The row of operation @name, or NULL when there is no such operation. */
 const struct daemon_op *daemon_op_find(const char *name);
@@ -134,8 +149,12 @@ json_t *daemon_ok_reply(void);
 /** String member @key of @req, or NULL when it is missing or not a string. */
 const char *daemon_req_str(json_t *req, const char *key);
 
-/** Flip `current` to version @v through the mount (daemon_ops.c); the agent's commit hook. */
-int daemon_flip_current(void *arg, const char *v, char *err, size_t errlen);
+/**
+ * daemon_flip_current() - flip `current` to version @v through the mount
+ * (daemon_commit.c): `hwfs commit --local` and the agent's COMMIT
+ * (repl_flip_current in daemon_repl.c).  Returns 0 or -errno with @err.
+ */
+int daemon_flip_current(struct daemon *d, const char *v, char *err, size_t errlen);
 /** The control operation commit (daemon_commit.c). */
 json_t *daemon_op_commit(struct daemon *d, json_t *req, struct ctl_reader *rd,
 			 const struct ctl_peer *peer);
@@ -151,9 +170,9 @@ int daemon_rename_commit(void *arg, const char *target, pid_t pid);
 /** The last refused commit as status shows it (a new reference; JSON null when none). */
 json_t *daemon_commit_status(struct daemon *d);
 
-/** The seal hook of the namespace: tell the watchers ("arrived") and the agent. */
+/** Seal hook of the namespace (daemon_ns_hooks.c): tell the watchers ("arrived") and the agent. */
 void daemon_sealed(void *arg, const char *name);
-/** Current hook (daemon_engines.c): {"event": "current"} to the watchers after a commit. */
+/** Current hook (daemon_ns_hooks.c): {"event": "current"} to the watchers after a commit. */
 void daemon_current(void *arg);
 
 /**
@@ -162,8 +181,10 @@ void daemon_current(void *arg);
  * and the engines.  Returns agent_start()'s 0 or -errno.
  */
 int daemon_join(struct daemon *d, const char *coordinator, struct agent **out);
+/** Version @name was sealed here: the agent announces it, when joined (daemon_repl.c). */
+void daemon_repl_sealed(struct daemon *d, const char *name);
 
-/* daemon_engines.c: the long-lived operations (daemon_op_fn) */
+/* daemon_engine_ops.c: the long-lived operations (daemon_op_fn) */
 json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struct ctl_peer *peer);
 json_t *op_watch(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		 const struct ctl_peer *peer);
@@ -172,7 +193,7 @@ json_t *op_engine(struct daemon *d, json_t *req, struct ctl_reader *rd,
 
 /*
  * A lease: shard references one connection or load holds (one per extent),
- * so that rm or gc cannot free bytes still being read (daemon_engines.c).
+ * so that rm or gc cannot free bytes still being read (daemon_lease.c).
  */
 struct map_lease {
 	struct shard **sh;
@@ -190,12 +211,20 @@ int daemon_map_lease_file(struct daemon *d, const struct hwfs_frec *f, struct ma
 /** Drop every reference of @ml and free its array. */
 void daemon_map_lease_drop(struct daemon *d, struct map_lease *ml);
 
+/* daemon_lease.c: the end of a long-lived connection */
+
 /**
  * daemon_peer_pidfd() - a descriptor that becomes readable when process @pid exits
  * (close-on-exec), -1 when none can be had (the connection alone tells the
  * end then), -ESRCH when the process exited already.
  */
 int daemon_peer_pidfd(pid_t pid);
+/**
+ * daemon_wait_conn() - wait until connection @fd has something to read (data,
+ * EOF, reset, shutdown) or the process of @pidfd (-1: none) exited.  Returns
+ * 0 (read @fd now: it does not block), -ESRCH (the process exited), -errno.
+ */
+int daemon_wait_conn(int fd, int pidfd);
 /**
  * daemon_wait_for_close() - block until the client closes connection @fd (or
  * shutdown shuts it down) or the process of @pidfd (-1: none) exits, reading
@@ -205,7 +234,8 @@ int daemon_wait_for_close(int fd, int pidfd);
 
 /**
  * daemon_vrec_distinct_shards() - the distinct shard hashes of snapshot @v, sorted
- * (hwfs_hash_cmp), their number in *@n.  Returns a malloc'd array or NULL.
+ * (hwfs_hash_cmp), their number in *@n (daemon_diff.c; verify uses it too).
+ * Returns a malloc'd array or NULL.
  */
 hwfs_hash_t *daemon_vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n);
 
@@ -230,7 +260,7 @@ json_t *op_gpumap(struct daemon *d, json_t *req, struct ctl_reader *rd,
 /* The largest device index a request may name. */
 #define DAEMON_GPU_MAX 1023
 /**
- * daemon_req_gpu() - the "gpu" member of @req in *@gpu: a device index
+ * daemon_req_gpu() - (daemon_req.c) the "gpu" member of @req in *@gpu: a device index
  * 0..DAEMON_GPU_MAX; when absent, -1 if @optional, else an error; -1 itself
  * is accepted only when @optional.  Returns 0 or -EINVAL.
  */

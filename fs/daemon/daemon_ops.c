@@ -10,7 +10,7 @@
  * (names with the reserved prefix, the daemon's own staging, are refused
  * there for every operation).  daemon.c's connection threads dispatch through
  * it; publish lives in daemon_publish.c, commit in daemon_commit.c, and the
- * long-lived map, watch and engine in daemon_engines.c.  Handlers run on control threads,
+ * long-lived map, watch and engine in daemon_engine_ops.c.  Handlers run on control threads,
  * never inside a FUSE request, and hold no namespace lock while the kernel
  * calls back into the daemon (commit renames through the mount).
  */
@@ -26,45 +26,17 @@
 #include "names.h"
 #include "tunables.h"
 
-/* ----------------------------------------------------------- helpers */
-json_t *daemon_err_reply(int err, const char *fmt, ...)
+/* One version as shown by status and ls. */
+static json_t *version_json(const struct ns_vinfo *v)
 {
-	char buf[1024];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
-	if (err <= 0 || err > CTL_ERRNO_MAX)
-		err = EIO;
-	return json_pack("{s:b, s:s, s:i}", "ok", 0, "error", buf, "errno", err);
-}
-
-json_t *daemon_ok_reply(void)
-{
-	return json_pack("{s:b}", "ok", 1);
-}
-
-const char *daemon_req_str(json_t *req, const char *key)
-{
-	json_t *v = json_object_get(req, key);
-
-	return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
-/* One version as shown by status and ls (ns lock held). */
-static json_t *version_json(struct daemon *d, struct version *v)
-{
-	uint64_t bytes, files;
 	json_t *errs = json_array();
 
-	ns_version_usage(d->ns, v, &bytes, &files);
 	for (size_t i = 0; i < v->n_errors; i++)
 		json_array_append_new(errs, json_pack("{s:s, s:s}", "file", v->errors[i].file,
 						      "error", v->errors[i].error));
 	return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:o, s:o}", "name", v->name, "state",
 			 hwfs_vstate_name(v->state), "seq", (json_int_t)v->seq, "bytes",
-			 (json_int_t)bytes, "files", (json_int_t)files, "tensors",
+			 (json_int_t)v->bytes, "files", (json_int_t)v->files, "tensors",
 			 (json_int_t)v->tensors, "digest",
 			 v->state == HWFS_V_OPEN ? json_null() : hwfs_hash_json(&v->digest), "errors", errs);
 }
@@ -77,15 +49,15 @@ static json_t *versions_json(struct daemon *d)
 
 	if (ns_list(d->ns, &names, &n) < 0)
 		return arr;
-	ns_rdlock(d->ns);
 	for (size_t i = 0; i < n; i++) {
-		struct version *v = names[i] ? ns_version(d->ns, names[i]) : NULL;
+		struct ns_vinfo vi;
 
-		if (v)
-			json_array_append_new(arr, version_json(d, v));
+		if (names[i] && ns_version_info(d->ns, names[i], &vi) == 0) {
+			json_array_append_new(arr, version_json(&vi));
+			ns_vinfo_free(&vi);
+		}
 		free(names[i]);
 	}
-	ns_unlock(d->ns);
 	free(names);
 	return arr;
 }
@@ -225,31 +197,10 @@ static json_t *op_cluster(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	return out;
 }
 
+/* bsearch comparator over hwfs_hash_t. */
 static int cmp_hash(const void *a, const void *b)
 {
 	return hwfs_hash_cmp(a, b);
-}
-
-/* The distinct shard hashes of snapshot @v, sorted (daemon_i.h). */
-hwfs_hash_t *daemon_vrec_distinct_shards(const struct hwfs_vrec *v, size_t *n)
-{
-	size_t total = 0, k = 0;
-	hwfs_hash_t *h;
-
-	for (size_t i = 0; i < v->n_files; i++)
-		total += v->files[i].n_ext;
-	h = malloc((total ? total : 1) * sizeof(*h));
-	if (!h)
-		return NULL;
-	for (size_t i = 0; i < v->n_files; i++)
-		for (size_t j = 0; j < v->files[i].n_ext; j++)
-			h[k++] = v->files[i].ext[j].hash;
-	qsort(h, k, sizeof(*h), cmp_hash);
-	*n = 0;
-	for (size_t i = 0; i < k; i++)
-		if (i == 0 || hwfs_hash_cmp(&h[i], &h[*n - 1]))
-			h[(*n)++] = h[i];
-	return h;
 }
 
 static json_t *op_verify(struct daemon *d, json_t *req, struct ctl_reader *rd,
@@ -313,14 +264,11 @@ static const char *rm_error(int r)
  */
 static int remove_and_invalidate(struct daemon *d, const char *v)
 {
-	struct node *vers;
 	int r = ns_remove_version(d->ns, v);
 
 	if (r == 0) {
-		ns_rdlock(d->ns);
-		vers = ns_child(ns_root(d->ns), "versions");
-		ns_unlock(d->ns);
-		fuse_lowlevel_notify_inval_entry(d->se, hwfs_fuse_ino(d->ns, vers), v, strlen(v));
+		fuse_lowlevel_notify_inval_entry(d->se, hwfs_fuse_ino(d->ns, ns_versions_dir(d->ns)),
+						 v, strlen(v));
 		engines_event(d->engines, "removed", v);
 		devloads_removed(d->loads, v); /* device copies stay until unloaded */
 		daemon_http_refresh(d);
@@ -358,13 +306,11 @@ static json_t *op_gc(struct daemon *d, json_t *req, struct ctl_reader *rd,
 	ns_list(d->ns, &names, &n);
 	/* newest first: keep the first @keep sealed ones, and current */
 	for (size_t i = n; i-- > 0;) {
-		struct version *v;
+		enum hwfs_vstate state;
 		int sealed;
 
-		ns_rdlock(d->ns);
-		v = ns_version(d->ns, names[i]);
-		sealed = v && v->state != HWFS_V_OPEN;
-		ns_unlock(d->ns);
+		sealed = ns_version_state(d->ns, names[i], &state, NULL, NULL) == 0 &&
+			 state != HWFS_V_OPEN;
 		if (!sealed || (cur && !strcmp(cur, names[i])))
 			continue;
 		if (kept < (size_t)keep) {
@@ -534,29 +480,10 @@ static json_t *op_manifest(struct daemon *d, json_t *req, struct ctl_reader *rd,
 
 /* ----------------------------------------------------------- who may read a version */
 
-/*
- * Could @p read everything below @n (ns lock held) through the mount: list
- * and enter every directory, read every file?  Symlinks carry no data of
- * their own.  Returns 1 or 0.
- */
-static int peer_reads_tree(const struct ctl_peer *p, const struct node *n)
+/* daemon_peer_bits() for ns_version_readable(): @arg is the peer. */
+static uint32_t peer_bits_of(void *arg, uint32_t mode, uint32_t uid, uint32_t gid)
 {
-	switch (n->type) {
-	case NT_LNK:
-	case NT_RLNK:
-		return 1;
-	case NT_REG:
-	case NT_TENSOR:
-	case NT_TPFILE:
-		return (daemon_peer_bits(p, n) & 4) != 0;
-	default:
-		if ((daemon_peer_bits(p, n) & 5) != 5)
-			return 0;
-		for (size_t i = 0; i < n->nkids; i++)
-			if (!peer_reads_tree(p, n->kids[i]))
-				return 0;
-		return 1;
-	}
+	return daemon_peer_bits(arg, mode, uid, gid);
 }
 
 /*
@@ -568,18 +495,9 @@ static int peer_reads_tree(const struct ctl_peer *p, const struct node *n)
  */
 static int peer_may_read_version(struct daemon *d, const struct ctl_peer *p, const char *name)
 {
-	struct node *root, *vers;
-	struct version *v;
-	int ok;
+	int r = ns_version_readable(d->ns, name, peer_bits_of, (void *)p);
 
-	ns_rdlock(d->ns);
-	root = ns_root(d->ns);
-	vers = ns_child(root, "versions");
-	v = ns_version(d->ns, name);
-	ok = !v || ((daemon_peer_bits(p, root) & 1) && vers && (daemon_peer_bits(p, vers) & 1) &&
-		    peer_reads_tree(p, v->root));
-	ns_unlock(d->ns);
-	return ok;
+	return r != 0; /* 1, or -ENOENT: unknown */
 }
 
 /* ----------------------------------------------------------- the table */
@@ -646,8 +564,9 @@ json_t *daemon_op_call(struct daemon *d, const struct daemon_op *op, json_t *req
 		const char *v = daemon_req_str(req, op->names[i]);
 
 		if (v && !hwfs_valid_name(v))
-			return daemon_err_reply(EINVAL, "%s: invalid version name (1-255 bytes of UTF-8, "
-						"no '/', no control character, not . or ..)", op->name);
+			return daemon_err_reply(EINVAL, "%s: invalid version name (1-%d bytes of UTF-8, "
+						"no '/', no control character, not . or ..)", op->name,
+						HWFS_NAME_MAX);
 		if (v && ns_hidden_name(v))
 			return daemon_err_reply(EINVAL, "%s %s: reserved name (%s* are the daemon's staging "
 					 "versions)", op->name, v, NS_HIDDEN_PREFIX);

@@ -318,19 +318,13 @@ static json_t *publish(struct daemon *d, json_t *req, struct ctl_reader *rd,
 		cred_leave(&cred);
 		return daemon_err_reply(r, "%s: %s", src, strerror(r));
 	}
-	ns_rdlock(d->ns);
-	r = ns_version(d->ns, v) ? -EEXIST : 0;
-	ns_unlock(d->ns);
-	if (r < 0) {
+	if (ns_version_state(d->ns, v, NULL, NULL, NULL) == 0) {
 		cred_leave(&cred);
 		return daemon_err_reply(EEXIST, "version %s exists already", v);
 	}
 	snprintf(hidden, sizeof(hidden), NS_HIDDEN_PREFIX "publish-%d-%llu", (int)getpid(),
 		 (unsigned long long)__atomic_add_fetch(&d->counter, 1, __ATOMIC_RELAXED));
-	ns_rdlock(d->ns);
-	root = ns_child(ns_root(d->ns), "versions");
-	ns_unlock(d->ns);
-	r = ns_mkdir(d->ns, root, hidden, st.st_mode, st.st_uid, st.st_gid, &root);
+	r = ns_mkdir(d->ns, ns_versions_dir(d->ns), hidden, st.st_mode, st.st_uid, st.st_gid, &root);
 	if (r < 0) {
 		cred_leave(&cred);
 		return daemon_err_reply(-r, "publish: %s", strerror(-r));

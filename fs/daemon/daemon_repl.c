@@ -1,6 +1,10 @@
 /*
- * daemon_repl.c — the daemon's side of replication: the hooks the agent is
- * handed (replicator/agent.h, struct agent_hooks) and joining a cluster.
+ * daemon_repl.c — the replication adapter: everything between the daemon and
+ * the replication agent in one file.  The hooks the agent is handed
+ * (replicator/agent.h, struct agent_hooks: versions, lookup, snapshot,
+ * current, committable, import, flip_current, barrier, engines), joining a
+ * cluster (daemon_join), and the one call the other way, the announcement of
+ * a version sealed here (daemon_repl_sealed, from the namespace's seal hook).
  *
  * The replicator sits below the namespace and the daemon in the layers
  * (docs/design.md, "Module map") and includes nothing of theirs: whatever it
@@ -8,8 +12,9 @@
  * `current`, building and sealing a version that arrived, flipping current,
  * the engine barrier and the engines for the heartbeat — it asks through
  * these hooks, which adapt the namespace (fs/ns), the daemon's own calls
- * through its mount (own_mount.h) and the engine registry (engines.h).
- * Every hook runs on the agent thread.
+ * through its mount (own_mount.h) and the engine registry (engine_registry.h).
+ * Every hook runs on the agent thread.  Of the daemon's files it calls only
+ * daemon_commit.c (the flip of `current`).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -30,16 +35,16 @@ static json_t *repl_versions(void *arg)
 
 	if (ns_list(d->ns, &names, &n) < 0)
 		n = 0;
-	ns_rdlock(d->ns);
 	for (size_t i = 0; i < n; i++) {
-		struct version *v = ns_version(d->ns, names[i]);
+		enum hwfs_vstate state;
+		hwfs_hash_t digest;
 
-		if (out && v && v->state == HWFS_V_SEALED)
-			json_array_append_new(out, json_pack("{s:s, s:o}", "name", v->name, "digest",
-							     hwfs_hash_json(&v->digest)));
+		if (out && ns_version_state(d->ns, names[i], &state, NULL, &digest) == 0 &&
+		    state == HWFS_V_SEALED)
+			json_array_append_new(out, json_pack("{s:s, s:o}", "name", names[i], "digest",
+							     hwfs_hash_json(&digest)));
 		free(names[i]);
 	}
-	ns_unlock(d->ns);
 	free(names);
 	return out;
 }
@@ -48,16 +53,8 @@ static json_t *repl_versions(void *arg)
 static int repl_lookup(void *arg, const char *name, enum hwfs_vstate *state, hwfs_hash_t *digest)
 {
 	struct daemon *d = arg;
-	struct version *v;
 
-	ns_rdlock(d->ns);
-	v = ns_version(d->ns, name);
-	if (v) {
-		*state = v->state;
-		*digest = v->digest;
-	}
-	ns_unlock(d->ns);
-	return v ? 0 : -ENOENT;
+	return ns_version_state(d->ns, name, state, NULL, digest);
 }
 
 /* A record of version @name; the daemon's hidden staging versions are not the cluster's. */
@@ -82,17 +79,14 @@ static int repl_committable(void *arg, const char *name, const hwfs_hash_t *dige
 			   size_t errlen)
 {
 	struct daemon *d = arg;
-	struct version *v;
+	hwfs_hash_t here;
 	int r;
 
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, name, err, errlen);
-	v = ns_version(d->ns, name);
-	if (r == 0 && hwfs_hash_cmp(&v->digest, digest)) {
+	r = ns_check_committable(d->ns, name, &here, err, errlen);
+	if (r == 0 && hwfs_hash_cmp(&here, digest)) {
 		r = -EINVAL;
 		snprintf(err, errlen, "%s here differs from the cluster's", name);
 	}
-	ns_unlock(d->ns);
 	return r;
 }
 
@@ -106,8 +100,7 @@ static int repl_import(void *arg, struct hwfs_vrec *rec, char *err, size_t errle
 {
 	struct daemon *d = arg;
 	char hidden[128], from[4096], to[4096], *name = strdup(rec->name);
-	hwfs_hash_t want = rec->digest;
-	struct version *v;
+	hwfs_hash_t want = rec->digest, got;
 	int r, ok;
 
 	if (!name) {
@@ -129,10 +122,7 @@ static int repl_import(void *arg, struct hwfs_vrec *rec, char *err, size_t errle
 		ns_remove_version(d->ns, hidden);
 		goto out;
 	}
-	ns_rdlock(d->ns);
-	v = ns_version(d->ns, name);
-	ok = v && !hwfs_hash_cmp(&v->digest, &want);
-	ns_unlock(d->ns);
+	ok = ns_version_state(d->ns, name, NULL, NULL, &got) == 0 && !hwfs_hash_cmp(&got, &want);
 	if (!ok) {
 		r = -EBADMSG;
 		snprintf(err, errlen, "%s arrived with a digest that does not match its manifest; "
@@ -173,6 +163,12 @@ static json_t *repl_engines(void *arg)
 	return engines_json(d->engines);
 }
 
+/* The agent's COMMIT: flip `current` to @version through the mount (daemon_commit.c). */
+static int repl_flip_current(void *arg, const char *version, char *err, size_t errlen)
+{
+	return daemon_flip_current(arg, version, err, errlen);
+}
+
 static const struct agent_hooks repl_hooks = {
 	.versions = repl_versions,
 	.lookup = repl_lookup,
@@ -180,7 +176,7 @@ static const struct agent_hooks repl_hooks = {
 	.current = repl_current,
 	.committable = repl_committable,
 	.import = repl_import,
-	.flip_current = daemon_flip_current,
+	.flip_current = repl_flip_current,
 	.barrier = repl_barrier,
 	.engines = repl_engines,
 };
@@ -198,4 +194,13 @@ int daemon_join(struct daemon *d, const char *coordinator, struct agent **out)
 	};
 
 	return agent_start(&ao, out);
+}
+
+/* A version was sealed here: the agent announces it to the coordinator (when joined). */
+void daemon_repl_sealed(struct daemon *d, const char *name)
+{
+	struct agent *agent = daemon_agent(d);
+
+	if (agent)
+		agent_sealed(agent, name);
 }

@@ -16,6 +16,8 @@
 
 #include "fuse_ops.h"
 #include "metrics.h"
+#include "names.h"
+#include "ns_i.h"
 #include "tunables.h"
 
 #define TTL_SEALED 86400.0
@@ -541,7 +543,7 @@ static void hwfs_statfs(fuse_req_t req, fuse_ino_t ino)
 	s.f_bsize = s.f_frsize = 4096;
 	s.f_blocks = cap / 4096;
 	s.f_bfree = s.f_bavail = (cap - HWFS_MIN(used, cap)) / 4096;
-	s.f_namemax = 255;
+	s.f_namemax = HWFS_NAME_MAX;
 	fuse_reply_statfs(req, &s);
 }
 

@@ -14,148 +14,124 @@
  * waits on sqlite.  The index is written only at the transitions: seal,
  * state change, removal, commit.
  *
- * Locking: ns->lock (rwlock) guards the tree shape, names, version states and
- * node lifetimes; lookups take it shared, changes exclusive.  Nodes are freed
- * only under the exclusive lock, once detached and forgotten by the kernel
- * (nlookup == 0) and closed (nopen == 0); a detached node's shards are given
- * back as soon as it is closed.  A regular file of an open version also has
- * its own mutex (node->mu) for its writer.  A sealed file's extents never
- * change, so reads of sealed data take no lock at all.
+ * Locking lives inside the namespace: ns->lock (rwlock, private) guards the
+ * tree shape, names, version states and node lifetimes; every function here
+ * takes it itself, so a caller never holds it.  What a caller needs of a
+ * version it gets as a copy (ns_version_state, ns_version_info,
+ * ns_check_committable) read under one hold of the lock.  Nodes are freed
+ * only once detached, forgotten by the kernel (nlookup == 0) and closed
+ * (nopen == 0); a sealed file's extents never change, so reads of sealed data
+ * take no lock at all (ns_i.h has the details).
  *
- * Fields marked (ro) may be read by other modules while they hold a reference
- * (lookup or open); only the namespace's own files change them.
- *
- * Code layout: ns.c (core: nodes, references, life cycle), ns_version.c
- * (versions: load, import, seal, remove, current, records), ns_tensors.c
- * (the tensors/ view), ns_tp.c (the tp/ resharding views), ns_tree.c (tree changes through FUSE), ns_io.c (file
- * data); they share the private ns_i.h.
+ * Code layout, in call order: each file calls only those after it.
+ *   fuse_ops.c    the FUSE operations (fuse_ops.h)
+ *   ns_life.c     ns_create, ns_destroy
+ *   ns_tree.c     tree changes through FUSE
+ *   ns_io.c       file data
+ *   ns_version.c  versions: load, import, seal, remove, current, records
+ *   ns_tensors.c  the tensors/ view
+ *   ns_tp.c       the tp/ resharding views: the rules (tp_rules.def), the build
+ *   ns.c          the core: nodes, directories, references, the lock
+ *   ns_tp_file.c  the files of the tp/ view: size, reads, end
+ * They share the private ns_i.h (the structs); nothing else includes it.
  */
 #ifndef HWFS_NS_H
 #define HWFS_NS_H
 
 #include <limits.h>
-#include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "ingest.h"
 #include "store.h"
 
-enum ntype {
-	NT_ROOT,
-	NT_VERSIONS,
-	NT_VROOT,
-	NT_DIR,
-	NT_REG,
-	NT_LNK,
-	NT_TDIR,
-	NT_TENSOR,
-	NT_RLNK,
-	NT_TPFILE, /* a file of the tp/ view (ns_tp.c) */
-};
-
-struct tp_file;
-
-struct version;
-
-struct node {
-	uint64_t ino;      /* (ro) st_ino, unique for the life of the daemon */
-	enum ntype type;   /* (ro) */
-	struct node *parent;
-	char *name;
-	struct version *ver; /* (ro) owning version, NT_VROOT and below */
-	uint64_t nlookup;  /* kernel references (__atomic; taken under the ns lock,
-			    * dropped under the exclusive lock) */
-	uint32_t nopen;    /* open file handles (__atomic; same rule: ns_open) */
-	int detached;      /* set under the exclusive lock; read atomically without it */
-	uint32_t mode; /* full st_mode */
-	uint32_t uid, gid;
-	int64_t mtime_ns, ctime_ns;
-
-	struct node **kids; /* directories: sorted by name */
-	size_t nkids, capkids;
-
-	pthread_mutex_t mu;        /* NT_REG: guards w and data while the version is open */
-	struct writer *w;          /* NT_REG of an open version, while written */
-	struct ingest_result data; /* NT_REG when not being written; NT_TENSOR: its bytes */
-
-	char *target;                 /* NT_LNK, NT_RLNK */
-	const struct hwfs_trec *tensor; /* NT_TENSOR: metadata (owned by the file node) */
-	struct node *tfile;           /* NT_TENSOR: the file it comes from (pinned) */
-	uint32_t pins;                /* NT_REG: tensor nodes pointing at it */
-	int write_error; /* NT_REG (under mu): errno of a write or truncation that failed
-			  * for a writer of an open version; 0 when none since the file
-			  * was created or last truncated to 0.  ns_seal refuses it. */
-	struct node *orph_prev, *orph_next; /* detached but alive (see ns.c) */
-	struct tp_file *tp; /* NT_TPFILE: its layout (owned; pins its source files) */
-	char *why; /* NT_TDIR of tp/: why this TP size cannot be served (lookup: EINVAL, not listed) */
-	int by_number; /* (ro) NT_TDIR of tp/: children sorted by number (ns_name_cmp) */
-};
-
-struct version_error {
-	char *file;
-	char *error;
-};
-
-struct version {
-	char *name;
-	enum hwfs_vstate state;
-	uint64_t seq;
-	int64_t created_ns, sealed_ns;
-	hwfs_hash_t digest;
-	struct node *root;
-	int sealing; /* seal in progress: no more changes */
-	int rm_hinted; /* a removal inside was refused and "use hwfs rm" logged (lock held) */
-	/* figures, valid once sealed */
-	uint64_t bytes, files, tensors;
-	size_t n_errors;
-	struct version_error *errors;
-	struct version *next_dead; /* removed versions (see ns_version_drop) */
-};
-
+/*
+ * The namespace and its nodes are opaque: their structs live in the private
+ * ns_i.h of fs/ns.  A node pointer handed out here (ns_root, ns_versions_dir,
+ * the tree changes' @out) is a handle for the calls below, valid while the
+ * caller holds a reference (lookup or open) on it.
+ */
 struct ns;
+struct node;
 
 /** Build the namespace of @st from its index (versions, current). */
 int ns_create(struct store *st, struct ns **out);
 /** Free everything (the kernel must be gone). */
 void ns_destroy(struct ns *ns);
 
-struct store *ns_store(struct ns *ns);
-struct node *ns_root(struct ns *ns);
-
-void ns_rdlock(struct ns *ns);
-void ns_wrlock(struct ns *ns);
-void ns_unlock(struct ns *ns);
-
-/** Child @name of @dir or NULL (lock held). Hidden versions are found by name. */
-struct node *ns_child(struct node *dir, const char *name);
 /**
- * ns_listed() - whether readdir of @dir shows its child @k (lock held).  Left
- * out but found by name: staging versions (`versions/.hwfs-*`), the TP sizes
- * that cannot be served, and a sealed version's computed `tp/` (so that `cp -r`,
- * `rsync -a` and `du` of a version see the checkpoint and its `tensors/`, not
- * the resharding views).
+ * The root directory and versions/: fixed for the life of the namespace, so
+ * these take no lock and need no reference.
  */
-int ns_listed(const struct node *dir, const struct node *k);
+struct node *ns_root(struct ns *ns);
+struct node *ns_versions_dir(struct ns *ns);
 
-/** Kernel reference accounting (lookup count) — take/drop, drop frees. */
-void ns_lookup_ref(struct node *n);
+/**
+ * ns_attr() - mode (full st_mode), owner and group of @n, read under the
+ * namespace lock (each pointer may be NULL).  @n must stay alive: a fixed
+ * node or one the caller holds a reference on.
+ */
+void ns_attr(struct ns *ns, struct node *n, uint32_t *mode, uint32_t *uid, uint32_t *gid);
+
+/** Kernel reference accounting (lookup count): drop @nlookup, the last drop frees. */
 void ns_forget(struct ns *ns, struct node *n, uint64_t nlookup);
 /**
  * Open-handle accounting.  ns_open() takes a reference unless @n was removed
  * (-ENOENT), race-free against removal.  ns_open_ref() takes one
- * unconditionally: only for a caller that holds the namespace lock or the
- * only path to a node it just made.  ns_release() drops one; the last close of
- * a detached node gives its data back (exactly once, see ns.c).
+ * unconditionally: only for the namespace's own files (which hold its lock)
+ * or a caller holding the only path to a node it just made.  ns_release()
+ * drops one; the last close of a detached node gives its data back (exactly
+ * once, see ns.c).
  */
 int ns_open(struct ns *ns, struct node *n);
 void ns_open_ref(struct node *n);
 void ns_release(struct ns *ns, struct node *n);
 
-/** Version by name (lock held), or NULL. */
-struct version *ns_version(struct ns *ns, const char *name);
-/** Is @n inside a version that may be modified (open and not sealing)? */
-int ns_writable(const struct node *n);
+/**
+ * ns_version_state() - of version @name (hidden ones too), read under one
+ * hold of the namespace lock: its state, seq and digest, each where its
+ * pointer is not NULL (the digest is meaningful once sealed).  Returns 0 or
+ * -ENOENT.
+ */
+int ns_version_state(struct ns *ns, const char *name, enum hwfs_vstate *state, uint64_t *seq,
+		     hwfs_hash_t *digest);
+
+/** A file whose check failed, as `hwfs verify` recorded it (struct ns_vinfo). */
+struct ns_vinfo_error {
+	char *file;
+	char *error;
+};
+
+/** What `hwfs status` and `hwfs ls` show of a version: a copy (ns_version_info). */
+struct ns_vinfo {
+	char *name;
+	enum hwfs_vstate state;
+	uint64_t seq;
+	hwfs_hash_t digest;          /* once sealed */
+	uint64_t bytes, files;       /* live figures (open versions: their tree now) */
+	uint64_t tensors;            /* once sealed */
+	size_t n_errors;
+	struct ns_vinfo_error *errors;
+};
+/**
+ * ns_version_info() - a copy of version @name's figures into *@out, taken
+ * under one hold of the lock.  Free with ns_vinfo_free().  Returns 0,
+ * -ENOENT or -ENOMEM.
+ */
+int ns_version_info(struct ns *ns, const char *name, struct ns_vinfo *out);
+void ns_vinfo_free(struct ns_vinfo *vi);
+
+/**
+ * ns_version_readable() - could a caller read all of version @name through
+ * the mount: search the root and versions/, list and enter every directory
+ * of the version and read every file (symlinks carry no data of their own)?
+ * @bits(@arg, mode, uid, gid) gives the rwx bits (0..7) that apply to the
+ * caller for a node of that mode and owner.  Runs under the namespace lock.
+ * Returns 1, 0, or -ENOENT (no such version).
+ */
+int ns_version_readable(struct ns *ns, const char *name,
+			uint32_t (*bits)(void *arg, uint32_t mode, uint32_t uid, uint32_t gid),
+			void *arg);
 
 /*
  * Tree changes.  Each takes the exclusive lock itself, checks permissions of
@@ -178,8 +154,8 @@ int ns_rename(struct ns *ns, struct node *sdir, const char *sname, struct node *
 /**
  * ns_seal() - seal open version @name, renaming it to @new_name when given.
  * Finishes every file, persists the version in one index transaction, builds
- * tensors/.  A version holding a file whose write or truncation failed (see
- * node.write_error) is refused with -EIO unless @flags has NS_SEAL_FORCE; then
+ * tensors/.  A version holding a file whose write or truncation failed (the
+ * namespace remembers it per file) is refused with -EIO unless @flags has NS_SEAL_FORCE; then
  * @err (when not NULL) gets a sentence naming the file(s).  Returns 0, -ENOENT,
  * -EEXIST (new name taken), -EROFS (not open), -EBUSY (a seal is running),
  * -EIO (failed writes) or an error from the index.
@@ -208,9 +184,12 @@ char *ns_current_gen(struct ns *ns, uint64_t *gen);
 
 /**
  * ns_check_committable() - 0 when @name is sealed and intact, else -ENOENT
- * (unknown), -EBUSY (open), -EIO (damaged), with a sentence in @err.
+ * (unknown or hidden), -EBUSY (open), -EIO (damaged), with a sentence in
+ * @err.  Takes the namespace lock; when @digest is not NULL and the version is
+ * committable, *@digest gets its digest, read under the same hold.
  */
-int ns_check_committable(struct ns *ns, const char *name, char *err, size_t errlen);
+int ns_check_committable(struct ns *ns, const char *name, hwfs_hash_t *digest, char *err,
+			 size_t errlen);
 
 /** Mark a version damaged or sealed again (after verify). Returns 0 or -errno. */
 int ns_set_state(struct ns *ns, const char *name, enum hwfs_vstate st);
@@ -227,8 +206,8 @@ int ns_list(struct ns *ns, char ***names, size_t *n);
 
 /*
  * File data.  @n must be held open (ns_open_ref).  Writes and truncation
- * need a writable version (-EROFS otherwise) and serialise on n->mu; reads of
- * sealed files take no lock.
+ * need a writable version (-EROFS otherwise) and serialise on the file's own
+ * mutex; reads of sealed files take no lock.
  */
 /** Write @len bytes at @off. Returns 0 or -errno (-ENOSPC when the arena is full). */
 int ns_write(struct ns *ns, struct node *n, uint64_t off, const void *buf, size_t len);
@@ -267,9 +246,6 @@ int ns_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
 int ns_setattr(struct ns *ns, struct node *n, int what, uint32_t mode, uint32_t uid,
 	       uint32_t gid, int64_t mtime_ns);
 
-/** Live figures of a version (for open ones: walks the tree). Lock held. */
-void ns_version_usage(struct ns *ns, struct version *v, uint64_t *bytes, uint64_t *files);
-
 /* Space held by open files (hwfs status): see ns_held(). */
 struct ns_held {
 	uint64_t removed_files, removed_bytes; /* of removed versions (or unlinked), still open */
@@ -283,9 +259,6 @@ struct ns_held {
  * namespace lock.
  */
 void ns_held(struct ns *ns, struct ns_held *h);
-
-/** Fill st from @n (lock held or reference held). */
-void ns_stat(struct ns *ns, struct node *n, struct stat *st);
 
 /**
  * ns_import() - create open version @name from @rec (a manifest that arrived
@@ -317,9 +290,6 @@ char *ns_current_target(const char *target);
  * destroyed.
  */
 void ns_set_current_hook(struct ns *ns, void (*hook)(void *arg), void *arg);
-
-/** Allocate an inode number. */
-uint64_t ns_next_ino(struct ns *ns);
 
 /** Prefix of hidden versions (staging of `hwfs publish`): not listed by readdir. */
 #define NS_HIDDEN_PREFIX ".hwfs-"

@@ -1,15 +1,129 @@
 /*
- * ns_i.h — private declarations shared by the files of the namespace:
- * ns.c (core), ns_version.c, ns_tensors.c, ns_tp.c, ns_tree.c and ns_io.c.  Nothing
- * outside those files includes it; the public API is ns.h.
+ * ns_i.h — private declarations shared by the files of fs/ns (their order
+ * is in ns.h): the structs of the namespace, its nodes and versions, and the
+ * helpers the files share.  Nothing outside fs/ns includes it; the public
+ * API is ns.h, which has functions only.
  *
  * Helpers that read the tree expect the namespace lock held; those that
  * change it, the exclusive one.
+ *
+ * Locking: ns->lock (rwlock) guards the tree shape, names, version states and
+ * node lifetimes; lookups take it shared, changes exclusive.  Nodes are freed
+ * only under the exclusive lock, once detached and forgotten by the kernel
+ * (nlookup == 0) and closed (nopen == 0); a detached node's shards are given
+ * back as soon as it is closed.  A regular file of an open version also has
+ * its own mutex (node->mu) for its writer.  A sealed file's extents never
+ * change, so reads of sealed data take no lock at all.  Fields marked fixed
+ * never change after the node is made.
  */
 #ifndef HWFS_NS_I_H
 #define HWFS_NS_I_H
 
+#include <pthread.h>
+
 #include "ns.h"
+
+/* What a node is; every node has one type for its life. */
+enum ntype {
+	NT_ROOT,
+	NT_VERSIONS,
+	NT_VROOT,
+	NT_DIR,
+	NT_REG,
+	NT_LNK,
+	NT_TDIR,
+	NT_TENSOR,
+	NT_RLNK,
+	NT_TPFILE, /* a file of the tp/ view (ns_tp.c) */
+};
+
+struct tp_file;
+
+struct version;
+
+struct node {
+	uint64_t ino;      /* st_ino, unique for the life of the daemon (fixed) */
+	enum ntype type;   /* fixed */
+	struct node *parent;
+	char *name;
+	struct version *ver; /* owning version, NT_VROOT and below (fixed) */
+	uint64_t nlookup;  /* kernel references (__atomic; taken under the ns lock,
+			    * dropped under the exclusive lock) */
+	uint32_t nopen;    /* open file handles (__atomic; same rule: ns_open) */
+	int detached;      /* set under the exclusive lock; read atomically without it */
+	uint32_t mode; /* full st_mode */
+	uint32_t uid, gid;
+	int64_t mtime_ns, ctime_ns;
+
+	struct node **kids; /* directories: sorted by name */
+	size_t nkids, capkids;
+
+	pthread_mutex_t mu;        /* NT_REG: guards w and data while the version is open */
+	struct writer *w;          /* NT_REG of an open version, while written */
+	struct ingest_result data; /* NT_REG when not being written; NT_TENSOR: its bytes */
+
+	char *target;                 /* NT_LNK, NT_RLNK */
+	const struct hwfs_trec *tensor; /* NT_TENSOR: metadata (owned by the file node) */
+	struct node *tfile;           /* NT_TENSOR: the file it comes from (pinned) */
+	uint32_t pins;                /* NT_REG: tensor nodes pointing at it */
+	int write_error; /* NT_REG (under mu): errno of a write or truncation that failed
+			  * for a writer of an open version; 0 when none since the file
+			  * was created or last truncated to 0.  ns_seal refuses it. */
+	struct node *orph_prev, *orph_next; /* detached but alive (see ns.c) */
+	struct tp_file *tp; /* NT_TPFILE: its layout (owned; pins its source files) */
+	char *why; /* NT_TDIR of tp/: why this TP size cannot be served (lookup: EINVAL, not listed) */
+	int by_number; /* NT_TDIR of tp/: children sorted by number (fixed) */
+};
+
+struct version_error {
+	char *file;
+	char *error;
+};
+
+struct version {
+	char *name;
+	enum hwfs_vstate state;
+	uint64_t seq;
+	int64_t created_ns, sealed_ns;
+	hwfs_hash_t digest;
+	struct node *root;
+	int sealing; /* seal in progress: no more changes */
+	int rm_hinted; /* a removal inside was refused and "use hwfs rm" logged (lock held) */
+	/* figures, valid once sealed */
+	uint64_t bytes, files, tensors;
+	size_t n_errors;
+	struct version_error *errors;
+	struct version *next_dead; /* removed versions (see ns_version_drop) */
+};
+
+/* The lock: shared for lookups, exclusive for changes (see ns.h). */
+void ns_rdlock(struct ns *ns);
+void ns_wrlock(struct ns *ns);
+void ns_unlock(struct ns *ns);
+
+/** The store under the namespace. */
+struct store *ns_store(struct ns *ns);
+/** Allocate an inode number. */
+uint64_t ns_next_ino(struct ns *ns);
+
+/** Child @name of @dir or NULL (lock held). Hidden versions are found by name. */
+struct node *ns_child(struct node *dir, const char *name);
+/**
+ * ns_listed() - whether readdir of @dir shows its child @k (lock held).  Left
+ * out but found by name: staging versions (`versions/.hwfs-*`), the TP sizes
+ * that cannot be served, and a sealed version's computed `tp/` (so that `cp -r`,
+ * `rsync -a` and `du` of a version see the checkpoint and its `tensors/`, not
+ * the resharding views).
+ */
+int ns_listed(const struct node *dir, const struct node *k);
+/** Take a kernel reference (lookup count) on @n (lock held); ns_forget() drops it. */
+void ns_lookup_ref(struct node *n);
+/** Version by name (lock held), or NULL. */
+struct version *ns_version(struct ns *ns, const char *name);
+/** Is @n inside a version that may be modified (open and not sealing)? */
+int ns_writable(const struct node *n);
+/** Fill st from @n (lock held or reference held). */
+void ns_stat(struct ns *ns, struct node *n, struct stat *st);
 
 struct ns {
 	struct store *st;
@@ -29,6 +143,27 @@ struct ns {
 	uint64_t next_ino; /* atomic */
 	uint64_t next_seq;
 };
+
+/** Whether string @s ends with @suffix. */
+static inline int ns_ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+
+	return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/*
+ * Whether the tensors of this file are exposed and listed: decided by content,
+ * whatever the file's name (a Hugging Face cache names its blobs by hash).
+ * Ingest parsed the bytes strictly: a plausible header length (the header
+ * starts with '{', fits the file and the size limit), a valid header, and a
+ * data buffer ending exactly at the file's end; anything else leaves no
+ * tensors.  Only *.safetensors files that fail report why (build_vrec).
+ */
+static inline int ns_exposes_tensors(const struct node *n)
+{
+	return n->data.tensors && !n->data.st_error;
+}
 
 /* ns.c: nodes and directories */
 
@@ -66,6 +201,10 @@ int ns_cmp_idx(const void *a, const void *b, void *ctx);
 
 /** Free a version struct (not its tree). */
 void ns_version_free(struct version *v);
+/** ns_check_committable() with the lock held (no digest). */
+int ns_check_committable_locked(struct ns *ns, const char *name, char *err, size_t errlen);
+/** Live figures of a version (for open ones: walks the tree). Lock held. */
+void ns_version_usage(struct version *v, uint64_t *bytes, uint64_t *files);
 /** Create version @name with its root under versions/: 0 or -errno. */
 int ns_version_new(struct ns *ns, const char *name, enum hwfs_vstate state, uint64_t seq,
 		uint32_t mode, uint32_t uid, uint32_t gid, struct version **out);
@@ -105,17 +244,44 @@ void ns_node_finish_writer(struct node *n);
 
 /* ns_tensors.c */
 
-/** Whether string @s ends with @suffix. */
-int ns_ends_with(const char *s, const char *suffix);
-/** Whether file node @n has a tensor view (valid safetensors content). */
-int ns_exposes_tensors(const struct node *n);
 /** Add tensors/ to sealed version @v and compute its figures. */
 void ns_version_finish_tree(struct ns *ns, struct version *v);
+
+/* ns_tp.c and ns_tp_file.c: a file of the tp/ view */
+
+struct tp_seg {
+	uint64_t off;           /* first byte in the view file */
+	uint64_t len;           /* bytes in the view file */
+	const struct node *src; /* the source file (pinned by the view file) */
+	uint64_t src_off;       /* first byte of the first run in the source */
+	uint64_t run;           /* bytes per run (== len: contiguous) */
+	uint64_t stride;        /* source distance from one run to the next */
+};
+
+/* A header, shared by the view files of one size when they hold the same tensors. */
+struct tp_head {
+	char *buf;
+	uint64_t len;
+	unsigned refs; /* view files using it (changed under the exclusive lock, or at build) */
+};
+
+struct tp_file {
+	struct tp_head *head; /* the header (or the text of README) */
+	uint64_t head_len;
+	struct tp_seg *seg; /* in file order */
+	size_t nseg;
+	uint64_t size;
+	struct node **pins; /* distinct source files, each pinned once */
+	size_t npins;
+};
 
 /* ns_tp.c */
 
 /** Add tp/ (the resharding views) to sealed version @v, from its files @l in @order. */
 void tp_build(struct ns *ns, struct version *v, struct nodelist *l, const size_t *order);
+
+/* ns_tp_file.c */
+
 /** Free a view file's layout (not its pins). */
 void tp_file_free(struct tp_file *f);
 /** The source files view file @f pins: their count, the array in *@pins. */

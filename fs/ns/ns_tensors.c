@@ -18,13 +18,6 @@
 
 #include "ns_i.h"
 
-int ns_ends_with(const char *s, const char *suffix)
-{
-	size_t a = strlen(s), b = strlen(suffix);
-
-	return a >= b && !strcmp(s + a - b, suffix);
-}
-
 /*
  * Does the byte at @p (of a name) start a character that is escaped in a
  * tensor file name: '%', '/', a C0 control, DEL, or a C1 control (U+0080 to
@@ -80,19 +73,6 @@ static int tensor_fname_ok(const char *fname)
 	size_t len = strlen(fname);
 
 	return len > 0 && len <= NAME_MAX;
-}
-
-/*
- * Whether the tensors of this file are exposed and listed: decided by content,
- * whatever the file's name (a Hugging Face cache names its blobs by hash).
- * Ingest parsed the bytes strictly: a plausible header length (the header
- * starts with '{', fits the file and the size limit), a valid header, and a
- * data buffer ending exactly at the file's end; anything else leaves no
- * tensors.  Only *.safetensors files that fail report why (build_vrec).
- */
-int ns_exposes_tensors(const struct node *n)
-{
-	return n->data.tensors && !n->data.st_error;
 }
 
 /* Add tensors/ to a sealed version, and compute its figures (lock held). */

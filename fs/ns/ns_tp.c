@@ -20,8 +20,11 @@
  * or a whole tensor is one contiguous range of the source (served zero-copy:
  * the reply points into the arena), a dim-1 slice is `outer` runs spaced by the
  * tensor's row length (assembled on read: one iovec per run, or one bounce
- * copy when a reply would take more iovecs than the kernel allows).  A view
- * file pins its source files (as tensors/ does, see ns.c).
+ * copy when a reply would take more iovecs than the kernel allows: the reads
+ * are in ns_tp_file.c).  A view file pins its source files (as tensors/
+ * does, see ns.c).  This file builds the view, once, when the version is
+ * sealed or loaded (tp_build(): gather the tensors, apply the partition file,
+ * then one directory per size).
  *
  * Sizes: the powers of two 1..64 that divide every split tensor (and the
  * expert count) have their tree (one header per size, shared by its ranks
@@ -53,32 +56,6 @@
 
 enum tp_kind { TP_REPLICATE, TP_DIM0, TP_DIM1, TP_EXPERT };
 
-struct tp_seg {
-	uint64_t off;           /* first byte in the view file */
-	uint64_t len;           /* bytes in the view file */
-	const struct node *src; /* the source file (pinned by the view file) */
-	uint64_t src_off;       /* first byte of the first run in the source */
-	uint64_t run;           /* bytes per run (== len: contiguous) */
-	uint64_t stride;        /* source distance from one run to the next */
-};
-
-/* A header, shared by the view files of one size when they hold the same tensors. */
-struct tp_head {
-	char *buf;
-	uint64_t len;
-	unsigned refs; /* view files using it (changed under the exclusive lock, or at build) */
-};
-
-struct tp_file {
-	struct tp_head *head; /* the header (or the text of README) */
-	uint64_t head_len;
-	struct tp_seg *seg; /* in file order */
-	size_t nseg;
-	uint64_t size;
-	struct node **pins; /* distinct source files, each pinned once */
-	size_t npins;
-};
-
 /* One tensor of the version and the rule it gets. */
 struct tp_tensor {
 	const struct hwfs_trec *t;
@@ -86,19 +63,6 @@ struct tp_tensor {
 	enum tp_kind kind;
 	int expert; /* TP_EXPERT: its index */
 };
-
-void tp_file_free(struct tp_file *f)
-{
-	if (!f)
-		return;
-	if (f->head && --f->head->refs == 0) {
-		free(f->head->buf);
-		free(f->head);
-	}
-	free(f->seg);
-	free(f->pins);
-	free(f);
-}
 
 /* ------------------------------------------------------------------ rules */
 
@@ -493,133 +457,188 @@ static void text_add(char **buf, const char *fmt, const char *a, int N)
 	*buf = nb;
 }
 
-void tp_build(struct ns *ns, struct version *v, struct nodelist *l, const size_t *order)
-{
-	struct tp_tensor *tt = NULL;
-	size_t n = 0, cap = 0;
-	struct node *tpdir = NULL, *part;
-	json_t *js = NULL;
-	char *err = NULL, *readme = NULL;
-	struct tp_file *f0;
-	int experts = 0, n_ok = 0;
-	uint32_t mode = 0444;
+/* What tp_build() works from: the version's tensors with their rules. */
+struct tp_plan {
+	struct tp_tensor *tt;
+	size_t n, cap;
+	int experts;   /* the number of experts (0: none) */
+	uint32_t mode; /* the view files' mode: 0444 as every source file allows it */
+	char *err;     /* why no size can be served (hwfs-partition.json unusable), or NULL */
+};
 
-	if (ns_child(v->root, "tp"))
-		return; /* the checkpoint's own entry wins */
+/*
+ * tp_gather() - every tensor of the safetensors files of @l, in @order (path
+ * order: the first file wins a duplicated name), with its built-in rule.
+ * Returns 0 or -ENOMEM.
+ */
+static int tp_gather(struct tp_plan *pl, const struct nodelist *l, const size_t *order)
+{
 	for (size_t k = 0; k < l->n; k++) {
 		const struct node *f = l->v[order[k]];
 
 		if (f->type != NT_REG || !ns_exposes_tensors(f))
 			continue;
-		mode &= f->mode;
+		pl->mode &= f->mode;
 		for (size_t i = 0; i < f->data.n_tensors; i++) {
 			const struct hwfs_trec *t = &f->data.tensors[i];
+			struct tp_tensor *tt;
 			int dup = 0;
 
-			for (size_t j = 0; j < n && !dup; j++)
-				dup = !strcmp(tt[j].t->name, t->name);
+			for (size_t j = 0; j < pl->n && !dup; j++)
+				dup = !strcmp(pl->tt[j].t->name, t->name);
 			if (dup)
 				continue;
-			if (n == cap) {
-				size_t nc = cap ? cap * 2 : 64;
-				struct tp_tensor *nt = realloc(tt, nc * sizeof(*nt));
+			if (pl->n == pl->cap) {
+				size_t nc = pl->cap ? pl->cap * 2 : 64;
+				struct tp_tensor *nt = realloc(pl->tt, nc * sizeof(*nt));
 
 				if (!nt)
-					goto out;
-				tt = nt;
-				cap = nc;
+					return -ENOMEM;
+				pl->tt = nt;
+				pl->cap = nc;
 			}
-			tt[n].t = t;
-			tt[n].src = f;
-			tt[n].kind = tp_rule(t);
-			tt[n].expert = expert_index(t->name);
-			if (tt[n].expert + 1 > experts)
-				experts = tt[n].expert + 1;
-			n++;
+			tt = &pl->tt[pl->n++];
+			tt->t = t;
+			tt->src = f;
+			tt->kind = tp_rule(t);
+			tt->expert = expert_index(t->name);
+			if (tt->expert + 1 > pl->experts)
+				pl->experts = tt->expert + 1;
 		}
 	}
-	if (!n)
-		goto out;
-	part = ns_child(v->root, TP_PARTITION_FILE);
-	if (part) {
-		char *text = read_small_file(ns, part);
-		json_error_t je;
+	return 0;
+}
 
-		js = text ? json_loads(text, 0, &je) : NULL;
-		if (!js || !json_is_object(js)) {
-			if (asprintf(&err, TP_PARTITION_FILE ": %s", !text ? "cannot be read (a regular "
-				     "file of at most 1 MiB)" : js ? "not a JSON object" : je.text) < 0)
-				err = NULL;
-		} else {
-			apply_overrides(js, tt, n, &err);
-		}
-		free(text);
+/*
+ * tp_partition() - apply the rules of version @v's hwfs-partition.json, when
+ * it has one; a file that cannot be used sets pl->err (then every size is
+ * refused with that reason).
+ */
+static void tp_partition(struct ns *ns, struct version *v, struct tp_plan *pl)
+{
+	struct node *part = ns_child(v->root, TP_PARTITION_FILE);
+	json_t *js = NULL;
+	json_error_t je;
+	char *text;
+
+	if (!part)
+		return;
+	text = read_small_file(ns, part);
+	js = text ? json_loads(text, 0, &je) : NULL;
+	if (!js || !json_is_object(js)) {
+		if (asprintf(&pl->err, TP_PARTITION_FILE ": %s", !text ? "cannot be read (a regular "
+			     "file of at most 1 MiB)" : js ? "not a JSON object" : je.text) < 0)
+			pl->err = NULL;
+	} else {
+		apply_overrides(js, pl->tt, pl->n, &pl->err);
 	}
+	free(text);
+	json_decref(js);
+}
+
+/*
+ * tp_size_why() - whether TP size @N can be served: 0, or -EINVAL with the
+ * reason in *@why (malloc'd; NULL without memory).
+ */
+static int tp_size_why(const struct tp_plan *pl, int N, char **why)
+{
+	int bad;
+
+	*why = NULL;
+	if (pl->err) {
+		*why = strdup(pl->err);
+		return -EINVAL;
+	}
+	bad = tp_check(pl->tt, pl->n, pl->experts, N, why);
+	if (!bad && !is_pow2(N)) {
+		*why = strdup("every tensor divides, but tp/ serves powers of two only "
+			      "(hwfs.open(m).map(V, tp=(N, r)) takes any N)");
+		bad = -EINVAL;
+	}
+	return bad;
+}
+
+/*
+ * tp_add_size() - add tp/<N>/ to @tpdir: the view file of every rank, or
+ * (a directory that lookup refuses) why size @N cannot be served; either way
+ * a line of the README being built in *@readme.  Returns 0 or -ENOMEM.
+ */
+static int tp_add_size(struct ns *ns, struct version *v, const struct tp_plan *pl,
+		       struct node *tpdir, int N, char **readme)
+{
+	struct tp_file *f0 = NULL;
+	char name[16], *why;
+	struct node *nd;
+	int bad = tp_size_why(pl, N, &why);
+
+	snprintf(name, sizeof(name), "%d", N);
+	nd = tp_node(ns, v, NT_TDIR, name, S_IFDIR | 0555);
+	if (!nd) {
+		free(why);
+		return -ENOMEM;
+	}
+	if (bad) {
+		char *esc;
+
+		nd->why = why ? why : strdup("cannot be served");
+		/* a tensor name or a rule's pattern: no raw escape, no line of its own */
+		esc = nd->why ? hwfs_escape_dup(nd->why) : NULL;
+		text_add(readme, "%s%d: EINVAL: %s\n", esc ? esc : "cannot be served", N);
+		free(esc);
+		if (is_pow2(N) && N <= 8) /* hwfs_log escapes it */
+			LOG_INFO("version %s: tp/%d: %s", v->name, N, nd->why);
+	} else {
+		free(why);
+		text_add(readme, "%s%d: ok\n", "", N);
+	}
+	if (ns_kid_insert(tpdir, nd) < 0) {
+		ns_node_free(ns, nd);
+		return -ENOMEM;
+	}
+	for (int r = 0; !bad && r < N; r++) {
+		struct tp_file *f = NULL;
+		struct node *rd;
+
+		snprintf(name, sizeof(name), "%d", r);
+		rd = tp_node(ns, v, NT_TDIR, name, S_IFDIR | 0555);
+		if (!rd)
+			return -ENOMEM;
+		if (ns_kid_insert(nd, rd) < 0) {
+			ns_node_free(ns, rd);
+			return -ENOMEM;
+		}
+		if (f0 && !pl->experts)
+			f = tp_file_clone(f0, r);
+		else if (tp_file_build(pl->tt, pl->n, pl->experts, N, r, &f) < 0)
+			f = NULL;
+		if (r == 0)
+			f0 = f;
+		if (tp_attach_file(ns, v, rd, "model.safetensors", f, pl->mode & 0444) < 0)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+void tp_build(struct ns *ns, struct version *v, struct nodelist *l, const size_t *order)
+{
+	struct tp_plan pl = {.mode = 0444};
+	struct node *tpdir = NULL;
+	char *readme = NULL;
+
+	if (ns_child(v->root, "tp"))
+		return; /* the checkpoint's own entry wins */
+	if (tp_gather(&pl, l, order) < 0 || !pl.n)
+		goto out;
+	tp_partition(ns, v, &pl);
 	tpdir = tp_node(ns, v, NT_TDIR, "tp", S_IFDIR | 0555);
 	readme = strdup("TP views of this version: tp/N/r/model.safetensors is rank r's slice of "
 			"every tensor for tensor-parallel size N (docs/trainers.md).\n"
 			"Sizes 1..64 (listed: the powers of two that work):\n");
 	if (!tpdir || !readme)
 		goto out;
-	for (int N = 1; N <= TP_MAX_N; N++) {
-		char name[16], *why = NULL;
-		struct node *nd;
-		int bad;
-
-		snprintf(name, sizeof(name), "%d", N);
-		if (err)
-			why = strdup(err), bad = -EINVAL;
-		else
-			bad = tp_check(tt, n, experts, N, &why);
-		if (!bad && !is_pow2(N)) {
-			why = strdup("every tensor divides, but tp/ serves powers of two only "
-				     "(hwfs.open(m).map(V, tp=(N, r)) takes any N)");
-			bad = -EINVAL;
-		}
-		nd = tp_node(ns, v, NT_TDIR, name, S_IFDIR | 0555);
-		if (!nd)
+	for (int N = 1; N <= TP_MAX_N; N++)
+		if (tp_add_size(ns, v, &pl, tpdir, N, &readme) < 0)
 			goto out;
-		if (bad) {
-			char *esc;
-
-			nd->why = why ? why : strdup("cannot be served");
-			/* a tensor name or a rule's pattern: no raw escape, no line of its own */
-			esc = nd->why ? hwfs_escape_dup(nd->why) : NULL;
-			text_add(&readme, "%s%d: EINVAL: %s\n", esc ? esc : "cannot be served", N);
-			free(esc);
-			if (is_pow2(N) && N <= 8) /* hwfs_log escapes it */
-				LOG_INFO("version %s: tp/%d: %s", v->name, N, nd->why);
-		} else {
-			text_add(&readme, "%s%d: ok\n", "", N);
-			n_ok++;
-		}
-		if (ns_kid_insert(tpdir, nd) < 0) {
-			ns_node_free(ns, nd);
-			goto out;
-		}
-		f0 = NULL;
-		for (int r = 0; !bad && r < N; r++) {
-			struct tp_file *f = NULL;
-			struct node *rd;
-
-			snprintf(name, sizeof(name), "%d", r);
-			rd = tp_node(ns, v, NT_TDIR, name, S_IFDIR | 0555);
-			if (!rd)
-				goto out;
-			if (ns_kid_insert(nd, rd) < 0) {
-				ns_node_free(ns, rd);
-				goto out;
-			}
-			if (f0 && !experts)
-				f = tp_file_clone(f0, r);
-			else if (tp_file_build(tt, n, experts, N, r, &f) < 0)
-				f = NULL;
-			if (r == 0)
-				f0 = f;
-			if (tp_attach_file(ns, v, rd, "model.safetensors", f, mode & 0444) < 0)
-				goto out;
-		}
-	}
 	if (tp_attach_file(ns, v, tpdir, "README", tp_text(readme), 0444) < 0) {
 		readme = NULL;
 		goto out;
@@ -631,129 +650,6 @@ out:
 	if (tpdir)
 		ns_detach_tree(ns, tpdir);
 	free(readme);
-	free(err);
-	json_decref(js);
-	free(tt);
-}
-
-/* ------------------------------------------------------------------ reads */
-
-struct iovs {
-	struct iovec *v;
-	int n, cap;
-};
-
-static int iov_add(struct iovs *io, const void *p, size_t len)
-{
-	if (!len)
-		return 0;
-	if (io->n && (const uint8_t *)io->v[io->n - 1].iov_base + io->v[io->n - 1].iov_len == p) {
-		io->v[io->n - 1].iov_len += len;
-		return 0;
-	}
-	if (io->n == io->cap) {
-		int nc = io->cap ? io->cap * 2 : 32;
-		struct iovec *nv = realloc(io->v, (size_t)nc * sizeof(*nv));
-
-		if (!nv)
-			return -ENOMEM;
-		io->v = nv;
-		io->cap = nc;
-	}
-	io->v[io->n].iov_base = (void *)p;
-	io->v[io->n++].iov_len = len;
-	return 0;
-}
-
-/* iovecs over source bytes [off, off+len) of finished file @src. */
-static int iov_src(struct ns *ns, struct iovs *io, const struct node *src, uint64_t off,
-		   uint64_t len)
-{
-	const struct ingest_result *d = &src->data;
-
-	for (size_t i = ingest_fext_find(d->ext, d->n_ext, off); len && i < d->n_ext; i++) {
-		const struct fext *e = &d->ext[i];
-		uint64_t k = HWFS_MIN(len, e->off + e->len - off);
-
-		if (iov_add(io, store_shard_data(ns->st, e->sh) + (off - e->off), (size_t)k) < 0)
-			return -ENOMEM;
-		off += k;
-		len -= k;
-	}
-	return len ? -EIO : 0;
-}
-
-uint64_t tp_size(const struct node *n)
-{
-	return n->tp ? n->tp->size : 0;
-}
-
-int tp_read(struct ns *ns, struct node *n, uint64_t off, size_t len,
-	    int (*emit)(void *, const struct iovec *, int), void *arg)
-{
-	const struct tp_file *f = n->tp;
-	struct iovs io = {0};
-	uint64_t end;
-	size_t lo, hi;
-	int r = 0;
-
-	if (!f)
-		return -ESTALE;
-	if (off >= f->size)
-		return emit(arg, NULL, 0);
-	end = off + HWFS_MIN((uint64_t)len, f->size - off);
-	if (off < f->head_len)
-		r = iov_add(&io, f->head->buf + off, (size_t)(HWFS_MIN(end, f->head_len) - off));
-	/* the first segment ending after off */
-	for (lo = 0, hi = f->nseg; lo < hi;) {
-		size_t mid = lo + (hi - lo) / 2;
-
-		if (f->seg[mid].off + f->seg[mid].len <= off)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	for (size_t i = lo; r == 0 && i < f->nseg && f->seg[i].off < end; i++) {
-		const struct tp_seg *s = &f->seg[i];
-		uint64_t a = HWFS_MAX(off, s->off) - s->off, b = HWFS_MIN(end, s->off + s->len) - s->off;
-
-		while (r == 0 && a < b) { /* run by run (one run when contiguous) */
-			uint64_t k = a / s->run, in = a % s->run, m = HWFS_MIN(b - a, s->run - in);
-
-			r = iov_src(ns, &io, s->src, s->src_off + k * s->stride + in, m);
-			a += m;
-		}
-	}
-	if (r == 0 && io.n > NS_READ_IOV_MAX) { /* more runs than a reply takes: one copy */
-		size_t total = 0;
-		uint8_t *buf;
-
-		for (int i = 0; i < io.n; i++)
-			total += io.v[i].iov_len;
-		buf = malloc(total ? total : 1);
-		if (!buf) {
-			r = -ENOMEM;
-		} else {
-			struct iovec one = {buf, 0};
-
-			for (int i = 0; i < io.n; i++) {
-				memcpy(buf + one.iov_len, io.v[i].iov_base, io.v[i].iov_len);
-				one.iov_len += io.v[i].iov_len;
-			}
-			r = emit(arg, &one, 1);
-			free(buf);
-			free(io.v);
-			return r;
-		}
-	}
-	if (r == 0)
-		r = emit(arg, io.v, io.n);
-	free(io.v);
-	return r;
-}
-
-size_t tp_pins(const struct tp_file *f, struct node ***pins)
-{
-	*pins = f->pins;
-	return f->npins;
+	free(pl.err);
+	free(pl.tt);
 }

@@ -416,9 +416,8 @@ static void usage_walk(struct node *n, int writing, uint64_t *bytes, uint64_t *f
 	}
 }
 
-void ns_version_usage(struct ns *ns, struct version *v, uint64_t *bytes, uint64_t *files)
+void ns_version_usage(struct version *v, uint64_t *bytes, uint64_t *files)
 {
-	(void)ns;
 	if (v->state != HWFS_V_OPEN) {
 		*bytes = v->bytes;
 		*files = v->files;
@@ -663,7 +662,7 @@ int ns_set_current_node(struct ns *ns, const char *name)
 	return 0;
 }
 
-int ns_check_committable(struct ns *ns, const char *name, char *err, size_t errlen)
+int ns_check_committable_locked(struct ns *ns, const char *name, char *err, size_t errlen)
 {
 	struct version *v = ns_version(ns, name);
 
@@ -682,6 +681,19 @@ int ns_check_committable(struct ns *ns, const char *name, char *err, size_t errl
 	return 0;
 }
 
+int ns_check_committable(struct ns *ns, const char *name, hwfs_hash_t *digest, char *err,
+			 size_t errlen)
+{
+	int r;
+
+	ns_rdlock(ns);
+	r = ns_check_committable_locked(ns, name, err, errlen);
+	if (r == 0 && digest)
+		*digest = ns_version(ns, name)->digest;
+	ns_unlock(ns);
+	return r;
+}
+
 /* Make `current` point at the version named by @target (lock held). */
 int ns_commit_locked(struct ns *ns, const char *target)
 {
@@ -691,7 +703,7 @@ int ns_commit_locked(struct ns *ns, const char *target)
 	r = current_target_version(target, name, sizeof(name));
 	if (r < 0)
 		return r;
-	r = ns_check_committable(ns, name, err, sizeof(err));
+	r = ns_check_committable_locked(ns, name, err, sizeof(err));
 	if (r < 0) {
 		LOG_WARN("commit refused: %s", err);
 		return r;
@@ -795,6 +807,119 @@ int ns_set_state(struct ns *ns, const char *name, enum hwfs_vstate st)
 		if (r == 0)
 			v->state = st;
 	}
+	ns_unlock(ns);
+	return r;
+}
+
+int ns_version_state(struct ns *ns, const char *name, enum hwfs_vstate *state, uint64_t *seq,
+		     hwfs_hash_t *digest)
+{
+	struct version *v;
+
+	ns_rdlock(ns);
+	v = ns_version(ns, name);
+	if (v) {
+		if (state)
+			*state = __atomic_load_n(&v->state, __ATOMIC_ACQUIRE);
+		if (seq)
+			*seq = v->seq;
+		if (digest)
+			*digest = v->digest;
+	}
+	ns_unlock(ns);
+	return v ? 0 : -ENOENT;
+}
+
+void ns_vinfo_free(struct ns_vinfo *vi)
+{
+	for (size_t i = 0; i < vi->n_errors; i++) {
+		free(vi->errors[i].file);
+		free(vi->errors[i].error);
+	}
+	free(vi->errors);
+	free(vi->name);
+	*vi = (struct ns_vinfo){0};
+}
+
+/* Copy @v's figures into *@vi (lock held): 0 or -ENOMEM (*@vi freed). */
+static int vinfo_fill(struct version *v, struct ns_vinfo *vi)
+{
+	*vi = (struct ns_vinfo){.state = v->state, .seq = v->seq, .digest = v->digest,
+				.tensors = v->tensors};
+	ns_version_usage(v, &vi->bytes, &vi->files);
+	vi->name = strdup(v->name);
+	vi->errors = v->n_errors ? calloc(v->n_errors, sizeof(*vi->errors)) : NULL;
+	if (!vi->name || (v->n_errors && !vi->errors))
+		goto nomem;
+	for (; vi->n_errors < v->n_errors; vi->n_errors++) {
+		struct ns_vinfo_error *e = &vi->errors[vi->n_errors];
+
+		e->file = strdup(v->errors[vi->n_errors].file);
+		e->error = strdup(v->errors[vi->n_errors].error);
+		if (!e->file || !e->error) {
+			vi->n_errors++;
+			goto nomem;
+		}
+	}
+	return 0;
+nomem:
+	ns_vinfo_free(vi);
+	return -ENOMEM;
+}
+
+int ns_version_info(struct ns *ns, const char *name, struct ns_vinfo *out)
+{
+	struct version *v;
+	int r = -ENOENT;
+
+	*out = (struct ns_vinfo){0};
+	ns_rdlock(ns);
+	v = ns_version(ns, name);
+	if (v)
+		r = vinfo_fill(v, out);
+	ns_unlock(ns);
+	return r;
+}
+
+/* Could the caller of @bits read everything below @n (lock held)?  1 or 0. */
+static int tree_readable(const struct node *n,
+			 uint32_t (*bits)(void *arg, uint32_t mode, uint32_t uid, uint32_t gid),
+			 void *arg)
+{
+	switch (n->type) {
+	case NT_LNK:
+	case NT_RLNK:
+		return 1;
+	case NT_REG:
+	case NT_TENSOR:
+	case NT_TPFILE:
+		return (bits(arg, n->mode, n->uid, n->gid) & 4) != 0;
+	default:
+		if ((bits(arg, n->mode, n->uid, n->gid) & 5) != 5)
+			return 0;
+		for (size_t i = 0; i < n->nkids; i++)
+			if (!tree_readable(n->kids[i], bits, arg))
+				return 0;
+		return 1;
+	}
+}
+
+int ns_version_readable(struct ns *ns, const char *name,
+			uint32_t (*bits)(void *arg, uint32_t mode, uint32_t uid, uint32_t gid),
+			void *arg)
+{
+	const struct node *root = ns->root, *vers = ns->versions;
+	struct version *v;
+	int r;
+
+	ns_rdlock(ns);
+	v = ns_version(ns, name);
+	if (!v)
+		r = -ENOENT;
+	else
+		r = (bits(arg, root->mode, root->uid, root->gid) & 1) &&
+		    (bits(arg, vers->mode, vers->uid, vers->gid) & 1) &&
+		    tree_readable(v->root, bits, arg);
 	ns_unlock(ns);
 	return r;
 }

@@ -1,6 +1,6 @@
 /*
  * test_engines.c — unit tests for the registry of watchers and engines and
- * the commit barrier (fs/daemon/engines.c).
+ * the commit barrier (fs/daemon/engine_registry.c).
  *
  * Each test opens a real store and namespace in a fresh /dev/shm directory
  * (with a sealed version "v1" made through the namespace API, as a mount
@@ -25,7 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "engines.h"
+#include "engine_registry.h"
 #include "ns.h"
 #include "tmpdir.h"
 #include "tunables.h"
@@ -42,13 +42,10 @@ struct fx {
 /* Make an empty version @name and seal it, as a mount would.  Returns 0 or -errno. */
 static int make_sealed(struct fx *f, const char *name)
 {
-	struct node *vers, *v = NULL;
+	struct node *v = NULL;
 	int r;
 
-	ns_rdlock(f->ns);
-	vers = ns_child(ns_root(f->ns), "versions");
-	ns_unlock(f->ns);
-	r = ns_mkdir(f->ns, vers, name, 040755, 0, 0, &v);
+	r = ns_mkdir(f->ns, ns_versions_dir(f->ns), name, 040755, 0, 0, &v);
 	return r < 0 ? r : ns_seal(f->ns, name, NULL, 0, NULL, 0);
 }
 
@@ -361,9 +358,7 @@ static void flip(struct fx *f, const char *name)
 	char target[64];
 
 	snprintf(target, sizeof(target), "versions/%s", name);
-	ns_rdlock(f->ns);
 	root = ns_root(f->ns);
-	ns_unlock(f->ns);
 	assert_int_equal(ns_symlink(f->ns, root, ".flip", target, 0, 0, &tmp), 0);
 	assert_int_equal(ns_rename(f->ns, root, ".flip", root, "current", 0), 0);
 	ns_forget(f->ns, tmp, 1);

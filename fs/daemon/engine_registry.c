@@ -1,6 +1,6 @@
 /*
- * engines.c — the registry of watchers, engines and leases, the event
- * fan-out and the commit barrier (see engines.h and docs/engines.md).
+ * engine_registry.c — the registry of watchers, engines and leases, the event
+ * fan-out and the commit barrier (see engine_registry.h and docs/engines.md).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "metrics.h"
-#include "engines.h"
+#include "engine_registry.h"
 #include "tunables.h"
 
 /* What an engine's shadow version is doing (docs/engines.md, status "state"). */
@@ -76,7 +76,7 @@ struct engines {
 };
 
 /*
- * An empty registry for @ns (see engines.h), which has announced every commit
+ * An empty registry for @ns (see engine_registry.h), which has announced every commit
  * so far; warns about an engine_deadline_ms the coordinator would cut short.
  * Returns 0 or -ENOMEM.
  */
@@ -117,7 +117,7 @@ void engines_destroy(struct engines *reg)
 	free(reg);
 }
 
-/* Point the wake hook at @wake(@arg), or at nobody (see engines.h). */
+/* Point the wake hook at @wake(@arg), or at nobody (see engine_registry.h). */
 void engines_set_wake(struct engines *reg, void (*wake)(void *arg), void *arg)
 {
 	pthread_mutex_lock(&reg->mu);
@@ -126,7 +126,7 @@ void engines_set_wake(struct engines *reg, void (*wake)(void *arg), void *arg)
 	pthread_mutex_unlock(&reg->mu);
 }
 
-/* Point the device-load hook at @ready(@arg, ...), or at nobody (see engines.h). */
+/* Point the device-load hook at @ready(@arg, ...), or at nobody (see engine_registry.h). */
 void engines_set_gpu_hook(struct engines *reg,
 			  int (*ready)(void *arg, const char *version, int gpu,
 				       uint64_t started_ns, char *err, size_t errlen),
@@ -235,7 +235,7 @@ static struct watcher *engine_find(struct engines *reg, const char *name)
 
 /*
  * Register connection @fd as a watcher or engine @name and send its first
- * reply, atomically with respect to events (see engines.h).  Returns 0 or
+ * reply, atomically with respect to events (see engine_registry.h).  Returns 0 or
  * -errno; nothing is registered on error.
  */
 int engines_watch(struct engines *reg, int fd, pid_t pid, const char *name, struct watcher **out)
@@ -357,21 +357,19 @@ static int shadow_is(const struct watcher *w, const char *v, uint64_t seq)
  */
 static int version_seq(struct engines *reg, const char *v, uint64_t *seq)
 {
-	struct version *ver;
-	int r = 0;
+	enum hwfs_vstate state;
+	uint64_t s;
+	int r;
 
 	if (ns_hidden_name(v))
 		return -ENOENT;
-	ns_rdlock(reg->ns);
-	ver = ns_version(reg->ns, v);
-	if (!ver)
-		r = -ENOENT;
-	else if (__atomic_load_n(&ver->state, __ATOMIC_ACQUIRE) == HWFS_V_OPEN)
-		r = -EBUSY;
-	else
-		*seq = ver->seq;
-	ns_unlock(reg->ns);
-	return r;
+	r = ns_version_state(reg->ns, v, &state, &s, NULL);
+	if (r < 0)
+		return r;
+	if (state == HWFS_V_OPEN)
+		return -EBUSY;
+	*seq = s;
+	return 0;
 }
 
 /*
@@ -490,7 +488,7 @@ static void forget_removed(struct engines *reg, const char *v)
 
 /*
  * Send {"event": @event, "version": @version} to every watcher, dropping
- * those that cannot take it now (see engines.h).
+ * those that cannot take it now (see engine_registry.h).
  *
  * "current" is special.  The namespace calls its current hook after it
  * released its lock (ns_unlock_commit), so the hooks of two flips, A then B,
@@ -659,7 +657,7 @@ static int barrier_locked(struct engines *reg, const char *v, uint64_t started_n
 	return -EINPROGRESS;
 }
 
-/* The non-blocking barrier check (see engines.h): 0, -EINPROGRESS or -ECANCELED. */
+/* The non-blocking barrier check (see engine_registry.h): 0, -EINPROGRESS or -ECANCELED. */
 int engines_barrier(struct engines *reg, const char *version, uint64_t started_ns, char *err,
 		    size_t errlen)
 {

@@ -1,5 +1,5 @@
 /*
- * engines.h — the daemon's registry of watchers, engines and leases
+ * engine_registry.h — the daemon's registry of watchers, engines and leases
  * (docs/engines.md).
  *
  * A watcher is one open `watch` or `engine` control connection: the daemon
@@ -7,7 +7,7 @@
  * and an engine also gets {"event": "prepare"} from the commit barrier and
  * sends reports ({"report": "loading" | "loaded" | "refused" | "swapped"}).
  * A lease is one open `map` connection: the shard references are held by its
- * handler (daemon_engines.c); the registry only records {version, pid} for
+ * handler (daemon_engine_ops.c); the registry only records {version, pid} for
  * `hwfs status`.
  *
  * Events are sent with non-blocking sends, whole lines or nothing: a watcher
@@ -28,8 +28,8 @@
  * the namespace lock (ns_current); nothing holds a namespace lock while it
  * takes reg->mu.
  */
-#ifndef HWFS_ENGINES_H
-#define HWFS_ENGINES_H
+#ifndef HWFS_ENGINE_REGISTRY_H
+#define HWFS_ENGINE_REGISTRY_H
 
 #include <jansson.h>
 #include <stdint.h>
@@ -121,7 +121,7 @@ int engines_report(struct engines *reg, struct watcher *w, json_t *msg);
  * engine forget its shadow of that version.  "current" ignores @version
  * (pass NULL): it sends what `current` names now, and only when a commit
  * happened since the last "current" sent, so that hooks of two flips running
- * in either order never announce them out of order (see engines.c).
+ * in either order never announce them out of order (see engine_registry.c).
  */
 void engines_event(struct engines *reg, const char *event, const char *version);
 
@@ -166,4 +166,4 @@ json_t *engines_json(struct engines *reg);
 /** The leases: a new array of {"version", "pid"}, NULL without memory. */
 json_t *engines_leases_json(struct engines *reg);
 
-#endif /* HWFS_ENGINES_H */
+#endif /* HWFS_ENGINE_REGISTRY_H */

@@ -1,9 +1,10 @@
 /*
- * daemon_engines.c — the long-lived control operations of docs/engines.md:
+ * daemon_engine_ops.c — the long-lived control operations of docs/engines.md:
  * `map` (a read-only descriptor of the arena, the version's extents and
- * tensors, and a lease on its shards), `watch` (events) and `engine` (events,
- * prepare, reports), plus the daemon's hooks that feed the registry
- * (engines.c): seals and commits.
+ * tensors, and a lease on its shards: daemon_lease.c), `watch` (events) and
+ * `engine` (events, prepare, reports), on the engine registry
+ * (engine_registry.c).  The hooks that feed the registry on seals and commits
+ * are the namespace's (daemon_ns_hooks.c).
  *
  * Each operation runs on its connection's thread (daemon.c, conn_main): it
  * sends its first reply itself, then waits on the connection until the
@@ -21,155 +22,15 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "daemon_i.h"
 #include "names.h"
 
-/* ----------------------------------------------------------- hooks */
-
-/* Seal hook: "arrived" to the watchers, then the agent's announcement (when joined). */
-void daemon_sealed(void *arg, const char *name)
-{
-	struct daemon *d = arg;
-	struct agent *agent = daemon_agent(d);
-
-	engines_event(d->engines, "arrived", name);
-	daemon_http_refresh(d);
-	if (agent)
-		agent_sealed(agent, name);
-}
-
-/*
- * Current hook: "current" to the watchers and engines, after any commit
- * through the mount (hwfs commit, the agent's COMMIT, a manual mv -T); the
- * registry reads what `current` names (see engines_event()); then the
- * device loads the commit barrier made of other versions go.
- */
-void daemon_current(void *arg)
-{
-	struct daemon *d = arg;
-
-	engines_event(d->engines, "current", NULL);
-	daemon_http_refresh(d);
-	daemon_gpu_current(d);
-}
-
-/*
- * A descriptor that becomes readable when process @pid exits (pidfd_open),
- * so that a connection ends with the process that opened it, not with the
- * last process holding its socket.  Returns the descriptor (close-on-exec),
- * -1 when there is none to have (a kernel before 5.3, a peer in a pid
- * namespace we cannot see: pid 0, no descriptors left): the connection alone
- * tells the end then; or -ESRCH when the process exited already.
- */
-int daemon_peer_pidfd(pid_t pid)
-{
-	int fd = -1;
-
-#ifdef SYS_pidfd_open
-	if (pid > 0)
-		fd = (int)syscall(SYS_pidfd_open, pid, 0);
-	if (fd < 0 && pid > 0 && errno == ESRCH)
-		return -ESRCH;
-#else
-	(void)pid;
-#endif
-	return fd < 0 ? -1 : fd;
-}
-
-/*
- * Wait until connection @fd has something to read (data, EOF, reset,
- * shutdown) or the process of @pidfd (-1: none) exited.  Returns 0 (read
- * @fd now: it does not block), -ESRCH (the process exited), -errno.
- */
-static int wait_conn(int fd, int pidfd)
-{
-	struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
-
-	for (;;) {
-		int n = poll(p, 2, -1); /* a negative fd is skipped */
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		return p[1].revents ? -ESRCH : 0;
-	}
-}
-
-/*
- * Block until the client closes the connection @fd (or shutdown shuts it
- * down) or the process of @pidfd (-1: none) exits, reading and dropping
- * whatever the client sends (a plain read(): descriptors passed with it are
- * discarded by the kernel).  Returns -ESRCH when the process exited, else 0:
- * every other end (EOF, reset, shutdown) is the end.
- */
-int daemon_wait_for_close(int fd, int pidfd)
-{
-	char buf[4096];
-
-	for (;;) {
-		ssize_t n;
-
-		if (wait_conn(fd, pidfd) == -ESRCH)
-			return -ESRCH;
-		n = read(fd, buf, sizeof(buf));
-		if (n > 0 || (n < 0 && errno == EINTR))
-			continue;
-		return 0;
-	}
-}
-
 /* ----------------------------------------------------------- map */
-
-/* Room in @ml for one reference per extent of snapshot @rec (daemon_i.h).  0 or -ENOMEM. */
-int daemon_map_lease_init(struct map_lease *ml, const struct hwfs_vrec *rec)
-{
-	size_t total = 0;
-
-	for (size_t i = 0; i < rec->n_files; i++)
-		total += rec->files[i].n_ext;
-	ml->n = 0;
-	ml->sh = malloc((total ? total : 1) * sizeof(*ml->sh));
-	return ml->sh ? 0 : -ENOMEM;
-}
-
-/*
- * Take a reference on the shard of every extent of @f into @ml (daemon_i.h):
- * they are ml->sh[n], ... in extent order, n being ml->n before the call.
- * Returns 0, -ENOENT (a shard is gone: the version was removed meanwhile) or
- * -EIO (an extent that is not its whole shard); references taken stay in @ml.
- */
-int daemon_map_lease_file(struct daemon *d, const struct hwfs_frec *f, struct map_lease *ml)
-{
-	for (size_t i = 0; i < f->n_ext; i++) {
-		const struct hwfs_extent *e = &f->ext[i];
-		struct shard *sh = store_get(d->st, &e->hash);
-
-		if (!sh)
-			return -ENOENT;
-		ml->sh[ml->n++] = sh;
-		if (sh->size != e->len)
-			return -EIO;
-	}
-	return 0;
-}
-
-/* Drop every reference @ml holds and free it. */
-void daemon_map_lease_drop(struct daemon *d, struct map_lease *ml)
-{
-	for (size_t i = 0; i < ml->n; i++)
-		store_unref(d->st, ml->sh[i]);
-	free(ml->sh);
-	ml->sh = NULL;
-	ml->n = 0;
-}
 
 /*
  * One regular file of a snapshot as `map` describes it: path, size, extents
@@ -271,9 +132,7 @@ json_t *op_map(struct daemon *d, json_t *req, struct ctl_reader *rd, const struc
 
 	if (!v)
 		return daemon_err_reply(EINVAL, "map: missing version");
-	ns_rdlock(d->ns);
-	r = ns_check_committable(d->ns, v, err, sizeof(err));
-	ns_unlock(d->ns);
+	r = ns_check_committable(d->ns, v, NULL, err, sizeof(err));
 	if (r < 0)
 		return daemon_err_reply(-r, "cannot map %s: %s", v, err);
 	pidfd = daemon_peer_pidfd(peer->pid);
@@ -394,7 +253,7 @@ static json_t *watch_conn(struct daemon *d, struct ctl_reader *rd, const struct 
 		if (!ctl_reader_has_line(rd)) {
 			ssize_t n;
 
-			if (wait_conn(rd->fd, pidfd) == -ESRCH) {
+			if (daemon_wait_conn(rd->fd, pidfd) == -ESRCH) {
 				LOG_INFO("engines: engine %s unregistered: its process %d exited (a "
 					 "child of it may still hold the connection)", name,
 					 (int)peer->pid);
