@@ -1,8 +1,8 @@
 #!/bin/sh
-# tests/call_line.sh BUILD — the files of fs/ns and of fs/daemon form a line
-# (docs/design.md, "Module map"): each file calls only the files after it in
-# its folder's list below, so no two files call each other, directly or round
-# a circle.  Checked on the objects in BUILD (nm: a symbol a file uses that
+# tests/call_line.sh BUILD — the files of fs/ns, of fs/daemon and the agent's
+# files of replicator/ each form a line (docs/design.md, "Module map"): each
+# file calls only the files after it in its list below, so no two files call
+# each other, directly or round a circle.  Checked on the objects in BUILD (nm: a symbol a file uses that
 # another file of its folder defines).  A new file of either folder must be
 # given its place here.  Exit 0, or 1 naming every call against the line.
 set -eu
@@ -11,12 +11,13 @@ NS_LINE="fuse_ops ns_life ns_tree ns_io ns_version ns_tensors ns_tp ns ns_tp_fil
 DAEMON_LINE="daemon daemon_ns_hooks daemon_ops daemon_repl daemon_commit daemon_publish
 daemon_diff daemon_engine_ops daemon_gpu daemon_lease daemon_http daemon_req engine_registry
 own_mount"
+AGENT_LINE="agent agent_commit agent_recv agent_pull agent_serve agent_pool"
 
 bad=0
-check() { # check DIR "LINE"
+check() { # check DIR "LINE" [GLOB]: every DIR/GLOB (*.c) has a place in LINE
 	dir=$1
 	line=$2
-	for src in "$dir"/*.c; do
+	for src in "$dir"/${3:-*.c}; do
 		f=$(basename "$src" .c)
 		case " $(echo $line) " in
 		*" $f "*) ;;
@@ -50,5 +51,6 @@ check() { # check DIR "LINE"
 }
 check fs/ns "$NS_LINE"
 check fs/daemon "$DAEMON_LINE"
-[ "$bad" = 0 ] && echo "call_line: fs/ns and fs/daemon each form a line"
+check replicator "$AGENT_LINE" "agent*.c"
+[ "$bad" = 0 ] && echo "call_line: fs/ns, fs/daemon and replicator/agent*.c each form a line"
 exit "$bad"
