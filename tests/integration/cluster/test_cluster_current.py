@@ -36,9 +36,10 @@ def test_a_node_off_the_committed_version_is_flagged(net, tmp_path):
 
     cn.run("commit", "v2", "--local", "--force")  # C alone, off the cluster's v1
 
-    def seen():  # the coordinator learns C's current from its next heartbeat
+    def seen():  # the coordinator learns each node's current from its next heartbeat
         cs = json.loads(a.run("status", "--cluster", "--json").stdout)
-        return cs if node(cs, "C").get("current") == "v2" else None
+        now = {n["name"]: n.get("current") for n in cs["nodes"]}
+        return cs if now == {"A": "v1", "B": "v1", "C": "v2"} else None
 
     cs = poll(seen, timeout=15, interval=0.2)
     assert cs, a.run("status", "--cluster", "--json").stdout
