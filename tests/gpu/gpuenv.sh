@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# tests/gpu/gpuenv.sh — sourced (bash) by tests/gpu/run.sh and tools/bench_gpu.sh:
+# tests/gpu/gpuenv.sh — sourced (bash) by tests/gpu/run.sh and tools/bench/bench_gpu.sh:
 # finding the programs, the CUDA runtime and room for the stores on a bare
 # GPU machine (docs/gpu.md, "Running on a GPU machine").  The caller has set
 # ROOT (the repository root) and WHO ("test-gpu" or "bench-gpu", the prefix

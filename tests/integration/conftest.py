@@ -307,7 +307,7 @@ def _environment():
         problems.append(f"hwfs binary {HWFS} not found or not executable (run `make`, or set HWFS_BIN)")
     for tool in REQUIRED_TOOLS:
         if shutil.which(tool) is None:
-            problems.append(f"required tool `{tool}` not found (run tools/install-deps.sh)")
+            problems.append(f"required tool `{tool}` not found (run tools/install/install-deps.sh)")
     if not os.path.isdir("/dev/shm"):
         problems.append("/dev/shm is missing")
     if problems:

@@ -4,7 +4,7 @@
 ``samples(text)`` parses Prometheus text format into {(name, labels): value}
 independently of the daemon's writer; ``promtool_check(text)`` runs Debian's
 ``promtool check metrics`` on it (the package `prometheus`, installed by
-tools/install-deps.sh) and fails the test with promtool's complaint;
+tools/install/install-deps.sh) and fails the test with promtool's complaint;
 ``standalone_coord(tmp_path, *extra)`` runs `hwfs coord --http` for a test.
 """
 
@@ -72,7 +72,7 @@ def commit_seen_updating(m, addr, e, version):
 def promtool_check(text):
     """`promtool check metrics` on @text; fails the test with its output when it complains."""
     tool = shutil.which("promtool")
-    assert tool, "promtool not found (Debian package prometheus; tools/install-deps.sh)"
+    assert tool, "promtool not found (Debian package prometheus; tools/install/install-deps.sh)"
     cp = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True,
                         timeout=60)
     if cp.returncode != 0 or cp.stdout.strip() or cp.stderr.strip():

@@ -6,7 +6,7 @@ FUSE, sqlite, ZeroMQ, libmicrohttpd (the --http server), libsystemd
 (sd_notify) and some thirty libraries behind them and ran their constructors
 (4.8 ms of CPU per command on the development VM).  Now build/hwfs is the
 client verbs with libhwfs only (0.65 ms) and runs build/hwfs-core for the
-daemon's verbs (tools/hwfs_cli.h); the daemon loads libmicrohttpd with dlopen
+daemon's verbs (tools/cli/hwfs_cli.h); the daemon loads libmicrohttpd with dlopen
 when a server starts (fs/common/http.c; test_http checks it serves) and sends
 systemd's notification without libsystemd (fs/common/sdnotify.c;
 test_ops_install checks READY=1 arrives).  No timing here: what is loaded is

@@ -129,7 +129,7 @@ def test_make_demo_builds_the_programs_quietly(tmp_path):
 
 def test_man_page_names_every_verb(installed):
     page = (installed / "usr/local/share/man/man1/hwfs.1").read_text()
-    verbs = re.findall(r'^\s*\{"([a-z]+)", cmd_', (REPO / "tools/hwfs.c").read_text(), re.M)
+    verbs = re.findall(r'^\s*\{"([a-z]+)", cmd_', (REPO / "tools/cli/hwfs.c").read_text(), re.M)
     assert len(verbs) > 10
     for v in verbs:
         if v == "unmount":  # an alias, named under umount
@@ -141,7 +141,7 @@ def test_man_page_names_every_verb(installed):
 def verify(units, installed):
     """systemd-analyze verify @units (paths), programs and man pages from the DESTDIR."""
     tool = shutil.which("systemd-analyze")
-    assert tool, "systemd-analyze not found (Debian package systemd; tools/install-deps.sh)"
+    assert tool, "systemd-analyze not found (Debian package systemd; tools/install/install-deps.sh)"
     env = dict(os.environ, MANPATH=str(installed / "usr/local/share/man"))
     return subprocess.run([tool, "verify", *map(str, units)], capture_output=True, text=True,
                           env=env, timeout=TIMEOUT)

@@ -157,7 +157,7 @@ def test_build_makes_an_sdist_with_the_c_sources_and_a_platform_wheel(mount, tmp
     # the module (a namespace package with no __main__).
     has = run([sys.executable, "-c", "import build.__main__"], cwd=tmp_path)
     if has.returncode != 0:
-        pytest.fail("python -m build needs the package build (tools/install-deps.sh installs it): "
+        pytest.fail("python -m build needs the package build (tools/install/install-deps.sh installs it): "
                     + has.stderr)
     dist = tmp_path / "dist"
     before = git_dirt()

@@ -3,7 +3,7 @@ of `make bench-cluster`, and the coordinator's planner driving it.
 
 No mount, no root, no timing: only the simulator's output is checked, so the
 tests are deterministic.  The recorded runs and the model parameters they are
-predicted with are in tools/sim_recorded.json; nothing is fitted when the test
+predicted with are in tools/bench/sim_recorded.json; nothing is fitted when the test
 runs, but most parameters were derived from those same runs, so not every row
 is an independent prediction.  Where each parameter comes from
 (sim_recorded.json "notes", docs/sim.md):
@@ -48,7 +48,7 @@ import pytest
 
 from conftest import HWFS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "bench"))
 import sim_model  # noqa: E402
 
 REC = sim_model.load_recorded()

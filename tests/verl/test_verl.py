@@ -1,6 +1,6 @@
 """verl's checkpoint-engine contract, with hwfs.verl's "hwfs" backend, on a real mount.
 
-Run with build/venv-verl's python (`make test-verl`; tools/install-verl.sh makes
+Run with build/venv-verl's python (`make test-verl`; tools/install/install-verl.sh makes
 the venv).  Each round is tests/verl/verl_round.py in its own process: verl's
 actor and rollout code paths, the engine built through verl's registry from a
 CheckpointEngineConfig(backend="hwfs", custom_backend_module="hwfs.verl"), and

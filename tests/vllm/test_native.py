@@ -227,7 +227,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     if not VPY.exists():
-        pytest.fail(f"{VPY} missing: run `make vllm-deps` (tools/install-vllm.sh)", pytrace=False)
+        pytest.fail(f"{VPY} missing: run `make vllm-deps` (tools/install/install-vllm.sh)", pytrace=False)
     a = Assets(tmp_path_factory.mktemp("native"))
     w = World(a)
     try:

@@ -113,7 +113,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     if not VPY.exists():
-        pytest.fail(f"{VPY} missing: run `make vllm-deps` (tools/install-vllm.sh)", pytrace=False)
+        pytest.fail(f"{VPY} missing: run `make vllm-deps` (tools/install/install-vllm.sh)", pytrace=False)
     c = Cluster(tmp_path_factory.mktemp("native-cluster"))
     try:
         assert poll(c.joined, timeout=30, interval=0.2), c.nodes[0].run("status", "--cluster").stdout

@@ -118,7 +118,7 @@ class Doc:
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory):
     if not VPY.exists():
-        pytest.fail(f"{VPY} missing: run `make vllm-deps` (tools/install-vllm.sh)", pytrace=False)
+        pytest.fail(f"{VPY} missing: run `make vllm-deps` (tools/install/install-vllm.sh)", pytrace=False)
     top = tmp_path_factory.mktemp("native-doc")
     d = Doc(top)
     try:

@@ -49,7 +49,7 @@ def ranks_serve(w, version, swaps=None):
 @pytest.fixture(scope="module")
 def tp_world(tmp_path_factory):
     if not VPY.exists():
-        pytest.fail(f"{VPY} missing: run `make vllm-deps` (tools/install-vllm.sh)", pytrace=False)
+        pytest.fail(f"{VPY} missing: run `make vllm-deps` (tools/install/install-vllm.sh)", pytrace=False)
     a = Assets(tmp_path_factory.mktemp("native-tp"))
     w = World(a)
     try:

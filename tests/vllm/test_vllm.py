@@ -2,7 +2,7 @@
 and the vLLM recipe of docs/engines.md run as written.
 
 `make test-vllm` (part of `make test`) installs vLLM into build/venv-vllm
-(tools/install-vllm.sh) and runs this file.  One OpenAI server is started on
+(tools/install/install-vllm.sh) and runs this file.  One OpenAI server is started on
 loopback from the mount and shared by the tests of this file, in order:
 
 1. a client asks the same greedy completion again and again while v2 is
@@ -474,7 +474,7 @@ class World:
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     if not VPY.exists():
-        pytest.fail(f"{VPY} missing: run `make vllm-deps` (tools/install-vllm.sh)", pytrace=False)
+        pytest.fail(f"{VPY} missing: run `make vllm-deps` (tools/install/install-vllm.sh)", pytrace=False)
     return Assets(tmp_path_factory.mktemp("vllm"))
 
 

@@ -1,12 +1,12 @@
 """A real Prometheus scraping two nodes and the coordinator (docs/operations.md).
 
-Debian's `prometheus` (tools/install-deps.sh) scrapes the three --http
+Debian's `prometheus` (tools/install/install-deps.sh) scrapes the three --http
 endpoints every second; after a version has replicated from A to B and been
 committed, PromQL must give back what really happened:
 sum(hwfs_replication_wire_bytes_received_total) equals the wire bytes the
 nodes' `hwfs status` counted (and A sent), every target is up, and both nodes
 report the same hwfs_current_info.  Every query of the Grafana dashboard
-(tools/grafana/hwfs.json) is valid PromQL to that Prometheus and names only
+(tools/dashboards/grafana-hwfs.json) is valid PromQL to that Prometheus and names only
 metrics the endpoints serve.  Prometheus is asked for port 0 and read back
 from its "Listening on" log line.
 
@@ -40,7 +40,7 @@ def coord_http(c):
 class Prometheus:
     def __init__(self, workdir, targets):
         tool = shutil.which("prometheus")
-        assert tool, "prometheus not found (Debian package prometheus; tools/install-deps.sh)"
+        assert tool, "prometheus not found (Debian package prometheus; tools/install/install-deps.sh)"
         self.dir = Path(workdir)
         cfg = self.dir / "prometheus.yml"
         cfg.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
@@ -121,7 +121,7 @@ def test_prometheus_sees_the_bytes_that_moved(net, tmp_path):
         served = set()
         for t in targets:
             served |= set(re.findall(r"^(hwfs_[a-z_]+)", get(t, "/metrics")[1], re.M))
-        dash = json.loads((Path(__file__).parents[3] / "tools/grafana/hwfs.json").read_text())
+        dash = json.loads((Path(__file__).parents[3] / "tools/dashboards/grafana-hwfs.json").read_text())
         exprs = [t["expr"] for panel in dash["panels"] for t in panel["targets"]]
         assert len(exprs) > 10
         for e in exprs:

@@ -4,7 +4,7 @@ A coordinator and two nodes with --http; A publishes, B receives, B commits.
 /api/status is the JSON of `hwfs status --cluster --json` (the same nodes,
 versions and committed version, with the history the page draws); the page
 at / loads nothing from elsewhere (no src/href to another origin, no
-url()); Debian's chromium (--headless --dump-dom, tools/install-deps.sh) runs
+url()); Debian's chromium (--headless --dump-dom, tools/install/install-deps.sh) runs
 its script against the live coordinator and the DOM it builds shows both
 nodes up, the committed version, the commit with its outcome and per-node
 READY times, a convergence bar for v1 and a wire-bytes line per node; once B
@@ -28,7 +28,7 @@ HTTP_ANY = ["--http", "127.0.0.1:0"]
 
 def chromium(*args, timeout=60):
     tool = shutil.which("chromium")
-    assert tool, "chromium not found (Debian package chromium; tools/install-deps.sh)"
+    assert tool, "chromium not found (Debian package chromium; tools/install/install-deps.sh)"
     cp = subprocess.run([tool, "--headless", "--no-sandbox", "--disable-gpu",
                          "--virtual-time-budget=5000", *args], capture_output=True,
                         text=True, timeout=timeout)

@@ -29,12 +29,12 @@ Read and copy baselines are the same operation on the tmpfs source, timed
 right next to each hwfs repetition.  Every timing is repeated (--reps, default
 3) and the MEDIAN is reported and judged (best and all samples are in the JSON).  GB/s means 10^9 bytes per second.  Results go to
 stdout as a table and to build/bench.json.  The helpers it shares with the
-other benchmarks are in tools/benchlib.py.
+other benchmarks are in tools/bench/benchlib.py.
 
-  python3 tools/bench.py                   full run
-  python3 tools/bench.py --baseline-only   tmpfs baselines only (no hwfs needed)
-  python3 tools/bench.py --tensors 8       smaller model for a quick check
-  python3 tools/bench.py --plain-only      only the plain rows
+  python3 tools/bench/bench.py                   full run
+  python3 tools/bench/bench.py --baseline-only   tmpfs baselines only (no hwfs needed)
+  python3 tools/bench/bench.py --tensors 8       smaller model for a quick check
+  python3 tools/bench/bench.py --plain-only      only the plain rows
 """
 
 import argparse

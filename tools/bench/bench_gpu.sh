@@ -1,5 +1,5 @@
 #!/bin/bash
-# tools/bench_gpu.sh — the host-to-device benchmark (`make bench-gpu`;
+# tools/bench/bench_gpu.sh — the host-to-device benchmark (`make bench-gpu`;
 # docs/gpu.md, "Benchmark").
 #
 # Writes a version of GPU_BENCH_GIB GiB (default 4; whole GiB, one 1 GiB
@@ -11,7 +11,7 @@
 # line ({"bench": "gpu", ...}).  Both mounts get -o gpu_streams=STREAMS and the
 # baselines use as many streams.
 #
-#   GPU_BENCH_GIB=4 GPU_BENCH_GPU=0 GPU_BENCH_STREAMS=4 GPU_BENCH_REPS=3 tools/bench_gpu.sh
+#   GPU_BENCH_GIB=4 GPU_BENCH_GPU=0 GPU_BENCH_STREAMS=4 GPU_BENCH_REPS=3 tools/bench/bench_gpu.sh
 #
 # Binaries, carried libraries (for our programs only) and the CUDA runtime
 # (the machine's, else carried .13, else .12) are found as tests/gpu/run.sh
@@ -20,7 +20,7 @@
 # 3.25x GIB + 2 GiB), else in a private tmpfs of that size (root only),
 # unmounted at the end like the mounts; only processes it started are stopped.
 set -u
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 GIB=${GPU_BENCH_GIB:-4}
 GPU=${GPU_BENCH_GPU:-0}

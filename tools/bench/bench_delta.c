@@ -4,7 +4,7 @@
  *
  *   hwfs-bench-delta [--layers N] [--changed F] [--reps R] [--level L] [--format 1|2]
  *
- * The data is that of bench-cluster's `rl` scenario (tools/bench_cluster.py),
+ * The data is that of bench-cluster's `rl` scenario (tools/bench/bench_cluster.py),
  * made here in C: a llama-like bf16 model of hidden size 4096 (an embedding
  * [8192, 4096] and N layers of q/o [4096, 4096], k/v [2048, 4096], gate/up
  * [6144, 4096], down [4096, 6144]: 29 tensors of 16-64 MiB at N = 4, 1 GiB;

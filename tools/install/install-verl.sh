@@ -8,7 +8,7 @@
 # out uvicorn and fastapi, without which verl.checkpoint_engine does not import.
 # Neither depends on torch (only the vllm/sglang/fsdp/cpu extras pin
 # torch==2.11.0), so the venv is made with --system-site-packages and reuses
-# the torch tools/install-deps.sh installed; pip puts verl's own pins
+# the torch tools/install/install-deps.sh installed; pip puts verl's own pins
 # (transformers, tensordict, ray, ...) in the venv, where they shadow the
 # system's.  Then this repository's Python package
 # (`pip install --no-deps ./tools/python`), which gives the hwfs.verl backend.
@@ -20,14 +20,14 @@
 set -euo pipefail
 
 VERL_VERSION=0.9.1
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 VENV=${VENV:-$ROOT/build/venv-verl}
 PYTHON=${PYTHON:-python3}
 STAMP=$VENV/.hwfs-verl-stamp
 
 die() { echo "install-verl: error: $*" >&2; exit 1; }
 
-. "$ROOT/tools/venv_lib.sh"
+. "$ROOT/tools/install/venv_lib.sh"
 venv_begin "verl[verl-core]==$VERL_VERSION"
 
 SPEC="verl[verl-core]==$VERL_VERSION"

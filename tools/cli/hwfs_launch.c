@@ -1,5 +1,5 @@
 /*
- * hwfs_daemon.c — the verbs of `hwfs` that start and stop processes rather
+ * hwfs_launch.c — the verbs of `hwfs` that start and stop processes rather
  * than talk to a running daemon: mount (check the options, clear a dead mount
  * left by kill -9, start the daemon of fs/daemon/daemon.c in its own session and
  * wait until it answers), umount (and wait until the daemon has let go of its

@@ -1,6 +1,6 @@
 /*
  * hwfs_cli.h — what the files of the `hwfs` command share: the error exits
- * (hwfs.c), the verbs that start and stop processes (hwfs_daemon.c),
+ * (hwfs.c), the verbs that start and stop processes (hwfs_launch.c),
  * `hwfs watch` (hwfs_watch.c) and `hwfs sim` (hwfs_sim.c), which main()'s
  * table of verbs in hwfs.c dispatches to.
  *
@@ -39,7 +39,7 @@ void usage_die(const char *usage) __attribute__((noreturn));
  */
 int parse_topology(const char *s, unsigned *fanout);
 
-/* hwfs_daemon.c: each takes the verb's own argv (argv[0] is the verb), returns the exit status */
+/* hwfs_launch.c: each takes the verb's own argv (argv[0] is the verb), returns the exit status */
 HWFS_CORE_VERB int cmd_mount(int argc, char **argv);
 HWFS_CORE_VERB int cmd_umount(int argc, char **argv);
 HWFS_CORE_VERB int cmd_coord(int argc, char **argv);
@@ -63,7 +63,7 @@ struct coord_opts;
  * (NOTIFY_SOCKET) once it listens.  Returns the exit status.
  */
 int coord_serve(struct coord_opts *o, const char *http, const char *hosts);
-/* The coordinator's status page (built from tools/status_page.html by the Makefile). */
+/* The coordinator's status page (built from tools/dashboards/status_page.html by the Makefile). */
 extern const char hwfs_status_page[];
 
 /* mount_hwfs.c: main() when called as mount.hwfs (mount(8)'s helper) */

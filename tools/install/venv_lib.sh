@@ -1,4 +1,4 @@
-# venv_lib.sh — what tools/install-vllm.sh and tools/install-verl.sh share
+# venv_lib.sh — what tools/install/install-vllm.sh and tools/install/install-verl.sh share
 # (sourced): a venv that reuses the system torch, kept current by a stamp.
 #
 # venv_begin SPEC: with ROOT, VENV, PYTHON, STAMP and die() set by the
@@ -20,7 +20,7 @@ venv_begin() {
 		exit 0
 	fi
 	"$PYTHON" -c 'import torch' 2>/dev/null ||
-		die "$PYTHON has no torch: run tools/install-deps.sh first (the venv reuses the system torch)"
+		die "$PYTHON has no torch: run tools/install/install-deps.sh first (the venv reuses the system torch)"
 	[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$VENV" ||
 		die "cannot make the venv $VENV"
 	VPY=$VENV/bin/python

@@ -1,6 +1,6 @@
 /*
  * bench_gpu.c — hwfs-gpubench, the host-to-device benchmark of the GPU plane
- * (tools/bench_gpu.sh sets up the mounts and runs it; docs/gpu.md,
+ * (tools/bench/bench_gpu.sh sets up the mounts and runs it; docs/gpu.md,
  * "Benchmark", says what the figures mean).
  *
  *   hwfs-gpubench mkst FILE SEED BYTES

@@ -1,7 +1,7 @@
 /*
  * hwfs_coord_http.c — `hwfs coord --http HOST:PORT`: the stand-alone
  * coordinator with the HTTP endpoint of docs/operations.md beside it: the
- * status page (/, tools/status_page.html), /api/status (the JSON of `hwfs
+ * status page (/, tools/dashboards/status_page.html), /api/status (the JSON of `hwfs
  * status --cluster --json`, from the status the coordinator hands over every
  * COORD_STATUS_MS), /metrics (hwfs_coord_nodes and the hwfs_coord_*
  * instruments of fs/common/metrics.h), /healthz and /readyz, served by the

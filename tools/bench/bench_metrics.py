@@ -7,7 +7,7 @@ the control socket, so no process is started per version), then times
 --scrapes GETs of /metrics and prints the median, p99 and max.  The issue's
 bound is < 10 ms with 10 000 versions (docs/operations.md).
 
-    python3 tools/bench_metrics.py [--versions 10000] [--scrapes 200]
+    python3 tools/bench/bench_metrics.py [--versions 10000] [--scrapes 200]
 """
 
 import argparse
@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HWFS = os.environ.get("HWFS_BIN") or os.path.join(REPO, "build", "hwfs")
 
 

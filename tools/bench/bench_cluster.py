@@ -73,13 +73,13 @@ CPU seconds for that reason.
 Everything this script creates (namespaces, veths, bridge, mounts, processes,
 temp dirs) carries the script's pid in its name and is torn down in a finally
 block, also on Ctrl-C or SIGTERM.  Needs root, iproute2, rsync, fuse3, numpy.
-The helpers it shares with the other benchmarks are in tools/benchlib.py.
+The helpers it shares with the other benchmarks are in tools/bench/benchlib.py.
 
-  python3 tools/bench_cluster.py              full run (several minutes)
-  python3 tools/bench_cluster.py --quick      N = 2, 4 and 256 MiB (development)
-  python3 tools/bench_cluster.py --reps 3     repeat every (method, N); median reported
-  python3 tools/bench_cluster.py --scenario rl          only the RL update (--quick: 256 MiB, N = 2, 4)
-  python3 tools/bench_cluster.py --scenario replication only the methods and the commit latency
+  python3 tools/bench/bench_cluster.py              full run (several minutes)
+  python3 tools/bench/bench_cluster.py --quick      N = 2, 4 and 256 MiB (development)
+  python3 tools/bench/bench_cluster.py --reps 3     repeat every (method, N); median reported
+  python3 tools/bench/bench_cluster.py --scenario rl          only the RL update (--quick: 256 MiB, N = 2, 4)
+  python3 tools/bench/bench_cluster.py --scenario replication only the methods and the commit latency
 """
 
 import argparse
@@ -1115,7 +1115,7 @@ def check_env():
     try:
         import numpy  # noqa: F401
     except ImportError:
-        sys.exit("bench-cluster: numpy is needed (tools/install-deps.sh)")
+        sys.exit("bench-cluster: numpy is needed (tools/install/install-deps.sh)")
 
 
 def main():
@@ -1182,7 +1182,7 @@ def main():
     mntroot = tempfile.mkdtemp(prefix=f"{TAG}-mnt-")
     net = Net(a.rate)
     ctx = {"net": net, "work": work, "procs": [], "timeout": a.timeout, "nodes": {}}
-    res = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["python3", "tools/bench_cluster.py"]
+    res = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["python3", "tools/bench/bench_cluster.py"]
                                                                            + sys.argv[1:]),
            "machine": machine(),
            "rate": a.rate, "rate_bps": rate_bps(a.rate), "tensors": tensors, "tensor_mib": a.tensor_mib,
@@ -1191,7 +1191,7 @@ def main():
     interrupted = False
     try:
         # Run a private copy of the programs: a rebuild of build/ during the run changes nothing.
-        # build/hwfs runs build/hwfs-core beside it for the daemon's verbs (tools/hwfs_cli.h).
+        # build/hwfs runs build/hwfs-core beside it for the daemon's verbs (tools/cli/hwfs_cli.h).
         global HWFS
         os.makedirs(os.path.join(work, "bin"))
         res["binary"] = HWFS
@@ -1312,7 +1312,7 @@ def finish(res, json_path):
 
 def sim_compare(row, run, cores, pipeline=False):
     """Print under a table row `hwfs sim`'s prediction of it (the model parameters of
-    tools/sim_recorded.json, with this machine's cores and the run's own measured
+    tools/bench/sim_recorded.json, with this machine's cores and the run's own measured
     rates where @run has them) and the error against the measured time; both also
     go into @row (sim_s, sim_err, sim_model).  @pipeline: the daemon has issue 20's
     pipeline (its status reports delta.forwarded): the parameter set

@@ -22,7 +22,7 @@
 #include <time.h>
 
 #include "hwfs_cli.h"
-#include "sim/sim.h"
+#include "../sim/sim.h"
 #include "tunables.h"
 
 #define SIM_USAGE                                                                              \

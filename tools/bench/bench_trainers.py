@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HWFS = str(REPO / "build" / "hwfs")
 
 

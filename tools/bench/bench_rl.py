@@ -32,7 +32,7 @@ in, so every variant a version gave counts as that version's), and the
 physical baseline of the delta: xor_zstd1_bytes (zstd -1 of the XOR of the
 two versions' tensor data) and wire_over_zstd.
 
-    build/venv-vllm/bin/python tools/bench_rl.py [--steps N] [--json FILE]
+    build/venv-vllm/bin/python tools/bench/bench_rl.py [--steps N] [--json FILE]
 """
 
 import argparse
@@ -46,7 +46,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests" / "vllm"),
                 str(ROOT / "tools" / "python")]
 os.environ.setdefault("HWFS_LIBRARY", str(ROOT / "build" / "libhwfs.so.1"))

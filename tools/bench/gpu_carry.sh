@@ -1,5 +1,5 @@
 #!/bin/bash
-# tools/gpu_carry.sh BUILD — gather what the GPU test and benchmark need on a
+# tools/bench/gpu_carry.sh BUILD — gather what the GPU test and benchmark need on a
 # bare GPU machine into BUILD/carry (`make gpu-carry`; docs/gpu.md, "Running
 # on a GPU machine").
 #
@@ -14,12 +14,12 @@
 #   carry/cuda  CUDA runtimes as fallbacks: libcudart.so.13 (driver >= 580)
 #               and libcudart.so.12 (driver >= 525; from this machine, else from
 #               the PyPI wheel nvidia-cuda-runtime-cu12, cached in
-#               BUILD/cuda-cache).  tests/gpu/run.sh and tools/bench_gpu.sh try
+#               BUILD/cuda-cache).  tests/gpu/run.sh and tools/bench/bench_gpu.sh try
 #               the machine's own runtime first, then these in that order
 #               (through $HWFS_CUDART), and keep the first that finds a device
 #   carry/MANIFEST  what was copied, from where
 #
-# tests/gpu/run.sh and tools/bench_gpu.sh run our programs (only those) with
+# tests/gpu/run.sh and tools/bench/bench_gpu.sh run our programs (only those) with
 # carry/lib on LD_LIBRARY_PATH, and put carry/bin on PATH (fusermount3).  The binaries need the same or a newer
 # glibc than the build machine's.
 set -eu
@@ -133,4 +133,4 @@ if [ -n "$missing" ]; then
 	exit 1
 fi
 echo "gpu_carry: $(du -sh "$C" | cut -f1) in $C ($(find "$C/lib" -type f | wc -l) libraries); carry it with the tree" \
-	"and run tests/gpu/run.sh or tools/bench_gpu.sh"
+	"and run tests/gpu/run.sh or tools/bench/bench_gpu.sh"

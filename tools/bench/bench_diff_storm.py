@@ -15,7 +15,7 @@ running `hwfs commit` (a process per commit: on a small machine the storm's
 the diffs (what the processes alone cost).  Needs root, /dev/fuse and numpy;
 mounts under /tmp with its store in /dev/shm and unmounts at the end.
 
-usage: tools/bench_diff_storm.py HWFS_BINARY [WAVES=3] [MIB=32]
+usage: tools/bench/bench_diff_storm.py HWFS_BINARY [WAVES=3] [MIB=32]
 """
 
 import json

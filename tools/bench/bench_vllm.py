@@ -40,7 +40,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HWFS = str(REPO / "build" / "hwfs")
 VPY = str(REPO / "build" / "venv-vllm" / "bin" / "python")
 LIB = os.environ.get("HWFS_LIBRARY") or str(REPO / "build" / "libhwfs.so.1")

@@ -47,10 +47,10 @@ coordinator: the CLI's start, the control socket, the agent's relay), and
 the same commits over the control socket without the CLI.  Results go to
 stdout as a table and to build/bench-engine.json.  Everything started here is
 stopped by pid and every temp dir removed in a finally (also on Ctrl-C).  The
-helpers it shares with the other benchmarks are in tools/benchlib.py.
+helpers it shares with the other benchmarks are in tools/bench/benchlib.py.
 
-  python3 tools/bench_engine.py            full run (about a minute on 2 cores)
-  python3 tools/bench_engine.py --quick    small sizes, few reps (checks it runs)
+  python3 tools/bench/bench_engine.py            full run (about a minute on 2 cores)
+  python3 tools/bench/bench_engine.py --quick    small sizes, few reps (checks it runs)
 """
 
 import argparse
@@ -684,7 +684,7 @@ def main():
     ctx = {"work": tempfile.mkdtemp(dir=a.tmpfs, prefix="hwfsbe-"), "procs": [], "nodes": [], "engines": [],
            "files": [], "huge_dir": huge_dir}
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "command": " ".join(["python3", "tools/bench_engine.py"] + sys.argv[1:]), "git": git_describe(),
+           "command": " ".join(["python3", "tools/bench/bench_engine.py"] + sys.argv[1:]), "git": git_describe(),
            "machine": machine(), "tmpfs": "huge=within_size" if a.huge else a.tmpfs,
            "targets": {"map_vs_load_file": TARGET_MAP, "serve_p99_ms": TARGET_SERVE_P99_MS,
                        "bare_p99_ms": TARGET_BARE_P99_MS,

@@ -1,7 +1,7 @@
 """sim_model.py — run `hwfs sim` for a bench-cluster row (docs/sim.md).
 
 Shared by tests/integration/test_sim.py (which checks the simulator against
-the runs recorded in tools/sim_recorded.json) and tools/bench_cluster.py
+the runs recorded in tools/bench/sim_recorded.json) and tools/bench/bench_cluster.py
 (which prints the simulator's prediction and the error after each row it
 measures).  The model parameters (rates) are those recorded in
 sim_recorded.json["params"], updated by a parameter set of

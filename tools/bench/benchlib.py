@@ -1,5 +1,5 @@
-"""benchlib.py — helpers shared by the benchmarks (tools/bench.py,
-tools/bench_cluster.py, tools/bench_engine.py).
+"""benchlib.py — helpers shared by the benchmarks (tools/bench/bench.py,
+tools/bench/bench_cluster.py, tools/bench/bench_engine.py).
 
 The three scripts start hwfs daemons, time commands and write a report; the
 small things they all do live here, once: running a command that must succeed (its stderr in the error), a log line with
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HWFS = os.environ.get("HWFS_BIN") or str(REPO / "build" / "hwfs")
 CMD_TIMEOUT = 120     # seconds a command may take unless the caller says otherwise
 STOP_GRACE = 5        # seconds a daemon or process gets to exit before SIGKILL

@@ -4,7 +4,7 @@
  * that names a verb, its function and its line in `hwfs --help`), the
  * channel to a mount's daemon and the client verbs but `hwfs status`
  * (hwfs_status.c; what the two share is hwfs_client.h); starting and
- * stopping daemons (mount, umount, coord, keygen) is in hwfs_daemon.c, and
+ * stopping daemons (mount, umount, coord, keygen) is in hwfs_launch.c, and
  * what all of them share is declared in hwfs_cli.h.  build/hwfs is this
  * file and hwfs_status.c (with libhwfs): a verb of another file is run by
  * build/hwfs-core, the whole program beside it (run_core(); hwfs_cli.h says
