@@ -50,7 +50,7 @@ void own_mount_set_bare_dev(dev_t dev)
 	__atomic_store_n(&bare_dev, dev, __ATOMIC_RELEASE);
 }
 
-enum { OP_RENAME, OP_SYMLINK, OP_FLIP };
+enum { OP_RENAME, OP_FLIP };
 
 /* OP_FLIP's exit status when its symlink failed: this bit | the errno. */
 #define FLIP_SYMLINK_FAILED 0x80
@@ -101,8 +101,6 @@ static int child_main(void *arg)
 			syscall(SYS_close, i);
 	if (c->op == OP_RENAME) {
 		r = child_status(syscall(SYS_rename, c->a, c->b));
-	} else if (c->op == OP_SYMLINK) {
-		r = child_status(syscall(SYS_symlink, c->a, c->b));
 	} else { /* OP_FLIP: symlink @a at @b, then rename @b onto @c */
 		r = child_status(syscall(SYS_symlink, c->a, c->b));
 		if (r) {
@@ -147,9 +145,7 @@ static int in_child(const struct child_call *c)
 		if (c->op == OP_RENAME)
 			return rename(c->a, c->b) < 0 ? -errno : 0;
 		if (symlink(c->a, c->b) < 0)
-			return -(errno | (c->op == OP_FLIP ? FLIP_SYMLINK_FAILED : 0));
-		if (c->op == OP_SYMLINK)
-			return 0;
+			return -(errno | FLIP_SYMLINK_FAILED);
 		struct stat st;
 
 		r = __atomic_load_n(c->stopping, __ATOMIC_ACQUIRE) ||
@@ -187,16 +183,6 @@ static int in_child(const struct child_call *c)
 int own_mount_rename(const char *from, const char *to)
 {
 	struct child_call c = {.op = OP_RENAME, .a = from, .b = to};
-	int r = in_child(&c);
-
-	if (r < 0)
-		errno = -r;
-	return r;
-}
-
-int own_mount_symlink(const char *target, const char *path)
-{
-	struct child_call c = {.op = OP_SYMLINK, .a = target, .b = path};
 	int r = in_child(&c);
 
 	if (r < 0)

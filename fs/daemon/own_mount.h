@@ -42,9 +42,6 @@ void own_mount_set_bare_dev(dev_t dev);
 /** rename(@from, @to) through the mount.  Returns 0 or -errno (errno is set too). */
 int own_mount_rename(const char *from, const char *to);
 
-/** symlink(@target, @path) through the mount.  Returns 0 or -errno (errno is set too). */
-int own_mount_symlink(const char *target, const char *path);
-
 /**
  * own_mount_flip() - symlink(@target, @tmp) then rename(@tmp, @path), both
  * through the mount and in one child (a flip of `current` costs one child,
