@@ -161,7 +161,8 @@ static inline const uint8_t *store_shard_data(struct store *s, const struct shar
 	return arena_base(store_arena(s)) + sh->off;
 }
 
-/** Find a shard by hash (no reference taken). NULL if absent. */
+/** Find a shard by hash (no reference taken). NULL if absent.  The daemon asks
+ * with store_get(); this is how the unit tests look without changing a count. */
 struct shard *store_lookup(struct store *s, const hwfs_hash_t *h);
 
 /**
