@@ -62,13 +62,19 @@ $(FUZZ_REPLAY_DIR)/replay.o: tests/fuzz/replay.c
 	@mkdir -p $(dir $@)
 	$(CC) $(FUZZ_REPLAY_CFLAGS) -MMD -MP -c -o $@ $<
 
-$(FUZZ_REPLAY_BINS) $(FUZZ_REPLAY_DIR)/gen_corpus: $(FUZZ_REPLAY_DIR)/%: tests/fuzz/%.c \
-		$(FUZZ_REPLAY_DIR)/replay.o $(FUZZ_ASAN_LIB)
+$(FUZZ_REPLAY_BINS): $(FUZZ_REPLAY_DIR)/%: tests/fuzz/%.c $(FUZZ_REPLAY_DIR)/replay.o $(FUZZ_ASAN_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(FUZZ_REPLAY_CFLAGS) -MMD -MP -MF $@.d -MT $@ -o $@ $< \
-		$(if $(filter %/gen_corpus,$@),,$(FUZZ_REPLAY_DIR)/replay.o) $(FUZZ_ASAN_LIB) $(LIBS)
+		$(FUZZ_REPLAY_DIR)/replay.o $(FUZZ_ASAN_LIB) $(LIBS)
 
--include $(FUZZ_REPLAY_BINS:=.d) $(FUZZ_REPLAY_DIR)/gen_corpus.d $(FUZZ_REPLAY_DIR)/replay.d
+# The seed generator: gen_corpus.c (the program, delta and proto seeds) and
+# gen_corpus_files.c (the file parsers' seeds).
+GEN_CORPUS_SRCS := tests/fuzz/gen_corpus.c tests/fuzz/gen_corpus_files.c
+$(FUZZ_REPLAY_DIR)/gen_corpus: $(GEN_CORPUS_SRCS) tests/fuzz/gen_corpus.h $(FUZZ_ASAN_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(FUZZ_REPLAY_CFLAGS) -o $@ $(GEN_CORPUS_SRCS) $(FUZZ_ASAN_LIB) $(LIBS)
+
+-include $(FUZZ_REPLAY_BINS:=.d) $(FUZZ_REPLAY_DIR)/replay.d
 
 # The generated seeds (gen_corpus.c says which); the hand-written ones stay.
 fuzz-corpus:

@@ -631,6 +631,10 @@ static void model_check(struct arena *a, const uint8_t *used, uint64_t cap, uint
 	assert_int_equal(arena_used(a), nused);
 }
 
+/*
+ * Random allocations and frees checked against a model of the arena after
+ * every step (long: the model and its checks are one loop, kept together).
+ */
 static void test_random_model(void **state)
 {
 	struct fx *f = *state;

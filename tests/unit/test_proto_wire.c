@@ -250,6 +250,12 @@ static void send_valid(void *s, const void *ident, size_t ident_len, enum proto_
 	json_decref(f);
 }
 
+/*
+ * One PAIR connection through its cases in order: nothing there, every type
+ * both ways, hostile multipart messages each followed by a good one, many
+ * frames (long: the cases share the socket on purpose, so that each shows the
+ * next message still arrives).
+ */
 static void test_zmq_pair(void **state)
 {
 	void *ctx = zmq_ctx_new(), *a, *b;
