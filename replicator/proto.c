@@ -21,6 +21,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "ctl.h"
 #include "proto.h"
 
 /* ------------------------------------------------------------------ */
@@ -609,12 +610,10 @@ uint64_t proto_int(const struct proto_msg *m, const char *key)
 int proto_errno(const struct proto_msg *m, int def)
 {
 	const json_t *v = get(m, "errno");
-	json_int_t n;
 
 	if (!v || json_is_null(v))
 		return def;
-	n = json_is_integer(v) ? json_integer_value(v) : 0;
-	return n >= 1 && n <= PROTO_ERRNO_MAX ? (int)n : EPROTO;
+	return ctl_errno(m->h) ?: EPROTO; /* the control socket's range check */
 }
 
 int proto_bool(const struct proto_msg *m, const char *key)

@@ -119,14 +119,12 @@ int proto_encode(enum proto_type t, json_t *fields, size_t payload_len, char **h
 const char *proto_str(const struct proto_msg *m, const char *key);
 /** Integer field @key (0 if absent). */
 uint64_t proto_int(const struct proto_msg *m, const char *key);
-/** The largest errno a peer may send (as the control socket's CTL_ERRNO_MAX). */
-#define PROTO_ERRNO_MAX 4095
 /**
  * proto_errno() - the "errno" of a reply that can fail (READY, ACK, ABORT,
- * MISSING, COMMIT_RES): @def when there is none (a peer that predates it), an
- * integer in 1..PROTO_ERRNO_MAX as it is, and EPROTO for anything else (the
- * wrong JSON type, zero, negative or out of range: a peer's bytes, checked
- * here only).  Never fails.
+ * MISSING, COMMIT_RES): @def when there is none (a peer that predates it),
+ * an integer in 1..CTL_ERRNO_MAX as it is (ctl_errno(), the control socket's
+ * check), and EPROTO for anything else (the wrong JSON type, zero, negative
+ * or out of range: a peer's bytes).  Never fails.
  */
 int proto_errno(const struct proto_msg *m, int def);
 /** 1 if field @key is true, else 0. */

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "ctl.h"
 #include "proto.h"
 
 #include "proto_util.h"
@@ -359,7 +360,7 @@ static void test_optional_result_fields(void **state)
 
 /*
  * The errno of every reply that can fail (READY, ACK, ABORT, MISSING,
- * COMMIT_RES): absent or null -> the caller's default, 1..PROTO_ERRNO_MAX as
+ * COMMIT_RES): absent or null -> the caller's default, 1..CTL_ERRNO_MAX as
  * sent, anything else (a hostile peer: the wrong JSON type, zero, negative,
  * out of range) -> EPROTO; the message itself is accepted every time.
  */
@@ -374,8 +375,8 @@ static void test_errno_field(void **state)
 		{json_null(), ECANCELED},
 		{json_integer(ETIMEDOUT), ETIMEDOUT},
 		{json_integer(ENOSPC), ENOSPC},
-		{json_integer(PROTO_ERRNO_MAX), PROTO_ERRNO_MAX},
-		{json_integer(PROTO_ERRNO_MAX + 1), EPROTO},
+		{json_integer(CTL_ERRNO_MAX), CTL_ERRNO_MAX},
+		{json_integer(CTL_ERRNO_MAX + 1), EPROTO},
 		{json_integer(0), EPROTO},
 		{json_integer(-5), EPROTO},
 		{json_integer((json_int_t)1 << 62), EPROTO},

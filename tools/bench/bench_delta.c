@@ -304,8 +304,6 @@ static int one_rep(struct delta_ctx *cx, struct tensor *t, size_t nt, uint8_t *o
 		t0 = cpu_s();
 		hwfs_hash_buf(t[i].v2, t[i].n * 2, &h);
 		*x += cpu_s() - t0;
-		if (hwfs_hash_cmp(&h, &t[i].h2))
-			*bad = 1; /* cannot be: the same bytes, the same function */
 	}
 	for (size_t i = 0; i < nt; i++) {
 		size_t len = t[i].n * 2, cap = len * hwfs_tun.delta_max_pct / 100;
