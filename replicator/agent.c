@@ -178,7 +178,7 @@ static const struct agent_req *agent_req_of(const json_t *req)
 {
 	const char *op = json_string_value(json_object_get(req, "op"));
 
-	for (size_t i = 0; op && i < sizeof(agent_reqs) / sizeof(agent_reqs[0]); i++)
+	for (size_t i = 0; op && i < HWFS_ARRAY_SIZE(agent_reqs); i++)
 		if (!strcmp(agent_reqs[i].op, op))
 			return &agent_reqs[i];
 	return NULL;
@@ -360,7 +360,7 @@ static void handle(struct agent *a, void *sock, int is_router, const char *what)
 		}
 		if (sock == a->coord)
 			__atomic_store_n(&a->last_coord_ns, (int64_t)(now_s() * 1e9), __ATOMIC_RELAXED);
-		if ((int)m.type >= 0 && (int)m.type <= P_MISSING && rx_table[m.type]) {
+		if ((size_t)m.type < HWFS_ARRAY_SIZE(rx_table) && rx_table[m.type]) {
 			struct rx_from from = {sock, is_router, ident, ident_len, what};
 
 			rx_table[m.type](a, &m, &from);
