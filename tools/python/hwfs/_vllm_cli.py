@@ -1,4 +1,4 @@
-"""hwfs-vllm: the driver of a vLLM server that runs the backend "hwfs" (docs/engines.md, "hwfs-vllm").
+"""hwfs-vllm: the driver of a vLLM server with the backend "hwfs" (docs/engines.md, "hwfs-vllm").
 
     hwfs-vllm --server http://127.0.0.1:8000 --engine vllm-0 [-m /hotweights]
               [--inflight wait|abort] [--drain-timeout S] [--low-memory]
