@@ -127,11 +127,12 @@ class Driver:
     def init(self):
         """Register the server as engine NAME, the swaps left to us.  Raises
         NoBackend when the server has no backend "hwfs"."""
-        info = {"mount": self.mnt, "engine": self.args.engine, "flip": "driver",
-                "mode": "in_place" if self.args.low_memory else "shadow",
-                "swap": "copy" if self.args.copy_swap else "pointer"}
-        if self.args.slice_mib is not None:
-            info["slice_mib"] = self.args.slice_mib
+        info = {"mount": self.mnt, "engine": self.args.engine, "flip": "driver"}
+        for key, value in (("mode", self.args.low_memory and "in_place"),
+                           ("swap", self.args.copy_swap and "copy"),
+                           ("slice_mib", self.args.slice_mib)):
+            if value:  # only what differs from the defaults: an older backend takes the rest
+                info[key] = value
         try:
             self.server.post("/init_weight_transfer_engine", {"init_info": info}, timeout=60.0)
         except RouteError as e:

@@ -165,7 +165,7 @@ class HwfsInitInfo(WeightTransferInitInfo):
     # the swap: "pointer" (each parameter's storage swapped to its shadow) or
     # "copy" (the shadow copied into the live storage: CUDA graphs keep it)
     swap: str = "pointer"
-    slice_mib: float | None = None  # MiB per shadow-load slice (None: as it was)
+    slice_mib: float | None = None  # MiB per slice (None: $HWFS_VLLM_SLICE_MIB, else 64)
 
     def __post_init__(self):
         for field, allowed in (("flip", ("self", "driver")), ("mode", ("shadow", "in_place")),
@@ -616,8 +616,8 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
         with self._held():
             self.flip, self.events_mode = init_info.flip, init_info.mode
             self.copy_swap = init_info.swap == "copy"
-            if init_info.slice_mib is not None:
-                self.slice_bytes = max(1, int(init_info.slice_mib * (1 << 20)))
+            self.slice_bytes = SLICE_BYTES if init_info.slice_mib is None else \
+                max(1, int(init_info.slice_mib * (1 << 20)))
         try:
             self._register(mount, name)
         except OSError as e:
