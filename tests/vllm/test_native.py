@@ -48,8 +48,8 @@ import urllib.request
 import pytest
 
 from hwfs_integration_conftest import HwfsMount, _ACTIVE, poll, scaled
-from test_vllm import (MAX_TOKENS, START_TIMEOUT, VPY, Assets, Proc, drop_mount, env, free_port,
-                       perturb, tiny_llama)
+from test_vllm import (MAX_TOKENS, START_TIMEOUT, VPY, Assets, Proc, backend_argv, drop_mount, env,
+                       free_port, perturb, tiny_llama)
 
 ENGINE = "native-test"
 MODEL = "tiny"
@@ -116,14 +116,7 @@ class NativeServer(Proc):
         e = dict(env(), HWFS_ENGINE=engine, **environ)
         if slow_load:
             e.update(HWFS_VLLM_SLICE_MIB=str(SLICE_MIB), HWFS_VLLM_SLICE_PAUSE=str(SLICE_PAUSE))
-        super().__init__([VPY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-                          "--served-model-name", MODEL, "--host", "127.0.0.1",
-                          "--port", self.port, "--load-format", "hwfs",
-                          "--weight-transfer-config", '{"backend": "hwfs"}',
-                          "--enforce-eager", "--dtype", "float32", "--max-model-len", "256",
-                          "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(256 << 20),
-                          *args],
-                         log, e)
+        super().__init__(backend_argv(model_dir, self.port, *args), log, e)
         self.t0 = time.monotonic()
 
     def wait_up(self):

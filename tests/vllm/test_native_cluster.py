@@ -201,7 +201,7 @@ def test_hwfs_vllm_drives_the_backend_none_mixed(cluster, tmp_path):
         f = tmp_path / f"cli-{n.name}.json"
         assert poll(lambda: f.exists(), timeout=60), cli.tail()
         st = json.loads(f.read_text())
-        assert st.get("driver") == "native" and st["served"] == old, (st, cli.tail())
+        assert st["state"] == "idle" and st["served"] == old, (st, cli.tail())
     c.models["v3"] = perturb(copy.deepcopy(c.a.v1), 33)
     answers = {s.url: [] for s in c.servers}
     errors, stop = [], threading.Event()

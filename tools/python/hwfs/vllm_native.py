@@ -21,6 +21,10 @@ point); docs/engines.md, "vLLM's native weight-transfer API", is the manual.
     name; ".rankN" appended when the server has several workers), reported
     serving the loaded version;
   - init_info {"mount", "engine"} registers it there under that name instead;
+    {"mode": "in_place"} has the node's events check a version only (no
+    shadow: the swap loads it into the live weights), {"swap": "copy"}
+    copies a shadow into the live storage at the swap (CUDA graphs), and
+    {"slice_mib": N} sets the slice (default $HWFS_VLLM_SLICE_MIB, else 64);
   - update_info {"version": V} maps V, checks it against the served version
     (a misfit is refused, naming the tensor: nothing changes) and starts
     its shadow-load beside the served weights; the load runs on a thread
@@ -154,10 +158,25 @@ class HwfsInitInfo(WeightTransferInitInfo):
     # swap to finish_weight_update from a driver that holds the requests
     # first (hwfs-vllm: /pause, start, update, finish, /resume: none mixed)
     flip: str = "self"
+    # what a version that arrives, or that a commit prepares, gets: "shadow"
+    # (a shadow-load beside the served weights) or "in_place" (a check only;
+    # the swap loads it into the live weights: no shadow memory)
+    mode: str = "shadow"
+    # the swap: "pointer" (each parameter's storage swapped to its shadow) or
+    # "copy" (the shadow copied into the live storage: CUDA graphs keep it)
+    swap: str = "pointer"
+    slice_mib: float | None = None  # MiB per slice (None: $HWFS_VLLM_SLICE_MIB, else 64)
 
     def __post_init__(self):
-        if self.flip not in ("self", "driver"):
-            raise TypeError(f"init_info \"flip\" is \"self\" or \"driver\", not {self.flip!r}")
+        for field, allowed in (("flip", ("self", "driver")), ("mode", ("shadow", "in_place")),
+                               ("swap", ("pointer", "copy"))):
+            if getattr(self, field) not in allowed:
+                raise TypeError(f"init_info \"{field}\" is \"{allowed[0]}\" or "
+                                f"\"{allowed[1]}\", not {getattr(self, field)!r}")
+        if self.slice_mib is not None and (isinstance(self.slice_mib, bool) or not isinstance(
+                self.slice_mib, (int, float)) or not self.slice_mib > 0):
+            raise TypeError(f"init_info \"slice_mib\" is a number above 0, not "
+                            f"{self.slice_mib!r}")
 
 
 @dataclass
@@ -248,7 +267,7 @@ class _Gate:
 
 
 class _Ext(WorkerExtension):
-    """hwfs-vllm's worker extension on a model, without a vLLM worker."""
+    """hwfs.vllm.WorkerExtension (the loading core) on a model, without a vLLM worker."""
 
     def __init__(self, model):
         self._model = model
@@ -290,6 +309,9 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
         self.watcher = None      # the thread reading the node's events
         self.session = None      # a native update: {"version": V, "state": ...}
         self.flip = "self"       # who swaps at a commit's flip (HwfsInitInfo.flip)
+        self.events_mode = "shadow"  # what the node's events load (HwfsInitInfo.mode)
+        self.copy_swap = False   # HwfsInitInfo.swap == "copy"
+        self.slice_bytes = SLICE_BYTES
         self.same_bytes = None   # a version named otherwise whose bytes are served
         self.stopping = False
         self.last = {}           # the last swap's timings
@@ -391,11 +413,13 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
         with hwfs.open(self._mnt()) as m:
             return m.map(version)
 
-    def _want(self, v):
+    def _want(self, v, check_only=False):
         """Make @v the shadow: "serving" (its bytes are served), "loaded" or
         "loading" (the loader goes on), or "attach" (nothing of hwfs's is
-        served yet: the swap loads it whole, _attach).  Raises _Refused (a
-        misfit: nothing changed), OSError (no such version...)."""
+        served yet: the swap loads it whole, _attach); @check_only: no
+        shadow, "checked" (the swap loads it in place, _load_in_place).
+        Raises _Refused (a misfit: nothing changed), OSError (no such
+        version...)."""
         st = self.st
         mapping = self._map(v)
         if not st.attached:
@@ -409,15 +433,22 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
             self._report("loaded", v)
             return "serving"
         if (st.shadow_version == v and st.shadow_digest == mapping.digest
-                and st.shadow_state in ("loading", "loaded")):
+                and st.shadow_state in (("checked",) if check_only else ("loading", "loaded"))):
             mapping.close()
             return st.shadow_state
-        self._report("loading", v)
+        if not check_only:
+            self._report("loading", v)
         try:
-            r = _ok(self.ext.hwfs_prepare({"version": v, "_mapping": mapping}))
+            r = _ok(self.ext.hwfs_prepare({"version": v, "_mapping": mapping,
+                                           "low_memory": check_only}))
         except _Refused as e:
             self._report("refused", v, reason=str(e))
             raise
+        if check_only:
+            self._report("loaded", v)
+            logger.info("hwfs: worker %d checked %s (no shadow: the swap loads it in place)",
+                        self.rank, v)
+            return "checked"
         if r.get("loaded"):  # the standby held these bytes
             self._report("loaded", v)
             return "loaded"
@@ -451,7 +482,7 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
                     return
                 v = st.shadow_version
                 with self.gate.alone():
-                    r = self.ext.hwfs_load_slice({"slice_bytes": SLICE_BYTES})
+                    r = self.ext.hwfs_load_slice({"slice_bytes": self.slice_bytes})
                 if not r.get("ok"):
                     logger.warning("hwfs: refused %s: %s", v, r.get("error"))
                     self._report("refused", v, reason=r.get("error"))
@@ -467,8 +498,10 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
         """Serve the loaded shadow @v (holding self.cv); report the pause."""
         t0 = time.perf_counter()
         with self.gate.alone() as waited:
-            r = _ok(self.ext.hwfs_swap({"version": v}))
+            r = _ok(self.ext.hwfs_swap({"version": v, "copy": self.copy_swap}))
         pause_us = max(1, int((time.perf_counter() - t0) * 1e6))
+        if self.copy_swap:
+            logger.info("hwfs: worker %d copied %s into the live weights", self.rank, v)
         self._served_now(v, pause_us, int(waited * 1e6), r["swap_us"])
 
     def _attach(self, v):
@@ -532,7 +565,7 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
                                      f"(of {self.session['version']}) is in progress")
                     return
                 try:
-                    self._want(v)
+                    self._want(v, self.events_mode == "in_place")
                 except _Refused:
                     pass  # reported
                 except OSError as e:
@@ -540,9 +573,9 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
             elif ev.type == "current" and self.flip == "driver":
                 # the driver swaps (finish_weight_update): have v loaded for it
                 if v != st.served and not (st.shadow_version == v and
-                                           st.shadow_state in ("loading", "loaded")):
+                                           st.shadow_state in ("loading", "loaded", "checked")):
                     try:
-                        self._want(v)
+                        self._want(v, self.events_mode == "in_place")
                     except _Refused:
                         pass  # reported; the driver's update says it again
             elif ev.type == "current":
@@ -553,11 +586,13 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
                                               st.served_digest):
                     self._serve_same_bytes(v)
                 else:
-                    state = self._want(v)
+                    state = self._want(v, self.events_mode == "in_place")
                     if state == "attach":
                         self._attach(v)
                     elif state == "serving":
                         self._serve_same_bytes(v)
+                    elif state == "checked":
+                        self._load_in_place(v)
                     else:
                         self._wait_loaded(v)
                         self._swap(v)
@@ -579,7 +614,10 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
         name = init_info.engine or (self.name and self.name.split(".rank")[0]) or \
             default_engine_name()
         with self._held():
-            self.flip = init_info.flip
+            self.flip, self.events_mode = init_info.flip, init_info.mode
+            self.copy_swap = init_info.swap == "copy"
+            self.slice_bytes = SLICE_BYTES if init_info.slice_mib is None else \
+                max(1, int(init_info.slice_mib * (1 << 20)))
         try:
             self._register(mount, name)
         except OSError as e:
