@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#define ZSTD_STATIC_LINKING_ONLY /* ZSTD_c_literalCompressionMode (zstd >= 1.4.5) */
 #include <zstd.h>
 #include <xxhash.h>
 
@@ -25,11 +26,27 @@
 static const uint8_t delta_magic[4] = {'H', 'W', 'D', 'L'};
 
 /*
- * Create a context: zstd contexts set to compress at @level with the content
- * size in the frame and no checksum (the caller hashes the rebuilt shard),
- * and to refuse windows above DELTA_WINDOW_LOG_MAX (zstd applies that to
- * streaming only; delta_decode.c's check_frame() applies it to our one-shot
- * decoding).
+ * Set @cc to compress at @level with the content size in the frame and no
+ * checksum (the caller hashes the rebuilt shard).  Returns 0, or -1 when
+ * zstd refuses one of these.
+ */
+static int cc_init(ZSTD_CCtx *cc, int level)
+{
+	/* An out-of-range level is clamped by zstd, not refused. */
+	if (ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, level)) ||
+	    ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, 1)) ||
+	    ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_checksumFlag, 0)))
+		return -1;
+	return 0;
+}
+
+/*
+ * Create a context: two compression contexts at @level (cc_init()), the
+ * dense blocks' one accelerated (DENSE_ACCEL, delta_i.h: a libzstd that
+ * refuses those parameters compresses dense blocks at the plain level,
+ * which only costs time), and a decompression context that refuses windows
+ * above DELTA_WINDOW_LOG_MAX (zstd applies that to streaming only;
+ * delta_decode.c's check_frame() applies it to our one-shot decoding).
  * NULL when out of memory.
  */
 struct delta_ctx *delta_ctx_new(int level)
@@ -40,18 +57,20 @@ struct delta_ctx *delta_ctx_new(int level)
 		return NULL;
 	cx->format = DELTA_FORMAT;
 	cx->cc = ZSTD_createCCtx();
+	cx->cc_dense = ZSTD_createCCtx();
 	cx->dc = ZSTD_createDCtx();
 	cx->xs = XXH3_createState();
 	cx->blk = malloc(DELTA_BLOCK);
 	cx->vals = malloc(DELTA_BLOCK);
-	if (!cx->cc || !cx->dc || !cx->xs || !cx->blk || !cx->vals)
+	if (!cx->cc || !cx->cc_dense || !cx->dc || !cx->xs || !cx->blk || !cx->vals)
 		goto fail;
-	/* An out-of-range level is clamped by zstd, not refused. */
-	if (ZSTD_isError(ZSTD_CCtx_setParameter(cx->cc, ZSTD_c_compressionLevel, level)) ||
-	    ZSTD_isError(ZSTD_CCtx_setParameter(cx->cc, ZSTD_c_contentSizeFlag, 1)) ||
-	    ZSTD_isError(ZSTD_CCtx_setParameter(cx->cc, ZSTD_c_checksumFlag, 0)) ||
+	if (cc_init(cx->cc, level) || cc_init(cx->cc_dense, level) ||
 	    ZSTD_isError(ZSTD_DCtx_setParameter(cx->dc, ZSTD_d_windowLogMax, DELTA_WINDOW_LOG_MAX)))
 		goto fail;
+	/* each of these on its own: what the library refuses is left as the level set it */
+	(void)ZSTD_CCtx_setParameter(cx->cc_dense, ZSTD_c_targetLength, DENSE_ACCEL);
+	(void)ZSTD_CCtx_setParameter(cx->cc_dense, ZSTD_c_minMatch, DENSE_MIN_MATCH);
+	(void)ZSTD_CCtx_setParameter(cx->cc_dense, ZSTD_c_literalCompressionMode, ZSTD_ps_enable);
 	return cx;
 fail:
 	delta_ctx_free(cx);
@@ -76,6 +95,7 @@ void delta_ctx_free(struct delta_ctx *cx)
 	if (!cx)
 		return;
 	ZSTD_freeCCtx(cx->cc);
+	ZSTD_freeCCtx(cx->cc_dense);
 	ZSTD_freeDCtx(cx->dc);
 	XXH3_freeState(cx->xs);
 	free(cx->blk);

@@ -18,8 +18,9 @@
  * shorter than the block, compresses that list instead: zstd then sees 3%
  * of the bytes.  Otherwise (a dense block, or its list would be no
  * shorter) the block's XOR is shuffled by element width (delta_shuffle.c),
- * as in format 1.  The two are told apart by the frame's content size
- * alone (delta.h).
+ * as in format 1, and compressed by the context's accelerated dense
+ * context (DENSE_ACCEL, delta_i.h).  The two are told apart by the frame's
+ * content size alone (delta.h).
  *
  * Format 1 (one frame for the whole shard, shuffled as a whole, in the
  * context's scratch buffer) is written when delta_ctx_set_format() asks
@@ -167,7 +168,8 @@ ssize_t delta_encode(struct delta_ctx *cx, const void *base, const void *new_, s
 
 			size_t cl = block_content(cx, a + off, b + off, bl, width);
 
-			r = ZSTD_compress2(cx->cc, o + pos, cap - pos, cx->blk, cl);
+			r = ZSTD_compress2(cl < bl ? cx->cc : cx->cc_dense, o + pos, cap - pos,
+			                   cx->blk, cl);
 			if (ZSTD_isError(r))
 				return zstd_enc_err(r);
 			pos += r;

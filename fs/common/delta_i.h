@@ -49,9 +49,26 @@
 #define SPARSE_FRACTION 4
 #define SPARSE_SLACK 1024
 
+/*
+ * A dense block (its shuffled XOR) is compressed by a context of its own:
+ * zstd's level, with the match search accelerated by DENSE_ACCEL (the fast
+ * strategy's step grows where no match is found: the random low bits of the
+ * changed elements), matches of at least DENSE_MIN_MATCH bytes (the zero
+ * runs of the unchanged planes), and the literals still Huffman-coded (a
+ * negative level's acceleration drops that, and the low planes are mostly
+ * literals).  Measured on bench-delta's bf16 data, 30% of the elements
+ * changed (docs/delta.md): encode 2.95 -> 1.6 CPU-s per GiB, rebuild 1.03 ->
+ * 0.84, 0.81 -> 0.75 times zstd -1 of the XOR.  The lists of sparse blocks
+ * keep the plain level: accelerated, they grew by 8 to 11% for 5 to 10% less
+ * CPU.  The decoder is unchanged (they are ordinary zstd frames).
+ */
+#define DENSE_ACCEL 64
+#define DENSE_MIN_MATCH 7
+
 /* A codec context (delta.h): one per thread. */
 struct delta_ctx {
-	ZSTD_CCtx *cc;
+	ZSTD_CCtx *cc;     /* sparse blocks' lists, format 1's whole shard */
+	ZSTD_CCtx *cc_dense; /* dense blocks (DENSE_ACCEL) */
 	ZSTD_DCtx *dc;
 	XXH3_state_t *xs;  /* delta_decode_hash()'s running hash */
 	unsigned format;   /* what delta_encode() writes: 1 or 2 (DELTA_FORMAT) */
