@@ -651,7 +651,6 @@ static int daemon_mount(struct daemon *d, struct fuse_args *args, char *optstr, 
 			int *mounted, char *msg, size_t len)
 {
 	const struct daemon_opts *o = d->o;
-	struct stat bare;
 
 	snprintf(optstr, optlen,
 		 "fsname=hwfs:%s,subtype=hwfs,max_read=1048576,default_permissions%s",
@@ -662,8 +661,6 @@ static int daemon_mount(struct daemon *d, struct fuse_args *args, char *optstr, 
 		snprintf(msg, len, "error: cannot create the FUSE session\n");
 		return -EINVAL;
 	}
-	if (stat(o->mountpoint, &bare) == 0) /* a flip's symlink there: the mount is gone */
-		own_mount_set_bare_dev(bare.st_dev);
 	if (fuse_set_signal_handlers(d->se) < 0 || fuse_session_mount(d->se, o->mountpoint) < 0) {
 		snprintf(msg, len, "error: cannot mount on %s (see %s/hwfs.log)\n", o->mountpoint,
 			 store_dir(d->st));

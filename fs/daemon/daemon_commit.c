@@ -68,39 +68,55 @@ json_t *daemon_commit_status(struct daemon *d)
  * hook then tells the watchers and engines, {"event": "current"}).  Never
  * called from a FUSE request handler.  Returns 0 or -errno with a sentence in
  * @err.
+ *
+ * The symlink is made in the namespace directly, not through the mount: the
+ * kernel learns of it when the rename looks it up.  Made through the mount
+ * it cost three FUSE requests more per flip (the root's attributes, the
+ * name's negative lookup, SYMLINK), on every node of every commit, and a
+ * check of where it landed (docs/benchmarks.md, "Commit latency", issue 29).
+ * Only the rename goes through the mount, made by a child (own_mount.h).  A
+ * mount taken away from outside (umount(2)) before the daemon knows it stops
+ * cannot get a `current` in the bare mountpoint directory: the rename finds
+ * no symlink there (ENOENT).
  */
 static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
 {
-	char tmp[4096], cur[4096], target[1024];
-	int r, step;
+	char name[64], tmp[4096], cur[4096], target[1024];
+	struct node *root = ns_root(d->ns), *n;
+	int r;
 
 	r = ns_check_committable(d->ns, v, NULL, err, errlen);
 	if (r < 0)
 		return r;
 	snprintf(target, sizeof(target), "versions/%s", v);
-	snprintf(tmp, sizeof(tmp), "%s/.hwfs-commit-%d-%llu", d->o->mountpoint, (int)getpid(),
+	snprintf(name, sizeof(name), ".hwfs-commit-%d-%llu", (int)getpid(),
 		 (unsigned long long)__atomic_add_fetch(&d->counter, 1, __ATOMIC_RELAXED));
+	snprintf(tmp, sizeof(tmp), "%s/%s", d->o->mountpoint, name);
 	snprintf(cur, sizeof(cur), "%s/current", d->o->mountpoint);
-	/*
-	 * Shutdown sets d->stopping before it unmounts: seen between the two
-	 * calls, the symlink may have landed in the bare mountpoint directory,
-	 * and so would the rename.  Checked after the symlink, so an unmount
-	 * cannot slip in between the check and a symlink that did reach the
-	 * mount.  Both calls are made by one child (own_mount.h).
-	 */
-	if (own_mount_flip(target, tmp, cur, &d->stopping, &step) < 0) {
-		r = -errno;
-		if (r == -ESHUTDOWN)
-			snprintf(err, errlen, "the daemon is shutting down");
-		else if (step == 1)
-			snprintf(err, errlen, "symlink: %s", strerror(-r));
-		else
-			snprintf(err, errlen, "%s", r == -ENOENT ? "no such version"
-						    : r == -EBUSY ? "version is open"
-						    : r == -EIO   ? "version is damaged" : strerror(-r));
+	r = ns_symlink(d->ns, root, name, target, (uint32_t)getuid(), (uint32_t)getgid(), &n);
+	if (r < 0) {
+		snprintf(err, errlen, "symlink: %s", strerror(-r));
 		return r;
 	}
-	return 0;
+	ns_forget(d->ns, n, 1); /* the kernel's reference ns_symlink counted: it has none */
+	/*
+	 * Shutdown sets d->stopping before it unmounts: a rename made after
+	 * that would find no mount (or a bare directory without the symlink).
+	 */
+	if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
+		r = -ESHUTDOWN;
+	else if (own_mount_rename(tmp, cur) < 0)
+		r = -errno;
+	if (r == 0)
+		return 0;
+	ns_unlink(d->ns, root, name, 0); /* not renamed: the temporary goes */
+	if (r == -ESHUTDOWN || __atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
+		snprintf(err, errlen, "the daemon is shutting down");
+	else
+		snprintf(err, errlen, "%s", r == -ENOENT ? "no such version"
+					    : r == -EBUSY ? "version is open"
+					    : r == -EIO   ? "version is damaged" : strerror(-r));
+	return r;
 }
 
 /*

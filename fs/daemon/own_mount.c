@@ -1,5 +1,5 @@
 /*
- * own_mount.c — rename() and symlink() through the daemon's own mount, made
+ * own_mount.c — rename() through the daemon's own mount, made
  * by a child process that holds no descriptor at all, so none of the
  * session's /dev/fuse descriptors (own_mount.h says why).
  *
@@ -10,11 +10,11 @@
  * has its own descriptor table, which it empties before the call.  A fork()
  * of the daemon cost 0.5-1 ms per call here (its heap, thread stacks and
  * sqlite's pages are copied on write and torn down at exit), and a cluster
- * commit makes two such calls per node, on every node, in the critical path
- * (docs/benchmarks.md, "Commit latency").
+ * commit makes such a call on every node, in the critical path (the flip of
+ * `current`; docs/benchmarks.md, "Commit latency").
  *
- * The child runs only raw system calls (close_range or close, rename or
- * symlink, exit_group): no sanitizer's interceptor, no malloc, no lock.
+ * The child runs only raw system calls (close_range or close, rename,
+ * exit_group): no sanitizer's interceptor, no malloc, no lock.
  *
  * Under ThreadSanitizer the child is a plain fork(): its runtime intercepts
  * clone() as a fork, and with CLONE_VM the child's half of that bookkeeping
@@ -29,7 +29,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,18 +42,6 @@ void own_mount_set_fd(int fd)
 	__atomic_store_n(&fuse_fd, fd, __ATOMIC_RELEASE);
 }
 
-static dev_t bare_dev; /* the mountpoint directory's device before the mount; 0: unknown */
-
-void own_mount_set_bare_dev(dev_t dev)
-{
-	__atomic_store_n(&bare_dev, dev, __ATOMIC_RELEASE);
-}
-
-enum { OP_RENAME, OP_FLIP };
-
-/* OP_FLIP's exit status when its symlink failed: this bit | the errno. */
-#define FLIP_SYMLINK_FAILED 0x80
-
 #if defined(__SANITIZE_THREAD__) /* GCC */
 #define OWN_MOUNT_FORK 1
 #elif defined(__has_feature) /* clang */
@@ -66,21 +53,18 @@ enum { OP_RENAME, OP_FLIP };
 #define OWN_MOUNT_FORK 0
 #endif
 
-/* The child's stack (bytes): it makes four system calls. */
+/* The child's stack (bytes): it makes three system calls. */
 #define CHILD_STACK 16384
 
 struct child_call {
-	int op;
-	const char *a, *b, *c;
-	const int *stopping; /* OP_FLIP: read between its two calls */
-	dev_t bare;	     /* OP_FLIP: the bare mountpoint's device (0: unknown) */
+	const char *from, *to;
 };
 
-/* @r (a raw system call's result) as an exit status: 0 or an errno below 128. */
+/* @r (a raw system call's result) as an exit status: 0 or an errno below 256. */
 __attribute__((no_sanitize_address, no_sanitize_thread))
 static long child_status(long r)
 {
-	return r < 0 ? (errno > 0 && errno < FLIP_SYMLINK_FAILED ? errno : EIO) : 0;
+	return r < 0 ? (errno > 0 && errno < 256 ? errno : EIO) : 0;
 }
 
 /*
@@ -99,41 +83,12 @@ static int child_main(void *arg)
 	if (syscall(SYS_close_range, 3U, ~0U, 0U) < 0)
 		for (long i = 3; i < 65536; i++)
 			syscall(SYS_close, i);
-	if (c->op == OP_RENAME) {
-		r = child_status(syscall(SYS_rename, c->a, c->b));
-	} else { /* OP_FLIP: symlink @a at @b, then rename @b onto @c */
-		r = child_status(syscall(SYS_symlink, c->a, c->b));
-		if (r) {
-			r |= FLIP_SYMLINK_FAILED;
-		} else {
-			struct stat st;
-
-			/*
-			 * The mount may be gone before the daemon knows it (an
-			 * umount(2) from outside: `hwfs umount`, fusermount3 -u):
-			 * then the symlink landed in the bare directory.  Where
-			 * it is decides where the rename goes; one that is in
-			 * the mount can only fail once the mount is gone.
-			 */
-			if (__atomic_load_n(c->stopping, __ATOMIC_ACQUIRE) ||
-			    (c->bare && syscall(SYS_newfstatat, AT_FDCWD, c->b, &st,
-						AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == c->bare))
-				r = ESHUTDOWN;
-			else
-				r = child_status(syscall(SYS_rename, c->b, c->c));
-			if (r)
-				syscall(SYS_unlink, c->b);
-		}
-	}
+	r = child_status(syscall(SYS_rename, c->from, c->to));
 	syscall(SYS_exit_group, r);
 	return (int)r; /* not reached */
 }
 
-/*
- * Run @c in a child without the FUSE descriptor; returns 0 or -(its exit
- * status): an errno, for OP_FLIP with FLIP_SYMLINK_FAILED when it was the
- * symlink that failed.
- */
+/* Run @c in a child without the FUSE descriptor; returns 0 or -(its exit status): an errno. */
 static int in_child(const struct child_call *c)
 {
 	int fd = __atomic_load_n(&fuse_fd, __ATOMIC_ACQUIRE), st, r;
@@ -141,22 +96,8 @@ static int in_child(const struct child_call *c)
 	sigset_t all, old;
 	pid_t pid;
 
-	if (fd < 0) { /* no session (unit tests): the calls themselves, here */
-		if (c->op == OP_RENAME)
-			return rename(c->a, c->b) < 0 ? -errno : 0;
-		if (symlink(c->a, c->b) < 0)
-			return -(errno | FLIP_SYMLINK_FAILED);
-		struct stat st;
-
-		r = __atomic_load_n(c->stopping, __ATOMIC_ACQUIRE) ||
-				    (c->bare && lstat(c->b, &st) == 0 && st.st_dev == c->bare)
-			? -ESHUTDOWN
-			: rename(c->b, c->c) < 0			   ? -errno
-									   : 0;
-		if (r < 0)
-			unlink(c->b);
-		return r;
-	}
+	if (fd < 0) /* no session (unit tests): the call itself, here */
+		return rename(c->from, c->to) < 0 ? -errno : 0;
 	/* no signal handler may run in the child, on our memory */
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -182,28 +123,9 @@ static int in_child(const struct child_call *c)
 
 int own_mount_rename(const char *from, const char *to)
 {
-	struct child_call c = {.op = OP_RENAME, .a = from, .b = to};
+	struct child_call c = {.from = from, .to = to};
 	int r = in_child(&c);
 
-	if (r < 0)
-		errno = -r;
-	return r;
-}
-
-int own_mount_flip(const char *target, const char *tmp, const char *path, const int *stopping,
-		   int *step)
-{
-	struct child_call c = {.op = OP_FLIP, .a = target, .b = tmp, .c = path, .stopping = stopping,
-			       .bare = __atomic_load_n(&bare_dev, __ATOMIC_ACQUIRE)};
-	int r = in_child(&c);
-
-	*step = 0;
-	if (r < 0 && (-r & FLIP_SYMLINK_FAILED)) {
-		r = -(-r & ~FLIP_SYMLINK_FAILED);
-		*step = 1;
-	} else if (r < 0) {
-		*step = r == -ESHUTDOWN ? 0 : 2;
-	}
 	if (r < 0)
 		errno = -r;
 	return r;

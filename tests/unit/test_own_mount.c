@@ -3,11 +3,10 @@
  * daemon makes for its calls through its own mount): with a session
  * descriptor set the calls run in a clone(CLONE_VM|CLONE_VFORK) child (a
  * fork() under ThreadSanitizer), here on a scratch directory under /dev/shm
- * instead of a mount.  A flip makes the symlink and renames it onto the
- * target; a flip that sees the daemon stopping after its symlink does not
- * rename and leaves no temporary behind; a failed symlink or rename says
- * which step failed with the call's errno; hundreds of calls in a row work
- * (the child runs on the calling thread's stack).
+ * instead of a mount.  A rename replaces its target and a failed one returns
+ * the call's errno; hundreds of calls in a row work (the child runs on the
+ * calling thread's stack).  (The flip of `current` makes its symlink in the
+ * namespace and only the rename through the mount: daemon_commit.c.)
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -69,51 +68,31 @@ static void assert_link(const char *path, const char *want)
 	assert_string_equal(buf, want);
 }
 
-static void test_flip_replaces_the_link(void **state)
+static void test_rename_replaces_the_link(void **state)
 {
 	struct fx *f = *state;
-	int stopping = 0, step = -1;
 
 	assert_int_equal(symlink("versions/a", f->cur), 0);
-	assert_int_equal(own_mount_flip("versions/b", f->tmp, f->cur, &stopping, &step), 0);
-	assert_int_equal(step, 0);
+	assert_int_equal(symlink("versions/b", f->tmp), 0);
+	assert_int_equal(own_mount_rename(f->tmp, f->cur), 0);
 	assert_link(f->cur, "versions/b");
 	assert_int_equal(access(f->tmp, F_OK), -1); /* renamed away */
 }
 
-static void test_flip_while_stopping_does_not_rename(void **state)
+static void test_rename_failure_is_the_errno(void **state)
 {
 	struct fx *f = *state;
-	int stopping = 1, step = -1;
-	struct stat st;
+	char dir_target[160], sub[160];
 
-	assert_int_equal(symlink("versions/a", f->cur), 0);
-	assert_int_equal(own_mount_flip("versions/b", f->tmp, f->cur, &stopping, &step),
-			 -ESHUTDOWN);
-	assert_int_equal(errno, ESHUTDOWN);
-	assert_int_equal(step, 0);
-	assert_link(f->cur, "versions/a");
-	assert_int_equal(lstat(f->tmp, &st), -1); /* the temporary is gone */
-}
-
-static void test_flip_says_which_step_failed(void **state)
-{
-	struct fx *f = *state;
-	int stopping = 0, step = -1;
-	char dir_target[160], missing[160];
-
-	/* the symlink: its directory does not exist */
-	snprintf(missing, sizeof(missing), "%s/no/such/dir/.tmp", f->dir);
-	assert_int_equal(own_mount_flip("versions/b", missing, f->cur, &stopping, &step), -ENOENT);
-	assert_int_equal(step, 1);
-	/* the rename: onto a non-empty directory */
+	/* onto a non-empty directory */
+	assert_int_equal(symlink("versions/b", f->tmp), 0);
 	snprintf(dir_target, sizeof(dir_target), "%s/d", f->dir);
 	assert_int_equal(mkdir(dir_target, 0700), 0);
-	snprintf(missing, sizeof(missing), "%s/d/x", f->dir);
-	assert_int_equal(mkdir(missing, 0700), 0);
-	assert_true(own_mount_flip("versions/b", f->tmp, dir_target, &stopping, &step) < 0);
-	assert_int_equal(step, 2);
-	assert_int_equal(access(f->tmp, F_OK), -1); /* unlinked after the failed rename */
+	snprintf(sub, sizeof(sub), "%s/d/x", f->dir);
+	assert_int_equal(mkdir(sub, 0700), 0);
+	assert_int_equal(own_mount_rename(f->tmp, dir_target), -EISDIR);
+	assert_int_equal(errno, EISDIR);
+	assert_link(f->tmp, "versions/b"); /* nothing moved */
 }
 
 static void test_rename_alone(void **state)
@@ -130,16 +109,16 @@ static void test_rename_alone(void **state)
 	assert_int_equal(errno, ENOENT);
 }
 
-static void test_many_flips_in_a_row(void **state)
+static void test_many_renames_in_a_row(void **state)
 {
 	struct fx *f = *state;
-	int stopping = 0, step;
 	char target[32];
 
 	/* the calling thread's stack carries the child: a few hundred in a row must all work */
 	for (int i = 0; i < 200; i++) {
 		snprintf(target, sizeof(target), "versions/v%d", i);
-		assert_int_equal(own_mount_flip(target, f->tmp, f->cur, &stopping, &step), 0);
+		assert_int_equal(symlink(target, f->tmp), 0);
+		assert_int_equal(own_mount_rename(f->tmp, f->cur), 0);
 	}
 	assert_link(f->cur, "versions/v199");
 }
@@ -147,13 +126,10 @@ static void test_many_flips_in_a_row(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_flip_replaces_the_link, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_flip_while_stopping_does_not_rename, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_flip_says_which_step_failed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rename_replaces_the_link, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rename_failure_is_the_errno, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rename_alone, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_many_flips_in_a_row, setup,
-						teardown),
+		cmocka_unit_test_setup_teardown(test_many_renames_in_a_row, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
