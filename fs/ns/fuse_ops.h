@@ -50,6 +50,7 @@ fuse_ino_t hwfs_fuse_ino(struct ns *ns, struct node *n);
  */
 int hwfs_readaround_start(struct fsctx *c, struct fuse_session *se);
 void hwfs_readaround_stop(struct fsctx *c);
-void hwfs_readaround_note(struct fsctx *c, struct node *n, fuse_ino_t ino, uint64_t off, size_t size);
+void hwfs_readaround_note(struct fsctx *c, struct node *n, fuse_ino_t ino, uint64_t off,
+			  size_t size);
 
 #endif /* HWFS_FUSE_OPS_H */

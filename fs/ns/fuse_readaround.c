@@ -47,8 +47,8 @@
 #include "ns_i.h"
 #include "tunables.h"
 
-#define RA_SLOTS 4096u  /* windows remembered (power of 2) */
-#define RA_QUEUE 256u   /* windows waiting to be pushed */
+#define RA_SLOTS 4096u       /* windows remembered (power of 2) */
+#define RA_QUEUE 256u        /* windows waiting to be pushed */
 #define RA_SMALL (32u << 10) /* a read of at most this is "small" */
 /*
  * Push threads: the fill is the kernel's page allocation and copy, on the
@@ -62,15 +62,15 @@
 struct ra_item {
 	struct node *n;
 	fuse_ino_t ino; /* the kernel's number for it */
-	uint64_t off;  /* window start, in the node's bytes */
-	uint64_t tag;  /* slot value without the state bits */
+	uint64_t off;   /* window start, in the node's bytes */
+	uint64_t tag;   /* slot value without the state bits */
 	uint32_t slot;
 };
 
 struct readaround {
 	struct ns *ns;
 	struct fuse_session *se;
-	uint64_t win;  /* window bytes */
+	uint64_t win; /* window bytes */
 	unsigned nthreads;
 	pthread_t thread[RA_THREADS];
 	pthread_mutex_t mu;
@@ -205,7 +205,8 @@ void hwfs_readaround_stop(struct fsctx *c)
 	free(ra);
 }
 
-void hwfs_readaround_note(struct fsctx *c, struct node *n, fuse_ino_t ino, uint64_t off, size_t size)
+void hwfs_readaround_note(struct fsctx *c, struct node *n, fuse_ino_t ino, uint64_t off,
+			  size_t size)
 {
 	struct readaround *ra = __atomic_load_n(&c->ra, __ATOMIC_ACQUIRE);
 	uint64_t off0, h, tag, v;
