@@ -8,6 +8,7 @@
 #                 end-to-end demo
 #   make progs    the programs and libhwfs only (no unit tests)
 #   make bench    install missing dependencies, build, run the single-node benchmark
+#                 (its fio reader rows alone: python3 tools/bench/bench.py --readers-only)
 #   make asan     build with AddressSanitizer/UBSan into build-asan/
 #   make tsan     build with ThreadSanitizer into build-tsan/
 #   make cuda-abi-check  gpu/cudart.h against the CUDA headers, where installed

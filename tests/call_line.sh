@@ -7,7 +7,7 @@
 # given its place here.  Exit 0, or 1 naming every call against the line.
 set -eu
 build=${1:-build}
-NS_LINE="fuse_ops ns_life ns_tree ns_io ns_version ns_tensors ns_tp ns ns_tp_file"
+NS_LINE="fuse_ops fuse_readaround ns_life ns_tree ns_io ns_version ns_tensors ns_tp ns ns_tp_file"
 DAEMON_LINE="daemon daemon_ns_hooks daemon_ops daemon_repl daemon_commit daemon_publish
 daemon_diff daemon_engine_ops daemon_gpu daemon_lease daemon_http daemon_req engine_registry
 own_mount"

@@ -49,6 +49,8 @@
 	X(read_ahead_kb, 8192, 128, 1u << 20, "read-ahead of the mount (bdi read_ahead_kb)") \
 	X(max_threads, 8, 1, 256, "FUSE worker threads") \
 	X(max_background, 64, 1, 65535, "async FUSE requests in flight (read-ahead)") \
+	X(read_around_kb, 1024, 0, 65536, \
+	  "a small read of a sealed file also fills this much around it (0: off)") \
 	X(publish_io, 8ull << 20, 4096, 1ull << 30, "read size of hwfs publish") \
 	X(ctl_drain_ms, 10000, 1, 3600000, \
 	  "at shutdown, wait this long (ms) for control connections") \

@@ -655,7 +655,7 @@ static int daemon_mount(struct daemon *d, struct fuse_args *args, char *optstr, 
 	snprintf(optstr, optlen,
 		 "fsname=hwfs:%s,subtype=hwfs,max_read=1048576,default_permissions%s",
 		 store_dir(d->st), geteuid() == 0 ? ",allow_other" : "");
-	d->fsctx = (struct fsctx){d->ns, d->ctl_path, on_init, d, daemon_rename_commit};
+	d->fsctx = (struct fsctx){d->ns, d->ctl_path, on_init, d, daemon_rename_commit, NULL};
 	d->se = fuse_session_new(args, hwfs_fuse_ops(), sizeof(struct fuse_lowlevel_ops), &d->fsctx);
 	if (!d->se) {
 		snprintf(msg, len, "error: cannot create the FUSE session\n");
@@ -721,7 +721,10 @@ static void daemon_serve(struct daemon *d)
 	fuse_loop_cfg_set_clone_fd(cfg, 1);
 	fuse_loop_cfg_set_max_threads(cfg, (unsigned)hwfs_tun.max_threads);
 	fuse_loop_cfg_set_idle_threads(cfg, (unsigned)HWFS_MIN(hwfs_tun.max_threads, 4));
+	if (hwfs_readaround_start(&d->fsctx, d->se) < 0)
+		LOG_WARN("read-around thread not started: small reads go one request each");
 	fuse_session_loop_mt(d->se, cfg);
+	hwfs_readaround_stop(&d->fsctx); /* the loop has joined its workers */
 	fuse_loop_cfg_destroy(cfg);
 	LOG_INFO("unmounted %s", d->o->mountpoint);
 }

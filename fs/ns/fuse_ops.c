@@ -6,7 +6,9 @@
  * attributes are cached for a day and their pages are kept across opens
  * (keep_cache).  Open versions, `versions/` and the root change, so they get
  * one second.  Reads of sealed files reply straight from arena memory with
- * fuse_reply_iov: one copy, into the kernel's page cache.
+ * fuse_reply_iov: one copy, into the kernel's page cache.  A small read of
+ * sealed data also has its window stored into the page cache
+ * (fuse_readaround.c), so random readers pay one round trip per window.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -432,7 +434,10 @@ static void hwfs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	hwfs_count_fuse(HWFS_FOP_read);
 	struct node *n = (struct node *)(uintptr_t)fi->fh;
 	struct read_reply rr = {req, 0};
-	int r = ns_read(CTX(req)->ns, n, (uint64_t)off, size, emit_reply, &rr);
+	int r;
+
+	hwfs_readaround_note(CTX(req), n, ino, (uint64_t)off, size); /* a small read: its window follows */
+	r = ns_read(CTX(req)->ns, n, (uint64_t)off, size, emit_reply, &rr);
 
 	if (r < 0 && !rr.replied)
 		fuse_reply_err(req, -r);

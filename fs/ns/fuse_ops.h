@@ -30,6 +30,7 @@ struct fsctx {
 	 * lock.  NULL: the rename flips at once.
 	 */
 	int (*commit)(void *arg, const char *target, pid_t pid);
+	struct readaround *ra;          /* hwfs_readaround_start(); NULL: off */
 };
 
 /** The operation table. */
@@ -37,5 +38,19 @@ const struct fuse_lowlevel_ops *hwfs_fuse_ops(void);
 
 /** The FUSE inode number of @n. */
 fuse_ino_t hwfs_fuse_ino(struct ns *ns, struct node *n);
+
+/*
+ * Read-around of small reads of immutable files (fuse_readaround.c): the
+ * aligned read_around_kb window around a small read of a sealed file or a
+ * tensor is stored into the kernel's page cache (FUSE_NOTIFY_STORE) by a
+ * thread of its own.  start: before the session loop (0, or -errno; nothing
+ * when the tunable is 0); stop: after it has returned (no worker left in
+ * hwfs_readaround_note); note: from the read handler (@ino: @n's inode
+ * number in the request), before its reply.
+ */
+int hwfs_readaround_start(struct fsctx *c, struct fuse_session *se);
+void hwfs_readaround_stop(struct fsctx *c);
+void hwfs_readaround_note(struct fsctx *c, struct node *n, fuse_ino_t ino, uint64_t off,
+			  size_t size);
 
 #endif /* HWFS_FUSE_OPS_H */

@@ -25,6 +25,15 @@ and, beside them, the same three figures the way a plain user takes them
                which the store does not have (removed again after each
                repetition, so every repetition writes new bytes)
 
+and the parallel-reader rows (issue 29, item 4), with fio on one file of fresh
+random bytes (--readers-gib, default 2 GiB) copied into a version and sealed,
+the page cache dropped (echo 1 > drop_caches) before every run, hwfs and tmpfs:
+
+  readers seq1   one sequential reader, 1 MiB reads (psync)
+  readers seq4   4 sequential readers, each its own quarter (TP workers)
+  readers rand4  4 random readers, 4 KiB reads (psync)
+  readers mmap4  4 random readers, 4 KiB, through mmap (fio's mmap engine)
+
 Read and copy baselines are the same operation on the tmpfs source, timed
 right next to each hwfs repetition.  Every timing is repeated (--reps, default
 3) and the MEDIAN is reported and judged (best and all samples are in the JSON).  GB/s means 10^9 bytes per second.  Results go to
@@ -35,6 +44,7 @@ other benchmarks are in tools/bench/benchlib.py.
   python3 tools/bench/bench.py --baseline-only   tmpfs baselines only (no hwfs needed)
   python3 tools/bench/bench.py --tensors 8       smaller model for a quick check
   python3 tools/bench/bench.py --plain-only      only the plain rows
+  python3 tools/bench/bench.py --readers-only    only the parallel-reader rows (needs fio)
 """
 
 import argparse
@@ -60,10 +70,24 @@ TARGETS = {  # metric -> (comparison, threshold)
     "plain_cold": (">=", 0.60),
     "plain_warm": (">=", 0.95),
     "plain_cp": (">=", 0.50),
+    "readers_seq4": (">=", 0.35),
+    "readers_rand4": (">=", 0.40),
+    "readers_mmap4": (">=", 0.40),
 }
 PLAIN_ROWS = (("plain_cold", "plain: cat, echo 3 > drop_caches"), ("plain_warm", "plain: cat, warm"),
               ("plain_cold_128k", "plain: dd bs=128K, cold"), ("plain_warm_128k", "plain: dd bs=128K, warm"),
               ("plain_cp", "plain: cp new bytes into open version"))
+# fio shapes of the parallel-reader rows: key, label, jobs, arguments ({q}: a quarter of
+# the file, {io}: the bytes each random reader reads)
+READER_ROWS = (
+    ("readers_seq1", "readers: 1 seq, 1 MiB", 1, ["--rw=read", "--bs=1M", "--ioengine=psync"]),
+    ("readers_seq4", "readers: 4 seq, 1 MiB, a quarter each", 4,
+     ["--rw=read", "--bs=1M", "--ioengine=psync", "--size={q}", "--offset_increment={q}"]),
+    ("readers_rand4", "readers: 4 random 4 KiB", 4,
+     ["--rw=randread", "--bs=4k", "--ioengine=psync", "--io_size={io}"]),
+    ("readers_mmap4", "readers: 4 mmap random 4 KiB", 4,
+     ["--rw=randread", "--bs=4k", "--ioengine=mmap", "--io_size={io}"]),
+)
 
 
 log = logger("bench")
@@ -203,16 +227,32 @@ def main():
     ap.add_argument("--plain-gib", type=float, default=2, help="size of the plain rows' files (default 2)")
     ap.add_argument("--plain-only", action="store_true", help="only the plain rows (the way a user measures)")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain rows")
+    ap.add_argument("--readers-gib", type=float, default=2, help="size of the reader rows' file (default 2)")
+    ap.add_argument("--readers-io-mib", type=int, default=0,
+                    help="MiB each random reader reads (default: a quarter of the file, so the four "
+                         "read as many bytes as the file holds, as the sequential ones do)")
+    ap.add_argument("--readers-rows", default="seq1,seq4,rand4,mmap4",
+                    help="which reader rows (default: all four)")
+    ap.add_argument("--readers-only", action="store_true", help="only the parallel-reader rows (fio)")
+    ap.add_argument("--no-readers", action="store_true", help="skip the parallel-reader rows")
     a = ap.parse_args()
     if a.plain_only and a.no_plain:
         sys.exit("bench: --plain-only and --no-plain exclude each other")
+    if a.readers_only and (a.no_readers or a.plain_only):
+        sys.exit("bench: --readers-only excludes --no-readers and --plain-only")
+    if a.plain_only or a.readers_only:  # an "only" runs nothing else
+        a.no_plain, a.no_readers = a.no_plain or a.readers_only, a.no_readers or a.plain_only
+    if not a.no_readers and not shutil.which("fio"):
+        sys.exit("bench: fio not found (tools/install/install-deps.sh installs it; or --no-readers)")
 
     total = int(a.tensors * a.tensor_mib * (1 << 20))
     n_changed = max(1, round(a.tensors / 10))
     plain_bytes = int(a.plain_gib * (1 << 30)) // 4096 * 4096
-    # the plain rows run after the others have given their memory back (free_classic)
-    need = max(0 if a.plain_only else 5 * total + (n_changed * a.tensor_mib * (1 << 20)),
-               0 if a.no_plain else 5 * plain_bytes) + (256 << 20)
+    readers_bytes = int(a.readers_gib * (1 << 30)) // (4 << 20) * (4 << 20)
+    only = a.plain_only or a.readers_only
+    # the plain and reader rows each run after the others have given their memory back
+    need = max(0 if only else 5 * total + (n_changed * a.tensor_mib * (1 << 20)),
+               0 if a.no_plain else 5 * plain_bytes, 0 if a.no_readers else 3 * readers_bytes) + (256 << 20)
     free = shutil.disk_usage("/dev/shm").free
     if free < need:
         sys.exit(f"bench: /dev/shm has {free / 2**30:.1f} GiB free, needs {need / 2**30:.1f} GiB")
@@ -227,15 +267,19 @@ def main():
         d.mkdir()
     h = Hwfs(mnt, str(Path(work, "store")), capacity)
     os.mkdir(h.store)
-    res = {"model_bytes": total, "plain_bytes": plain_bytes, "tensors": a.tensors, "tensor_mib": a.tensor_mib,
+    res = {"model_bytes": total, "plain_bytes": plain_bytes, "readers_bytes": readers_bytes,
+           "tensors": a.tensors, "tensor_mib": a.tensor_mib,
            "reps": a.reps,
            "statistic": "median", "gb": "1e9 bytes", "capacity": capacity, "metrics": {}}
     M = res["metrics"]
     try:
-        if a.plain_only:
+        if only:
             if not a.baseline_only:
                 h.mount()
-            plain_rows(a, h, work, plain_bytes, M)
+            if not a.no_plain:
+                plain_rows(a, h, work, plain_bytes, M)
+            if not a.no_readers:
+                reader_rows(a, h, work, readers_bytes, M)
             return finish(res, a.json)
         log(f"writing {a.tensors} x {a.tensor_mib:g} MiB float16 tensors to {srcdir}")
         t0 = time.perf_counter()
@@ -285,10 +329,12 @@ def main():
             M["read_warm"] = M["read_cold"]
             M["cp_ingest"] = paired("cp", tmpfs_cp, None)
             M["growth"] = {"hwfs_bytes": None, "changed_bytes": changed, "ratio": None}
+            shutil.rmtree(srcdir)
+            shutil.rmtree(src3dir)
             if not a.no_plain:
-                shutil.rmtree(srcdir)
-                shutil.rmtree(src3dir)
                 plain_rows(a, h, work, plain_bytes, M)
+            if not a.no_readers:
+                reader_rows(a, h, work, readers_bytes, M)
             return finish(res, a.json)
 
         h.mount()
@@ -342,14 +388,17 @@ def main():
                        "publish_s": round(t, 4)}
         log(f"growth       {growth / 2**20:.1f} MiB for {changed / 2**20:.1f} MiB changed")
         res["status"] = h.status()["store"]
-        if not a.no_plain:
-            # the model, its copies and versions go first: the plain rows need the memory
+        if not (a.no_plain and a.no_readers):
+            # the model, its copies and versions go first: the plain and reader rows need the memory
             for v in ("v1", "v3"):
                 h.cmd("rm", v)
             shutil.rmtree(srcdir)
             shutil.rmtree(src3dir)
             h.wait_used(lambda u: u <= u0, timeout=60)
-            plain_rows(a, h, work, plain_bytes, M)
+            if not a.no_plain:
+                plain_rows(a, h, work, plain_bytes, M)
+            if not a.no_readers:
+                reader_rows(a, h, work, readers_bytes, M)
         return finish(res, a.json)
     finally:
         h.cleanup()
@@ -450,12 +499,80 @@ def plain_rows(a, h, work, nbytes, M):
     os.unlink(G)
 
 
+def fio_gbps(path, nbytes, jobs, args, io_bytes):
+    """One fio run of @jobs readers of @path (@nbytes long) with @args: (GB/s over
+    the group's run time, seconds).  The caller drops the page cache first; fio
+    must not (--invalidate=0): its per-job fadvise would race the other jobs."""
+    q = nbytes // 4
+    cmd = ["fio", "--output-format=json", "--name=readers", f"--filename={path}", "--readonly",
+           "--invalidate=0", f"--size={nbytes}", f"--numjobs={jobs}", "--group_reporting",
+           *[x.format(q=q, io=io_bytes) for x in args]]
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=CMD_TIMEOUT)
+    if cp.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed ({cp.returncode}): {cp.stderr.strip()}")
+    rd = json.loads(cp.stdout[cp.stdout.index("{"):])["jobs"][0]["read"]
+    secs = rd["runtime"] / 1000
+    want = jobs * (io_bytes if "--io_size={io}" in args else q if "--size={q}" in args else nbytes)
+    if not secs or rd["io_bytes"] < want:
+        raise RuntimeError(f"fio read {rd['io_bytes']} bytes in {secs} s: `{' '.join(cmd)}`")
+    return rd["io_bytes"] / secs / 1e9, secs
+
+
+def reader_rows(a, h, work, nbytes, M):
+    """The parallel-reader rows (issue 29, item 4; docs/benchmarks.md, "Parallel
+    readers"): the fio shapes of READER_ROWS on one sealed file of fresh random
+    bytes and on its tmpfs source, each run paired with the other, the page cache
+    dropped before every run of either (tmpfs pages stay: they are the file)."""
+    only = a.baseline_only
+    rdir = Path(work, "readers")
+    rdir.mkdir()
+    R = rdir / "readers.bin"
+    log(f"reader rows: writing {nbytes / 2**30:.2f} GiB of fresh random bytes to {R}")
+    write_random(R, nbytes, 3)
+    io_bytes = min(nbytes, a.readers_io_mib << 20) if a.readers_io_mib else nbytes // 4
+    rows = [r for r in READER_ROWS if r[0].split("_", 1)[1] in a.readers_rows.split(",")]
+    F = None
+    if not only:
+        vr = Path(h.mnt, "versions", "readers")
+        vr.mkdir()
+        subprocess.run(["cp", R, vr], check=True, timeout=CMD_TIMEOUT)
+        h.cmd("seal", "readers")
+        F = vr / R.name
+    dropped = []
+
+    def one(path, jobs, args):
+        dropped.append(drop_caches(1, timeout=CMD_TIMEOUT))
+        return fio_gbps(path, nbytes, jobs, args, io_bytes)
+
+    for key, label, jobs, args in rows:
+        bs, hs, cpu = [], [], []
+        for _ in range(a.reps):
+            bs.append(one(R, jobs, args)[0])
+            if not only:
+                c0 = proc_cpu(h.pid)
+                hs.append(one(F, jobs, args)[0])
+                c1 = proc_cpu(h.pid)
+                if c0 is not None and c1 is not None:
+                    cpu.append(c1 - c0)
+        b = {"median_gbps": statistics.median(bs), "best_gbps": max(bs), "samples_gbps": bs}
+        h_ = {"median_gbps": statistics.median(hs), "best_gbps": max(hs), "samples_gbps": hs} if hs else None
+        if h_ and cpu:
+            h_["daemon_cpu_s"] = round(statistics.median(cpu), 3)
+        log(f"{key:16} tmpfs {b['median_gbps']:.2f} GB/s"
+            + (f", hwfs {h_['median_gbps']:.2f} GB/s" if h_ else ""))
+        M[key] = {"hwfs": h_, "baseline": b, "bytes": nbytes, "jobs": jobs, "fio": args,
+                  "random_io_bytes_per_job": io_bytes, "caches_dropped": all(dropped)}
+    if not only:
+        h.cmd("rm", "readers")
+    os.unlink(R)
+
+
 def finish(res, json_path):
     M = res["metrics"]
     rows = []
     for key, label in (("read_cold", "read cold (cat after drop_caches)"), ("read_warm", "read warm (cat)"),
                        ("cp_ingest", "cp ingest, bytes v1 has (dedup)"), ("publish", "hwfs publish"),
-                       *PLAIN_ROWS):
+                       *PLAIN_ROWS, *[(k, l) for k, l, _, _ in READER_ROWS]):
         m = M.get(key)
         if not m:
             continue
@@ -467,9 +584,12 @@ def finish(res, json_path):
     g = M.get("growth")
 
     verdicts = {}
-    what = (f"{res['model_bytes'] / 2**30:.2f} GiB model, {res['tensors']} tensors"
-            if any(k in M for k in ("read_cold", "cp_ingest", "publish")) else
-            f"plain rows only, {res['plain_bytes'] / 2**30:.2f} GiB file")
+    if any(k in M for k in ("read_cold", "cp_ingest", "publish")):
+        what = f"{res['model_bytes'] / 2**30:.2f} GiB model, {res['tensors']} tensors"
+    elif any(k in M for k, _ in PLAIN_ROWS):
+        what = f"plain rows only, {res['plain_bytes'] / 2**30:.2f} GiB file"
+    else:
+        what = f"reader rows only, {res['readers_bytes'] / 2**30:.2f} GiB file"
     print(f"\nhwfs single-node benchmark: {what}; median of {res['reps']} runs; GB/s = 1e9 B/s\n")
     hdr = f"{'metric':36} {'hwfs GB/s':>10} {'base GB/s':>10} {'ratio':>7} {'target':>8}  result"
     print(hdr)
@@ -500,7 +620,10 @@ def finish(res, json_path):
                         if k in M and M[k].get("hwfs") and "daemon_cpu_s_per_gib" in M[k]["hwfs"])
         print(f"  (plain rows: one {res['plain_bytes'] / 2**30:.2f} GiB file of new random bytes; "
               f"daemon CPU s per GiB: {cpu or 'n/a'})")
-    for k in ("read_cold", "plain_cold"):
+    if any(k in M for k, _, _, _ in READER_ROWS):
+        print(f"  (reader rows: fio on one {res['readers_bytes'] / 2**30:.2f} GiB file of random bytes, "
+              "page cache dropped before each run; ratio = hwfs / tmpfs, same run)")
+    for k in ("read_cold", "plain_cold", "readers_seq1"):
         if k in M and M[k].get("caches_dropped") is False:
             print(f"  note: drop_caches was not permitted; '{k}' ran with a warm page cache")
     res["verdicts"] = verdicts

@@ -11,12 +11,13 @@ set -uo pipefail
 DEB_PKGS=(build-essential pkg-config iproute2 libfuse3-dev fuse3 libsqlite3-dev libzmq3-dev
           libxxhash-dev libjansson-dev libcmocka-dev libzstd-dev libdlpack-dev zstd inotify-tools
           attr rsync curl python3 python3-pip
-          libmicrohttpd-dev libsystemd-dev prometheus chromium systemd)
+          libmicrohttpd-dev libsystemd-dev prometheus chromium systemd fio)
 # libmicrohttpd-dev: the --http server (fs/common/http.c, which dlopens libmicrohttpd.so.12);
 # libsystemd-dev: no longer linked (fs/common/sdnotify.c sends the Type=notify units' datagram
 # itself); prometheus: promtool and the server of
 # tests/integration/cluster/test_prometheus.py; chromium: the headless browser of
-# tests/integration/test_status_page.py; systemd: systemd-analyze verify of the units.
+# tests/integration/test_status_page.py; systemd: systemd-analyze verify of the units;
+# fio: the parallel-reader rows of `make bench` (tools/bench/bench.py).
 # Python modules as IMPORT_NAME:PIP_NAME (the pip name is the import name when
 # no ':' is given).  torch and transformers are for the tests of the Python
 # package (tests/integration/test_torch_engine.py); torch's default wheel is
