@@ -56,13 +56,17 @@
  * changed elements), matches of at least DENSE_MIN_MATCH bytes (the zero
  * runs of the unchanged planes), and the literals still Huffman-coded (a
  * negative level's acceleration drops that, and the low planes are mostly
- * literals).  Measured on bench-delta's bf16 data, 30% of the elements
- * changed (docs/delta.md): encode 2.95 -> 1.6 CPU-s per GiB, rebuild 1.03 ->
- * 0.84, 0.81 -> 0.75 times zstd -1 of the XOR.  The lists of sparse blocks
- * keep the plain level: accelerated, they grew by 8 to 11% for 5 to 10% less
- * CPU.  The decoder is unchanged (they are ordinary zstd frames).
+ * literals).  Measured (docs/delta.md, "Dense blocks, accelerated"): on
+ * bench-delta's data, 30% of the elements changed, encode 2.95 -> 2.1
+ * CPU-s per GiB, rebuild 1.03 -> 1.0, 0.81 -> 0.75 times zstd -1 of the XOR;
+ * on real AdamW steps (make bench-rl, 26-51% changed) smaller deltas in
+ * every step but the first, whose update has patterns a faster search
+ * misses (64 was faster still on bench-delta and 19% larger there).  The
+ * lists of sparse blocks keep the plain level: accelerated, they grew by 8
+ * to 11% for 5 to 10% less CPU.  The decoder is unchanged (these are
+ * ordinary zstd frames).
  */
-#define DENSE_ACCEL 64
+#define DENSE_ACCEL 16
 #define DENSE_MIN_MATCH 7
 
 /* A codec context (delta.h): one per thread. */

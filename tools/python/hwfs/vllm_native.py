@@ -473,6 +473,7 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
     def _loader(self):
         self._on_device()
         st = self.st
+        loading = [None, 0.0, 0.0]  # the version loading, since when, its slices' time
         while True:
             with self.cv:
                 self.cv.wait_for(lambda: self.stopping or (st.shadow_state == "loading"
@@ -481,15 +482,21 @@ class HwfsWeightTransferEngine(WeightTransferEngine[HwfsInitInfo, HwfsUpdateInfo
                 if self.stopping:
                     return
                 v = st.shadow_version
+                if v != loading[0]:  # a new load: its time from its first slice
+                    loading[:] = [v, time.perf_counter(), 0.0]
                 with self.gate.alone():
                     r = self.ext.hwfs_load_slice({"slice_bytes": self.slice_bytes})
+                loading[2] += r.get("slice_ms", 0) / 1000
                 if not r.get("ok"):
                     logger.warning("hwfs: refused %s: %s", v, r.get("error"))
                     self._report("refused", v, reason=r.get("error"))
                 elif st.shadow_state == "loaded":
-                    logger.info("hwfs: worker %d loaded %s beside %s", self.rank, v, st.served)
+                    logger.info("hwfs: worker %d loaded %s beside %s in %.3f s (slices %.3f s)",
+                                self.rank, v, st.served, time.perf_counter() - loading[1],
+                                loading[2])
                     self._report("loaded", v)
                 if st.shadow_state != "loading":
+                    loading[0] = None
                     self.cv.notify_all()
             if SLICE_PAUSE:
                 time.sleep(SLICE_PAUSE)
