@@ -112,6 +112,10 @@ static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
 	ns_unlink(d->ns, root, name, 0); /* not renamed: the temporary goes */
 	if (r == -ESHUTDOWN || __atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
 		snprintf(err, errlen, "the daemon is shutting down");
+	else if (r == -ENOENT && ns_check_committable(d->ns, v, NULL, NULL, 0) == 0)
+		/* the version is here: the path is what is gone (a mount taken away) */
+		snprintf(err, errlen, "rename onto %s: %s (is the mount still there?)", cur,
+			 strerror(-r));
 	else
 		snprintf(err, errlen, "%s", r == -ENOENT ? "no such version"
 					    : r == -EBUSY ? "version is open"
