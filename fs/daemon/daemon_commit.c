@@ -110,16 +110,16 @@ static int flip_now(struct daemon *d, const char *v, char *err, size_t errlen)
 	if (r == 0)
 		return 0;
 	ns_unlink(d->ns, root, name, 0); /* not renamed: the temporary goes */
+	/*
+	 * Why the rename failed: the namespace's own sentence when the version
+	 * stopped being committable meanwhile (removed, damaged), else the
+	 * path's (the mount taken away from outside: ENOENT).
+	 */
 	if (r == -ESHUTDOWN || __atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
 		snprintf(err, errlen, "the daemon is shutting down");
-	else if (r == -ENOENT && ns_check_committable(d->ns, v, NULL, NULL, 0) == 0)
-		/* the version is here: the path is what is gone (a mount taken away) */
-		snprintf(err, errlen, "rename onto %s: %s (is the mount still there?)", cur,
-			 strerror(-r));
-	else
-		snprintf(err, errlen, "%s", r == -ENOENT ? "no such version"
-					    : r == -EBUSY ? "version is open"
-					    : r == -EIO   ? "version is damaged" : strerror(-r));
+	else if (ns_check_committable(d->ns, v, NULL, err, errlen) == 0)
+		snprintf(err, errlen, "rename onto %s: %s%s", cur, strerror(-r),
+			 r == -ENOENT ? " (is the mount still there?)" : "");
 	return r;
 }
 
