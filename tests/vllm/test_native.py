@@ -286,6 +286,48 @@ def test_the_entry_point_registers_everything_and_survives_without_libhwfs():
         cp.stderr[-3000:]
 
 
+SPIN = """
+import sys, zmq
+if sys.argv[1] == "imported-first":  # the module there before the plugins load
+    import vllm.distributed.device_communicators.shm_broadcast
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+from vllm.utils.network_utils import get_open_zmq_ipc_path
+ctx = zmq.Context()
+w = SpinCondition(is_reader=False, context=ctx, notify_address=get_open_zmq_ipc_path())
+r = SpinCondition(is_reader=True, context=ctx, notify_address=w.local_notify_socket.getsockopt(
+    zmq.LAST_ENDPOINT).decode())
+print("reader", r.busy_loop_s, "writer", w.busy_loop_s)
+"""
+
+
+@pytest.mark.limit(240)
+def test_idle_spin_is_vllms_own_unless_set():
+    """HWFS_VLLM_IDLE_SPIN_MS sets how long vLLM's real shared-memory queue
+    readers spin after a message (writers have none), whether shm_broadcast
+    was imported before the plugins loaded or after; unset, vLLM's 1 s
+    stands; a value that is not a number is logged and vLLM goes on
+    unchanged."""
+    def run(order, value):
+        e = env()
+        e.pop("HWFS_VLLM_IDLE_SPIN_MS", None)
+        if value is not None:
+            e["HWFS_VLLM_IDLE_SPIN_MS"] = value
+        cp = subprocess.run([VPY, "-c", SPIN, order], env=e, capture_output=True, text=True,
+                            timeout=scaled(180))
+        assert cp.returncode == 0, cp.stderr[-3000:]
+        return cp.stdout.strip(), cp.stderr
+    for order in ("imported-first", "plugins-first"):
+        out, err = run(order, "20")
+        assert out == "reader 0.02 writer 0", (order, out, err[-2000:])
+    out, err = run("plugins-first", None)
+    assert out == "reader 1 writer 0", out
+    out, err = run("plugins-first", "soon")
+    assert out == "reader 1 writer 0", out
+    assert "hwfs: cannot register the idle spin" in err and "'soon'" in err, err[-2000:]
+
+
 @pytest.mark.limit(120)
 def test_first_load_maps_the_version_without_fuse(world):
     w = world

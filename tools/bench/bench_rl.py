@@ -18,7 +18,8 @@ wire_bytes (what crossed the wire into node B: its
 wire_bytes_received, deltas counted as sent), publish_s,
 commit_to_serving_s (from the commit's start until both servers report the
 version and answer), its three parts: sync_s (the commit, until both servers
-report the version: hwfs.trl's wait), resume_s (TRL's resume of both
+report the version: hwfs.trl's wait; commit_call_s, in --json only: its
+`hwfs commit` call), resume_s (TRL's resume of both
 servers) and answer_s (each server, at once, asked to report the version and
 answer a greedy one-token request: the later answer); answer_idle_s (the same
 one-token requests just before the step's sync: what answering costs with
@@ -31,6 +32,11 @@ has: bf16 greedy answers on the CPU vary a little with the batch they ran
 in, so every variant a version gave counts as that version's), and the
 physical baseline of the delta: xor_zstd1_bytes (zstd -1 of the XOR of the
 two versions' tensor data) and wire_over_zstd.
+
+The servers run with HWFS_VLLM_IDLE_SPIN_MS=20 (--idle-spin-ms; "vllm" leaves
+vLLM's 1 s): two servers, a trainer and two daemons share this machine's
+cores, and vLLM's idle workers would spin on them (docs/engines.md, "Few
+cores").
 
     build/venv-vllm/bin/python tools/bench/bench_rl.py [--steps N] [--json FILE]
 """
@@ -138,12 +144,16 @@ def small_llama():
 
 
 class Server(tn.NativeServer):
+    idle_spin_ms = None
+
     def __init__(self, model_dir, log, engine):
         self.port = tv.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # two servers on one machine: vLLM's CPU backend would pin both
         # workers (and the hwfs backend's threads in them) to core 0
         e = dict(tv.env(), HWFS_ENGINE=engine, VLLM_CPU_OMP_THREADS_BIND="nobind")
+        if self.idle_spin_ms is not None:
+            e["HWFS_VLLM_IDLE_SPIN_MS"] = str(self.idle_spin_ms)
         tv.Proc.__init__(self, [tv.VPY, "-m", "vllm.entrypoints.openai.api_server",
                                 "--model", model_dir, "--served-model-name", tn.MODEL,
                                 "--host", "127.0.0.1", "--port", self.port, "--load-format", "hwfs",
@@ -202,12 +212,16 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--json", help="write one row per step to FILE")
+    ap.add_argument("--idle-spin-ms", default="20", metavar="MS",
+                    help="the servers' HWFS_VLLM_IDLE_SPIN_MS (default 20; 'vllm': unset, "
+                         "vLLM's own 1 s)")
     ap.add_argument("--logs", metavar="DIR",
                     help="keep the servers', daemons' and coordinator's logs in DIR")
     args = ap.parse_args()
     # SIGTERM (timeout, an impatient caller): unwind, so the servers and the
     # daemons started here are stopped and the mounts unmounted
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    Server.idle_spin_ms = None if args.idle_spin_ms == "vllm" else args.idle_spin_ms
     top = Path(tempfile.mkdtemp(prefix="bench-rl-"))
     cl = Cluster(("A", "B"))
     servers, rows, windows = [], [], []
@@ -299,7 +313,8 @@ def main():
                          "wire_bytes": rx, "xor_zstd1_bytes": zb,
                          "wire_over_zstd": rx / zb if zb else None, "publish_s": h["publish_s"],
                          "commit_to_serving_s": t_serving - wt.swap_started,
-                         "sync_s": h["sync_s"], "resume_s": t_synced - wt.swap_started - h["sync_s"],
+                         "sync_s": h["sync_s"], "commit_call_s": h["commit_s"],
+                         "resume_s": t_synced - wt.swap_started - h["sync_s"],
                          "answer_s": t_serving - t_synced, "answer_idle_s": ttft,
                          "commit_s": rec.get("duration_s"), "prepare_s": prep,
                          "pause_s": h["pause_s"], "max_gap_s": gap, "mixed": None,
@@ -323,7 +338,8 @@ def main():
                 r["mixed"] += sum(1 for t, a in ans if t_sync <= t <= t_end and a not in ok)
         vbytes = A.version(prev)["bytes"]
         print(f"model: Llama, {nparams / 1e6:.1f} M params, bf16 ({vbytes / 2**20:.1f} MiB "
-              f"version); 2 nodes (A publishes, B receives), a vllm-cpu server on each")
+              f"version); 2 nodes (A publishes, B receives), a vllm-cpu server on each "
+              f"(HWFS_VLLM_IDLE_SPIN_MS={Server.idle_spin_ms or 'unset: vLLM spins 1 s'})")
         hdr = ("step", "version", "changed_fraction", "wire_bytes", "xor_zstd1_bytes",
                "wire_over_zstd", "publish_s",
                "commit_to_serving_s", "sync_s", "resume_s", "answer_s", "answer_idle_s", "pause_s",

@@ -44,7 +44,8 @@ calls `send_weights` on the main process only, which `publish` (a
 collective) cannot serve: the adapter refuses it at `init_weight_transfer`.
 
 Every sync's figures are kept in `HwfsWeightTransfer.history` (one dict per
-sync: version, publish_s, sync_s, pause_s).
+sync: version, publish_s, sync_s, commit_s (with commit=True, the `hwfs
+commit` call within sync_s; else sync_s), pause_s).
 """
 
 import json
@@ -173,6 +174,7 @@ class HwfsWeightTransfer:
             r = self._mnt.call({"op": "commit", "version": version})
             if not r.get("ok"):
                 raise SyncError(f"hwfs commit {version} failed: {r.get('error') or r}")
+            t_committed = time.perf_counter()
             end = time.monotonic() + self.timeout
             for url in self.servers:  # each swaps as its node's flip reaches it
                 while self._weight_version(url) != version:
@@ -190,10 +192,13 @@ class HwfsWeightTransfer:
                     raise
                 self._call(url, "/finish_weight_update", {"weight_version": version})
         t2 = time.perf_counter()
+        if not self.commit:
+            t_committed = t2
         self.syncs += 1
         self.last_version = version
         self.history.append({"version": version, "tensors": len(state), "publish_s": t1 - t0,
-                             "sync_s": t2 - t1, "pause_s": None})
+                             "sync_s": t2 - t1, "commit_s": t_committed - t1,
+                             "pause_s": None})
 
     def resume(self):
         """Resume every server."""

@@ -14,7 +14,10 @@ It registers (docs/engines.md, "vLLM's native weight-transfer API"):
   '{"backend": "hwfs"}'`), worker side: hwfs.vllm_native.HwfsWeightTransferEngine,
   imported only where a worker creates it;
 * in the engine core, GET /weight_info's answer: the hwfs version the
-  workers serve (see _hook_weight_version).
+  workers serve (see _hook_weight_version);
+* only when HWFS_VLLM_IDLE_SPIN_MS is set: how long vLLM's shared-memory
+  queue readers (the workers, the engine core) spin after a message before
+  they sleep (see _hook_idle_spin).
 
 Cheap and idempotent: nothing heavy is imported here.  The loader registers
 when vLLM imports vllm.model_executor.model_loader (only workers do; an import
@@ -27,10 +30,12 @@ ImportError, which vLLM logs ("Failed to load plugin hwfs") and goes on.
 
 import importlib.abc
 import logging
+import os
 import sys
 
 LOAD_FORMAT = "hwfs"
 BACKEND = "hwfs"
+IDLE_SPIN_ENV = "HWFS_VLLM_IDLE_SPIN_MS"
 
 _log = logging.getLogger("vllm.hwfs")  # under vLLM's logger: its handler prints it
 _registered = set()
@@ -40,7 +45,9 @@ def register():
     """The vllm.general_plugins entry point (idempotent; never raises)."""
     for what, fn, module in (("load format", _register_loader,
                               "vllm.model_executor.model_loader"),
-                             ("/weight_info hook", _hook_weight_version, "vllm.v1.engine.core")):
+                             ("/weight_info hook", _hook_weight_version, "vllm.v1.engine.core"),
+                             ("idle spin", _hook_idle_spin,
+                              "vllm.distributed.device_communicators.shm_broadcast")):
         if what not in _registered:
             _registered.add(what)
             _when_imported(module, what, fn)
@@ -107,6 +114,38 @@ def _hook_weight_version(module):
     get_weight_version.__doc__ = get0.__doc__
     ec.get_weight_version, ec.set_weight_version = get_weight_version, set_weight_version
     ec._hwfs_hooked = True
+
+
+def _hook_idle_spin(module):
+    """vLLM's shared-memory message queue (shm_broadcast.SpinCondition) keeps
+    a reader spinning on sched_yield() for busy_loop_s = 1 s after every
+    message: the workers of a paused or idle server, and its engine core,
+    take a core each for a second after each step or RPC.  On a host where
+    the hwfs daemon shares a few cores with vLLM that is the CPU a weight
+    update needs (docs/engines.md, "Few cores").  HWFS_VLLM_IDLE_SPIN_MS=N
+    sets that time to N ms in every process of the server; unset, vLLM's
+    own value stands."""
+    raw = os.environ.get(IDLE_SPIN_ENV)
+    cls = getattr(module, "SpinCondition", None)
+    if not raw or cls is None or getattr(cls, "_hwfs_spin", None) is not None:
+        return
+    try:
+        spin_s = float(raw) / 1000
+    except ValueError:
+        spin_s = -1.0
+    if not spin_s >= 0 or spin_s == float("inf"):
+        raise ValueError(f"{IDLE_SPIN_ENV}={raw!r}: not a number of milliseconds >= 0")
+    init0 = cls.__init__
+
+    def __init__(self, *args, **kw):
+        init0(self, *args, **kw)
+        if self.is_reader:
+            self.busy_loop_s = spin_s
+
+    __init__.__doc__ = init0.__doc__
+    cls.__init__, cls._hwfs_spin = __init__, spin_s
+    _log.info("hwfs: vLLM's message-queue readers spin %g ms after a message (%s)",
+              spin_s * 1000, IDLE_SPIN_ENV)
 
 
 def _served(core):
