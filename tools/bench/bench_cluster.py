@@ -68,7 +68,12 @@ every copy).  Results go to stdout as a table and to build/bench-cluster.json.
 Everything runs on this machine's cores: with 2 cores, moving several GB/s
 through veths, hashing and writing into tmpfs may make the CPU the
 bottleneck rather than the links; the table shows CPU-busy % and the daemons'
-CPU seconds for that reason.
+CPU seconds for that reason.  Under it, per chain row: CPU seconds per GiB by
+role (issue 29), from each daemon's own thread clocks (status
+replication.cpu: agent thread, ZeroMQ I/O threads, codec workers), the
+publisher's per GiB sent, a relay's and a leaf's per GiB received, beside the
+raw TCP stream's sender + receiver CPU per GiB, and the row's speed as a
+fraction of that raw stream (link check, same run).
 
 Everything this script creates (namespaces, veths, bridge, mounts, processes,
 temp dirs) carries the script's pid in its name and is torn down in a finally
