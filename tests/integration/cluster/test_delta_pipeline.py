@@ -367,3 +367,7 @@ def test_replication_cpu_is_counted_per_role(net, tmp_path):
     assert rep["B"]["bytes_sent"] >= 24 << 20 and cpu["B"]["forward_s"] + cpu["B"]["serve_s"] > 0, cpu["B"]
     assert rep["C"]["bytes_received"] >= 24 << 20 and cpu["C"]["receive_s"] > 0, cpu["C"]
     assert rep["C"]["bytes_sent"] == 0 and cpu["C"]["forward_s"] == 0, (rep["C"], cpu["C"])
+    human = {n: net[n].run("status").stdout for n in "AC"}
+    line = {n: next((ln for ln in human[n].splitlines() if ln.startswith("cpu:")), "") for n in "AC"}
+    assert "s/GiB received" in line["C"] and "s/GiB sent" not in line["C"], human["C"]
+    assert "s/GiB sent" in line["A"] and "s/GiB received" not in line["A"], human["A"]
