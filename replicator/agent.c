@@ -22,6 +22,7 @@
  * the heartbeat (HELLO) and fails over from silent donors.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -33,6 +34,27 @@
 #include "agent_i.h"
 #include "keys.h"
 #include "manifest.h"
+
+/*
+ * The agent context's ZeroMQ thread-name prefix: its threads are "2/ZMQbg/IO/0"
+ * and so on, told from an embedded coordinator's (io_cpu_ns()).
+ */
+#define AGENT_ZMQ_PREFIX 2
+
+/*
+ * ZeroMQ I/O threads for the agent's context: the tunable zmq_io_threads, or
+ * for 0 (the default) one per two online CPUs, at least 2 (a relay receives
+ * from upstream and sends downstream on different ones) and at most 8.
+ */
+static int io_threads(void)
+{
+	long ncpu;
+
+	if (hwfs_tun.zmq_io_threads)
+		return (int)hwfs_tun.zmq_io_threads;
+	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	return (int)HWFS_MAX(2, HWFS_MIN(8, ncpu / 2));
+}
 
 /* Make the loop's zmq_poll() return now (any thread; never blocks). */
 static void wake(struct agent *a)
@@ -243,17 +265,36 @@ static void drain_queues(struct agent *a)
 
 /* ------------------------------------------------------------- the loop */
 
+/*
+ * The agent thread's CPU since @t0 was receiving, but for what agent_recv.c
+ * counted as forwarding meanwhile (cpu_fwd_ns grew from @fwd0): count it so.
+ */
+static void recv_count(struct agent *a, uint64_t t0, uint64_t fwd0)
+{
+	uint64_t spent = hwfs_self_cpu_ns() - t0;
+	uint64_t fwd = __atomic_load_n(&a->cpu_fwd_ns, __ATOMIC_RELAXED) - fwd0;
+
+	__atomic_add_fetch(&a->cpu_recv_ns, spent > fwd ? spent - fwd : 0, __ATOMIC_RELAXED);
+}
+
 /* The codec workers finished jobs: act on them (agent_serve.c, agent_recv.c). */
 static void pool_results(struct agent *a)
 {
 	struct pool_job *j = pool_take_done(a->pool), *next;
 
 	for (; j; j = next) {
+		uint64_t t0 = hwfs_self_cpu_ns();
+
 		next = j->next;
-		if (j->kind == POOL_ENCODE)
+		if (j->kind == POOL_ENCODE) {
 			serve_on_encoded(a, j);
-		else
+			__atomic_add_fetch(&a->cpu_serve_ns, hwfs_self_cpu_ns() - t0, __ATOMIC_RELAXED);
+		} else {
+			uint64_t fwd0 = __atomic_load_n(&a->cpu_fwd_ns, __ATOMIC_RELAXED);
+
 			recv_on_rebuilt(a, j);
+			recv_count(a, t0, fwd0);
+		}
 	}
 }
 
@@ -303,14 +344,20 @@ static void rx_result(struct agent *a, struct proto_msg *m, const struct rx_from
 
 static void rx_get(struct agent *a, struct proto_msg *m, const struct rx_from *from)
 {
+	uint64_t t0 = hwfs_self_cpu_ns();
+
 	if (from->is_router) /* a GET comes only to the serving socket */
 		serve_on_get(a, from->ident, from->ident_len, m);
+	__atomic_add_fetch(&a->cpu_serve_ns, hwfs_self_cpu_ns() - t0, __ATOMIC_RELAXED);
 }
 
 static void rx_shard(struct agent *a, struct proto_msg *m, const struct rx_from *from)
 {
+	uint64_t t0 = hwfs_self_cpu_ns(), fwd0 = __atomic_load_n(&a->cpu_fwd_ns, __ATOMIC_RELAXED);
+
 	__atomic_add_fetch(&a->wire_rx, m->payload_len, __ATOMIC_RELAXED);
 	recv_on_shard(a, m, from->what, from->sock);
+	recv_count(a, t0, fwd0);
 }
 
 static void rx_missing(struct agent *a, struct proto_msg *m, const struct rx_from *from)
@@ -502,9 +549,12 @@ int agent_start(const struct agent_opts *o, struct agent **out)
 	}
 	a->ctx = zmq_ctx_new();
 	/* before the first socket: the context starts its I/O threads then */
-	if (a->ctx && zmq_ctx_set(a->ctx, ZMQ_IO_THREADS, (int)hwfs_tun.zmq_io_threads) < 0)
+	if (a->ctx && zmq_ctx_set(a->ctx, ZMQ_IO_THREADS, io_threads()) < 0)
 		LOG_WARN("agent: %d ZeroMQ I/O threads refused (%s); keeping the default",
-			 (int)hwfs_tun.zmq_io_threads, zmq_strerror(zmq_errno()));
+			 io_threads(), zmq_strerror(zmq_errno()));
+	/* their names start "AGENT_ZMQ_PREFIX/", which io_cpu_ns() counts (not a coordinator's) */
+	if (a->ctx)
+		zmq_ctx_set(a->ctx, ZMQ_THREAD_NAME_PREFIX, AGENT_ZMQ_PREFIX);
 	a->coord = a->ctx ? zmq_socket(a->ctx, ZMQ_DEALER) : NULL;
 	a->router = a->ctx ? zmq_socket(a->ctx, ZMQ_ROUTER) : NULL;
 	if (!a->coord || !a->router) {
@@ -720,6 +770,63 @@ json_t *agent_pulls(struct agent *a)
 	return r;
 }
 
+/*
+ * The CPU nanoseconds of this process's threads named "N/ZMQbg/IO/..." (N:
+ * AGENT_ZMQ_PREFIX): the agent context's ZeroMQ I/O threads, which do the
+ * kernel's socket copies of every SHARD piece sent and received (an
+ * embedded coordinator's context has no prefix).  0 where /proc cannot be
+ * read.
+ */
+static uint64_t io_cpu_ns(void)
+{
+	char want[24], path[300], comm[32];
+	uint64_t ns = 0;
+	struct dirent *e;
+	DIR *d = opendir("/proc/self/task");
+	int n;
+
+	if (!d)
+		return 0;
+	n = snprintf(want, sizeof(want), "%d/ZMQbg/IO/", AGENT_ZMQ_PREFIX);
+	while ((e = readdir(d))) {
+		FILE *f;
+
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		f = fopen(path, "re");
+		if (!f)
+			continue;
+		if (fgets(comm, sizeof(comm), f) && !strncmp(comm, want, (size_t)n))
+			ns += hwfs_tid_cpu_ns((pid_t)atoi(e->d_name));
+		fclose(f);
+	}
+	closedir(d);
+	return ns;
+}
+
+/* @ns nanoseconds as JSON seconds. */
+static json_t *ns_seconds(uint64_t ns)
+{
+	return json_real((double)ns / 1e9);
+}
+
+/*
+ * The replication CPU of this node (status replication.cpu): the threads'
+ * own clocks (the agent thread, the context's I/O threads, the codec
+ * workers) and, of the agent thread's, what receiving, forwarding and
+ * serving took (the rest: the session, the loop, pulling's bookkeeping).
+ */
+static json_t *cpu_json(struct agent *a)
+{
+	return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "agent_s",
+			 ns_seconds(hwfs_thread_cpu_ns(a->thread)), "io_s",
+			 ns_seconds(io_cpu_ns()), "codec_s", ns_seconds(pool_cpu_ns(a->pool)),
+			 "receive_s", ns_seconds(__atomic_load_n(&a->cpu_recv_ns, __ATOMIC_RELAXED)),
+			 "forward_s", ns_seconds(__atomic_load_n(&a->cpu_fwd_ns, __ATOMIC_RELAXED)),
+			 "serve_s", ns_seconds(__atomic_load_n(&a->cpu_serve_ns, __ATOMIC_RELAXED)));
+}
+
 /* An atomic counter as a JSON integer. */
 static json_t *counter(uint64_t *c)
 {
@@ -736,9 +843,10 @@ json_t *agent_counters(struct agent *a)
 {
 	struct delta_stats *d = &a->ds;
 
-	return json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o, "
-			 "s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}}",
-			 "io_threads", zmq_ctx_get(a->ctx, ZMQ_IO_THREADS), "bytes_received",
+	return json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o, s:o, "
+			 "s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}}",
+			 "io_threads", zmq_ctx_get(a->ctx, ZMQ_IO_THREADS), "cpu", cpu_json(a),
+			 "bytes_received",
 			 counter(&a->rx), "wire_bytes_received", counter(&a->wire_rx), "bytes_sent",
 			 counter(&a->tx), "wire_bytes_sent", counter(&a->wire_tx), "requests_received",
 			 counter(&a->serve.req_rx), "requests_sent", counter(&a->pull.req_tx), "retries",

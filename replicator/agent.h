@@ -132,7 +132,11 @@ json_t *agent_pulls(struct agent *a);
 /**
  * agent_counters() - the replication counters as a new JSON object (any
  * thread): "io_threads" (the ZeroMQ I/O threads of its sockets, tunable
- * zmq_io_threads), "bytes_received"/"bytes_sent" (shard bytes: a shard that
+ * zmq_io_threads), "cpu" {agent_s, io_s, codec_s, receive_s, forward_s,
+ * serve_s} (CPU seconds of the agent thread, the context's ZeroMQ I/O
+ * threads and the codec workers, by their thread clocks; of the agent
+ * thread's, receiving, forwarding and serving: docs/operations.md,
+ * "Replication CPU"), "bytes_received"/"bytes_sent" (shard bytes: a shard that
  * travelled as a delta counts its whole size), "wire_bytes_received"/
  * "wire_bytes_sent" (SHARD payload bytes, what crossed the wire),
  * "requests_received" (each hash of each GET received), "requests_sent"

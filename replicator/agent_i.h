@@ -342,6 +342,18 @@ struct agent {
 	char session[33];      /* this incarnation, so the coordinator notices a restart */
 	uint64_t rx, tx; /* atomic: shard bytes received and sent (a delta counts its shard) */
 	uint64_t wire_rx, wire_tx; /* atomic: SHARD payload bytes that crossed the wire */
+	/*
+	 * Atomic: CPU nanoseconds of the agent thread by the work it did
+	 * (agent.c measures each handler with its thread's CPU clock, so the
+	 * time it sleeps in zmq_poll() counts nowhere): @cpu_recv_ns taking
+	 * SHARD pieces in (copy into the arena, hash, intern, rebuilt deltas
+	 * interned), @cpu_fwd_ns of it passing them on cut-through
+	 * (serve_forward*(): counted here, not in @cpu_recv_ns), @cpu_serve_ns
+	 * answering GETs and sending what encodes made.  agent_counters()
+	 * reports them beside the threads' own clocks (agent, ZeroMQ I/O,
+	 * codec workers): docs/operations.md, "Replication CPU".
+	 */
+	uint64_t cpu_recv_ns, cpu_fwd_ns, cpu_serve_ns;
 	struct delta_stats ds;
 	struct pool *pool;     /* the codec workers (agent_pool.h) */
 	uint64_t next_job;     /* the last job id given (agent thread) */
@@ -449,8 +461,13 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 void serve_flush_deferred(struct agent *a);
 /** Shard @sh arrived and was verified: answer the requests that waited for it. */
 void serve_arrived(struct agent *a, struct shard *sh);
-/** A piece of @w arrived: forward it (cut-through) to the requests waiting for it. */
-void serve_forward(struct agent *a, struct want *w);
+/**
+ * serve_forward() - a piece of @w arrived (@pm, whose payload is @w's last
+ * bytes; NULL: none, send what is here): forward what each request waiting
+ * for @w lacks (cut-through), @pm's frame by reference to those that had
+ * all before it, copies from the staged range otherwise.
+ */
+void serve_forward(struct agent *a, struct want *w, const struct proto_msg *pm);
 /**
  * serve_abort_forwarded() - shard @h arrived bad, or (with @delta_only) the
  * delta of it this node was receiving and forwarding was dropped: requests

@@ -371,6 +371,15 @@ int pool_fd(const struct pool *p)
 	return p->efd;
 }
 
+uint64_t pool_cpu_ns(const struct pool *p)
+{
+	uint64_t ns = 0;
+
+	for (unsigned i = 0; i < p->n; i++)
+		ns += hwfs_thread_cpu_ns(p->w[i].thread);
+	return ns;
+}
+
 unsigned pool_threads(const struct pool *p)
 {
 	return p->n;

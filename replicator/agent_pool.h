@@ -85,6 +85,8 @@ void pool_free(struct pool *p);
 /** The eventfd that is readable when a job finished (for the agent's poll). */
 int pool_fd(const struct pool *p);
 
+/** CPU nanoseconds the workers' threads have used so far (their thread CPU clocks). */
+uint64_t pool_cpu_ns(const struct pool *p);
 /** How many workers there are. */
 unsigned pool_threads(const struct pool *p);
 

@@ -14,6 +14,10 @@
  * built and sealed in through the mount (the import hook,
  * pull_materialize(), agent_pull.c's).
  *
+ * What the agent thread spends passing pieces on (cut-through, the last
+ * piece once verified) is counted as forwarding (agent.cpu_fwd_ns), the rest
+ * of these calls as receiving by agent.c, which measures them.
+ *
  * Called by agent.c (recv_on_shard(), recv_on_rebuilt()); calls agent_pull.c,
  * agent_serve.c and agent_pool.c only.  Runs on the agent thread only.
  */
@@ -25,6 +29,23 @@
 #include "metrics.h"
 
 /*
+ * Forwarding is timed only where a request waits (a->serve.deferred): else
+ * the serve_*() calls below do nothing, and a leaf counts no forwarding.
+ * fwd_start() is the agent thread's CPU clock then (0: none waits);
+ * fwd_spent() counts what it spent since as forwarding.
+ */
+static uint64_t fwd_start(struct agent *a)
+{
+	return a->serve.deferred ? hwfs_self_cpu_ns() : 0;
+}
+
+static void fwd_spent(struct agent *a, uint64_t t0)
+{
+	if (t0)
+		__atomic_add_fetch(&a->cpu_fwd_ns, hwfs_self_cpu_ns() - t0, __ATOMIC_RELAXED);
+}
+
+/*
  * shard_arrived() - @w's shard @sh (one reference, kept by @w) is here and
  * verified, from donor socket @peer: count it, answer the requests that
  * waited for it, and build the version if it was the last.
@@ -32,12 +53,16 @@
 static void shard_arrived(struct agent *a, struct fetch *f, struct want *w, struct shard *sh,
 			  const void *peer)
 {
+	uint64_t t0;
+
 	w->sh = sh;
 	w->state = W_HELD;
 	pull_donor_ok(a, peer);
 	f->bytes_held += w->size;
 	f->space_backoff = 0; /* it fits again: a later shortage starts the back-off afresh */
+	t0 = fwd_start(a);
 	serve_arrived(a, sh);
+	fwd_spent(a, t0);
 	if (pull_complete(f))
 		pull_materialize(a, f);
 }
@@ -118,6 +143,7 @@ void recv_on_rebuilt(struct agent *a, struct pool_job *j)
 	struct want *w = rebuilt_want(a, j->id, &f);
 	const void *peer;
 	struct shard *sh;
+	uint64_t t0;
 
 	if (!w)
 		goto out;
@@ -163,7 +189,9 @@ void recv_on_rebuilt(struct agent *a, struct pool_job *j)
 	}
 	__atomic_add_fetch(&a->ds.received, 1, __ATOMIC_RELAXED);
 	__atomic_add_fetch(&a->rx, w->size, __ATOMIC_RELAXED);
+	t0 = fwd_start(a);
 	serve_finish_delta(a, &w->hash, w->size, j->enc, j->enc_len);
+	fwd_spent(a, t0);
 	if (j->enc_len <= w->size * hwfs_tun.delta_max_pct / 100) { /* else not worth sending on */
 		serve_keep_delta(a, &j->base, &j->hash, j->enc_width, j->enc, j->enc_len);
 		j->enc = NULL;
@@ -189,6 +217,7 @@ static void on_delta_piece(struct agent *a, struct fetch *f, struct want *w, str
 	uint64_t total = json_object_get(m->h, "total") ? proto_int(m, "total") : len;
 	const char *why = NULL;
 	hwfs_hash_t base;
+	uint64_t t0;
 
 	proto_hash(m, "base", &base);
 	if (pos > 0 && (!w->enc || w->from != peer || pos != w->got || total != w->enc_total))
@@ -220,7 +249,9 @@ static void on_delta_piece(struct agent *a, struct fetch *f, struct want *w, str
 	}
 	memcpy(w->enc + pos, m->payload, len);
 	w->got += len;
+	t0 = fwd_start(a);
 	serve_forward_delta(a, w);
+	fwd_spent(a, t0);
 	if (w->got == w->enc_total)
 		rebuild_start(a, f, w);
 }
@@ -284,7 +315,10 @@ void recv_on_shard(struct agent *a, struct proto_msg *m, const char *from, const
 	w->got += len;
 	__atomic_add_fetch(&a->rx, len, __ATOMIC_RELAXED);
 	if (w->got < w->size) {
-		serve_forward(a, w);
+		uint64_t t0 = fwd_start(a);
+
+		serve_forward(a, w, m);
+		fwd_spent(a, t0);
 		return;
 	}
 	/* the last piece: is it the shard that was asked for? */

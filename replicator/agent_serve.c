@@ -62,12 +62,15 @@ static void sent_free(void *data, void *hint)
 /*
  * Send bytes [@pos, @pos+@len) of a shard of @total bytes as one SHARD piece,
  * or with @base, of its delta against @base, @total bytes long.  With @sh,
- * zero copy (the piece holds a reference on the shard); else @data is copied
- * (a shard still arriving here, forwarded before it is complete, or a delta).
+ * zero copy (the piece holds a reference on the shard); with @pm, zero copy
+ * too: the payload of the piece just received (exactly those bytes, passed
+ * on by reference: proto_payload_send()); else @data is copied (a shard
+ * still arriving here, forwarded before it is complete, or a delta).
  */
 static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint64_t req,
 		      const hwfs_hash_t *hash, const hwfs_hash_t *base, uint64_t pos, uint64_t len,
-		      uint64_t total, struct shard *sh, const void *data)
+		      uint64_t total, struct shard *sh, const void *data,
+		      const struct proto_msg *pm)
 {
 	json_t *f = json_pack("{s:I, s:o, s:I, s:I, s:I}", "req", (json_int_t)req, "hash",
 			      hwfs_hash_json(hash), "size", (json_int_t)len, "offset", (json_int_t)pos,
@@ -89,7 +92,13 @@ static int send_piece(struct agent *a, const void *ident, size_t ident_len, uint
 		r = -errno;
 		goto out;
 	}
-	if (sh) {
+	if (pm) {
+		r = proto_payload_send(pm, a->router, 0);
+		if (r < 0) {
+			zmq_send(a->router, "", 0, 0); /* end the message: the receiver drops it */
+			goto out;
+		}
+	} else if (sh) {
 		ref = malloc(sizeof(*ref));
 		if (!ref || zmq_msg_init_data(&m, (void *)(store_shard_data(a->o.st, sh) + pos), len,
 					      sent_free, ref) < 0) {
@@ -149,7 +158,7 @@ static uint64_t send_range(struct agent *a, const void *ident, size_t ident_len,
 		uint64_t len = HWFS_MIN(hwfs_tun.piece_bytes, to - from);
 
 		if (send_piece(a, ident, ident_len, req, hash, base, from, len, total, sh,
-			       data ? data + from : NULL) < 0)
+			       data ? data + from : NULL, NULL) < 0)
 			break;
 		from += len;
 	}
@@ -732,9 +741,10 @@ void serve_arrived(struct agent *a, struct shard *sh)
  * verify it themselves).  This makes a chain a pipeline of pieces, not of
  * shards.  (A shard arriving as a delta: serve_forward_delta().)
  */
-void serve_forward(struct agent *a, struct want *w)
+void serve_forward(struct agent *a, struct want *w, const struct proto_msg *pm)
 {
 	const uint8_t *staged = store_stage_data(a->o.st, w->roff);
+	uint64_t pm_pos = pm ? w->got - pm->payload_len : 0;
 
 	for (struct deferred *d = a->serve.deferred; d; d = d->next) {
 		if (hwfs_hash_cmp(&d->hash, &w->hash) || d->dmode)
@@ -746,6 +756,11 @@ void serve_forward(struct agent *a, struct want *w)
 		 * base), so cutting through beats waiting to find that again.
 		 */
 		memset(&d->base, 0, sizeof(d->base));
+		/* caught up to the piece that just came: pass its own frame on, no copy */
+		if (pm && d->sent == pm_pos &&
+		    send_piece(a, d->ident, d->ident_len, d->req, &w->hash, NULL, pm_pos,
+			       pm->payload_len, w->size, NULL, NULL, pm) == 0)
+			d->sent = w->got;
 		if (d->sent < w->got)
 			d->sent = send_range(a, d->ident, d->ident_len, d->req, &w->hash, NULL,
 					     d->sent, w->got, w->size, NULL, staged);
@@ -856,7 +871,7 @@ void serve_on_get(struct agent *a, const void *ident, size_t ident_len, struct p
 				d->next = a->serve.deferred;
 				a->serve.deferred = d;
 				if (w->xs && w->got) /* arriving: pass on what is here */
-					serve_forward(a, w);
+					serve_forward(a, w, NULL);
 				else if (w->enc && w->got) /* its delta arriving, or rebuilding */
 					serve_forward_delta(a, w);
 				continue;

@@ -512,6 +512,27 @@ out:
 	return r;
 }
 
+int proto_payload_send(const struct proto_msg *m, void *sock, int flags)
+{
+	zmq_msg_t out;
+	int r;
+
+	if (!m || !m->priv)
+		return -EINVAL;
+	zmq_msg_init(&out);
+	if (zmq_msg_copy(&out, m->priv) < 0) {
+		r = -errno;
+		zmq_msg_close(&out);
+		return r;
+	}
+	if (zmq_msg_send(&out, sock, flags) < 0) {
+		r = -errno;
+		zmq_msg_close(&out);
+		return r;
+	}
+	return 0;
+}
+
 void proto_msg_clear(struct proto_msg *m)
 {
 	if (!m)

@@ -97,6 +97,15 @@ const char *proto_type_name(enum proto_type t);
 int proto_decode_frames(const void *const *frames, const size_t *lens, size_t nframes,
 			struct proto_msg *out, char *err, size_t errlen);
 
+/**
+ * proto_payload_send() - send @m's payload frame (of a proto_recv()) as the
+ * last frame of a message on @sock, by reference: the frame's buffer is
+ * shared (zmq_msg_copy()), not copied, and lives until both @m is cleared
+ * and the send is done.  @flags as zmq_msg_send()'s.  Returns 0, -EINVAL
+ * when @m holds no received payload frame, or -errno of the send.
+ */
+int proto_payload_send(const struct proto_msg *m, void *sock, int flags);
+
 /** Free what @m owns and zero it. NULL, a zeroed or an already cleared message are no-ops. */
 void proto_msg_clear(struct proto_msg *m);
 

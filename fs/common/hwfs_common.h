@@ -18,6 +18,8 @@
 #define HWFS_COMMON_H
 
 #include <errno.h>
+#include <pthread.h>
+#include <sys/types.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -181,6 +183,12 @@ int64_t hwfs_now_ns(void);
 uint64_t hwfs_mono_ns(void);
 /** Monotonic clock in seconds. */
 double hwfs_mono_s(void);
+/** CPU nanoseconds the calling thread has used (CLOCK_THREAD_CPUTIME_ID). */
+uint64_t hwfs_self_cpu_ns(void);
+/** CPU nanoseconds thread @thread of this process has used (its CPU clock); 0 if unknown. */
+uint64_t hwfs_thread_cpu_ns(pthread_t thread);
+/** The same for the thread of kernel id @tid of this process (Linux); 0 if it is gone. */
+uint64_t hwfs_tid_cpu_ns(pid_t tid);
 
 #define HWFS_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define HWFS_MIN(a, b) ((a) < (b) ? (a) : (b))

@@ -130,9 +130,10 @@
 	  "threads that encode and rebuild deltas for the replicator; 0: one per online CPU") \
 	X(codec_idle_ms, 1000, 1, 3600000, \
 	  "a codec thread idle this long gives its rebuild buffer (a shard's size) back") \
-	X(zmq_io_threads, 2, 1, 64, \
+	X(zmq_io_threads, 0, 0, 64, \
 	  "ZeroMQ I/O threads of a node's replication sockets: a relay's receiving from " \
-	  "upstream and sending downstream can run on different ones") \
+	  "upstream and sending downstream can run on different ones; 0: one per two online " \
+	  "CPUs, at least 2, at most 8") \
 	/* `hwfs diff --elements` (fs/daemon/daemon_diff.c) */ \
 	X(diff_threads, 1, 1, 256, \
 	  "hwfs diff --elements: diffs computing at once in the whole daemon; more wait " \

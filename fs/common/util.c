@@ -1,7 +1,8 @@
 /*
  * util.c — the small things every module needs: the content hash (XXH3-128
  * in canonical byte order), freeing version records, logging, escaping text
- * for the log and the terminal (hwfs_escape), sizes, clocks.  Nothing here
+ * for the log and the terminal (hwfs_escape), sizes, clocks (wall, monotonic,
+ * and threads' CPU).  Nothing here
  * keeps state.
  */
 #define _GNU_SOURCE
@@ -332,4 +333,38 @@ double hwfs_mono_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* A clock's reading in nanoseconds; 0 when the clock cannot be read. */
+static uint64_t clock_ns(clockid_t id)
+{
+	struct timespec ts;
+
+	if (clock_gettime(id, &ts) < 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t hwfs_self_cpu_ns(void)
+{
+	return clock_ns(CLOCK_THREAD_CPUTIME_ID);
+}
+
+uint64_t hwfs_thread_cpu_ns(pthread_t thread)
+{
+	clockid_t id;
+
+	if (pthread_getcpuclockid(thread, &id) != 0)
+		return 0;
+	return clock_ns(id);
+}
+
+/*
+ * The per-thread CPU clock of a kernel thread id is encoded as glibc's
+ * pthread_getcpuclockid() encodes it (Linux's MAKE_THREAD_CPUCLOCK(tid,
+ * CPUCLOCK_SCHED)): ~tid shifted left 3, ORed with 4 (per thread) | 2 (sched).
+ */
+uint64_t hwfs_tid_cpu_ns(pid_t tid)
+{
+	return clock_ns((clockid_t)((~(clockid_t)tid << 3) | 6));
 }

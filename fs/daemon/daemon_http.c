@@ -107,6 +107,29 @@ static void replication(struct mbuf *b, struct agent *agent)
 		     "shard payload bytes sent, as they crossed the wire", c, "wire_bytes_sent");
 	counter_json(b, "hwfs_replication_retries_total",
 		     "shard requests moved to another donor (silent, missing or bad)", c, "retries");
+	{
+		json_t *cpu = json_object_get(c, "cpu");
+		static const struct {
+			const char *name, *key, *help;
+		} cpus[] = {
+			{"hwfs_replication_agent_cpu_seconds_total", "agent_s",
+			 "CPU seconds of the replication agent thread"},
+			{"hwfs_replication_receive_cpu_seconds_total", "receive_s",
+			 "of the agent thread's: taking shard pieces in (copy into the arena, hash, "
+			 "intern)"},
+			{"hwfs_replication_forward_cpu_seconds_total", "forward_s",
+			 "of the agent thread's: passing arriving pieces on to pullers (cut-through)"},
+			{"hwfs_replication_serve_cpu_seconds_total", "serve_s",
+			 "of the agent thread's: answering shard requests (GET)"},
+			{"hwfs_replication_io_cpu_seconds_total", "io_s",
+			 "CPU seconds of the replication ZeroMQ I/O threads (socket reads and writes)"},
+			{"hwfs_replication_codec_cpu_seconds_total", "codec_s",
+			 "CPU seconds of the replication codec workers (delta encode and rebuild)"},
+		};
+
+		for (size_t i = 0; i < HWFS_ARRAY_SIZE(cpus); i++)
+			counter_json(b, cpus[i].name, cpus[i].help, cpu, cpus[i].key);
+	}
 	counter_json(b, "hwfs_delta_encode_seconds_total",
 		     "CPU seconds spent encoding element-level deltas", delta, "encode_cpu_s");
 	counter_json(b, "hwfs_delta_decode_seconds_total",

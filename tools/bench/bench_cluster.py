@@ -68,7 +68,12 @@ every copy).  Results go to stdout as a table and to build/bench-cluster.json.
 Everything runs on this machine's cores: with 2 cores, moving several GB/s
 through veths, hashing and writing into tmpfs may make the CPU the
 bottleneck rather than the links; the table shows CPU-busy % and the daemons'
-CPU seconds for that reason.
+CPU seconds for that reason.  Under it, per chain row: CPU seconds per GiB by
+role (issue 29), from each daemon's own thread clocks (status
+replication.cpu: agent thread, ZeroMQ I/O threads, codec workers), the
+publisher's per GiB sent, a relay's and a leaf's per GiB received, beside the
+raw TCP stream's sender + receiver CPU per GiB, and the row's speed as a
+fraction of that raw stream (link check, same run).
 
 Everything this script creates (namespaces, veths, bridge, mounts, processes,
 temp dirs) carries the script's pid in its name and is torn down in a finally
@@ -454,6 +459,50 @@ def io_threads_of(reps):
     return max([int(r.get("io_threads") or 1) for r in reps.values()] or [1])
 
 
+CPU_KEYS = ("agent_s", "io_s", "codec_s", "receive_s", "forward_s", "serve_s")
+
+
+def role_cpu(pub, recv, before, after):
+    """Per node of a run: its role (publisher: @pub; relay: a receiver that
+    sent shard bytes on; leaf: one that did not), the growth of its status
+    replication.cpu seconds (the daemon's own thread clocks: agent thread,
+    ZeroMQ I/O threads, codec workers, and of the agent thread's receiving,
+    forwarding, serving) and shard bytes received and sent, from @before and
+    @after (node name -> status "replication"), and "cpu_s_per_gib": every
+    replication thread's seconds per GiB sent (publisher) or received (relay,
+    leaf).  {} where the daemon does not report replication.cpu."""
+    out = {}
+    for x in [pub] + list(recv):
+        b, a = before.get(x.name) or {}, after.get(x.name) or {}
+        if "cpu" not in a or "cpu" not in b:
+            return {}
+        cpu = {k: round(a["cpu"].get(k, 0) - b["cpu"].get(k, 0), 3) for k in CPU_KEYS}
+        rx = a.get("bytes_received", 0) - b.get("bytes_received", 0)
+        tx = a.get("bytes_sent", 0) - b.get("bytes_sent", 0)
+        role = "publisher" if x is pub else ("relay" if tx > 0 else "leaf")
+        per = (rx if role != "publisher" else tx) / 2**30
+        threads = cpu["agent_s"] + cpu["io_s"] + cpu["codec_s"]
+        out[x.name] = {"role": role, "cpu_s": cpu, "bytes_received": rx, "bytes_sent": tx,
+                       "cpu_s_per_gib": round(threads / per, 3) if per > 0 else None}
+    return out
+
+
+def roles_summary(runs):
+    """Role -> median over @runs (and over the nodes of that role) of its
+    cpu_s_per_gib and of each thread's seconds per GiB (agent, io, codec)."""
+    acc = {}
+    for r in runs:
+        for node in (r.get("roles") or {}).values():
+            if node["cpu_s_per_gib"] is None:
+                continue
+            per = (node["bytes_sent"] if node["role"] == "publisher" else node["bytes_received"]) / 2**30
+            d = acc.setdefault(node["role"], {"all": [], "agent": [], "io": [], "codec": []})
+            d["all"].append(node["cpu_s_per_gib"])
+            for k in ("agent", "io", "codec"):
+                d[k].append(node["cpu_s"][k + "_s"] / per)
+    return {role: {k: round(statistics.median(v), 3) for k, v in d.items()} for role, d in acc.items()}
+
+
 def check_sealed(pub, recv, version):
     """Check that every node of @recv holds @version sealed with the digest it
     has on @pub.  Returns (that digest, node name -> its status "replication"
@@ -483,6 +532,7 @@ def replicate_once(ctx, topology, n, rep):
         pub, recv = nodes[0], nodes[1:]
         pids = {x.name: x.pid for x in nodes}
         pids["coord"] = cl.coord.pid
+        rc0 = {x.name: x.status().get("replication", {}) for x in nodes}
         c0, qd0 = cpu_snapshot(pids), net.qdisc_stats()
         t0 = time.monotonic()
         pub.cmd("publish", ctx["srcdir"], version, timeout=600)
@@ -508,6 +558,7 @@ def replicate_once(ctx, topology, n, rep):
             "replication_s": end - t_pub, "total_s": end - t0, "publish_s": t_pub - t0,
             "arrival_s": {k: round(v - t_pub, 3) for k, v in sorted(arrival.items())},
             "cpu_s_replication": cpu_delta(c1, c2), "cpu_s_publish": cpu_delta(c0, c1),
+            "roles": role_cpu(pub, recv, rc0, rx),
             "machine_busy": round(busy, 3), "replication_counters": rx, "digest": digest,
             "tbf": qdisc_delta(qd0, qd1), "events": events,
             "minflt_replication": {k: (f2[k] - f1[k] if f1.get(k) is not None and f2.get(k) is not None else None)
@@ -1363,6 +1414,10 @@ def print_replication(res):
                        machine_busy=statistics.median(r["machine_busy"] for r in ok),
                        proc_cpu_s=round(statistics.median(
                            sum(sum(v) for v in r["cpu_s_replication"].values() if v) for r in ok), 2))
+        row["roles_cpu_s_per_gib"] = roles_summary(ok)
+        lc = res.get("link_check")
+        if lc and row["replication_s"]:
+            row["x_raw_tcp"] = round(res["size_bytes"] * 8 / (lc["gbit_s"] * 1e9) / row["replication_s"], 3)
         rows.append(row)
     by_m = {}
     for row in rows:
@@ -1414,6 +1469,19 @@ def print_replication(res):
                               "shard": int(res["tensor_mib"] * (1 << 20)) // 8192 * 8192, "link": res["rate"],
                               "io_threads": row.get("io_threads", 1)},
                         res["machine"]["cores"])
+    if any(row.get("roles_cpu_s_per_gib") for row in rows):
+        lc = res.get("link_check") or {}
+        print("\nreplication CPU s per GiB by role (the daemons' own thread clocks, status replication.cpu: "
+              "agent thread + ZeroMQ I/O + codec workers; publisher per GiB sent, relay and leaf per GiB "
+              f"received); raw TCP sender + receiver: {fmt(lc.get('cpu_s_per_gib'), '4.2f')}")
+        for row in rows:
+            if not row.get("roles_cpu_s_per_gib"):
+                continue
+            parts = [f"{role} {v['all']:.2f} (agent {v['agent']:.2f}, I/O {v['io']:.2f}, codec {v['codec']:.2f})"
+                     for role, v in sorted(row["roles_cpu_s_per_gib"].items(),
+                                           key=lambda kv: ("publisher", "relay", "leaf").index(kv[0]))]
+            raw = f"; {row['x_raw_tcp']:.2f} x one raw TCP stream" if row.get("x_raw_tcp") else ""
+            print(f"  {row['method']:8} N={row['n']}: " + ", ".join(parts) + raw)
     for row in rows:
         for why in row["failures"]:
             print(f"  FAILED {row['method']} N={row['n']}: {why}")

@@ -125,6 +125,38 @@ static void print_leases(json_t *leases)
  * status's "held" line, beside the leases: the space open files keep (files
  * of removed versions still open, files being written); nothing when none.
  */
+/* A member of @o as a number (a JSON real or integer), 0 when absent. */
+static double jnum(json_t *o, const char *k)
+{
+	return json_number_value(json_object_get(o, k));
+}
+
+/*
+ * The replication CPU of the node (status replication.cpu), per GiB of what
+ * it moved: the agent thread's receiving per GiB received, its serving and
+ * forwarding per GiB sent, and every replication thread (agent, ZeroMQ I/O,
+ * codec workers) per GiB received plus sent.  Nothing before a byte moved.
+ */
+static void print_repl_cpu(json_t *rep)
+{
+	json_t *cpu = json_object_get(rep, "cpu");
+	double rx = (double)cli_jint(rep, "bytes_received") / (1 << 30);
+	double tx = (double)cli_jint(rep, "bytes_sent") / (1 << 30);
+	double all = jnum(cpu, "agent_s") + jnum(cpu, "io_s") + jnum(cpu, "codec_s");
+
+	if (!cpu || rx + tx <= 0)
+		return;
+	printf("cpu:     %.2f s (agent thread %.2f, ZeroMQ I/O %.2f, codec %.2f): %.2f s per GiB "
+	       "moved",
+	       all, jnum(cpu, "agent_s"), jnum(cpu, "io_s"), jnum(cpu, "codec_s"), all / (rx + tx));
+	if (rx > 0)
+		printf("; receiving %.2f s/GiB received", jnum(cpu, "receive_s") / rx);
+	if (tx > 0)
+		printf("; serving and forwarding %.2f s/GiB sent",
+		       (jnum(cpu, "serve_s") + jnum(cpu, "forward_s")) / tx);
+	printf("\n");
+}
+
 static void print_held(json_t *held)
 {
 	int64_t rf = cli_jint(held, "removed_files"), wf = cli_jint(held, "writing_files");
@@ -290,6 +322,7 @@ int cmd_status(int argc, char **argv)
 			       hwfs_fmt_size((uint64_t)cli_jint(rep, "wire_bytes_received"), wa, sizeof(wa)),
 			       hwfs_fmt_size((uint64_t)cli_jint(rep, "bytes_sent"), b, sizeof(b)),
 			       hwfs_fmt_size((uint64_t)cli_jint(rep, "wire_bytes_sent"), wb, sizeof(wb)));
+			print_repl_cpu(rep);
 			json_array_foreach(json_object_get(rep, "pulls"), k, v)
 				printf("pulling: %s, %s of %s%s%s\n", cli_jstr(v, "version"),
 				       hwfs_fmt_size((uint64_t)cli_jint(v, "bytes_held"), a, sizeof(a)),

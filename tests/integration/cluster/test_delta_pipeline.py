@@ -23,7 +23,7 @@ import pytest
 
 from conftest import poll, scaled
 
-from .conftest import Rogue, assert_identical
+from .conftest import Rogue, assert_identical, random_model
 from .test_delta import (TENSORS, bad_shards, bf16_model, corrupt_tensor, grew, log_text, model_dir,
                          replication, rl_step, rl_versions, shard_map, start)
 
@@ -316,8 +316,8 @@ def test_a_get_flood_naming_bases_is_bounded(net, tmp_path):
 @pytest.mark.limit(120)
 def test_zmq_io_threads_reach_the_replication_context(net, tmp_path):
     """The zmq_io_threads tunable is the number of ZeroMQ I/O threads of a node's
-    replication sockets (read back from the context: status replication.io_threads), 2 by
-    default; a chain A -> B -> C whose relay B runs 3 and whose tail C runs 1 moves v1 and
+    replication sockets (read back from the context: status replication.io_threads), by
+    default one per two online CPUs, at least 2 and at most 8; a chain A -> B -> C whose relay B runs 3 and whose tail C runs 1 moves v1 and
     v2's deltas as before."""
     net.start_coord()
     net.add("A")
@@ -325,10 +325,49 @@ def test_zmq_io_threads_reach_the_replication_context(net, tmp_path):
     net.add("C", extra=["-o", "zmq_io_threads=1"])
     net.wait_alive(["A", "B", "C"], viewer=net["A"])
     got = {n: replication(net[n]).get("io_threads") for n in "ABC"}
-    assert got == {"A": 2, "B": 3, "C": 1}, got
+    default = max(2, min(8, os.sysconf("SC_NPROCESSORS_ONLN") // 2))
+    assert got == {"A": default, "B": 3, "C": 1}, got
     v1, v2 = rl_versions(tmp_path)
     net.wait_version("v1", net.publish("A", v1, "v1"))
     net.wait_version("v2", net.publish("A", v2, "v2"))
     for n in "BC":
         assert_identical(v2, net[n], "v2")
         assert replication(net[n])["delta"]["failed"] == 0, replication(net[n])["delta"]
+
+
+@pytest.mark.limit(120)
+def test_replication_cpu_is_counted_per_role(net, tmp_path):
+    """Status replication.cpu holds each node's own thread clocks (agent thread, ZeroMQ
+    I/O threads, codec workers) and, of the agent thread's, receiving, forwarding and
+    serving, so CPU per byte can be had per role: in a chain A -> B -> C of a 24 MiB model
+    sent in 64 KiB pieces (so B passes pieces on while they arrive, the piece just
+    received by reference), the publisher A receives nothing and spends agent time
+    serving, the relay B receives and sends, the leaf C receives and forwards nothing; a
+    node's receiving never exceeds its agent thread's CPU; C holds the model unchanged."""
+    net.start_coord()
+    opts = ["-o", "piece_bytes=65536"]
+    for n in "ABC":
+        net.add(n, extra=opts)
+    net.wait_alive(["A", "B", "C"], viewer=net["A"])
+    src = random_model(tmp_path / "m", 24 << 20, seed=2929)
+    net.wait_version("v1", net.publish("A", src, "v1"))
+    for n in "BC":
+        assert_identical(src, net[n], "v1")
+    rep = {n: replication(net[n]) for n in "ABC"}
+    cpu = {n: rep[n]["cpu"] for n in "ABC"}
+    print(cpu)
+    for n in "ABC":
+        assert set(cpu[n]) == {"agent_s", "io_s", "codec_s", "receive_s", "forward_s", "serve_s"}, cpu[n]
+        assert cpu[n]["agent_s"] >= cpu[n]["receive_s"] + cpu[n]["forward_s"] + cpu[n]["serve_s"] - 1e-3, \
+            f"{n}: the agent thread's parts exceed its clock: {cpu[n]}"
+        assert cpu[n]["io_s"] > 0, f"{n}: no ZeroMQ I/O thread CPU counted: {cpu[n]}"
+    assert rep["A"]["bytes_received"] == 0 and cpu["A"]["receive_s"] == 0, (rep["A"], cpu["A"])
+    assert rep["A"]["bytes_sent"] >= 24 << 20 and cpu["A"]["serve_s"] + cpu["A"]["forward_s"] > 0, cpu["A"]
+    assert rep["B"]["bytes_received"] >= 24 << 20 and cpu["B"]["receive_s"] > 0, cpu["B"]
+    assert rep["B"]["bytes_sent"] >= 24 << 20 and cpu["B"]["forward_s"] + cpu["B"]["serve_s"] > 0, cpu["B"]
+    assert rep["C"]["bytes_received"] >= 24 << 20 and cpu["C"]["receive_s"] > 0, cpu["C"]
+    assert rep["C"]["bytes_sent"] == 0 and cpu["C"]["forward_s"] == 0, (rep["C"], cpu["C"])
+    human = {n: net[n].run("status").stdout for n in "AC"}
+    line = {n: next((ln for ln in human[n].splitlines() if ln.startswith("cpu:")), "") for n in "AC"}
+    assert "s/GiB received" in line["C"] and "s/GiB sent" not in line["C"], human["C"]
+    assert "s/GiB sent" in line["A"] and "s/GiB received" not in line["A"], human["A"]
