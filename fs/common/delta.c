@@ -44,7 +44,8 @@ static int cc_init(ZSTD_CCtx *cc, int level)
  * Create a context: two compression contexts at @level (cc_init()), the
  * dense blocks' one accelerated (DENSE_ACCEL, delta_i.h: a libzstd that
  * refuses those parameters compresses dense blocks at the plain level,
- * which only costs time), and a decompression context that refuses windows
+ * which only costs time) and the other's matches at least SPARSE_MIN_MATCH
+ * bytes (sparse lists, and format 1's whole shard), and a decompression context that refuses windows
  * above DELTA_WINDOW_LOG_MAX (zstd applies that to streaming only;
  * delta_decode.c's check_frame() applies it to our one-shot decoding).
  * NULL when out of memory.
@@ -71,6 +72,7 @@ struct delta_ctx *delta_ctx_new(int level)
 	(void)ZSTD_CCtx_setParameter(cx->cc_dense, ZSTD_c_targetLength, DENSE_ACCEL);
 	(void)ZSTD_CCtx_setParameter(cx->cc_dense, ZSTD_c_minMatch, DENSE_MIN_MATCH);
 	(void)ZSTD_CCtx_setParameter(cx->cc_dense, ZSTD_c_literalCompressionMode, ZSTD_ps_enable);
+	(void)ZSTD_CCtx_setParameter(cx->cc, ZSTD_c_minMatch, SPARSE_MIN_MATCH);
 	return cx;
 fail:
 	delta_ctx_free(cx);

@@ -24,8 +24,12 @@
  * for format 1, at most the block's for format 2), with a window no larger
  * than DELTA_WINDOW_LOG_MAX (or than that content), lying whole within what
  * is left of the input; after the last frame nothing may be left.  A sparse
- * block's list is checked whole (count, every gap, the values' length)
- * before any of it is applied, and can name no element outside its block.
+ * block's list is read in one pass that checks each element inside its
+ * block before XORing it in, and the gaps must end exactly where the values
+ * begin (the last width * count bytes): a list broken anywhere is refused
+ * (what it had applied to the caller's buffer is undefined output, as on
+ * any error), with the reason a whole check of the list gives
+ * (check_sparse()).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -61,28 +65,18 @@ static int read_gap(const uint8_t *c, size_t clen, size_t *p, size_t *g)
 }
 
 /*
- * Apply the sparse block content @c (@clen bytes) to @out, which holds a
- * copy of the base's @bl bytes: checked whole first
- * (every gap well formed, every element inside the block, exactly w * m
- * bytes of values after the gaps), then each changed element XORed in.
- * Returns 0 or -EBADMSG with a reason naming block @blkno in @err.
+ * Check the sparse block content @c (@clen bytes) for block @blkno of @bl
+ * bytes at width @w, whole, as the format describes it (every gap well
+ * formed, every element inside the block, exactly w * m bytes of values
+ * after the gaps).  Returns 0 or -EBADMSG with the first rule broken in
+ * @err.  Used only to say why apply_sparse() refused a block: the two
+ * accept the same contents.
  */
-static int apply_sparse(uint8_t *out, size_t bl, unsigned w, const uint8_t *c, size_t clen,
-                        size_t blkno, char *err, size_t errlen)
+static int check_sparse(size_t bl, unsigned w, const uint8_t *c, size_t clen, size_t blkno,
+                        char *err, size_t errlen)
 {
-	size_t n = bl / w, m, p = SPARSE_HDR, g, idx = 0;
-	const uint8_t *v;
+	size_t n = bl / w, m = delta_get_le32(c), p = SPARSE_HDR, g, idx = 0;
 
-	if (bl % w || clen < SPARSE_HDR) {
-		hwfs_set_err(err, errlen, "block %zu: a sparse block %s", blkno,
-		             bl % w ? "with a partial element" : "shorter than its count");
-		return -EBADMSG;
-	}
-	m = delta_get_le32(c);
-	if (m > n) {
-		hwfs_set_err(err, errlen, "block %zu: %zu changed elements of %zu", blkno, m, n);
-		return -EBADMSG;
-	}
 	for (size_t j = 0; j < m; j++, idx++) {
 		if (read_gap(c, clen, &p, &g) || g >= n - idx) {
 			hwfs_set_err(err, errlen, "block %zu: bad gap before changed element %zu",
@@ -96,16 +90,83 @@ static int apply_sparse(uint8_t *out, size_t bl, unsigned w, const uint8_t *c, s
 		             clen - p, m);
 		return -EBADMSG;
 	}
-	v = c + p;
-	p = SPARSE_HDR;
-	idx = 0;
+	hwfs_set_err(err, errlen, "block %zu: a malformed sparse block", blkno); /* not reached */
+	return -EBADMSG;
+}
+
+/*
+ * XOR the changed elements of a sparse block (@m of them, gaps from
+ * @c[SPARSE_HDR] up to @gend, byte k of their values in plane @v + k * m)
+ * into @out (@n whole elements of @W bytes, a constant once inlined), each
+ * element checked inside the block before it is written.  Returns 0, or -1
+ * when a gap is malformed, runs past @gend, names an element outside the
+ * block, or the gaps do not end exactly at @gend.
+ */
+static inline __attribute__((always_inline)) int
+apply_sparse_w(uint8_t *out, size_t n, const uint8_t *c, size_t gend, const uint8_t *v,
+               size_t m, const unsigned W)
+{
+	size_t p = SPARSE_HDR, g, idx = 0;
+
 	for (size_t j = 0; j < m; j++, idx++) {
-		read_gap(c, clen, &p, &g);
+		if (p < gend && c[p] < 0x80) /* most gaps: one byte */
+			g = c[p++];
+		else if (read_gap(c, gend, &p, &g))
+			return -1;
+		if (g >= n - idx)
+			return -1;
 		idx += g;
-		for (unsigned k = 0; k < w; k++)
-			out[idx * w + k] ^= v[k * m + j];
+		for (unsigned k = 0; k < W; k++)
+			out[idx * W + k] ^= v[k * m + j];
 	}
-	return 0;
+	return p == gend ? 0 : -1;
+}
+
+/*
+ * Apply the sparse block content @c (@clen bytes) to @out, which holds a
+ * copy of the base's @bl bytes, in one pass over the list: the values are
+ * the last w * m bytes of the content, so the gaps end where they start,
+ * and each element is checked inside the block as it is applied.  A list
+ * broken anywhere leaves @out partly changed (the caller's output is
+ * undefined on an error, and the shard's hash is never taken from it).
+ * Returns 0 or -EBADMSG with a reason naming block @blkno in @err (the same
+ * contents are refused, with the same reasons, as when the list was checked
+ * whole before it was applied: check_sparse()).
+ */
+static int apply_sparse(uint8_t *out, size_t bl, unsigned w, const uint8_t *c, size_t clen,
+                        size_t blkno, char *err, size_t errlen)
+{
+	size_t n = bl / w, m, gend;
+	int r;
+
+	if (bl % w || clen < SPARSE_HDR) {
+		hwfs_set_err(err, errlen, "block %zu: a sparse block %s", blkno,
+		             bl % w ? "with a partial element" : "shorter than its count");
+		return -EBADMSG;
+	}
+	m = delta_get_le32(c);
+	if (m > n) {
+		hwfs_set_err(err, errlen, "block %zu: %zu changed elements of %zu", blkno, m, n);
+		return -EBADMSG;
+	}
+	if (clen - SPARSE_HDR < w * m) /* not even the values */
+		return check_sparse(bl, w, c, clen, blkno, err, errlen);
+	gend = clen - w * m;
+	switch (w) {
+	case 1:
+		r = apply_sparse_w(out, n, c, gend, c + gend, m, 1);
+		break;
+	case 2:
+		r = apply_sparse_w(out, n, c, gend, c + gend, m, 2);
+		break;
+	case 4:
+		r = apply_sparse_w(out, n, c, gend, c + gend, m, 4);
+		break;
+	default:
+		r = apply_sparse_w(out, n, c, gend, c + gend, m, 8);
+		break;
+	}
+	return r ? check_sparse(bl, w, c, clen, blkno, err, errlen) : 0;
 }
 
 /*

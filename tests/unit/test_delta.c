@@ -9,7 +9,9 @@
  * with a reference written here from the format's description), the size bound
  * (-E2BIG without a byte written past cap), format 2's per-block refusals
  * (block content: mode, sparse counts, gaps, values, written by hand and
- * compressed with plain zstd), delta_count_diff() and delta_width().
+ * compressed with plain zstd), the sparse scan's edges (elements at the
+ * ends of its groups of 64 and of the blocks), delta_count_diff() and
+ * delta_width().
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -231,6 +233,46 @@ static void test_format2_layout(void **state)
 		free(base);
 		free(sparse);
 		free(dense);
+	}
+	delta_ctx_free(cx);
+}
+
+/*
+ * The encoder finds changed elements 64 at a time (a bit mask, compared 16
+ * bytes at a time where the machine can): every element at the edges of
+ * those groups and of the blocks (first, 63rd, 64th, last, the last ones of
+ * a block whose element count is no multiple of 64), each changed in one
+ * byte only (its first, or its last: a compare of wide lanes must still see
+ * it), is listed, sparse, and nothing else.
+ */
+static void test_sparse_edges(void **state)
+{
+	struct delta_ctx *cx = delta_ctx_new(1);
+
+	assert_non_null(cx);
+	for (size_t w = 0; w < sizeof(widths) / sizeof(widths[0]); w++) {
+		const unsigned W = widths[w];
+		/* one whole block, then a block of 64 * 37 + 5 elements */
+		const size_t n1 = DELTA_BLOCK / W, n = n1 + 64 * 37 + 5, len = n * W;
+		const size_t at[] = {0, 1, 62, 63, 64, 65, 127, 128, 1000, n1 - 65, n1 - 64,
+		                     n1 - 1, n1, n1 + 63, n1 + 64, n - 6, n - 5, n - 2, n - 1};
+		uint8_t *base = random_buf(len), *nw = xmalloc(len), *enc, *out = xmalloc(len);
+		unsigned modes[2] = {0, 0};
+		char err[256] = "";
+		size_t sz;
+
+		memcpy(nw, base, len);
+		for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++)
+			nw[at[i] * W + (i % 2 ? W - 1 : 0)] ^= (uint8_t)(1u << (i % 8));
+		sz = encode_ok(cx, base, nw, len, W, &enc);
+		check_v2_layout(enc, sz, base, nw, len, W, modes);
+		assert_int_equal(modes[1], 2); /* both blocks sparse */
+		assert_int_equal(delta_decode(cx, base, len, enc, sz, out, err, sizeof(err)), 0);
+		assert_memory_equal(out, nw, len);
+		free(enc);
+		free(out);
+		free(base);
+		free(nw);
 	}
 	delta_ctx_free(cx);
 }
@@ -582,6 +624,7 @@ int main(void)
 		cmocka_unit_test(test_set_format),
 		cmocka_unit_test(test_format_layout),
 		cmocka_unit_test(test_format2_layout),
+		cmocka_unit_test(test_sparse_edges),
 		cmocka_unit_test(test_refuse_block_content),
 		cmocka_unit_test(test_refuse_frames),
 		cmocka_unit_test(test_other_width),

@@ -49,8 +49,10 @@ Measured, each on a fresh cluster (fresh stores, so no shard is deduplicated):
                                (status replication.wire_bytes_received), the
                                zstd -1 size of XOR(v1, v2) as the reference,
                                encode/decode CPU s per GiB (status
-                               replication.delta); "n/a" where the daemon does
-                               not report them.  Targets (issue 20): N=4 <=
+                               replication.delta) beside the same run's
+                               XXH3-128 CPU s per GiB (the machine's pace)
+                               and their ratios to it; "n/a" where the daemon
+                               does not report them.  Targets (issue 20): N=4 <=
                                0.25x S/B, N=6 <= 0.3x S/B, encode <= 0.5 and
                                decode <= 0.4 CPU s per GiB, wire <= 1.3x zstd.
                                Under each row: `hwfs sim`'s prediction, with
@@ -101,7 +103,8 @@ import time
 
 from benchlib import (CMD_TIMEOUT, HWFS, REPO, bf16_bits, commit_breakdown, fmt, git_describe, ignore_interrupts,
                       interrupt_on_term, logger, machine, mount_daemon, mounted, pctl, print_commit_breakdown,
-                      read_log, run, safetensors_header, stop_node, stop_proc, tail, write_json, zstd_size)
+                      read_log, run, safetensors_header, stop_node, stop_proc, tail, write_json, xxh3_cpu_s_per_gib,
+                      zstd_size)
 
 import sim_model  # noqa: E402  `hwfs sim`'s prediction of each row (docs/sim.md)
 
@@ -901,7 +904,10 @@ def rl_once(ctx, n, rep, delta_on):
         # issue 20's pipeline (codec workers, encode ahead, cut-through deltas): its status has
         # delta.forwarded; the simulator models the run with that pipeline's parameters
         pipeline = any("forwarded" in (st.get("delta") or {}) for st in st1.values())
+        # the machine's pace in this run, right after the codec ran: enc/dec over it compare runs
+        xxh3 = xxh3_cpu_s_per_gib() if dsum else None
         return {
+            "xxh3_cpu_s_per_gib": xxh3,
             "pipeline": pipeline, "io_threads": io_threads_of(st1),
             "replication_s": end - t_pub, "total_s": end - t0, "publish_s": t_pub - t0,
             "arrival_s": {k: round(v - t_pub, 3) for k, v in sorted(arrival.items())},
@@ -1050,6 +1056,8 @@ def rl_rows(rl):
                                              if r["encode_cpu_s_per_gib"] is not None]),
                    decode_cpu_s_per_gib=med([r["decode_cpu_s_per_gib"] for r in ok
                                              if r["decode_cpu_s_per_gib"] is not None]),
+                   xxh3_cpu_s_per_gib=med([r["xxh3_cpu_s_per_gib"] for r in ok
+                                           if r.get("xxh3_cpu_s_per_gib") is not None]),
                    delta_counters=ok[-1]["delta_counters"] if ok else None,
                    pipeline=any(r.get("pipeline") for r in ok),
                    io_threads=max([r.get("io_threads", 1) for r in ok] or [1]))
@@ -1088,6 +1096,7 @@ def print_rl(rl):
     sb, zb = rl["s_over_b"], rl["xor_zstd1_bytes"]
     cores = rl.get("cores") or 1
     mib = lambda v: "n/a" if v is None else f"{v / 2**20:.1f}"  # noqa: E731
+    over = lambda v, base: v / base if v is not None and base else None  # noqa: E731
     print(f"\nhwfs RL update (issue 9): v1 -> v2 of a {rl['size_bytes'] / 2**30:.2f} GiB bf16 version "
           f"({rl['tensors']} tensors of {min(rl['tensor_mib']):.0f}-{max(rl['tensor_mib']):.0f} MiB in "
           f"{len(rl['files'])} files), {rl['changed_fraction'] * 100:.2f}% of the bf16 values changed (measured; "
@@ -1095,7 +1104,8 @@ def print_rl(rl):
     print(f"zstd -1 of XOR(v1, v2) tensor data: {mib(zb)} MiB ({zb / rl['tensor_bytes'] * 100:.2f}% of the data; "
           f"zstd used {rl['xor_zstd1_cpu_s'] / (rl['tensor_bytes'] / 2**30):.2f} CPU s per GiB)\n")
     hdr = (f"{'delta':5} {'N':>2} {'conv s':>7} {'x S/B':>6} {'wire MiB/node':>13} {'x zstd':>6} "
-           f"{'link MiB/node':>13} {'CPU s':>6} {'floor':>6} {'busy':>5} {'enc s/GiB':>9} {'dec s/GiB':>9}")
+           f"{'link MiB/node':>13} {'CPU s':>6} {'floor':>6} {'busy':>5} {'enc s/GiB':>9} {'dec s/GiB':>9} "
+           f"{'xxh3':>5} {'enc x':>5} {'dec x':>5}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -1106,7 +1116,10 @@ def print_rl(rl):
               f"{fmt(None if r['cpu_s'] is None else r['cpu_s'] / cores / sb, '6.3f')} "
               f"{fmt(r['machine_busy'], '4.0f', 100)}% "
               f"{fmt(r['encode_cpu_s_per_gib'], '9.2f')} "
-              f"{fmt(r['decode_cpu_s_per_gib'], '9.2f')}"
+              f"{fmt(r['decode_cpu_s_per_gib'], '9.2f')} "
+              f"{fmt(r.get('xxh3_cpu_s_per_gib'), '5.3f')} "
+              f"{fmt(over(r['encode_cpu_s_per_gib'], r.get('xxh3_cpu_s_per_gib')), '5.2f')} "
+              f"{fmt(over(r['decode_cpu_s_per_gib'], r.get('xxh3_cpu_s_per_gib')), '5.2f')}"
               + (f"  {r['failed_runs']}/{r['runs']} runs FAILED" if r["failed_runs"] else ""))
         run = {"topology": "chain", "n": r["n"], "size": rl["size_bytes"], "link": f"{rl['size_bytes'] * 8 / sb:.0f}",
                "shard": rl["size_bytes"] // rl["tensors"]}
@@ -1127,6 +1140,9 @@ def print_rl(rl):
           "receiver's tbf carried in (TCP/IP headers and control traffic included)")
     print("  enc/dec s/GiB: status replication.delta CPU seconds per GiB of raw shard bytes encoded / rebuilt, "
           "all nodes; CPU s, busy: daemons + coordinator, and the whole machine, during v2")
+    print("  xxh3: CPU s per GiB of XXH3-128 over 128 MiB on the bench's thread right after v2 converged (the "
+          "machine's pace in that run); enc x / dec x: enc / dec s/GiB over it, what compares runs on a machine "
+          "whose pace drifts (docs/benchmarks.md, \"Issue 29, item 3\")")
     print(f"  floor: CPU s / {cores} cores, x S/B: the time this run's CPU work takes spread perfectly over the "
           f"machine's cores (a CPU bound; the link bound of the deltas-on runs is far lower)")
     for r in rows:

@@ -9,7 +9,7 @@ and the teardown of a mounted node (`hwfs umount`, a lazy unmount if it stays
 mounted, SIGKILL to its daemon by pid), stopping a process started with Popen,
 the tail of a log, the header of a safetensors file, float32 -> bfloat16
 rounding and the size of a file under `zstd -1`, the description of the
-machine and the git revision, Ctrl-C/SIGTERM handling around a teardown, a
+machine, its pace now (XXH3-128 CPU per GiB) and the git revision, Ctrl-C/SIGTERM handling around a teardown, a
 table cell that may be empty, and writing the results as JSON.
 
 Nothing here keeps state and no command runs on import: each script passes
@@ -216,6 +216,37 @@ def zstd_size(path, level=1, timeout=CMD_TIMEOUT * 5):
         raise RuntimeError(f"`zstd -{level} -c {path}` failed ({rc}): {err}")
     t1 = os.times()
     return n, (t1.children_user - t0.children_user) + (t1.children_system - t0.children_system)
+
+
+def xxh3_cpu_s_per_gib(nbytes=128 << 20, reps=3):
+    """This machine's pace now: the median CPU seconds per GiB of XXH3-128
+    (libxxhash, the hash hwfs checks shards with and the codec's rebuild
+    computes) over @nbytes of memory, @reps times, on this thread
+    (time.thread_time(), as the daemons' codec counters count their
+    workers).  The codec's CPU per GiB over this, measured in the same run,
+    is what compares runs on a machine whose pace drifts (docs/benchmarks.md,
+    "Issue 29, item 3").  None when libxxhash cannot be loaded."""
+    import ctypes
+    import ctypes.util
+
+    class H128(ctypes.Structure):
+        _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
+        fn = lib.XXH3_128bits
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = H128, [ctypes.c_void_p, ctypes.c_size_t]
+    buf = bytearray(os.urandom(1 << 20)) * max(1, nbytes >> 20)
+    addr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+    fn(addr, len(buf))  # pages touched before the first timed rep
+    per = []
+    for _ in range(reps):
+        t0 = time.thread_time()
+        fn(addr, len(buf))
+        per.append((time.thread_time() - t0) / (len(buf) / 2**30))
+    return sorted(per)[len(per) // 2]
 
 
 def machine():
