@@ -162,9 +162,12 @@ static int apply_sparse(uint8_t *out, size_t bl, unsigned w, const uint8_t *c, s
 	case 4:
 		r = apply_sparse_w(out, n, c, gend, c + gend, m, 4);
 		break;
-	default:
+	case 8:
 		r = apply_sparse_w(out, n, c, gend, c + gend, m, 8);
 		break;
+	default: /* delta_peek() lets no other width through */
+		hwfs_set_err(err, errlen, "block %zu: element width %u", blkno, w);
+		return -EBADMSG;
 	}
 	return r ? check_sparse(bl, w, c, clen, blkno, err, errlen) : 0;
 }
