@@ -366,5 +366,6 @@ uint64_t hwfs_thread_cpu_ns(pthread_t thread)
  */
 uint64_t hwfs_tid_cpu_ns(pid_t tid)
 {
-	return clock_ns((clockid_t)((~(clockid_t)tid << 3) | 6));
+	/* in unsigned arithmetic: ~tid is negative, and shifting a negative int is undefined */
+	return clock_ns((clockid_t)((~(unsigned int)tid << 3) | 6u));
 }
